@@ -1,0 +1,3 @@
+module unbounded-cloud.io/agent
+
+go 1.26
