@@ -1,0 +1,162 @@
+// Package hostpaths resolves every path the agent reads or writes on a host
+// (ARCHITECTURE section 4) under one root prefix.
+//
+// Production code uses the zero value (root "/"); tests and `--root DIR`
+// commands use a temporary directory, the way `systemctl --root` does. No
+// other package spells a host path: a path that is not here does not exist
+// for the agent.
+package hostpaths
+
+import (
+	"path/filepath"
+	"strings"
+)
+
+// Slots are the two node-stack slots. Exactly one is active.
+var Slots = []string{"kube1", "kube2"}
+
+// ValidSlot reports whether s names one of the two slots.
+func ValidSlot(s string) bool {
+	for _, v := range Slots {
+		if s == v {
+			return true
+		}
+	}
+	return false
+}
+
+// OtherSlot returns the slot that is not s (kube1 <-> kube2).
+func OtherSlot(s string) string {
+	if s == "kube1" {
+		return "kube2"
+	}
+	return "kube1"
+}
+
+// Paths resolves host paths under Root. The zero value is the real host.
+type Paths struct {
+	// Root is the prefix every path is resolved under; "" means "/".
+	Root string
+}
+
+// New returns Paths rooted at root ("" or "/" is the real host).
+func New(root string) Paths { return Paths{Root: root} }
+
+// Join resolves an absolute host path under the root.
+func (p Paths) Join(abs string) string {
+	if p.Root == "" || p.Root == "/" {
+		return filepath.Clean("/" + abs)
+	}
+	return filepath.Join(p.Root, abs)
+}
+
+// Rel strips the root prefix from a resolved path, giving the path as the
+// host sees it (for messages and for records that must stay valid after the
+// root is mounted elsewhere).
+func (p Paths) Rel(resolved string) string {
+	if p.Root == "" || p.Root == "/" {
+		return resolved
+	}
+	r := strings.TrimPrefix(resolved, filepath.Clean(p.Root))
+	if r == "" {
+		return "/"
+	}
+	return r
+}
+
+// Host paths, as the host sees them. Resolve them with Join, or use the
+// methods below.
+const (
+	ConfigFileHost      = "/etc/unbounded/agent.toml"
+	ConfigDropinDirHost = "/etc/unbounded/agent.toml.d"
+	HostRootHost        = "/var/lib/unbounded"
+	ReprovisionDirHost  = "/var/lib/unbounded-agent-reprovision"
+	RunDirHost          = "/run/unbounded"
+	LibexecDirHost      = "/usr/libexec/unbounded"
+	CLIHost             = "/usr/bin/unbounded"
+	UnitDirHost         = "/usr/lib/systemd/system"
+	GeneratorHost       = "/usr/lib/systemd/system-generators/unbounded-generator"
+	PresetHost          = "/usr/lib/systemd/system-preset/80-unbounded.preset"
+	MachinesDirHost     = "/var/lib/machines"
+	NspawnConfigDirHost = "/etc/systemd/nspawn"
+	VersionsDirHost     = "/opt/unbounded/versions"
+	KmsgHost            = "/dev/kmsg"
+
+	// Legacy root of hosts installed by the older agent.
+	LegacyStateDirHost = "/etc/unbounded/agent"
+	LegacyBinaryHost   = "/usr/local/bin/unbounded-agent"
+	LegacyUnitHost     = "/etc/systemd/system/unbounded-agent-daemon.service"
+)
+
+// ConfigFile is the operator configuration, /etc/unbounded/agent.toml.
+func (p Paths) ConfigFile() string { return p.Join(ConfigFileHost) }
+
+// ConfigDropinDir holds drop-ins applied over ConfigFile in lexical order.
+func (p Paths) ConfigDropinDir() string { return p.Join(ConfigDropinDirHost) }
+
+// HostRoot is /var/lib/unbounded: all persistent state.
+func (p Paths) HostRoot() string { return p.Join(HostRootHost) }
+
+// AppliedConfig is the record of the config applied to slot; it is written
+// only once the node it describes is healthy. Its name matches the legacy
+// root's so that adoption is a link.
+func (p Paths) AppliedConfig(slot string) string {
+	return filepath.Join(p.HostRoot(), slot+"-applied-config.json")
+}
+
+// Checksum is the SHA-256 sidecar of a state file.
+func Checksum(file string) string { return file + ".sha256" }
+
+// Ownership is the installation lock record.
+func (p Paths) Ownership() string { return filepath.Join(p.HostRoot(), "ownership") }
+
+// JournalDir holds the journals of multi-step operations.
+func (p Paths) JournalDir() string { return filepath.Join(p.HostRoot(), "journal") }
+
+// Journal is the journal of one multi-step operation (repave, isolation,
+// reprovision, upgrade).
+func (p Paths) Journal(operation string) string {
+	return filepath.Join(p.JournalDir(), operation+".json")
+}
+
+// PKIDir holds the daemon's client key and certificate.
+func (p Paths) PKIDir() string { return filepath.Join(p.HostRoot(), "pki") }
+
+// UpgradeStagingDir is watched by unbounded-upgrade.path.
+func (p Paths) UpgradeStagingDir() string { return filepath.Join(p.HostRoot(), "upgrade", "staged") }
+
+// OfflineDir is the default directory of pre-staged artifact archives.
+func (p Paths) OfflineDir() string { return filepath.Join(p.HostRoot(), "offline") }
+
+// ReprovisionDir survives the reset that the reprovision handoff performs.
+func (p Paths) ReprovisionDir() string { return p.Join(ReprovisionDirHost) }
+
+// RunDir holds runtime state: locks, requests from the daemon to a one-shot.
+func (p Paths) RunDir() string { return p.Join(RunDirHost) }
+
+// Request is a request file from the daemon to the one-shot of concern.
+func (p Paths) Request(concern string) string {
+	return filepath.Join(p.RunDir(), "requests", concern+".json")
+}
+
+// Libexec is the path of a one-shot binary.
+func (p Paths) Libexec(concern string) string {
+	return filepath.Join(p.Join(LibexecDirHost), concern)
+}
+
+// UnitDir is where the package ships its units.
+func (p Paths) UnitDir() string { return p.Join(UnitDirHost) }
+
+// MachineDir is the rootfs of an nspawn slot.
+func (p Paths) MachineDir(slot string) string { return filepath.Join(p.Join(MachinesDirHost), slot) }
+
+// VersionsDir holds the node stack versions of the `none` mode.
+func (p Paths) VersionsDir() string { return p.Join(VersionsDirHost) }
+
+// Kmsg is the kernel log, where the generator reports.
+func (p Paths) Kmsg() string { return p.Join(KmsgHost) }
+
+// LegacyAppliedConfig is the applied config of slot on a legacy-root host.
+func (p Paths) LegacyAppliedConfig(slot string) string {
+	return filepath.Join(p.Join(LegacyStateDirHost), slot+"-applied-config.json")
+}

@@ -1,0 +1,242 @@
+package state
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+)
+
+// ErrCorrupt means a state file exists but cannot be trusted: unreadable,
+// not the expected JSON, or its SHA-256 sidecar is missing or does not
+// match. Callers never silently accept it: the generator writes its safe
+// state, one-shots fail (exit 1) so that recovery starts.
+var ErrCorrupt = errors.New("corrupt state")
+
+// Modes are the isolation modes (ARCHITECTURE section 2).
+var Modes = []string{"nspawn", "container", "none"}
+
+// ValidMode reports whether m names an isolation mode.
+func ValidMode(m string) bool {
+	for _, v := range Modes {
+		if m == v {
+			return true
+		}
+	}
+	return false
+}
+
+// AppliedConfig is the record of what was applied to one slot. It is
+// written only once the node it describes is healthy, so its presence means
+// "this slot ran, with this config".
+type AppliedConfig struct {
+	Slot              string    `json:"slot"`
+	Mode              string    `json:"mode"`
+	Machine           string    `json:"machine,omitempty"`
+	KubernetesVersion string    `json:"kubernetes-version,omitempty"`
+	AgentVersion      string    `json:"agent-version,omitempty"`
+	AppliedAt         time.Time `json:"applied-at,omitzero"`
+	// Config is the effective operator configuration (lib/config) as JSON,
+	// with secrets referenced by file, never inlined.
+	Config json.RawMessage `json:"config,omitempty"`
+}
+
+func (a *AppliedConfig) validate(slot string) error {
+	if !hostpaths.ValidSlot(a.Slot) {
+		return fmt.Errorf("slot %q is not kube1 or kube2", a.Slot)
+	}
+	if a.Slot != slot {
+		return fmt.Errorf("record names slot %q but is stored as %s", a.Slot, slot)
+	}
+	if !ValidMode(a.Mode) {
+		return fmt.Errorf("mode %q is not nspawn, container or none", a.Mode)
+	}
+	return nil
+}
+
+// pending is where a new record is staged before it replaces the current
+// one. Two files (record and sidecar) cannot be replaced in one rename, so a
+// write goes: stage record, stage sidecar (the commit point), then rename
+// both into place. A reader that finds a complete staged pair takes it; a
+// half-staged pair is ignored. A crash at any point leaves either the old
+// or the new record readable, never a checksum mismatch.
+func pending(file string) string { return file + ".next" }
+
+// ChecksumLine is the sidecar content for data, in sha256sum's format.
+func ChecksumLine(data []byte, name string) []byte {
+	sum := sha256.Sum256(data)
+	return []byte(hex.EncodeToString(sum[:]) + "  " + name + "\n")
+}
+
+// checksumMatches accepts "HEX", "HEX  NAME" and "HEX *NAME" (the legacy
+// agent wrote the bare hex digest).
+func checksumMatches(sidecar, data []byte) error {
+	fields := strings.Fields(string(sidecar))
+	if len(fields) == 0 {
+		return errors.New("empty checksum sidecar")
+	}
+	sum := sha256.Sum256(data)
+	if !strings.EqualFold(fields[0], hex.EncodeToString(sum[:])) {
+		return errors.New("SHA-256 does not match its sidecar")
+	}
+	return nil
+}
+
+// readPair reads file and its sidecar and checks them.
+func readPair(file, sidecar string) ([]byte, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	sum, err := os.ReadFile(sidecar)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, fmt.Errorf("%w: %s: checksum sidecar %s is missing", ErrCorrupt, file, sidecar)
+		}
+		return nil, err
+	}
+	if err := checksumMatches(sum, data); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, file, err)
+	}
+	return data, nil
+}
+
+// ReadVerified returns the content of a state file whose SHA-256 sidecar
+// matches, taking a completely staged replacement into account (see
+// pending). It returns an error wrapping os.ErrNotExist when there is no
+// record, and ErrCorrupt when there is one that cannot be trusted. It never
+// changes the host (the generator calls it).
+func ReadVerified(file string) ([]byte, error) {
+	side := hostpaths.Checksum(file)
+	next := pending(file)
+	// A complete staged pair is the newest committed state.
+	if data, err := readPair(next, hostpaths.Checksum(next)); err == nil {
+		return data, nil
+	}
+	// Crash between the two final renames: the record is already the new
+	// one and only the staged sidecar is left to move.
+	if sum, err := os.ReadFile(hostpaths.Checksum(next)); err == nil {
+		if data, err := os.ReadFile(file); err == nil && checksumMatches(sum, data) == nil {
+			return data, nil
+		}
+	}
+	data, err := readPair(file, side)
+	if err != nil && os.IsNotExist(err) {
+		if _, serr := os.Stat(side); serr == nil {
+			return nil, fmt.Errorf("%w: %s is missing but its checksum sidecar exists", ErrCorrupt, file)
+		}
+	}
+	return data, err
+}
+
+// WriteVerified atomically replaces file and its SHA-256 sidecar (see
+// pending for why this takes more than one rename). perm applies to both.
+func WriteVerified(file string, data []byte, perm os.FileMode) error {
+	next := pending(file)
+	name := filepath.Base(file)
+	if err := WriteFileAtomic(next, data, perm); err != nil {
+		return err
+	}
+	if err := WriteFileAtomic(hostpaths.Checksum(next), ChecksumLine(data, name), perm); err != nil {
+		return err
+	}
+	return finishPending(file)
+}
+
+// finishPending moves a completely staged pair into place, or drops a
+// half-staged one. It is idempotent: every writer calls it before it reads.
+func finishPending(file string) error {
+	next := pending(file)
+	nextSide := hostpaths.Checksum(next)
+	if _, err := readPair(next, nextSide); err == nil {
+		if err := os.Rename(next, file); err != nil {
+			return err
+		}
+	} else if _, err := os.Stat(next); err == nil {
+		// Staged record without a valid sidecar: the write never committed.
+		if err := os.Remove(next); err != nil {
+			return err
+		}
+		if err := os.Remove(nextSide); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		return SyncDir(filepath.Dir(file))
+	}
+	if sum, err := os.ReadFile(nextSide); err == nil {
+		data, rerr := os.ReadFile(file)
+		if rerr == nil && checksumMatches(sum, data) == nil {
+			if err := os.Rename(nextSide, hostpaths.Checksum(file)); err != nil {
+				return err
+			}
+		} else if err := os.Remove(nextSide); err != nil {
+			return err
+		}
+	}
+	return SyncDir(filepath.Dir(file))
+}
+
+// RemoveVerified removes a state file with its sidecar and any staged pair.
+// The record goes first: a sidecar without a record reads as corrupt, a
+// record without its sidecar too, so the window is reported, not hidden.
+func RemoveVerified(file string) error {
+	for _, f := range []string{pending(file), hostpaths.Checksum(pending(file)), file, hostpaths.Checksum(file)} {
+		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+	}
+	return SyncDir(filepath.Dir(file))
+}
+
+// ReadApplied reads the applied config of slot. A missing record is an
+// error wrapping os.ErrNotExist; an untrustworthy one wraps ErrCorrupt.
+func ReadApplied(p hostpaths.Paths, slot string) (*AppliedConfig, error) {
+	file := p.AppliedConfig(slot)
+	data, err := ReadVerified(file)
+	if err != nil {
+		return nil, err
+	}
+	return decodeApplied(file, slot, data)
+}
+
+func decodeApplied(file, slot string, data []byte) (*AppliedConfig, error) {
+	var a AppliedConfig
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&a); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, file, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: %s: trailing data after the record", ErrCorrupt, file)
+	}
+	if err := a.validate(slot); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, file, err)
+	}
+	return &a, nil
+}
+
+// WriteApplied records the config applied to a.Slot. Call it only once the
+// node it describes is healthy.
+func WriteApplied(p hostpaths.Paths, a *AppliedConfig) error {
+	if err := a.validate(a.Slot); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(a, "", "  ")
+	if err != nil {
+		return err
+	}
+	// 0600: the effective config names the token file and may carry
+	// cluster details an unprivileged user has no business reading.
+	return WriteVerified(p.AppliedConfig(a.Slot), append(data, '\n'), 0o600)
+}
+
+// RemoveApplied forgets the applied config of slot.
+func RemoveApplied(p hostpaths.Paths, slot string) error {
+	return RemoveVerified(p.AppliedConfig(slot))
+}
