@@ -1,0 +1,39 @@
+# unbounded-agent build. `make` builds every binary into bin/, `make test`
+# runs every test tier this machine supports and prints which ran and which
+# skipped (and why), `make packages` builds the .deb and .rpm into dist/.
+SHELL := /bin/bash
+GO ?= go
+# A Debian- and RPM-valid version: 0.1.0 for tagged builds, a pre-release
+# with the commit count and hash otherwise (nfpm maps it to 0.1.0~dev... for
+# dpkg, so a later tag sorts higher).
+BASE_VERSION := 0.1.0
+VERSION ?= $(shell if git describe --exact-match --tags >/dev/null 2>&1; then git describe --tags | sed 's/^v//'; else echo "$(BASE_VERSION)-dev.$$(git rev-list --count HEAD 2>/dev/null || echo 0).g$$(git rev-parse --short=8 HEAD 2>/dev/null || echo unknown)"; fi)
+PKG_ARCH ?= amd64
+LDFLAGS := -s -w -X unbounded-cloud.io/agent/lib/version.Version=$(VERSION)
+GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
+
+# Binaries: the operator CLI and the generator are separate and small (no
+# Kubernetes client); the one-shots that talk to the cluster share one
+# multicall executable (ARCHITECTURE section 3, size budget).
+BINARIES := bin/unbounded bin/unbounded-generator
+
+.PHONY: all build test bench packages demo clean FORCE
+all: build
+build: $(BINARIES)
+
+bin/unbounded: FORCE
+	$(GOBUILD) -o $@ ./cmd/unbounded
+bin/unbounded-generator: FORCE
+	$(GOBUILD) -o $@ ./generators/unbounded-generator
+
+packages: build
+	VERSION='$(VERSION)' PKG_ARCH='$(PKG_ARCH)' deb/build-packages.sh
+
+test: build
+	VERSION='$(VERSION)' tests/run-tiers.sh
+
+bench: build
+	tests/bench.sh
+
+clean:
+	rm -rf bin dist
