@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# `make test`: runs every test tier of ARCHITECTURE section 9 that this
+# machine supports, then prints which tiers ran and which skipped, and why
+# (tests/tiersum). A tier that cannot run here skips with a reason; it never
+# passes silently. Exit status: non-zero if any test or package failed.
+#
+# Preparation that a tier needs (the cached Debian rootfs, the packages, the
+# API server) is done here; when it cannot be done the reason is exported
+# and the tier's tests skip with it.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+out=$(mktemp -d /tmp/unbounded-tiers.XXXXXX)
+trap 'rm -rf "$out"' EXIT
+export GOFLAGS=${GOFLAGS:-}
+FUZZTIME=${FUZZTIME:-5s}
+
+log() { printf '\n== %s ==\n' "$*"; }
+
+# Packages (tier 3 and the system tier install them).
+log "building packages"
+if make -s packages >"$out/packages.log" 2>&1; then
+	deb=$(ls -t dist/*.deb 2>/dev/null | head -1)
+	rpm=$(ls -t dist/*.rpm 2>/dev/null | head -1)
+	[ -n "$deb" ] && export UNBOUNDED_TEST_DEB="$repo/$deb"
+	[ -n "$rpm" ] && export UNBOUNDED_TEST_RPM="$repo/$rpm"
+	echo "deb: ${deb:-none}  rpm: ${rpm:-none}"
+else
+	echo "make packages FAILED:"; tail -30 "$out/packages.log"
+	packages_failed=1
+fi
+
+# The cached Debian rootfs for the system tier.
+if [ -x tests/system/rootfs.sh ]; then
+	log "system test rootfs"
+	if [ "$(id -u)" != 0 ]; then
+		echo "not root: the system tier will skip"
+	elif rootfs=$(tests/system/rootfs.sh 2>"$out/rootfs.log" | tail -1) && [ -d "$rootfs" ]; then
+		export UNBOUNDED_TEST_ROOTFS="$rootfs"
+		echo "rootfs: $rootfs"
+	else
+		echo "rootfs build failed (the system tier will skip):"; tail -20 "$out/rootfs.log"
+	fi
+fi
+
+# The project's CRDs and RBAC, installed into the test API server.
+if bin/unbounded manifests >"$out/manifests.yaml" 2>"$out/manifests.err" && [ -s "$out/manifests.yaml" ]; then
+	export UNBOUNDED_TEST_MANIFESTS="$out/manifests.yaml"
+else
+	echo "unbounded manifests failed: $(head -3 "$out/manifests.err")"
+fi
+
+# Everything but the system tier runs with one real API server up.
+inner() {
+	local pkgs
+	pkgs=$(go list ./... | grep -v -e '/tests/system' -e '/tests/packages' -e '/units$' -e '/tests/tiersum$')
+	log "tier 1 (unit) and tier 4 (kubernetes)"
+	go test -count=1 -json -timeout 15m $pkgs >"$out/unit.json" 2>"$out/unit.err"
+	log "tier 2 (unit lint)"
+	go test -count=1 -json -timeout 10m ./units/... >"$out/lint.json" 2>"$out/lint.err"
+	log "tier 3 (packages)"
+	go test -count=1 -json -timeout 10m ./tests/packages/... >"$out/packages.json" 2>"$out/packages.err"
+	log "tier 7 (fuzzing, $FUZZTIME per target)"
+	: >"$out/fuzz.json"
+	local f pkg name
+	while IFS=: read -r f name; do
+		pkg=./$(dirname "$f")
+		name=${name#func }; name=${name%%(*}
+		go test -json -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "$pkg" >>"$out/fuzz.json" 2>>"$out/fuzz.err"
+	done < <(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*(' lib cmd generators 2>/dev/null | sort -u)
+}
+export -f inner log
+export out FUZZTIME
+if [ -x tests/kube/with-env.sh ]; then
+	log "starting the test API server (tests/kube)"
+	tests/kube/with-env.sh bash -c inner
+else
+	UNBOUNDED_TEST_KUBE_SKIP="tests/kube/with-env.sh is missing" bash -c inner
+fi
+
+log "tier 5 (system: real systemd in nspawn)"
+go test -count=1 -json -timeout 30m ./tests/system/... >"$out/system.json" 2>"$out/system.err"
+
+for f in "$out"/*.err; do
+	[ -s "$f" ] && { echo "--- $(basename "$f")"; tail -40 "$f"; }
+done
+rc=0
+go run ./tests/tiersum unit="$out/unit.json" lint="$out/lint.json" packages="$out/packages.json" \
+	system="$out/system.json" fuzz="$out/fuzz.json" || rc=1
+[ -n "${packages_failed:-}" ] && { echo "make packages failed"; rc=1; }
+exit $rc
