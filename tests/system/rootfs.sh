@@ -1,0 +1,86 @@
+#!/bin/sh
+# rootfs.sh builds (once) the Debian bookworm root file system that the
+# system tests boot with systemd-nspawn, and prints its path.
+#
+# Why cached: debootstrap takes ~40 s and ~250 MB; every test boots the same
+# tree read-only under a per-test copy-on-write layer, so one build serves
+# every run until the recipe below changes.
+#
+# Why the hash in the name: the directory name carries a short hash of the
+# recipe, so changing the package list or the post-processing builds a new
+# tree instead of silently reusing a stale one.
+#
+# Why build into a temporary directory and rename: an interrupted build
+# (Ctrl-C, power cut, full disk) must never leave a half tree under the final
+# name, where the next run would take it for a complete one. rename(2) within
+# one directory is atomic.
+#
+# Environment:
+#   UNBOUNDED_ROOTFS_CACHE  cache directory (default /var/cache/unbounded-tests)
+#   UNBOUNDED_DEBIAN_MIRROR mirror (default http://deb.debian.org/debian)
+#
+# Progress goes to stderr; stdout carries only the path, so callers can write
+#   UNBOUNDED_TEST_ROOTFS=$(tests/system/rootfs.sh)
+set -eu
+
+suite=bookworm
+variant=minbase
+# systemd-container lets later scenarios nest nspawn machines inside the
+# test container; iproute2 and procps are what a debugging human reaches for.
+include=systemd,systemd-sysv,dbus,systemd-container,iproute2,procps,ca-certificates
+mirror=${UNBOUNDED_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+cache=${UNBOUNDED_ROOTFS_CACHE:-/var/cache/unbounded-tests}
+# Bump when the post-processing below changes.
+postproc=1
+
+log() { echo "rootfs.sh: $*" >&2; }
+
+# The mirror is not part of the recipe: the same packages from another
+# mirror are the same tree.
+hash=$(printf '%s\n' "$suite" "$variant" "$include" "$postproc" | sha256sum | cut -c1-12)
+final="$cache/rootfs-$suite-$hash"
+
+if [ -f "$final/usr/lib/systemd/systemd" ]; then
+	echo "$final"
+	exit 0
+fi
+
+if [ "$(id -u)" != 0 ]; then
+	log "building the rootfs needs root (debootstrap); run as root or set UNBOUNDED_TEST_ROOTFS to a prebuilt tree"
+	exit 1
+fi
+
+missing=
+command -v systemd-nspawn >/dev/null 2>&1 || missing="$missing systemd-container"
+command -v debootstrap >/dev/null 2>&1 || missing="$missing debootstrap"
+if [ -n "$missing" ]; then
+	log "installing$missing"
+	# --no-install-recommends keeps libnss-mymachines out of the host's
+	# nsswitch.conf.
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing >&2
+fi
+
+mkdir -p "$cache"
+tmp=$(mktemp -d "$cache/.rootfs-$suite-$hash.XXXXXX")
+cleanup() { rm -rf "$tmp"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+start=$(date +%s)
+log "debootstrap $suite into $tmp (once; cached at $final)"
+debootstrap --variant="$variant" --include="$include" "$suite" "$tmp" "$mirror" >&2
+
+# Package caches and lists are ~90 MB the tests never read.
+rm -rf "$tmp"/var/cache/apt/archives/*.deb "$tmp"/var/lib/apt/lists/*
+# An empty machine-id lets every container get its own id at boot (nspawn
+# passes one in) instead of all sharing the one debootstrap wrote.
+: >"$tmp/etc/machine-id"
+
+# Another run may have finished the same recipe meanwhile: keep theirs.
+if mv -T "$tmp" "$final" 2>/dev/null; then
+	trap - EXIT
+else
+	log "another build finished first; using it"
+fi
+log "built in $(($(date +%s) - start)) s, $(du -sh "$final" | cut -f1)"
+echo "$final"
