@@ -1,0 +1,282 @@
+package state
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+)
+
+func rec(slot, mode string) *AppliedConfig {
+	return &AppliedConfig{Slot: slot, Mode: mode, KubernetesVersion: "1.36.3"}
+}
+
+func TestWriteFileAtomicSetsModeAndReplaces(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "sub", "secret")
+	if err := WriteFileAtomic(f, []byte("one"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFileAtomic(f, []byte("two"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v, want 0600", st.Mode().Perm())
+	}
+	if b, _ := os.ReadFile(f); string(b) != "two" {
+		t.Errorf("content %q", b)
+	}
+	ents, _ := os.ReadDir(filepath.Dir(f))
+	if len(ents) != 1 {
+		t.Errorf("temporary files left behind: %v", ents)
+	}
+}
+
+func TestAppliedConfigRoundTrips(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	if err := WriteApplied(p, rec("kube2", "nspawn")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadApplied(p, "kube2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Slot != "kube2" || got.Mode != "nspawn" || got.KubernetesVersion != "1.36.3" {
+		t.Errorf("got %+v", got)
+	}
+	st, _ := os.Stat(p.AppliedConfig("kube2"))
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("applied config mode %v, want 0600", st.Mode().Perm())
+	}
+	if _, err := ReadApplied(p, "kube1"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("kube1: want not-exist, got %v", err)
+	}
+}
+
+func TestAppliedConfigChecksumMismatchIsCorrupt(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	if err := WriteApplied(p, rec("kube1", "none")); err != nil {
+		t.Fatal(err)
+	}
+	f := p.AppliedConfig("kube1")
+	b, _ := os.ReadFile(f)
+	b[len(b)-3] ^= 1
+	os.WriteFile(f, b, 0o600)
+	if _, err := ReadApplied(p, "kube1"); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("want ErrCorrupt, got %v", err)
+	}
+}
+
+func TestAppliedConfigMissingSidecarIsCorrupt(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	if err := WriteApplied(p, rec("kube1", "none")); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(hostpaths.Checksum(p.AppliedConfig("kube1")))
+	if _, err := ReadApplied(p, "kube1"); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("want ErrCorrupt, got %v", err)
+	}
+	// And the other way round: a sidecar without its record.
+	p2 := hostpaths.New(t.TempDir())
+	WriteApplied(p2, rec("kube1", "none"))
+	os.Remove(p2.AppliedConfig("kube1"))
+	if _, err := ReadApplied(p2, "kube1"); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("sidecar without record: want ErrCorrupt, got %v", err)
+	}
+}
+
+func TestAppliedConfigAcceptsLegacyBareDigest(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	data := []byte(`{"slot":"kube1","mode":"nspawn"}`)
+	f := p.AppliedConfig("kube1")
+	os.MkdirAll(filepath.Dir(f), 0o755)
+	os.WriteFile(f, data, 0o600)
+	line := ChecksumLine(data, "x")
+	os.WriteFile(hostpaths.Checksum(f), line[:64], 0o600)
+	if _, err := ReadApplied(p, "kube1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAppliedConfigRejectsWrongSlotOrMode(t *testing.T) {
+	for name, data := range map[string]string{
+		"slot mismatch": `{"slot":"kube2","mode":"nspawn"}`,
+		"unknown slot":  `{"slot":"kube9","mode":"nspawn"}`,
+		"unknown mode":  `{"slot":"kube1","mode":"vm"}`,
+		"garbage":       "\x00\xffnot json",
+		"empty":         "",
+		"trailing":      `{"slot":"kube1","mode":"nspawn"} {}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := hostpaths.New(t.TempDir())
+			f := p.AppliedConfig("kube1")
+			os.MkdirAll(filepath.Dir(f), 0o755)
+			os.WriteFile(f, []byte(data), 0o600)
+			os.WriteFile(hostpaths.Checksum(f), ChecksumLine([]byte(data), "kube1-applied-config.json"), 0o600)
+			if _, err := ReadApplied(p, "kube1"); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("want ErrCorrupt, got %v", err)
+			}
+		})
+	}
+}
+
+// The write of record + sidecar is interrupted at every point in turn; a
+// reader must always see the old or the new record, and the next write
+// must succeed.
+func TestWriteVerifiedSurvivesACrashAtEveryStep(t *testing.T) {
+	old := []byte(`{"slot":"kube1","mode":"nspawn","kubernetes-version":"1.35.0"}` + "\n")
+	new := []byte(`{"slot":"kube1","mode":"nspawn","kubernetes-version":"1.36.3"}` + "\n")
+	name := "kube1-applied-config.json"
+	steps := []struct {
+		name string
+		want string // "old" or "new"
+		set  func(f string)
+	}{
+		{"staged record only", "old", func(f string) {
+			os.WriteFile(f+".next", new, 0o600)
+		}},
+		{"staged record with a half-written sidecar", "old", func(f string) {
+			os.WriteFile(f+".next", new, 0o600)
+			os.WriteFile(f+".next.sha256", []byte("12ab"), 0o600)
+		}},
+		{"staged pair complete", "new", func(f string) {
+			os.WriteFile(f+".next", new, 0o600)
+			os.WriteFile(f+".next.sha256", ChecksumLine(new, name), 0o600)
+		}},
+		{"record renamed, sidecar still staged", "new", func(f string) {
+			os.WriteFile(f, new, 0o600)
+			os.WriteFile(f+".next.sha256", ChecksumLine(new, name), 0o600)
+		}},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			p := hostpaths.New(t.TempDir())
+			f := p.AppliedConfig("kube1")
+			os.MkdirAll(filepath.Dir(f), 0o755)
+			os.WriteFile(f, old, 0o600)
+			os.WriteFile(f+".sha256", ChecksumLine(old, name), 0o600)
+			s.set(f)
+			got, err := ReadApplied(p, "kube1")
+			if err != nil {
+				t.Fatalf("read after crash: %v", err)
+			}
+			want := map[string]string{"old": "1.35.0", "new": "1.36.3"}[s.want]
+			if got.KubernetesVersion != want {
+				t.Fatalf("read %s, want %s", got.KubernetesVersion, want)
+			}
+			// The next writer finishes or drops the staged pair first.
+			if err := finishPending(f); err != nil {
+				t.Fatal(err)
+			}
+			got, err = ReadApplied(p, "kube1")
+			if err != nil || got.KubernetesVersion != want {
+				t.Fatalf("after recovery: %v %v", got, err)
+			}
+			for _, left := range []string{f + ".next", f + ".next.sha256"} {
+				if _, err := os.Stat(left); err == nil {
+					t.Errorf("%s left behind", filepath.Base(left))
+				}
+			}
+			if err := WriteApplied(p, rec("kube1", "none")); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := ReadApplied(p, "kube1"); got == nil || got.Mode != "none" {
+				t.Fatalf("write after recovery not visible: %+v", got)
+			}
+		})
+	}
+}
+
+func TestReadActive(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	if a, err := ReadActive(p); a != nil || err != nil {
+		t.Fatalf("fresh host: %v %v", a, err)
+	}
+	WriteApplied(p, rec("kube2", "nspawn"))
+	if a, err := ReadActive(p); err != nil || a.Slot != "kube2" {
+		t.Fatalf("one record: %+v %v", a, err)
+	}
+	WriteApplied(p, rec("kube1", "none"))
+	if _, err := ReadActive(p); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("two records without journal: %v", err)
+	}
+	WriteFileAtomic(p.Journal("isolation"), []byte(`{"running-slot":"kube1"}`), 0o600)
+	if a, err := ReadActive(p); err != nil || a.Slot != "kube1" || a.Mode != "none" {
+		t.Fatalf("journal names kube1: %+v %v", a, err)
+	}
+	RemoveApplied(p, "kube1")
+	WriteApplied(p, rec("kube1", "none"))
+	WriteFileAtomic(p.Journal("isolation"), []byte(`{"running-slot":"kube7"}`), 0o600)
+	if _, err := ReadActive(p); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("journal names a slot without record: %v", err)
+	}
+}
+
+func TestOwnershipExcludesOtherOwnersAndResumesOwn(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	if o, err := ReadOwnership(p); o != nil || err != nil {
+		t.Fatalf("fresh: %v %v", o, err)
+	}
+	l, err := AcquireOwnership(p, "bootstrap", "unbounded-bootstrap.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := AcquireOwnership(p, "bootstrap", ""); !errors.Is(err, ErrOwned) {
+		t.Fatalf("second live holder: %v", err)
+	}
+	o, err := ReadOwnership(p)
+	if err != nil || o.Owner != "bootstrap" || o.Unit != "unbounded-bootstrap.service" {
+		t.Fatalf("record: %+v %v", o, err)
+	}
+	// The process dies without releasing: the kernel drops the flock, the
+	// record stays. The same owner resumes; another owner is refused.
+	l.fd = closeFD(l.fd)
+	if _, err := AcquireOwnership(p, "reset", ""); !errors.Is(err, ErrOwned) {
+		t.Fatalf("other owner after crash: %v", err)
+	}
+	l2, err := AcquireOwnership(p, "bootstrap", "unbounded-bootstrap.service")
+	if err != nil {
+		t.Fatalf("same owner resumes: %v", err)
+	}
+	if o2, _ := ReadOwnership(p); !o2.Since.Equal(o.Since) {
+		t.Errorf("resumed installation lost its start time: %v vs %v", o2.Since, o.Since)
+	}
+	if err := l2.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := ReadOwnership(p); o != nil {
+		t.Fatalf("released but record remains: %+v", o)
+	}
+}
+
+func TestCorruptOwnershipFailsClosed(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	WriteFileAtomic(p.Ownership(), []byte("garbage"), 0o644)
+	o, err := ReadOwnership(p)
+	if o == nil || !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("want owned+corrupt, got %v %v", o, err)
+	}
+	if _, err := AcquireOwnership(p, "bootstrap", ""); !errors.Is(err, ErrOwned) {
+		t.Fatalf("corrupt record must not be taken over: %v", err)
+	}
+}
+
+func TestDetectLegacy(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	if DetectLegacy(p).Found() {
+		t.Fatal("fresh host detected as legacy")
+	}
+	f := p.LegacyAppliedConfig("kube1")
+	os.MkdirAll(filepath.Dir(f), 0o755)
+	os.WriteFile(f, []byte("{}"), 0o600)
+	l := DetectLegacy(p)
+	if !l.Found() || len(l.AppliedConfigs) != 1 || l.AppliedConfigs[0] != "/etc/unbounded/agent/kube1-applied-config.json" {
+		t.Fatalf("got %+v", l)
+	}
+}
