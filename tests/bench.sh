@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# `make bench`: the measurements of ARCHITECTURE section 9 tier 8. Speed and
+# size live here, not in timed tests. Benchmarks that need the test API
+# server run under tests/kube/with-env.sh.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+mb() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%-60s %8.2f MB\n", n, s / 1048576 }'; }
+
+echo "== binary sizes (stripped, CGO_ENABLED=0) =="
+total=0
+for b in bin/*; do
+	[ -f "$b" ] || continue
+	case "$b" in bin/kube-testenv) continue ;; esac
+	s=$(stat -c %s "$b")
+	total=$((total + s))
+	mb "$b" "$s"
+done
+mb "installed binaries total (budget 40 MB)" "$total"
+
+if make -s packages >/dev/null 2>&1; then
+	echo "== package sizes =="
+	for p in dist/*.deb dist/*.rpm; do
+		[ -f "$p" ] && mb "$p" "$(stat -c %s "$p")"
+	done
+fi
+
+echo "== benchmarks =="
+pkgs=$(grep -rl --include='*_test.go' '^func Benchmark' lib cmd generators units tests 2>/dev/null | xargs -r -n1 dirname | sort -u | sed 's|^|./|')
+if [ -z "$pkgs" ]; then
+	echo "no benchmarks found"
+	exit 0
+fi
+run() { go test -run '^$' -bench . -benchtime "${BENCHTIME:-1x}" -count 1 $pkgs; }
+if [ -x tests/kube/with-env.sh ]; then
+	export -f run
+	export pkgs
+	tests/kube/with-env.sh bash -c run
+else
+	run
+fi
