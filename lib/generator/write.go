@@ -1,0 +1,140 @@
+package generator
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// ownedWantsDirs are the .wants directories the generator alone fills:
+// anything in them that the plan does not name is a leftover of an earlier
+// run.
+func ownedWantsDirs() []string {
+	dirs := []string{NodeTarget + ".wants"}
+	for _, m := range state.Modes {
+		dirs = append(dirs, ModeTarget(m)+".wants")
+	}
+	return dirs
+}
+
+// possibleDropIns are every fence drop-in any state could produce.
+func possibleDropIns() []string {
+	var files []string
+	seen := map[string]bool{}
+	for _, m := range state.Modes {
+		for _, s := range hostpaths.Slots {
+			for _, u := range SupervisingUnits(m, s) {
+				if f := u + ".d/" + FenceDropIn; !seen[f] {
+					seen[f] = true
+					files = append(files, f)
+				}
+			}
+		}
+	}
+	return files
+}
+
+// Write makes dir contain exactly the plan's part of the generator output.
+//
+// systemd empties the output directories before it runs generators, but
+// Write does not rely on it: a second run (by hand, by a test, after a
+// state change) converges to the same content. Only what the generator
+// could have written is removed: links named unbounded-* in
+// multi-user.target.wants (other generators share the directory), anything
+// in the generator's own target .wants directories, and fence drop-ins.
+//
+// Files are not fsynced: the output lives in /run (tmpfs), is rebuilt at
+// every boot and reload, and systemd reads it only after the generator
+// exited. Replacements still go through rename so that a reader never
+// sees half a drop-in.
+func Write(dir string, plan Plan) error {
+	want := map[string]bool{}
+	for _, l := range plan.Links {
+		want[l.Path] = true
+	}
+	for _, f := range plan.Files {
+		want[f.Path] = true
+	}
+	var errs []error
+	prune := func(rel string) {
+		if want[rel] {
+			return
+		}
+		if err := os.Remove(filepath.Join(dir, rel)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		// Drop an emptied directory; fails harmlessly when not empty.
+		os.Remove(filepath.Join(dir, filepath.Dir(rel)))
+	}
+	if ents, err := os.ReadDir(filepath.Join(dir, multiUserWants)); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), "unbounded-") && e.Type()&fs.ModeSymlink != 0 {
+				prune(multiUserWants + "/" + e.Name())
+			}
+		}
+	}
+	for _, d := range ownedWantsDirs() {
+		if ents, err := os.ReadDir(filepath.Join(dir, d)); err == nil {
+			for _, e := range ents {
+				prune(d + "/" + e.Name())
+			}
+		}
+	}
+	for _, f := range possibleDropIns() {
+		prune(f)
+	}
+
+	for _, l := range plan.Links {
+		if err := writeLink(filepath.Join(dir, l.Path), l.Target); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, f := range plan.Files {
+		if err := writeFile(filepath.Join(dir, f.Path), []byte(f.Content)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func writeLink(path, target string) error {
+	if cur, err := os.Readlink(path); err == nil && cur == target {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	err := os.Symlink(target, path)
+	if errors.Is(err, fs.ErrExist) {
+		// A stale link or file from an earlier run: replace it.
+		if err := os.RemoveAll(path); err != nil {
+			return err
+		}
+		err = os.Symlink(target, path)
+	}
+	return err
+}
+
+func writeFile(path string, data []byte) error {
+	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, data) {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
