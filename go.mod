@@ -3,14 +3,15 @@ module unbounded-cloud.io/agent
 go 1.26.0
 
 require (
+	github.com/BurntSushi/toml v1.6.0
+	github.com/coreos/go-systemd/v22 v22.7.0
 	golang.org/x/sys v0.50.0
 	k8s.io/api v0.36.3
 	k8s.io/apimachinery v0.36.3
+	sigs.k8s.io/randfill v1.0.0
 )
 
 require (
-	github.com/BurntSushi/toml v1.6.0 // indirect
-	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.0 // indirect
 	github.com/go-logr/logr v1.4.3 // indirect
 	github.com/godbus/dbus/v5 v5.2.4 // indirect
@@ -28,6 +29,6 @@ require (
 	k8s.io/kube-openapi v0.0.0-20260317180543-43fb72c5454a // indirect
 	k8s.io/utils v0.0.0-20260210185600-b8788abfbbc2 // indirect
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
-	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.3.3 // indirect
+	sigs.k8s.io/yaml v1.6.0 // indirect
 )
