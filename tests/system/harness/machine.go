@@ -1,0 +1,542 @@
+// Package harness boots a real systemd as PID 1 in a systemd-nspawn
+// container, for the system tests of ARCHITECTURE section 9, tier 5.
+//
+// Each Machine boots the cached Debian rootfs (tests/system/rootfs.sh) under
+// its own copy-on-write overlay, so machines never change the cached tree,
+// any number of them share it, and what a test writes before boot is in
+// place when PID 1 (and therefore the generator) starts. A reboot keeps the
+// overlay: state written by one boot is seen by the next, as on a host.
+//
+// With Options.Package the machine boots with the freshly built .deb
+// installed. The package is installed once per test binary, for real, with
+// `dpkg -i` inside a booted machine (maintainer scripts, daemon-reload and
+// presets run against a live systemd); that machine's overlay then becomes a
+// read-only layer under every machine that asks for the package, so each
+// scenario starts from "package installed, host rebooted" in one boot.
+//
+// The environment (see Require):
+//
+//	UNBOUNDED_TEST_ROOTFS  the rootfs printed by tests/system/rootfs.sh
+//	UNBOUNDED_TEST_DEB     the .deb to install (dist/unbounded-agent_*.deb)
+//
+// Tests that use Options.Package must call Main from their TestMain, which
+// removes the shared package layer after the run.
+package harness
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	sdbus "github.com/coreos/go-systemd/v22/dbus"
+	"golang.org/x/sys/unix"
+)
+
+// Environment variables the harness reads.
+const (
+	EnvRootfs = "UNBOUNDED_TEST_ROOTFS"
+	EnvDeb    = "UNBOUNDED_TEST_DEB"
+)
+
+// Timeouts. A boot takes about a second here; these are generous so that a
+// loaded CI machine fails with a message instead of flaking.
+const (
+	bootTimeout     = 90 * time.Second
+	poweroffTimeout = 30 * time.Second
+	commandTimeout  = 120 * time.Second
+)
+
+// sigPoweroff is SIGRTMIN+4, systemd's "power off" signal (glibc's SIGRTMIN
+// is 34).
+const sigPoweroff = syscall.Signal(38)
+
+// Options shape a machine.
+type Options struct {
+	// Package boots the machine with the .deb named by UNBOUNDED_TEST_DEB
+	// installed (see the package comment).
+	Package bool
+	// Files are written into the machine before its first boot.
+	Files []File
+	// NspawnArgs are appended to the systemd-nspawn command line.
+	NspawnArgs []string
+}
+
+// File is a file to place in a machine.
+type File struct {
+	Path string // absolute path inside the machine
+	Data []byte
+	Mode os.FileMode
+}
+
+// Machine is one systemd-nspawn container with systemd as PID 1.
+type Machine struct {
+	// Name is the machine name (and hostname), unique per machine.
+	Name string
+	// BootTime is how long the last Start took, from exec of
+	// systemd-nspawn to `systemctl is-system-running` answering running
+	// or degraded.
+	BootTime time.Duration
+
+	t      testing.TB // nil for the shared package machine
+	logf   func(string, ...any)
+	dir    string // per-machine directory: upper, work, root, kmsg, console.log
+	lowers []string
+	args   []string
+
+	mounted bool
+	kmsg    *kmsgReader
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{}
+	waitErr error
+	leader  int
+	cgDirs  []string
+	bus     *sdbus.Conn
+}
+
+// Require skips t unless the host can boot machines: root, systemd-nspawn,
+// nsenter and the cached rootfs; with pkg, also the .deb. It returns the
+// rootfs and the .deb path.
+func Require(t testing.TB, pkg bool) (rootfs, deb string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("system tests need root (systemd-nspawn, overlay mounts, cgroups)")
+	}
+	for _, bin := range []string{"systemd-nspawn", "nsenter"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("system tests need %s on PATH (apt-get install systemd-container util-linux)", bin)
+		}
+	}
+	rootfs = os.Getenv(EnvRootfs)
+	if rootfs == "" {
+		t.Skipf("%s is not set: build the rootfs with tests/system/rootfs.sh and export its output", EnvRootfs)
+	}
+	if _, err := os.Stat(filepath.Join(rootfs, "usr/lib/systemd/systemd")); err != nil {
+		t.Skipf("%s=%s is not a systemd rootfs (%v): rebuild it with tests/system/rootfs.sh", EnvRootfs, rootfs, err)
+	}
+	if pkg {
+		deb = os.Getenv(EnvDeb)
+		if deb == "" {
+			t.Skipf("%s is not set: build the package with `make packages` and export dist/unbounded-agent_*.deb", EnvDeb)
+		}
+		if _, err := os.Stat(deb); err != nil {
+			t.Skipf("%s=%s: %v (run `make packages`)", EnvDeb, deb, err)
+		}
+	}
+	return rootfs, deb
+}
+
+// New prepares a machine without booting it: its root is mounted (see Root)
+// and opts.Files are written. Boot it with Start. Everything is torn down
+// when the test ends.
+func New(t testing.TB, opts Options) *Machine {
+	t.Helper()
+	rootfs, deb := Require(t, opts.Package)
+	lowers := []string{rootfs}
+	if opts.Package {
+		layer, err := packageLayer(t, rootfs, deb)
+		if err != nil {
+			t.Fatalf("install %s: %v", deb, err)
+		}
+		lowers = []string{layer, rootfs}
+	}
+	m, err := newMachine(lowers, opts.NspawnArgs, t.Logf)
+	if m != nil {
+		m.t = t
+		t.Cleanup(func() {
+			if t.Failed() {
+				m.logDiagnostics()
+			}
+			if err := m.destroy(); err != nil {
+				t.Errorf("tear down machine %s: %v", m.Name, err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range opts.Files {
+		m.WriteFile(f.Path, f.Data, f.Mode)
+	}
+	return m
+}
+
+// Boot prepares and boots a machine; it returns once the boot finished
+// (`systemctl is-system-running` says running or degraded).
+func Boot(t testing.TB, opts Options) *Machine {
+	t.Helper()
+	m := New(t, opts)
+	m.Start()
+	return m
+}
+
+func newMachine(lowers, args []string, logf func(string, ...any)) (*Machine, error) {
+	var id [4]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "unbounded-machine-")
+	if err != nil {
+		return nil, err
+	}
+	m := &Machine{
+		Name:   "ubt-" + hex.EncodeToString(id[:]),
+		logf:   logf,
+		dir:    dir,
+		lowers: lowers,
+		args:   args,
+	}
+	for _, d := range []string{"upper", "work", "root"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			return m, err
+		}
+	}
+	// The overlay is mounted in the host's mount namespace so that the test
+	// can write into the machine before it boots and between reboots; the
+	// lower layers are never written.
+	opt := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
+		strings.Join(lowers, ":"), filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
+	if err := unix.Mount("overlay", m.Root(), "overlay", 0, opt); err != nil {
+		return m, fmt.Errorf("mount overlay (%s): %w", opt, err)
+	}
+	m.mounted = true
+
+	m.kmsg, err = newKmsgReader(filepath.Join(dir, "kmsg"))
+	if err != nil {
+		return m, err
+	}
+	// The harness is the only reader of the machine's /dev/kmsg (see
+	// Kmsg): journald would otherwise compete for the same FIFO.
+	if err := writeUnder(m.Root(), "/etc/systemd/journald.conf.d/50-unbounded-tests.conf",
+		[]byte("# Written by the system test harness: the harness reads /dev/kmsg.\n[Journal]\nReadKMsg=no\n"), 0o644); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+// Root is the machine's file system as the host sees it (the overlay's
+// merged directory). Files written here before Start are in place when PID 1
+// starts, e.g. state written with lib/state through hostpaths.New(m.Root()).
+// It does not show the API file systems of a running machine (/run, /proc,
+// /dev): use WriteFile and ReadFile for those.
+func (m *Machine) Root() string { return filepath.Join(m.dir, "root") }
+
+// Start boots the machine and waits until the boot finished.
+func (m *Machine) Start() {
+	m.helper()
+	if err := m.start(); err != nil {
+		m.fatalf("boot %s: %v", m.Name, err)
+	}
+}
+
+// Stop powers the machine off (SIGRTMIN+4 to PID 1, like `systemctl
+// poweroff`), and kills it if it does not stop in time.
+func (m *Machine) Stop() {
+	m.helper()
+	if err := m.stop(); err != nil {
+		m.fatalf("stop %s: %v", m.Name, err)
+	}
+}
+
+// Reboot powers the machine off and boots it again from the same overlay:
+// what was written to its persistent file systems survives, /run does not,
+// and generators run again at the new boot.
+func (m *Machine) Reboot() {
+	m.helper()
+	m.Stop()
+	m.Start()
+}
+
+// Leader is the host PID of the machine's PID 1 (0 when stopped).
+func (m *Machine) Leader() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.leader
+}
+
+func (m *Machine) running() bool { return m.Leader() != 0 }
+
+func (m *Machine) start() error {
+	if m.running() {
+		return errors.New("already running")
+	}
+	begin := time.Now()
+	procs, dirs, err := createCgroups(m.Name)
+	m.cgDirs = dirs
+	if err != nil {
+		return err
+	}
+	console, err := os.OpenFile(filepath.Join(m.dir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer console.Close()
+	fmt.Fprintf(console, "=== boot at %s\n", begin.Format(time.RFC3339Nano))
+
+	nspawn := []string{"systemd-nspawn", "-q", "-D", m.Root(), "--boot", "-M", m.Name,
+		// Both are needed when the host has no systemd (TESTING.md).
+		"--register=no", "--keep-unit",
+		"--console=read-only", "--private-network",
+		"--resolv-conf=off", "--timezone=off", "--link-journal=no",
+		// nspawn gives a container no /dev/kmsg; see Kmsg.
+		"--bind=" + m.kmsg.path + ":/dev/kmsg",
+	}
+	nspawn = append(nspawn, m.args...)
+	// The shell joins the machine's cgroups before it becomes nspawn, so
+	// that nspawn and everything it starts is in them from the first
+	// instruction (joining after exec would race with nspawn's fork).
+	script := `IFS=:; for p in $UNBOUNDED_CGROUP_PROCS; do echo $$ >"$p" || exit 1; done; exec "$@"`
+	cmd := exec.Command("sh", append([]string{"-c", script, "sh"}, nspawn...)...)
+	cmd.Env = append(os.Environ(), "UNBOUNDED_CGROUP_PROCS="+strings.Join(procs, ":"))
+	cmd.Stdout, cmd.Stderr = console, console
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	m.mu.Lock()
+	m.cmd, m.done = cmd, done
+	m.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		m.mu.Lock()
+		m.waitErr = err
+		m.mu.Unlock()
+		close(done)
+	}()
+
+	leader, err := findLeader(cmd.Process.Pid, done)
+	if err != nil {
+		m.kill()
+		return fmt.Errorf("%w\n%s", err, m.consoleTail(30))
+	}
+	m.mu.Lock()
+	m.leader = leader
+	m.mu.Unlock()
+
+	state, err := m.waitBooted(done)
+	if err != nil {
+		m.kill()
+		return fmt.Errorf("%w\n%s", err, m.consoleTail(30))
+	}
+	m.BootTime = time.Since(begin)
+	m.logf("machine %s: %s after %v (leader PID %d, dir %s)", m.Name, state, m.BootTime.Round(time.Millisecond), leader, m.dir)
+	return nil
+}
+
+// findLeader returns the container's PID 1: the child of nspawn whose
+// innermost PID (the last NSpid field) is 1.
+func findLeader(nspawn int, done <-chan struct{}) (int, error) {
+	deadline := time.Now().Add(bootTimeout)
+	for time.Now().Before(deadline) {
+		select {
+		case <-done:
+			return 0, errors.New("systemd-nspawn exited before the container started")
+		default:
+		}
+		data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", nspawn, nspawn))
+		for _, f := range strings.Fields(string(data)) {
+			pid, err := strconv.Atoi(f)
+			if err != nil {
+				continue
+			}
+			if innermostPID(pid) == 1 {
+				return pid, nil
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return 0, errors.New("no container PID 1 found under systemd-nspawn")
+}
+
+func innermostPID(pid int) int {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "NSpid:"); ok {
+			f := strings.Fields(rest)
+			if len(f) == 0 {
+				return 0
+			}
+			n, _ := strconv.Atoi(f[len(f)-1])
+			return n
+		}
+	}
+	return 0
+}
+
+// waitBooted retries `systemctl is-system-running --wait` until it answers
+// running or degraded: right after PID 1 starts, systemctl may fail because
+// the manager's bus is not up yet.
+func (m *Machine) waitBooted(done <-chan struct{}) (string, error) {
+	deadline := time.Now().Add(bootTimeout)
+	last := ""
+	for time.Now().Before(deadline) {
+		select {
+		case <-done:
+			return "", errors.New("systemd-nspawn exited during boot")
+		default:
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		out, err := m.runContext(ctx, "systemctl", "is-system-running", "--wait")
+		cancel()
+		state := strings.TrimSpace(out)
+		if state == "running" || state == "degraded" {
+			return state, nil
+		}
+		last = fmt.Sprintf("%q (%v)", state, err)
+		time.Sleep(100 * time.Millisecond)
+	}
+	return "", fmt.Errorf("boot did not finish within %v; last is-system-running: %s", bootTimeout, last)
+}
+
+func (m *Machine) stop() error {
+	m.mu.Lock()
+	leader, done, bus := m.leader, m.done, m.bus
+	m.bus = nil
+	m.mu.Unlock()
+	if bus != nil {
+		bus.Close()
+	}
+	if done == nil {
+		return nil
+	}
+	var errs []error
+	if leader != 0 {
+		_ = syscall.Kill(leader, sigPoweroff)
+	}
+	select {
+	case <-done:
+	case <-time.After(poweroffTimeout):
+		errs = append(errs, fmt.Errorf("no poweroff within %v; killed", poweroffTimeout))
+		m.kill()
+	}
+	m.mu.Lock()
+	werr := m.waitErr
+	m.leader, m.cmd, m.done = 0, nil, nil
+	m.mu.Unlock()
+	if werr != nil && len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("systemd-nspawn: %v", werr))
+	}
+	if err := removeCgroups(m.cgDirs); err != nil {
+		errs = append(errs, err)
+	}
+	m.cgDirs = nil
+	return errors.Join(errs...)
+}
+
+// kill ends nspawn and everything in the machine's cgroups, and waits for
+// nspawn (it is reaped by the Wait goroutine; a zombie would still answer
+// kill -0).
+func (m *Machine) kill() {
+	m.mu.Lock()
+	cmd, done := m.cmd, m.done
+	m.mu.Unlock()
+	if cmd != nil && cmd.Process != nil {
+		_ = cmd.Process.Kill()
+	}
+	for _, d := range m.cgDirs {
+		killProcs(filepath.Join(d, "cgroup.procs"))
+	}
+	if done != nil {
+		select {
+		case <-done:
+		case <-time.After(poweroffTimeout):
+		}
+	}
+	m.mu.Lock()
+	m.leader = 0
+	m.mu.Unlock()
+}
+
+// destroy stops the machine and removes everything it left on the host:
+// cgroups, the overlay mount, the per-machine directory.
+func (m *Machine) destroy() error {
+	var errs []error
+	if err := m.stop(); err != nil {
+		errs = append(errs, err)
+	}
+	if m.kmsg != nil {
+		m.kmsg.close()
+	}
+	if err := m.unmount(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(m.dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Machine) unmount() error {
+	if !m.mounted {
+		return nil
+	}
+	var err error
+	for range 50 {
+		if err = unix.Unmount(m.Root(), 0); err == nil || errors.Is(err, unix.EINVAL) {
+			m.mounted = false
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Still busy: detach it so that the directory can go.
+	if derr := unix.Unmount(m.Root(), unix.MNT_DETACH); derr == nil {
+		m.mounted = false
+		return nil
+	}
+	return fmt.Errorf("unmount %s: %w", m.Root(), err)
+}
+
+func (m *Machine) consoleTail(n int) string {
+	data, _ := os.ReadFile(filepath.Join(m.dir, "console.log"))
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "console of " + m.Name + ":\n" + strings.Join(lines, "\n")
+}
+
+// logDiagnostics prints what helps to understand a failed test: the tail of
+// the console and of this boot's journal.
+func (m *Machine) logDiagnostics() {
+	m.logf("%s", m.consoleTail(40))
+	if m.running() {
+		out, _ := m.run("journalctl", "-b", "--no-pager", "-n", "80", "-o", "short-monotonic")
+		m.logf("journal of %s (last 80 lines):\n%s", m.Name, out)
+	}
+	if lines := m.kmsg.lines(); len(lines) > 0 {
+		m.logf("kmsg of %s:\n%s", m.Name, strings.Join(lines, "\n"))
+	}
+}
+
+func (m *Machine) helper() {
+	if m.t != nil {
+		m.t.Helper()
+	}
+}
+
+func (m *Machine) fatalf(format string, args ...any) {
+	if m.t != nil {
+		m.t.Helper()
+		m.t.Fatalf(format, args...)
+	}
+	panic(fmt.Sprintf(format, args...))
+}
