@@ -1,0 +1,318 @@
+package manifests
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	api "unbounded-cloud.io/agent/lib/api/v1alpha3"
+)
+
+// decodeAll splits a YAML stream and decodes each document strictly into
+// the typed object its apiVersion and kind name, so that a misspelt field
+// is an error here rather than a field the API server silently drops.
+func decodeAll(t *testing.T, stream []byte) []runtime.Object {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{rbacv1.AddToScheme, admissionv1.AddToScheme, apiextv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(stream)))
+	var objs []runtime.Object
+	for i := 1; ; i++ {
+		doc, err := r.Read()
+		if err != nil {
+			break
+		}
+		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
+			continue
+		}
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &tm); err != nil {
+			t.Fatalf("document %d: %v", i, err)
+		}
+		obj, err := scheme.New(tm.GroupVersionKind())
+		if err != nil {
+			t.Fatalf("document %d: %v", i, err)
+		}
+		if err := yaml.UnmarshalStrict(doc, obj); err != nil {
+			t.Fatalf("document %d (%s): %v", i, tm.GroupVersionKind(), err)
+		}
+		objs = append(objs, obj)
+	}
+	return objs
+}
+
+func stripComments(doc []byte) []byte {
+	var out [][]byte
+	for _, l := range bytes.Split(doc, []byte("\n")) {
+		if !bytes.HasPrefix(bytes.TrimSpace(l), []byte("#")) && !bytes.Equal(bytes.TrimSpace(l), []byte("---")) {
+			out = append(out, l)
+		}
+	}
+	return bytes.Join(out, []byte("\n"))
+}
+
+func kindName(o runtime.Object) string {
+	m, err := metaOf(o)
+	if err != nil {
+		return fmt.Sprintf("%T", o)
+	}
+	return fmt.Sprintf("%T/%s", o, m.GetName())
+}
+
+func metaOf(o runtime.Object) (metav1.Object, error) {
+	m, ok := o.(metav1.Object)
+	if !ok {
+		return nil, fmt.Errorf("%T has no metadata", o)
+	}
+	return m, nil
+}
+
+func TestAllDecodesIntoCRDsThenRBACAndPolicies(t *testing.T) {
+	b, err := All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, o := range decodeAll(t, b) {
+		got = append(got, kindName(o))
+	}
+	want := []string{
+		"*v1.CustomResourceDefinition/machineallocations.unbounded-cloud.io",
+		"*v1.CustomResourceDefinition/machineoperations.unbounded-cloud.io",
+		"*v1.CustomResourceDefinition/machines.unbounded-cloud.io",
+		"*v1.ClusterRole/unbounded-agent:bootstrap",
+		"*v1.ClusterRoleBinding/unbounded-agent:bootstrap",
+		"*v1.ClusterRole/unbounded-agent:daemon",
+		"*v1.ClusterRoleBinding/unbounded-agent:daemon",
+		"*v1.ClusterRole/unbounded-agent:events",
+		"*v1.RoleBinding/unbounded-agent:events",
+		"*v1.ValidatingAdmissionPolicy/unbounded-agent-own-machine.unbounded-cloud.io",
+		"*v1.ValidatingAdmissionPolicyBinding/unbounded-agent-own-machine.unbounded-cloud.io",
+		"*v1.ValidatingAdmissionPolicy/machineoperation-label.unbounded-cloud.io",
+		"*v1.ValidatingAdmissionPolicyBinding/machineoperation-label.unbounded-cloud.io",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("All() objects:\n got %q\nwant %q", got, want)
+	}
+}
+
+func crdsByKind(t *testing.T) map[string]*apiextv1.CustomResourceDefinition {
+	b, err := CRDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]*apiextv1.CustomResourceDefinition{}
+	for _, o := range decodeAll(t, b) {
+		crd := o.(*apiextv1.CustomResourceDefinition)
+		m[crd.Spec.Names.Kind] = crd
+	}
+	return m
+}
+
+func TestCRDsAreClusterScopedWithStatusAndPrinterColumns(t *testing.T) {
+	wantColumns := map[string][]string{
+		"Machine":           {"MODE", "SLOT", "PHASE", "AGENT", "NODE", "AGE"},
+		"MachineOperation":  {"MACHINE", "OPERATION", "STATE", "REASON", "AGE"},
+		"MachineAllocation": {"MACHINE", "CONSUMER", "FENCED", "AGE"},
+	}
+	crds := crdsByKind(t)
+	if len(crds) != len(wantColumns) {
+		t.Fatalf("got CRDs %v, want %d", crds, len(wantColumns))
+	}
+	for kind, cols := range wantColumns {
+		crd := crds[kind]
+		if crd == nil {
+			t.Errorf("no CRD for %s", kind)
+			continue
+		}
+		if crd.Spec.Group != api.GroupName || crd.Spec.Scope != apiextv1.ClusterScoped {
+			t.Errorf("%s: group %q scope %q", kind, crd.Spec.Group, crd.Spec.Scope)
+		}
+		if len(crd.Spec.Versions) != 1 || crd.Spec.Versions[0].Name != api.Version || !crd.Spec.Versions[0].Served || !crd.Spec.Versions[0].Storage {
+			t.Errorf("%s: versions %+v", kind, crd.Spec.Versions)
+			continue
+		}
+		v := crd.Spec.Versions[0]
+		if v.Subresources == nil || v.Subresources.Status == nil {
+			t.Errorf("%s: no status subresource", kind)
+		}
+		var names []string
+		for _, c := range v.AdditionalPrinterColumns {
+			names = append(names, c.Name)
+		}
+		if !slices.Equal(names, cols) {
+			t.Errorf("%s printer columns %v, want %v", kind, names, cols)
+		}
+	}
+	// `kubectl get` shows columns of priority 0 only: the issue's columns.
+	for kind, want := range map[string][]string{"Machine": {"MODE", "SLOT", "PHASE", "AGENT", "AGE"}, "MachineOperation": {"MACHINE", "OPERATION", "STATE", "AGE"}} {
+		var shown []string
+		for _, c := range crds[kind].Spec.Versions[0].AdditionalPrinterColumns {
+			if c.Priority == 0 {
+				shown = append(shown, c.Name)
+			}
+		}
+		if !slices.Equal(shown, want) {
+			t.Errorf("kubectl get %s shows %v, want %v", kind, shown, want)
+		}
+	}
+}
+
+func prop(t *testing.T, s apiextv1.JSONSchemaProps, path ...string) apiextv1.JSONSchemaProps {
+	t.Helper()
+	for _, p := range path {
+		next, ok := s.Properties[p]
+		if !ok {
+			t.Fatalf("schema has no property %q (path %v)", p, path)
+		}
+		s = next
+	}
+	return s
+}
+
+func enumOf(s apiextv1.JSONSchemaProps) []string {
+	var out []string
+	for _, e := range s.Enum {
+		out = append(out, strings.Trim(string(e.Raw), `"`))
+	}
+	return out
+}
+
+func TestCRDSchemasCarryEnumsAndRequiredFields(t *testing.T) {
+	crds := crdsByKind(t)
+	m := *crds["Machine"].Spec.Versions[0].Schema.OpenAPIV3Schema
+	op := *crds["MachineOperation"].Spec.Versions[0].Schema.OpenAPIV3Schema
+	for _, c := range []struct {
+		name string
+		got  []string
+		want []string
+	}{
+		{"Machine spec.isolation.mode", enumOf(prop(t, m, "spec", "isolation", "mode")), []string{"nspawn", "container", "none"}},
+		{"Machine status.isolation.slot", enumOf(prop(t, m, "status", "isolation", "slot")), []string{"kube1", "kube2"}},
+		{"Machine status.isolationChange.method", enumOf(prop(t, m, "status", "isolationChange", "method")), []string{"InPlace", "Reprovision"}},
+		{"Machine status.isolationChange.state", enumOf(prop(t, m, "status", "isolationChange", "state")), []string{"InProgress", "Succeeded", "Failed"}},
+		{"Machine status.bootstrap.state", enumOf(prop(t, m, "status", "bootstrap", "state")), []string{"Running", "Succeeded", "Failed"}},
+		{"MachineOperation spec.operation", enumOf(prop(t, op, "spec", "operation")), []string{"Repave", "Restart", "Reboot", "AgentUpgrade"}},
+		{"MachineOperation status.state", enumOf(prop(t, op, "status", "state")), []string{"Pending", "InProgress", "Complete", "Failed"}},
+		{"MachineOperation spec required", prop(t, op, "spec").Required, []string{"machineRef", "operation"}},
+		{"Machine spec.allocation required", prop(t, m, "spec", "allocation").Required, []string{"name"}},
+	} {
+		if !slices.Equal(c.got, c.want) {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if len(m.XValidations) != 1 || !strings.Contains(m.XValidations[0].Rule, "self.metadata.name") {
+		t.Errorf("Machine: want one root rule on metadata.name, got %+v", m.XValidations)
+	}
+}
+
+// rulesOf returns every rule of the ClusterRoles in objs.
+func rulesOf(objs []runtime.Object) map[string][]rbacv1.PolicyRule {
+	out := map[string][]rbacv1.PolicyRule{}
+	for _, o := range objs {
+		if r, ok := o.(*rbacv1.ClusterRole); ok {
+			out[r.Name] = r.Rules
+		}
+	}
+	return out
+}
+
+// TestBaseRBACGrantsNothingByNameOrOnSecrets guards the cluster-wide part
+// against privilege creep: it may not read any Machine or Node, nor touch
+// Secrets, nor write a Machine's spec; those belong to the per-machine part.
+func TestBaseRBACGrantsNothingByNameOrOnSecrets(t *testing.T) {
+	b, err := All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for role, rules := range rulesOf(decodeAll(t, b)) {
+		for _, r := range rules {
+			for _, res := range r.Resources {
+				switch {
+				case res == "*" || slices.Contains(r.Verbs, "*") || slices.Contains(r.APIGroups, "*"):
+					t.Errorf("%s: wildcard rule %+v", role, r)
+				case res == "secrets" || res == "nodes" || res == "serviceaccounts/token":
+					t.Errorf("%s grants %v on %s cluster-wide", role, r.Verbs, res)
+				case res == "machines" && !slices.Equal(r.Verbs, []string{"create"}):
+					t.Errorf("%s grants %v on machines cluster-wide; only create belongs here", role, r.Verbs)
+				case res == "machines/status":
+					t.Errorf("%s grants %v on machines/status cluster-wide", role, r.Verbs)
+				}
+			}
+		}
+	}
+}
+
+func TestForMachineGrantsOnlyTheOwnMachineStatusAndNode(t *testing.T) {
+	b, err := ForMachineNode("site-w1", "node-w1.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := decodeAll(t, b)
+	rules := rulesOf(objs)
+	machineRules := rules["unbounded-agent:machine:site-w1"]
+	nodeRules := rules["unbounded-agent:node:site-w1"]
+	if len(rules) != 2 || machineRules == nil || nodeRules == nil {
+		t.Fatalf("roles %v", rules)
+	}
+	for _, r := range append(slices.Clone(machineRules), nodeRules...) {
+		want := "site-w1"
+		if slices.Contains(r.Resources, "nodes") {
+			want = "node-w1.example"
+		}
+		if !slices.Equal(r.ResourceNames, []string{want}) {
+			t.Errorf("rule %+v: resourceNames %v, want [%s]", r, r.ResourceNames, want)
+		}
+		if slices.Contains(r.Resources, "machines") && (slices.Contains(r.Verbs, "update") || slices.Contains(r.Verbs, "patch")) {
+			t.Errorf("rule %+v lets the agent write its Machine's spec (and unfence itself)", r)
+		}
+	}
+	subjects := map[string][]rbacv1.Subject{}
+	for _, o := range objs {
+		if crb, ok := o.(*rbacv1.ClusterRoleBinding); ok {
+			if crb.Name != crb.RoleRef.Name {
+				t.Errorf("binding %s refers to %s", crb.Name, crb.RoleRef.Name)
+			}
+			if crb.Labels[api.MachineLabel] != "site-w1" || crb.Labels[PartOfLabel] != PartOfValue {
+				t.Errorf("binding %s labels %v", crb.Name, crb.Labels)
+			}
+			subjects[crb.Name] = crb.Subjects
+		}
+	}
+	wantMachine := []rbacv1.Subject{
+		{APIGroup: rbacv1.GroupName, Kind: "Group", Name: "system:bootstrappers:unbounded:site-w1"},
+		{APIGroup: rbacv1.GroupName, Kind: "User", Name: "unbounded-agent:site-w1"},
+	}
+	if !slices.Equal(subjects["unbounded-agent:machine:site-w1"], wantMachine) {
+		t.Errorf("machine binding subjects %v, want %v", subjects["unbounded-agent:machine:site-w1"], wantMachine)
+	}
+	if !slices.Equal(subjects["unbounded-agent:node:site-w1"], wantMachine[1:]) {
+		t.Errorf("node binding subjects %v, want only the certificate user", subjects["unbounded-agent:node:site-w1"])
+	}
+}
+
+func TestForMachineRefusesNamesThatCannotBeBootstrapGroups(t *testing.T) {
+	for _, name := range []string{"", "a.b", "Site", "x:y"} {
+		if _, err := ForMachine(name); err == nil {
+			t.Errorf("ForMachine(%q) succeeded", name)
+		}
+	}
+	if _, err := ForMachineNode("a", ""); err == nil {
+		t.Error("ForMachineNode with an empty node name succeeded")
+	}
+}
