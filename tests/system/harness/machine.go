@@ -89,6 +89,9 @@ type Machine struct {
 	// systemd-nspawn to `systemctl is-system-running` answering running
 	// or degraded.
 	BootTime time.Duration
+	// State is what `systemctl is-system-running` answered at the end of
+	// the last Start: running or degraded.
+	State string
 
 	t      testing.TB // nil for the shared package machine
 	logf   func(string, ...any)
@@ -334,6 +337,7 @@ func (m *Machine) start() error {
 		return fmt.Errorf("%w\n%s", err, m.consoleTail(30))
 	}
 	m.BootTime = time.Since(begin)
+	m.State = state
 	m.logf("machine %s: %s after %v (leader PID %d, dir %s)", m.Name, state, m.BootTime.Round(time.Millisecond), leader, m.dir)
 	return nil
 }

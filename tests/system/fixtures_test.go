@@ -1,0 +1,243 @@
+package system_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"io/fs"
+	"maps"
+	"math/big"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/tests/system/harness"
+)
+
+// Paths inside the machine, as the host sees them.
+const (
+	unitDir      = hostpaths.UnitDirHost
+	generatorDir = "/run/systemd/generator"
+	tokenFile    = "/etc/unbounded/bootstrap-token"
+	caFile       = "/etc/unbounded/ca.crt"
+	fenceUnit    = "unbounded-fence.service"
+	kmsgPrefix   = "unbounded-generator: "
+)
+
+// writeValidConfig writes the operator configuration of a host about to be
+// bootstrapped: agent.toml (ARCHITECTURE section 8), the 0600 bootstrap
+// token file and the CA file it names.
+func writeValidConfig(t *testing.T, m *harness.Machine) {
+	t.Helper()
+	m.WriteFile(hostpaths.ConfigFileHost, []byte(`machine = "site-w1"
+mode = "nspawn"
+
+[cluster]
+api-server = "https://10.0.0.1:6443"
+ca-file = "`+caFile+`"
+bootstrap-token-file = "`+tokenFile+`"
+kubernetes-version = "1.36.3"
+cluster-dns = "10.96.0.10"
+`), 0o644)
+	m.WriteFile(tokenFile, []byte("abcdef.0123456789abcdef\n"), 0o600)
+	m.WriteFile(caFile, selfSignedCA(t), 0o644)
+}
+
+func selfSignedCA(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "unbounded system test CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// writeApplied records an applied config for slot, with its SHA-256
+// sidecar, the way the agent records it (lib/state), into the stopped
+// machine's root.
+func writeApplied(t *testing.T, m *harness.Machine, slot, mode string) {
+	t.Helper()
+	err := state.WriteApplied(hostpaths.New(m.Root()), &state.AppliedConfig{
+		Slot:              slot,
+		Mode:              mode,
+		Machine:           "site-w1",
+		KubernetesVersion: "1.36.3",
+		AppliedAt:         time.Now().UTC(),
+	})
+	if err != nil {
+		t.Fatalf("write applied config of %s: %v", slot, err)
+	}
+}
+
+// writeOwnership leaves the installation lock record of an installation
+// that was interrupted (the machine was powered off while it ran).
+func writeOwnership(t *testing.T, m *harness.Machine, unit string) {
+	t.Helper()
+	data, err := json.Marshal(state.Ownership{Owner: "bootstrap", Unit: unit, PID: 4242, Since: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := state.WriteFileAtomic(hostpaths.New(m.Root()).Ownership(), append(data, '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// generated returns what the generator wrote: every entry under the
+// generator's output directory that is about the agent (its name or its
+// link target mentions "unbounded"), as path -> "-> target" for links and
+// path -> contents for files. systemd's own generators (getty, fstab) write
+// into the same directory and are left out.
+func generated(t *testing.T, m *harness.Machine) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	var walk func(dir string)
+	walk = func(dir string) {
+		entries, err := m.ReadDir(dir)
+		if err != nil {
+			t.Fatalf("read %s: %v", dir, err)
+		}
+		for _, e := range entries {
+			p := path.Join(dir, e.Name())
+			rel := strings.TrimPrefix(p, generatorDir+"/")
+			switch {
+			case e.Type()&fs.ModeSymlink != 0:
+				target, err := m.Readlink(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.Contains(rel, "unbounded") || strings.Contains(target, "unbounded") {
+					out[rel] = "-> " + target
+				}
+			case e.IsDir():
+				walk(p)
+			default:
+				data, err := m.ReadFile(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.Contains(rel, "unbounded") {
+					out[rel] = string(data)
+				}
+			}
+		}
+	}
+	walk(generatorDir)
+	return out
+}
+
+// wantGenerated compares the generator's output with want, where a file's
+// expected value is a list of lines it must contain.
+func wantGenerated(t *testing.T, m *harness.Machine, want map[string][]string) {
+	t.Helper()
+	got := generated(t, m)
+	if !slices.Equal(slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want))) {
+		t.Errorf("generator wrote %v,\nwant exactly %v", fmtGenerated(got), slices.Sorted(maps.Keys(want)))
+		return
+	}
+	for name, lines := range want {
+		for _, l := range lines {
+			if !slices.Contains(strings.Split(got[name], "\n"), l) {
+				t.Errorf("generator output %s = %q, want a line %q", name, got[name], l)
+			}
+		}
+	}
+}
+
+func fmtGenerated(g map[string]string) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(g)) {
+		b.WriteString("\n  " + k)
+		if strings.HasPrefix(g[k], "-> ") {
+			b.WriteString(" " + g[k])
+		}
+	}
+	return b.String()
+}
+
+// link is the expected generator output for a wants link to a shipped unit.
+func link(unit string) []string { return []string{"-> " + path.Join(unitDir, unit)} }
+
+// fenceDropIn is the expected content of the fence drop-in.
+var fenceDropIn = []string{"[Unit]", "Requires=" + fenceUnit, "After=" + fenceUnit}
+
+func generatorKmsg(m *harness.Machine) []string {
+	var out []string
+	for _, l := range m.Kmsg() {
+		if strings.HasPrefix(l, kmsgPrefix) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// wantNoNodeUnits asserts the safe state: neither the node target nor the
+// daemon pulled in, nothing under the node target, the daemon not running.
+func wantNoNodeUnits(t *testing.T, m *harness.Machine) {
+	t.Helper()
+	wants := m.Wants("multi-user.target")
+	for _, u := range []string{"unbounded-node.target", "unbounded-daemon.service"} {
+		if slices.Contains(wants, u) {
+			t.Errorf("multi-user.target wants %s; want the node units left out", u)
+		}
+	}
+	if s := m.UnitState("unbounded-node.target"); s.LoadState == "loaded" {
+		if w := m.Wants("unbounded-node.target"); len(w) != 0 {
+			t.Errorf("unbounded-node.target wants %v; want nothing", w)
+		}
+	}
+	if _, err := m.ReadDir(path.Join(generatorDir, "unbounded-node.target.wants")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("generator wrote unbounded-node.target.wants (err %v); want none", err)
+	}
+	if s := m.UnitState("unbounded-daemon.service"); s.ActiveState == "active" || s.ActiveState == "activating" {
+		t.Errorf("unbounded-daemon.service is %s; want it not started", s)
+	}
+}
+
+// wantFencedUnit asserts, over D-Bus, that unit is wanted by target and
+// requires and is ordered after the fence, through the generator's drop-in.
+func wantFencedUnit(t *testing.T, m *harness.Machine, target, unit string) {
+	t.Helper()
+	if w := m.Wants(target); !slices.Contains(w, unit) {
+		t.Errorf("%s wants %v; want %s", target, w, unit)
+	}
+	s := m.UnitState(unit)
+	if s.LoadState != "loaded" {
+		// A unit the package does not ship yet is not-found: systemd
+		// records who wants it but loads no drop-in for it, so only
+		// the generator's files can be checked (wantGenerated does).
+		t.Logf("%s is %s: the fence dependency is checked in the generator's drop-in only", unit, s)
+		return
+	}
+	for _, prop := range []string{"Requires", "After"} {
+		if v := m.UnitStrings(unit, prop); !slices.Contains(v, fenceUnit) {
+			t.Errorf("%s %s = %v; want %s", unit, prop, v, fenceUnit)
+		}
+	}
+	dropIn := path.Join(generatorDir, unit+".d", "50-unbounded-fence.conf")
+	if v := m.UnitStrings(unit, "DropInPaths"); !slices.Contains(v, dropIn) {
+		t.Errorf("%s DropInPaths = %v; want %s", unit, v, dropIn)
+	}
+}
