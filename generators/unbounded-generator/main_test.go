@@ -48,11 +48,11 @@ const fenceTail = "[Unit]\nRequires=unbounded-fence.service\nAfter=unbounded-fen
 
 // host is a temporary root with a regular file standing in for /dev/kmsg.
 type host struct {
-	t *testing.T
+	t testing.TB
 	p hostpaths.Paths
 }
 
-func newHost(t *testing.T) *host {
+func newHost(t testing.TB) *host {
 	root := t.TempDir()
 	h := &host{t: t, p: hostpaths.New(root)}
 	h.write(hostpaths.KmsgHost, "")
@@ -126,7 +126,7 @@ func (h *host) runInto(out string, args ...string) (tree []string, kmsg, stderr 
 
 // listTree lists dir: "path -> target" for links, "path: content" for
 // files, "path/" for empty directories.
-func listTree(t *testing.T, dir string) []string {
+func listTree(t testing.TB, dir string) []string {
 	var s []string
 	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {

@@ -66,11 +66,15 @@ func Write(dir string, plan Plan) error {
 		if want[rel] {
 			return
 		}
-		if err := os.Remove(filepath.Join(dir, rel)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		err := os.Remove(filepath.Join(dir, rel))
+		switch {
+		case err == nil:
+			// Drop a directory this emptied; fails harmlessly when
+			// something else is still in it.
+			os.Remove(filepath.Join(dir, filepath.Dir(rel)))
+		case !errors.Is(err, fs.ErrNotExist):
 			errs = append(errs, err)
 		}
-		// Drop an emptied directory; fails harmlessly when not empty.
-		os.Remove(filepath.Join(dir, filepath.Dir(rel)))
 	}
 	if ents, err := os.ReadDir(filepath.Join(dir, multiUserWants)); err == nil {
 		for _, e := range ents {
@@ -103,31 +107,46 @@ func Write(dir string, plan Plan) error {
 	return errors.Join(errs...)
 }
 
+// writeLink and writeFile try the common case (a fresh directory from
+// systemd) first, in as few system calls as possible: the generator runs at
+// every boot and reload, and systemd waits for it.
 func writeLink(path, target string) error {
-	if cur, err := os.Readlink(path); err == nil && cur == target {
-		return nil
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
 	err := os.Symlink(target, path)
-	if errors.Is(err, fs.ErrExist) {
-		// A stale link or file from an earlier run: replace it.
-		if err := os.RemoveAll(path); err != nil {
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return err
 		}
 		err = os.Symlink(target, path)
 	}
-	return err
+	if !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	if cur, rerr := os.Readlink(path); rerr == nil && cur == target {
+		return nil
+	}
+	// A stale link or file from an earlier run: replace it.
+	if err := os.RemoveAll(path); err != nil {
+		return err
+	}
+	return os.Symlink(target, path)
 }
 
 func writeFile(path string, data []byte) error {
-	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, data) {
-		return nil
+	err := createFile(path, data)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		err = createFile(path, data)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if !errors.Is(err, fs.ErrExist) {
 		return err
 	}
+	if cur, rerr := os.ReadFile(path); rerr == nil && bytes.Equal(cur, data) {
+		return nil
+	}
+	// Replace a stale file through rename, so that the file is never seen
+	// half written, even by a reload racing a manual run.
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, data, 0o644); err != nil {
 		return err
@@ -137,4 +156,21 @@ func writeFile(path string, data []byte) error {
 		return err
 	}
 	return nil
+}
+
+// createFile creates path, which must not exist, with data. A file that
+// exists is fs.ErrExist. A failed write removes the partial file.
+func createFile(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+	}
+	return err
 }
