@@ -1,0 +1,359 @@
+// Package config loads and validates the operator configuration,
+// /etc/unbounded/agent.toml and its drop-ins (ARCHITECTURE section 8).
+//
+// The defaults, every key and the drop-in merge rule are documented in one
+// place, reference.toml, which is embedded and loaded as the first layer:
+// a default that is not in that file does not exist. Loading is strict
+// (unknown keys, wrong types, missing required keys and invalid values are
+// all errors that name file, line and key, see Error) and read-only: it
+// never creates, changes or removes anything on the host, so
+// `unbounded config check` is safe on a live node.
+//
+// Secrets are never part of the TOML: the bootstrap token lives in its own
+// file, which Load checks (mode, format) without keeping the value; code
+// that needs it calls ReadBootstrapToken and gets a Secret that does not
+// print.
+package config
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+)
+
+// Reference is the commented reference configuration: every key, its
+// default, and the merge rule. It is the first layer of every load.
+//
+//go:embed reference.toml
+var Reference string
+
+// Config is the effective configuration. Paths in it are host paths (as
+// the host sees them); resolve them with Resolve.
+type Config struct {
+	Machine    string     `toml:"machine"`
+	Mode       string     `toml:"mode"`
+	Cluster    Cluster    `toml:"cluster"`
+	Node       Node       `toml:"node"`
+	Artifacts  Artifacts  `toml:"artifacts"`
+	Allocation Allocation `toml:"allocation"`
+	Fence      Fence      `toml:"fence"`
+	Daemon     Daemon     `toml:"daemon"`
+
+	// Files are the files the configuration was merged from, in order
+	// (the embedded reference not included).
+	Files []string `toml:"-"`
+	paths hostpaths.Paths
+}
+
+// Cluster is how the host reaches the cluster.
+type Cluster struct {
+	APIServer          string `toml:"api-server"`
+	CAFile             string `toml:"ca-file"`
+	BootstrapTokenFile string `toml:"bootstrap-token-file"`
+	KubernetesVersion  string `toml:"kubernetes-version"`
+	ClusterDNS         string `toml:"cluster-dns"`
+}
+
+// Node is what the Node object gets.
+type Node struct {
+	Labels map[string]string `toml:"labels"`
+	Taints []string          `toml:"taints"`
+}
+
+// Artifacts says where the node stack comes from.
+type Artifacts struct {
+	BaseURL    string              `toml:"base-url"`
+	OfflineDir string              `toml:"offline-dir"`
+	Overrides  map[string]Override `toml:"overrides"`
+}
+
+// Override is the source of one artifact, replacing base-url for it.
+type Override struct {
+	URL    string `toml:"url"`
+	SHA256 string `toml:"sha256"`
+}
+
+// Allocation names the MachineAllocation the host was launched for.
+type Allocation struct {
+	UID  string `toml:"uid"`
+	Name string `toml:"name"`
+}
+
+// Fence configures the allocation fence.
+type Fence struct {
+	RetryBudget Duration `toml:"retry-budget"`
+}
+
+// Daemon configures the daemon and the one-shots' logging.
+type Daemon struct {
+	LogLevel string `toml:"log-level"`
+}
+
+// Duration is a time.Duration written in TOML as a Go duration string
+// ("2m"), because TOML has no duration type and a bare integer would leave
+// the unit to guesswork.
+type Duration time.Duration
+
+// UnmarshalText parses a Go duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("invalid duration %q: use Go's syntax, such as \"90s\" or \"2m\"", b)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText writes the duration back in Go's syntax.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// D returns the time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// Resolve gives the path on disk of a host path named in the config (under
+// the root the config was loaded with).
+func (c *Config) Resolve(hostPath string) string { return c.paths.Join(hostPath) }
+
+// maxFileSize bounds what Load reads: a config file is a few hundred bytes,
+// and a multi-megabyte one is a mistake (a wrong --file), not a config.
+const maxFileSize = 1 << 20
+
+// Load reads the host's configuration, /etc/unbounded/agent.toml and
+// /etc/unbounded/agent.toml.d/*.toml, under p's root. See LoadFile.
+func Load(p hostpaths.Paths) (*Config, error) {
+	return LoadFile(p, p.ConfigFile())
+}
+
+// LoadFile reads the configuration file at file (a path on disk, used as
+// given) and its drop-ins in file+".d/*.toml" in lexical order, over the
+// embedded reference. Paths named inside resolve under p's root. The error,
+// if any, is a config.Errors holding every problem found; it matches
+// exitcode.ErrConfigInvalid. A missing file is fine when drop-ins exist
+// (the required keys still have to be set somewhere); with neither, the
+// error wraps os.ErrNotExist.
+func LoadFile(p hostpaths.Paths, file string) (*Config, error) {
+	l := &loader{paths: p, main: file, origin: map[string]int{}, broken: map[string]bool{}}
+	return l.load()
+}
+
+type source struct {
+	file  string
+	lines lineIndex
+}
+
+type loader struct {
+	paths   hostpaths.Paths
+	main    string
+	sources []source
+	// origin maps a key (toml.Key.String()) to the index in sources of
+	// the file whose value won.
+	origin map[string]int
+	// broken holds keys whose value had the wrong type; semantic checks
+	// skip them so a problem is reported once.
+	broken map[string]bool
+	errs   Errors
+}
+
+func (l *loader) add(file string, line int, key toml.Key, msg string, err error) {
+	l.errs = append(l.errs, &Error{File: file, Line: line, Key: key.String(), Msg: msg, Err: err})
+}
+
+// at reports a problem with the effective value of key, located in the
+// file that set it (or, for a default, in the main file without a line).
+func (l *loader) at(key toml.Key, format string, args ...any) {
+	for n := len(key); n > 0; n-- {
+		if i, ok := l.origin[key[:n].String()]; ok {
+			s := l.sources[i]
+			l.add(s.file, s.lines.lookup(key), key, fmt.Sprintf(format, args...), nil)
+			return
+		}
+	}
+	l.add(l.main, 0, key, fmt.Sprintf(format, args...), nil)
+}
+
+// isSet reports whether some file set key (as opposed to the reference).
+func (l *loader) isSet(key toml.Key) bool {
+	_, ok := l.origin[key.String()]
+	return ok
+}
+
+func (l *loader) files() []string {
+	var files []string
+	if fi, err := os.Stat(l.main); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		if err == nil && fi.IsDir() {
+			l.add(l.main, 0, nil, "is a directory, not a config file", nil)
+		} else {
+			files = append(files, l.main)
+		}
+	}
+	dir := l.main + ".d"
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		l.add(dir, 0, nil, fmt.Sprintf("cannot read drop-in directory: %v", err), err)
+	}
+	var dropins []string
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".toml") {
+			dropins = append(dropins, e.Name())
+		}
+	}
+	sort.Strings(dropins) // lexical, as systemd orders its drop-ins
+	for _, name := range dropins {
+		files = append(files, filepath.Join(dir, name))
+	}
+	if len(files) == 0 && len(l.errs) == 0 {
+		l.add(l.main, 0, nil, "no such file, and no drop-ins in "+dir, fs.ErrNotExist)
+	}
+	return files
+}
+
+func readLimited(file string) ([]byte, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%s)", fi.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxFileSize {
+		return nil, fmt.Errorf("larger than %d bytes: not a config file", maxFileSize)
+	}
+	return data, nil
+}
+
+// parse decodes one file into a generic tree, reporting a syntax error at
+// the decoder's position.
+func parse(file string, data []byte) (map[string]any, bool, []*Error) {
+	tree := map[string]any{}
+	if _, err := toml.Decode(string(data), &tree); err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return nil, false, []*Error{{File: file, Line: pe.Position.Line, Key: pe.LastKey, Msg: "invalid TOML: " + pe.Message}}
+		}
+		return nil, false, []*Error{{File: file, Msg: "invalid TOML: " + strings.TrimPrefix(err.Error(), "toml: ")}}
+	}
+	return tree, true, nil
+}
+
+var configType = reflect.TypeFor[Config]()
+
+func (l *loader) load() (*Config, error) {
+	merged, ok, errs := parse("reference.toml", []byte(Reference))
+	if !ok { // a broken reference is a build defect, caught by its test
+		return nil, Errors(errs)
+	}
+	files := l.files()
+	// incomplete: a file is missing, unreadable or not TOML.
+	incomplete := len(files) == 0 || len(l.errs) > 0
+	for _, file := range files {
+		data, err := readLimited(file)
+		if err != nil {
+			msg := err.Error()
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				msg = pe.Err.Error() // the file is named already
+			}
+			l.add(file, 0, nil, "cannot read: "+msg, err)
+			incomplete = true
+			continue
+		}
+		tree, ok, errs := parse(file, data)
+		if !ok {
+			l.errs = append(l.errs, errs...)
+			incomplete = true
+			continue
+		}
+		src := source{file: file, lines: indexLines(string(data))}
+		l.sources = append(l.sources, src)
+		bad := map[string]bool{}
+		checkTree(tree, configType, nil, func(k toml.Key, msg string) {
+			l.add(file, src.lines.lookup(k), k, msg, nil)
+			bad[k.String()] = true
+		})
+		dropBad(tree, nil, bad)
+		idx := len(l.sources) - 1
+		mergeTree(merged, tree, configType, nil, func(k toml.Key) {
+			l.origin[k.String()] = idx
+			delete(l.broken, k.String())
+		})
+		for k := range bad {
+			l.broken[k] = true
+		}
+	}
+	cfg, err := decodeTree(merged)
+	if err != nil {
+		// Cannot happen for a tree that passed checkTree; say so plainly
+		// rather than hide it.
+		l.add(l.main, 0, nil, "internal error decoding the merged configuration: "+err.Error(), err)
+		return nil, l.errs
+	}
+	cfg.paths = l.paths
+	for _, s := range l.sources {
+		cfg.Files = append(cfg.Files, s.file)
+	}
+	// Without all of its files the merged config is not the operator's:
+	// checking its values would only add noise ("machine: required key is
+	// not set" when the file that sets it has a syntax error).
+	if !incomplete {
+		l.validate(cfg)
+	}
+	if len(l.errs) > 0 {
+		return nil, l.errs
+	}
+	return cfg, nil
+}
+
+// dropBad removes the values checkTree rejected, so that the merge keeps
+// the earlier (valid) value and decoding the merged tree cannot fail.
+func dropBad(tree map[string]any, key toml.Key, bad map[string]bool) {
+	for k, v := range tree {
+		sub := addKey(key, k)
+		if bad[sub.String()] {
+			delete(tree, k)
+			continue
+		}
+		if m, ok := v.(map[string]any); ok {
+			dropBad(m, sub, bad)
+		}
+	}
+}
+
+// decodeTree turns the merged generic tree into a Config by a round trip
+// through the TOML encoder: the tree has passed the schema check, and this
+// keeps one decoder (BurntSushi's) for every value.
+func decodeTree(tree map[string]any) (*Config, error) {
+	var b strings.Builder
+	if err := toml.NewEncoder(&b).Encode(tree); err != nil {
+		return nil, err
+	}
+	var cfg Config
+	md, err := toml.Decode(b.String(), &cfg)
+	if err != nil {
+		return nil, err
+	}
+	if un := md.Undecoded(); len(un) > 0 {
+		return nil, fmt.Errorf("keys left undecoded: %v", un)
+	}
+	return &cfg, nil
+}

@@ -1,0 +1,365 @@
+package config
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"net/url"
+	"os"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+var (
+	// bootstrapTokenRE is the Kubernetes bootstrap token format
+	// (token-id.token-secret), as kube-apiserver accepts it.
+	bootstrapTokenRE = regexp.MustCompile(`^[a-z0-9]{6}\.[a-z0-9]{16}$`)
+	// versionRE is a semantic version, with the "v" Kubernetes release
+	// tags carry allowed.
+	versionRE     = regexp.MustCompile(`^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$`)
+	uuidRE        = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+	sha256RE      = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+	artifactRE    = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+	logLevels     = []string{"debug", "info", "warn", "error"}
+	taintEffects  = []string{"NoSchedule", "PreferNoSchedule", "NoExecute"}
+	minFenceRetry = time.Second
+	maxFenceRetry = time.Hour
+)
+
+func k(parts ...string) toml.Key { return toml.Key(parts) }
+
+// validate checks the values of the merged config. Keys whose value had the
+// wrong type were reported already and are skipped here.
+func (l *loader) validate(c *Config) {
+	check := func(key toml.Key, f func()) {
+		if !l.broken[key.String()] {
+			f()
+		}
+	}
+	required := func(key toml.Key, v string) bool {
+		if v == "" && !l.broken[key.String()] {
+			l.at(key, "required key is not set (see `unbounded config check --reference`)")
+			return false
+		}
+		return v != ""
+	}
+
+	if required(k("machine"), c.Machine) {
+		check(k("machine"), func() {
+			if errs := validation.IsDNS1123Subdomain(c.Machine); len(errs) > 0 {
+				l.at(k("machine"), "%q is not a valid Machine/Node name: %s", c.Machine, strings.Join(errs, "; "))
+			}
+		})
+	}
+	check(k("mode"), func() {
+		if !state.ValidMode(c.Mode) {
+			l.at(k("mode"), "must be one of nspawn, container, none, got %q", c.Mode)
+		}
+	})
+
+	if required(k("cluster", "api-server"), c.Cluster.APIServer) {
+		check(k("cluster", "api-server"), func() {
+			if msg := checkURL(c.Cluster.APIServer, "https"); msg != "" {
+				l.at(k("cluster", "api-server"), "must be an https:// URL, got %q%s", c.Cluster.APIServer, msg)
+			}
+		})
+	}
+	check(k("cluster", "ca-file"), func() { l.checkCA(c, k("cluster", "ca-file"), c.Cluster.CAFile) })
+	check(k("cluster", "bootstrap-token-file"), func() {
+		l.checkToken(c, k("cluster", "bootstrap-token-file"), c.Cluster.BootstrapTokenFile)
+	})
+	if required(k("cluster", "kubernetes-version"), c.Cluster.KubernetesVersion) {
+		check(k("cluster", "kubernetes-version"), func() {
+			if !versionRE.MatchString(c.Cluster.KubernetesVersion) {
+				l.at(k("cluster", "kubernetes-version"), "must be a version MAJOR.MINOR.PATCH such as \"1.36.3\", got %q", c.Cluster.KubernetesVersion)
+			}
+		})
+	}
+	check(k("cluster", "cluster-dns"), func() {
+		if _, err := netip.ParseAddr(c.Cluster.ClusterDNS); err != nil {
+			l.at(k("cluster", "cluster-dns"), "must be an IP address, got %q", c.Cluster.ClusterDNS)
+		}
+	})
+
+	check(k("node", "labels"), func() {
+		for _, name := range sortedStrings(c.Node.Labels) {
+			if msg := checkLabel(name, c.Node.Labels[name]); msg != "" {
+				l.at(k("node", "labels", name), "%s", msg)
+			}
+		}
+	})
+	check(k("node", "taints"), func() {
+		seen := map[string]int{}
+		for i, t := range c.Node.Taints {
+			key, effect, msg := checkTaint(t)
+			if msg != "" {
+				l.at(k("node", "taints"), "element %d: %s", i+1, msg)
+				continue
+			}
+			if j, dup := seen[key+":"+effect]; dup {
+				l.at(k("node", "taints"), "element %d: taint %s:%s repeats element %d", i+1, key, effect, j)
+			}
+			seen[key+":"+effect] = i + 1
+		}
+	})
+
+	check(k("artifacts", "base-url"), func() {
+		if c.Artifacts.BaseURL == "" {
+			return
+		}
+		if msg := checkURL(c.Artifacts.BaseURL, "https", "http"); msg != "" {
+			l.at(k("artifacts", "base-url"), "must be an http:// or https:// URL, got %q%s", c.Artifacts.BaseURL, msg)
+		}
+	})
+	if required(k("artifacts", "offline-dir"), c.Artifacts.OfflineDir) {
+		check(k("artifacts", "offline-dir"), func() { l.checkAbs(k("artifacts", "offline-dir"), c.Artifacts.OfflineDir) })
+	}
+	check(k("artifacts", "overrides"), func() {
+		for _, name := range sortedStrings(c.Artifacts.Overrides) {
+			o := c.Artifacts.Overrides[name]
+			key := k("artifacts", "overrides", name)
+			if !artifactRE.MatchString(name) {
+				l.at(key, "artifact name %q must be lowercase letters, digits and '-'", name)
+			}
+			if o.URL == "" {
+				l.at(addKey(key, "url"), "required key is not set: an override names its URL")
+			} else if msg := checkURL(o.URL, "https", "http"); msg != "" {
+				l.at(addKey(key, "url"), "must be an http:// or https:// URL, got %q%s", o.URL, msg)
+			}
+			if !sha256RE.MatchString(o.SHA256) {
+				l.at(addKey(key, "sha256"), "must be the artifact's SHA-256, 64 hex digits, got %q", o.SHA256)
+			}
+		}
+	})
+
+	check(k("allocation", "uid"), func() {
+		if c.Allocation.UID != "" && !uuidRE.MatchString(c.Allocation.UID) {
+			l.at(k("allocation", "uid"), "must be the MachineAllocation's UID (a UUID), got %q", c.Allocation.UID)
+		}
+	})
+	check(k("allocation", "name"), func() {
+		if c.Allocation.Name == "" {
+			return
+		}
+		if errs := validation.IsDNS1123Subdomain(c.Allocation.Name); len(errs) > 0 {
+			l.at(k("allocation", "name"), "%q is not a valid object name: %s", c.Allocation.Name, strings.Join(errs, "; "))
+		} else if c.Allocation.UID == "" && !l.broken["allocation.uid"] {
+			l.at(k("allocation", "name"), "is set but allocation.uid is not: the fence checks the UID, a name alone would not be fenced")
+		}
+	})
+
+	check(k("fence", "retry-budget"), func() {
+		if d := c.Fence.RetryBudget.D(); d < minFenceRetry || d > maxFenceRetry {
+			l.at(k("fence", "retry-budget"), "must be between %s and %s, got %s", minFenceRetry, maxFenceRetry, d)
+		}
+	})
+	check(k("daemon", "log-level"), func() {
+		if !contains(logLevels, c.Daemon.LogLevel) {
+			l.at(k("daemon", "log-level"), "must be one of %s, got %q", strings.Join(logLevels, ", "), c.Daemon.LogLevel)
+		}
+	})
+}
+
+func contains(list []string, s string) bool { return slices.Contains(list, s) }
+
+func sortedStrings[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// checkURL returns "" when s is an absolute URL with one of schemes and a
+// host, else the reason. The reason is quoted after the offending value, so
+// it starts with ": " or is just "bad" (the caller's message says it all).
+func checkURL(s string, schemes ...string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			return ": " + ue.Err.Error()
+		}
+		return ": " + err.Error()
+	}
+	switch {
+	case !contains(schemes, u.Scheme):
+		if u.Scheme == "" {
+			return ": no scheme"
+		}
+		return ": scheme " + u.Scheme
+	case u.Hostname() == "":
+		return ": no host"
+	case u.User != nil:
+		return ": credentials do not belong in the URL"
+	case u.RawQuery != "" || u.Fragment != "":
+		return ": no query or fragment allowed"
+	}
+	return ""
+}
+
+// checkAbs reports a path that is not absolute: config paths are host
+// paths, resolved under the root, and a relative one would depend on the
+// working directory of whichever unit reads it.
+func (l *loader) checkAbs(key toml.Key, p string) bool {
+	if !path.IsAbs(p) {
+		l.at(key, "must be an absolute path, got %q", p)
+		return false
+	}
+	return true
+}
+
+func (l *loader) where(p string) string {
+	if l.paths.Root == "" || l.paths.Root == "/" {
+		return p
+	}
+	return fmt.Sprintf("%s (under root %s)", p, l.paths.Root)
+}
+
+func (l *loader) checkCA(c *Config, key toml.Key, p string) {
+	if p == "" {
+		l.at(key, "required key is empty")
+		return
+	}
+	if !l.checkAbs(key, p) {
+		return
+	}
+	data, err := readLimited(l.paths.Join(p))
+	if err != nil {
+		l.at(key, "cannot read CA file %s: %s", l.where(p), describe(err))
+		return
+	}
+	certs := 0
+	for rest := data; ; {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			if strings.TrimSpace(string(rest)) != "" && certs > 0 {
+				l.at(key, "CA file %s has trailing data after its certificates", l.where(p))
+				return
+			}
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			l.at(key, "CA file %s holds a %q PEM block; only CERTIFICATE blocks belong in it", l.where(p), b.Type)
+			return
+		}
+		if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+			l.at(key, "CA file %s: certificate %d does not parse: %v", l.where(p), certs+1, err)
+			return
+		}
+		certs++
+	}
+	if certs == 0 {
+		l.at(key, "CA file %s holds no PEM certificate", l.where(p))
+	}
+}
+
+// checkToken checks the bootstrap token file: a regular file, 0600 or
+// stricter, holding one well-formed token. The token itself never enters a
+// message.
+func (l *loader) checkToken(c *Config, key toml.Key, p string) {
+	if p == "" {
+		l.at(key, "required key is empty")
+		return
+	}
+	if !l.checkAbs(key, p) {
+		return
+	}
+	file := l.paths.Join(p)
+	fi, err := os.Stat(file)
+	if err != nil {
+		l.at(key, "bootstrap token file %s: %s", l.where(p), describe(err))
+		return
+	}
+	if !fi.Mode().IsRegular() {
+		l.at(key, "bootstrap token file %s is not a regular file (%s)", l.where(p), fi.Mode().Type())
+		return
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		l.at(key, "bootstrap token file %s has mode %04o; it holds a secret and must be 0600 or stricter", l.where(p), perm)
+		return
+	}
+	if _, err := readToken(file); err != nil {
+		l.at(key, "bootstrap token file %s: %v", l.where(p), err)
+	}
+}
+
+func describe(err error) string {
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return "no such file"
+	case errors.Is(err, os.ErrPermission):
+		return "permission denied"
+	}
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err.Error()
+	}
+	return err.Error()
+}
+
+// kubeletNamespaces are the label namespaces (and their subdomains) a
+// kubelet may set on its own Node; wellKnownKubeletLabels are the single
+// labels it may set in kubernetes.io. Any other kubernetes.io or k8s.io
+// label makes the kubelet refuse to start (NodeRestriction), so it is an
+// error here, before a node is built around it.
+var (
+	kubeletNamespaces      = []string{"kubelet.kubernetes.io", "node.kubernetes.io"}
+	wellKnownKubeletLabels = []string{
+		"kubernetes.io/hostname", "kubernetes.io/os", "kubernetes.io/arch",
+		"beta.kubernetes.io/os", "beta.kubernetes.io/arch", "beta.kubernetes.io/instance-type",
+		"node.kubernetes.io/instance-type",
+		"topology.kubernetes.io/zone", "topology.kubernetes.io/region",
+		"failure-domain.beta.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/region",
+	}
+)
+
+func checkLabel(name, value string) string {
+	if errs := validation.IsQualifiedName(name); len(errs) > 0 {
+		return fmt.Sprintf("label key %q is invalid: %s", name, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsValidLabelValue(value); len(errs) > 0 {
+		return fmt.Sprintf("label value %q is invalid: %s", value, strings.Join(errs, "; "))
+	}
+	ns, _, found := strings.Cut(name, "/")
+	if !found {
+		return ""
+	}
+	reserved := ns == "kubernetes.io" || strings.HasSuffix(ns, ".kubernetes.io") || ns == "k8s.io" || strings.HasSuffix(ns, ".k8s.io")
+	if !reserved || contains(wellKnownKubeletLabels, name) {
+		return ""
+	}
+	for _, allowed := range kubeletNamespaces {
+		if ns == allowed || strings.HasSuffix(ns, "."+allowed) {
+			return ""
+		}
+	}
+	return fmt.Sprintf("label %q is in the reserved namespace %s, which a kubelet may not set on its own Node (allowed: %s, and the namespaces %s)",
+		name, ns, strings.Join(wellKnownKubeletLabels, ", "), strings.Join(kubeletNamespaces, ", "))
+}
+
+// checkTaint parses "key=value:Effect" or "key:Effect", the kubelet's
+// --register-with-taints syntax.
+func checkTaint(t string) (key, effect, msg string) {
+	spec, effect, ok := strings.Cut(t, ":")
+	if !ok || strings.Contains(effect, ":") {
+		return "", "", fmt.Sprintf("taint %q must be key=value:Effect or key:Effect", t)
+	}
+	key, value, _ := strings.Cut(spec, "=")
+	if errs := validation.IsQualifiedName(key); len(errs) > 0 {
+		return "", "", fmt.Sprintf("taint %q: key is invalid: %s", t, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsValidLabelValue(value); len(errs) > 0 {
+		return "", "", fmt.Sprintf("taint %q: value is invalid: %s", t, strings.Join(errs, "; "))
+	}
+	if !contains(taintEffects, effect) {
+		return "", "", fmt.Sprintf("taint %q: effect must be one of %s", t, strings.Join(taintEffects, ", "))
+	}
+	return key, effect, ""
+}
