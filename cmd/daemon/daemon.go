@@ -1,0 +1,70 @@
+// Package daemon is unbounded-daemon, the agent's only long-running
+// process, started by unbounded-daemon.service (Type=notify). The logic is
+// in lib/daemon; this is flags, one call, and the exit code: 69 (deferred,
+// printed as nothing) while an installation owns the host, 78 for an
+// invalid configuration, 1 for anything else that stops it.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/alecthomas/kong"
+
+	"unbounded-cloud.io/agent/lib/daemon"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+type cli struct {
+	Root     string `help:"Resolve every host path under this directory (tests, offline roots)." default:"/" type:"path"`
+	LogLevel string `help:"Log level: debug, info, warn or error." default:"info" enum:"debug,info,warn,error"`
+}
+
+// Main runs the daemon with args (without the program name) until SIGTERM
+// and returns the exit code.
+func Main(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return run(ctx, args, os.Stdout, os.Stderr, daemon.Host{})
+}
+
+// run is Main with its outputs and host seam as arguments, for tests.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, host daemon.Host) int {
+	var c cli
+	exited := -1
+	parser, err := kong.New(&c,
+		kong.Name("daemon"),
+		kong.Description("Watch this host's Machine, Node and MachineOperations and carry the operations out by starting units. Exit 69: an installation owns the host (not a failure)."),
+		kong.Exit(func(code int) { exited = code }),
+		kong.Writers(stdout, stderr))
+	if err != nil {
+		fmt.Fprintln(stderr, "daemon:", err)
+		return exitcode.Failed
+	}
+	if _, err := parser.Parse(args); err != nil {
+		fmt.Fprintln(stderr, "daemon:", err)
+		return exitcode.Failed
+	}
+	if exited >= 0 { // --help
+		return exited
+	}
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.LogLevel))
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	err = daemon.Run(ctx, daemon.Options{Paths: hostpaths.New(c.Root), Host: host, Log: log})
+	if err != nil && !errors.Is(err, state.ErrOwned) {
+		// Deferred is not an error: systemd counts 69 as success, and
+		// the journal should not say otherwise.
+		log.Error("daemon stopped", "error", err.Error())
+	}
+	return exitcode.For(err)
+}

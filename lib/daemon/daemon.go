@@ -1,0 +1,519 @@
+// Package daemon is unbounded-daemon: the agent's only long-running
+// process (ARCHITECTURE sections 6 and 7). It watches three things in the
+// cluster, all of them its own: its Machine (field selector on the name),
+// its Node (the same) and the MachineOperations labelled with its machine
+// name. It does no host work itself: an operation becomes a request file
+// and a started unit, and the unit's outcome becomes the operation's status
+// and an Event on the Machine.
+//
+// At idle it holds those three watches and sends nothing else: no resync,
+// no polling, no lease. Bookmarks keep a watch that the server ends
+// resumable without a new list.
+//
+// It is restartable at any point. The operation's status, the request file
+// (written before the unit starts, with the unit's previous InvocationID)
+// and the unit's own state together say, after a restart, whether a unit
+// is running for an operation, has finished for it, or was never started;
+// the daemon then waits, reports, or starts it, and never starts a unit
+// twice for the same operation UID.
+package daemon
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/version"
+)
+
+// Options configure a daemon. The zero value runs on the real host with
+// the credentials of /etc/unbounded/agent.toml.
+type Options struct {
+	// Paths resolves host paths (root "/" in production).
+	Paths hostpaths.Paths
+	// Host holds the steps that touch the host; the zero value is real.
+	Host Host
+	// Machine is the Machine's name; "" reads it from the active applied
+	// config, else from the config file.
+	Machine string
+	// NodeName is the Node's name; "" is the Machine's name (the config
+	// makes them the same, see lib/config's reference).
+	NodeName string
+	// REST is the cluster credential; nil builds it from the config file
+	// (see credentials.go for which one).
+	REST *rest.Config
+	// PollInterval is how often a unit found running after a restart of
+	// the daemon is looked at until it finishes; 0 means 1s. Only while
+	// such a unit runs: at idle nothing polls.
+	PollInterval time.Duration
+	Log          *slog.Logger
+}
+
+// Run runs the daemon until ctx is cancelled (nil error) or it must stop.
+// An installation owning the host is state.ErrOwned, at start or before a
+// dispatch (exit 69: not a failure, and systemd does not restart it).
+func Run(ctx context.Context, opts Options) error {
+	log := opts.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := checkOwnership(opts.Paths); err != nil {
+		return err
+	}
+	active, err := state.ReadActive(opts.Paths)
+	if err != nil {
+		return fmt.Errorf("read the active node's state: %w", err)
+	}
+	d := &daemon{
+		opts:     opts,
+		p:        opts.Paths,
+		host:     opts.Host,
+		log:      log,
+		active:   active,
+		machine:  opts.Machine,
+		node:     opts.NodeName,
+		poll:     cmp.Or(opts.PollInterval, time.Second),
+		handled:  map[string]bool{},
+		ops:      map[string]*v1alpha3.MachineOperation{},
+		synced:   map[kind]bool{},
+		resumed:  map[string]bool{},
+		updates:  make(chan update),
+		finished: make(chan result, 1), // one job at a time: its result never blocks
+	}
+	if d.machine == "" && active != nil {
+		d.machine = active.Machine
+	}
+	cfg := opts.REST
+	if cfg == nil || d.machine == "" {
+		creds, err := loadCredentials(opts.Paths, d.host.now())
+		if err != nil {
+			return err
+		}
+		if d.machine == "" {
+			d.machine = creds.machine
+		}
+		if cfg == nil {
+			cfg = creds.rest
+			d.renew = creds.renew
+			log.Info("cluster credential", "kind", creds.kind)
+		}
+	}
+	if err := v1alpha3.ValidateMachineName(d.machine); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	if d.node == "" {
+		d.node = d.machine
+	}
+	d.log = log.With("machine", d.machine)
+	if d.cluster, err = newCluster(cfg); err != nil {
+		return err
+	}
+	if d.sd, err = d.host.systemd(ctx); err != nil {
+		return err
+	}
+	defer d.sd.Close()
+	for {
+		err := d.serve(ctx, cfg)
+		if !errors.Is(err, errCredentialsRenewed) {
+			return err
+		}
+		creds, err := loadCredentials(opts.Paths, d.host.now())
+		if err != nil {
+			return err
+		}
+		cfg, d.renew = creds.rest, creds.renew
+		if d.cluster, err = newCluster(cfg); err != nil {
+			return err
+		}
+		log.Info("cluster credential", "kind", creds.kind)
+	}
+}
+
+func checkOwnership(p hostpaths.Paths) error {
+	own, err := state.ReadOwnership(p)
+	if own == nil {
+		return nil
+	}
+	if err != nil {
+		// An unreadable record still means "owned": fail closed.
+		return fmt.Errorf("%w (record unreadable: %v)", state.ErrOwned, err)
+	}
+	return fmt.Errorf("%w (%s since %s)", state.ErrOwned, own.Owner, own.Since.Format(time.RFC3339))
+}
+
+type kind string
+
+const (
+	kindMachine kind = "machine"
+	kindNode    kind = "node"
+	kindOps     kind = "operations"
+)
+
+// update is what a watch goroutine hands to the loop: either a full list
+// (sync) or one event.
+type update struct {
+	kind    kind
+	sync    bool
+	deleted bool
+	objs    []any
+}
+
+// job is one unit of work for a dispatch goroutine.
+type job struct {
+	op     *v1alpha3.MachineOperation // nil for the repave of a vanished Node
+	uid    string
+	typ    v1alpha3.OperationType
+	resume bool // the op was InProgress when this daemon process found it
+}
+
+type result struct {
+	job *job
+	uid string
+	op  *v1alpha3.MachineOperation // final state, nil if unchanged
+	err error                      // only ErrOwned stops the daemon
+	// interrupted: the daemon's context ended mid-job; the job is neither
+	// done nor to be left alone, and the next serve resumes it.
+	interrupted bool
+	// retry: the job failed before it reached a final state; it is picked
+	// up again (as a resume when it got as far as InProgress).
+	retry bool
+}
+
+type daemon struct {
+	opts    Options
+	p       hostpaths.Paths
+	host    Host
+	log     *slog.Logger
+	active  *state.AppliedConfig
+	machine string
+	node    string
+	poll    time.Duration
+	cluster *cluster
+	sd      Systemd
+	renew   *renewal
+
+	mu         sync.Mutex
+	machineUID types.UID
+
+	// Owned by the loop goroutine.
+	updates     chan update
+	finished    chan result
+	machineObj  *v1alpha3.Machine
+	ops         map[string]*v1alpha3.MachineOperation
+	synced      map[kind]bool
+	handled     map[string]bool // UIDs this process finished or must leave alone
+	resumed     map[string]bool
+	inflight    string
+	readyNode   types.UID // UID of the Node last seen Ready
+	nodeRepave  *job
+	statusRetry <-chan time.Time
+}
+
+func (d *daemon) machineUIDValue() types.UID {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.machineUID
+}
+
+func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Add(3)
+	go func() { defer wg.Done(); d.watchLoop(ctx, kindMachine, d.listMachine, d.watchMachine) }()
+	go func() { defer wg.Done(); d.watchLoop(ctx, kindNode, d.listNode, d.watchNode) }()
+	go func() { defer wg.Done(); d.watchLoop(ctx, kindOps, d.listOps, d.watchOps) }()
+
+	renewed := make(chan struct{})
+	if d.renew != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); d.renew.run(ctx, d, cfg, renewed) }()
+	}
+
+	var tick <-chan time.Time
+	if iv, err := d.host.watchdog(); err != nil {
+		d.log.Warn("watchdog setting unreadable", "error", err)
+	} else if iv > 0 {
+		t := time.NewTicker(iv / 2)
+		defer t.Stop()
+		tick = t.C
+	}
+	// Ready once the host side is set up: a cluster that is unreachable
+	// at boot must not make the start time out and the unit fail; the
+	// watches keep retrying.
+	if err := d.host.notify("READY=1\nSTATUS=watching Machine " + d.machine); err != nil {
+		d.log.Warn("sd_notify READY failed", "error", err)
+	}
+	d.log.Info("daemon started", "version", version.Version, "node", d.node)
+
+	var stopErr error
+	for stopErr == nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick:
+			_ = d.host.notify("WATCHDOG=1")
+		case u := <-d.updates:
+			d.apply(ctx, u)
+		case r := <-d.finished:
+			d.inflight = ""
+			if r.op != nil {
+				d.ops[r.op.Name] = r.op
+			}
+			if r.interrupted || r.retry {
+				delete(d.resumed, r.uid)
+				if r.job.op == nil && d.nodeRepave == nil {
+					d.nodeRepave = r.job
+				}
+				if r.interrupted {
+					continue
+				}
+			} else {
+				d.handled[r.uid] = true
+			}
+			if r.err != nil {
+				stopErr = r.err
+				continue
+			}
+		case <-d.statusRetry:
+			d.statusRetry = nil
+			d.reportMachine(ctx)
+		case <-renewed:
+			d.log.Info("client certificate renewed; restarting with it")
+			return errCredentialsRenewed
+		}
+		if err := d.step(ctx); err != nil {
+			stopErr = err
+		}
+	}
+	return stopErr
+}
+
+// apply takes one watch update into the loop's state.
+func (d *daemon) apply(ctx context.Context, u update) {
+	switch u.kind {
+	case kindOps:
+		if u.sync {
+			d.ops = map[string]*v1alpha3.MachineOperation{}
+		}
+		for _, o := range u.objs {
+			op := o.(*v1alpha3.MachineOperation)
+			if u.deleted {
+				delete(d.ops, op.Name)
+				continue
+			}
+			if cur, ok := d.ops[op.Name]; ok && cur.UID == op.UID && olderRV(op.ResourceVersion, cur.ResourceVersion) {
+				continue // our own update raced ahead of the watch
+			}
+			d.ops[op.Name] = op
+		}
+	case kindNode:
+		var node *corev1.Node
+		if len(u.objs) > 0 && !u.deleted {
+			node = u.objs[0].(*corev1.Node)
+		}
+		d.observeNode(node)
+	case kindMachine:
+		var m *v1alpha3.Machine
+		if len(u.objs) > 0 && !u.deleted {
+			m = u.objs[0].(*v1alpha3.Machine)
+		}
+		d.machineObj = m
+		if m != nil {
+			d.mu.Lock()
+			d.machineUID = m.UID
+			d.mu.Unlock()
+		}
+		d.reportMachine(ctx)
+	}
+	if u.sync && !d.synced[u.kind] {
+		d.synced[u.kind] = true
+		d.log.Debug("initial list done", "kind", u.kind)
+	}
+}
+
+// olderRV reports whether a is an older resourceVersion than b. Resource
+// versions are opaque in general; the API server's are etcd revisions
+// (integers), and when either is not an integer nothing is considered older.
+func olderRV(a, b string) bool {
+	var x, y uint64
+	if _, err := fmt.Sscan(a, &x); err != nil {
+		return false
+	}
+	if _, err := fmt.Sscan(b, &y); err != nil {
+		return false
+	}
+	return x < y
+}
+
+// observeNode tracks the Node: one that was Ready and is now gone means the
+// node stack lost its registration (deleted by hand, or by a controller
+// that found it dead), and the Machine is repaved. A Node deleted while a
+// unit runs is not a loss: a repave deletes the Node itself before it
+// builds the new one.
+func (d *daemon) observeNode(node *corev1.Node) {
+	if node != nil {
+		if nodeReady(node) {
+			d.readyNode = node.UID
+		}
+		return
+	}
+	if d.readyNode == "" {
+		return
+	}
+	uid := "node:" + string(d.readyNode)
+	d.readyNode = ""
+	if d.inflight != "" {
+		d.log.Info("Node deleted while a unit runs; not a loss", "node", d.node, "running", d.inflight)
+		return
+	}
+	if d.handled[uid] || (d.nodeRepave != nil && d.nodeRepave.uid == uid) {
+		return
+	}
+	d.log.Warn("Node was Ready and is gone: repaving", "node", d.node)
+	d.nodeRepave = &job{uid: uid, typ: v1alpha3.OperationRepave}
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// step starts the next job when none runs: first the operations an
+// earlier daemon process left InProgress (resume), then the repave of a
+// vanished Node, then Pending operations oldest first. One at a time:
+// operations on one host change the same node stack.
+func (d *daemon) step(ctx context.Context) error {
+	if d.inflight != "" || !d.synced[kindOps] {
+		return nil
+	}
+	var pending, inProgress []*v1alpha3.MachineOperation
+	for _, op := range d.ops {
+		uid := string(op.UID)
+		if d.handled[uid] || op.Spec.MachineRef.Name != d.machine || op.DeletionTimestamp != nil {
+			continue
+		}
+		switch op.Status.State {
+		case v1alpha3.OperationInProgress:
+			if !d.resumed[uid] {
+				inProgress = append(inProgress, op)
+			}
+		case "", v1alpha3.OperationPending:
+			pending = append(pending, op)
+		}
+	}
+	var j *job
+	switch {
+	case len(inProgress) > 0:
+		op := oldest(inProgress)
+		d.resumed[string(op.UID)] = true
+		j = &job{op: op, uid: string(op.UID), typ: op.Spec.Operation, resume: true}
+	case d.nodeRepave != nil:
+		j, d.nodeRepave = d.nodeRepave, nil
+	case len(pending) > 0:
+		op := oldest(pending)
+		j = &job{op: op, uid: string(op.UID), typ: op.Spec.Operation}
+	default:
+		return nil
+	}
+	// An installation that took the host while the daemon ran wins: the
+	// operation stays Pending, and the daemon stops as it would at start.
+	if !j.resume {
+		if err := checkOwnership(d.p); err != nil {
+			return err
+		}
+	}
+	d.inflight = j.uid
+	var spec json.RawMessage
+	if d.machineObj != nil {
+		spec, _ = json.Marshal(d.machineObj.Spec)
+	}
+	go func() { d.finished <- d.run(ctx, j, spec) }()
+	return nil
+}
+
+func oldest(ops []*v1alpha3.MachineOperation) *v1alpha3.MachineOperation {
+	return slices.MinFunc(ops, func(a, b *v1alpha3.MachineOperation) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+}
+
+// reportMachine registers the Machine when it does not exist and keeps the
+// part of its status that the daemon owns (agent version, isolation mode
+// and slot) current. It writes only when something differs, so that its
+// own write, coming back through the watch, ends the exchange.
+func (d *daemon) reportMachine(ctx context.Context) {
+	if !d.synced[kindMachine] && d.machineObj == nil {
+		// Before the first list, "not seen" is not "absent".
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if d.machineObj == nil {
+		m := &v1alpha3.Machine{ObjectMeta: metav1.ObjectMeta{Name: d.machine}}
+		if d.active != nil {
+			m.Spec.Isolation.Mode = v1alpha3.IsolationMode(d.active.Mode)
+		}
+		created, err := d.cluster.machines.Create(ctx, m)
+		switch {
+		case err == nil:
+			d.log.Info("registered the Machine")
+			d.machineObj = created
+		case apierrors.IsAlreadyExists(err):
+			return // the watch brings it
+		default:
+			d.log.Warn("cannot register the Machine; retrying in 30s", "error", err)
+			d.statusRetry = time.After(30 * time.Second)
+			return
+		}
+	}
+	want := d.machineObj.DeepCopy()
+	want.Status.Agent = &v1alpha3.AgentStatus{Version: version.Version}
+	if d.active != nil {
+		iso := &v1alpha3.IsolationStatus{Mode: v1alpha3.IsolationMode(d.active.Mode)}
+		if d.active.Mode != string(v1alpha3.IsolationNone) {
+			iso.Slot = v1alpha3.Slot(d.active.Slot)
+		}
+		want.Status.Isolation = iso
+	}
+	if equality.Semantic.DeepEqual(want.Status, d.machineObj.Status) {
+		return
+	}
+	updated, err := d.cluster.machines.UpdateStatus(ctx, want)
+	switch {
+	case err == nil:
+		d.machineObj = updated
+	case apierrors.IsConflict(err), apierrors.IsNotFound(err):
+		// The watch brings the newer object (or the deletion) and the
+		// report runs again.
+	default:
+		d.log.Warn("cannot report the Machine status; retrying in 30s", "error", err)
+		d.statusRetry = time.After(30 * time.Second)
+	}
+}

@@ -1,0 +1,240 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
+	sdbus "github.com/coreos/go-systemd/v22/dbus"
+)
+
+// Systemd is the part of the service manager the daemon talks to. The real
+// one is systemd over D-Bus; unit tests put a fake here. It is an interface,
+// not a struct of functions, because the fake needs state shared between
+// the calls (a started unit changes what UnitState answers).
+type Systemd interface {
+	// StartUnit starts unit (job mode "replace": a unit that is already
+	// starting is joined, not started twice) and returns once the job has
+	// finished, with systemd's job result: "done", "failed", "canceled",
+	// "timeout", "dependency", "skipped". For a oneshot the job finishes
+	// when its ExecStart= has exited.
+	StartUnit(ctx context.Context, unit string) (string, error)
+	// UnitState reads the unit's current state.
+	UnitState(ctx context.Context, unit string) (UnitState, error)
+	// Reboot asks the service manager to reboot the host and returns once
+	// the request is queued (mode "replace-irreversibly": nothing started
+	// afterwards cancels it).
+	Reboot(ctx context.Context) error
+	Close()
+}
+
+// UnitState is what the daemon reads of a unit to know whether it runs and
+// how its last run ended.
+type UnitState struct {
+	ActiveState string // active, activating, deactivating, inactive, failed, ...
+	SubState    string
+	// Result is the service's result of its last run: "success",
+	// "exit-code", "signal", "timeout", ...
+	Result string
+	// ExecMainStatus is the exit status (or signal number) of ExecStart=.
+	ExecMainStatus int
+	// InvocationID changes at every start; "" when the unit has not run
+	// since it was loaded.
+	InvocationID string
+}
+
+// Running reports whether the unit is in a transition (a oneshot stays in
+// "activating" while its ExecStart= runs).
+func (s UnitState) Running() bool {
+	switch s.ActiveState {
+	case "activating", "deactivating", "reloading", "refreshing":
+		return true
+	}
+	return false
+}
+
+// Succeeded reports whether the unit's last run ended well.
+func (s UnitState) Succeeded() bool {
+	return s.ActiveState != "failed" && (s.Result == "" || s.Result == "success")
+}
+
+// JournalQuery selects the journal lines of one unit.
+type JournalQuery struct {
+	Unit string
+	// Invocation limits the lines to one run of the unit when not empty.
+	Invocation string
+	// Since limits the lines to those logged at or after it when not zero.
+	Since time.Time
+	// Lines is how many of the last lines to return.
+	Lines int
+}
+
+// Host holds every step that touches the host outside the daemon's own
+// files. The zero value is the real host; tests replace single fields.
+// There is no package-level hook: two daemons in one test process (the
+// idle benchmark runs 200) each have their own Host.
+type Host struct {
+	// Systemd connects to the service manager; nil is the system bus.
+	Systemd func(ctx context.Context) (Systemd, error)
+	// Journal returns journal lines, oldest first; nil runs journalctl.
+	Journal func(ctx context.Context, q JournalQuery) ([]string, error)
+	// Now is the clock; nil is time.Now.
+	Now func() time.Time
+	// Notify sends a sd_notify(3) message; nil uses $NOTIFY_SOCKET
+	// (and does nothing without it).
+	Notify func(state string) error
+	// Watchdog returns the watchdog interval; 0 when systemd asked for
+	// none. nil reads $WATCHDOG_USEC.
+	Watchdog func() (time.Duration, error)
+	// BootID identifies the current boot; nil reads
+	// /proc/sys/kernel/random/boot_id.
+	BootID func() (string, error)
+}
+
+func (h Host) systemd(ctx context.Context) (Systemd, error) {
+	if h.Systemd != nil {
+		return h.Systemd(ctx)
+	}
+	conn, err := sdbus.NewWithContext(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("connect to systemd over D-Bus: %w", err)
+	}
+	return &dbusSystemd{conn: conn}, nil
+}
+
+func (h Host) journal(ctx context.Context, q JournalQuery) ([]string, error) {
+	if h.Journal != nil {
+		return h.Journal(ctx, q)
+	}
+	return journalctl(ctx, q)
+}
+
+func (h Host) now() time.Time {
+	if h.Now != nil {
+		return h.Now()
+	}
+	return time.Now()
+}
+
+func (h Host) notify(state string) error {
+	if h.Notify != nil {
+		return h.Notify(state)
+	}
+	_, err := sddaemon.SdNotify(false, state)
+	return err
+}
+
+func (h Host) watchdog() (time.Duration, error) {
+	if h.Watchdog != nil {
+		return h.Watchdog()
+	}
+	return sddaemon.SdWatchdogEnabled(false)
+}
+
+func (h Host) bootID() (string, error) {
+	if h.BootID != nil {
+		return h.BootID()
+	}
+	// A kernel interface, not agent state: it is not under the host root.
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return strings.TrimSpace(string(b)), err
+}
+
+// dbusSystemd is the real service manager.
+type dbusSystemd struct{ conn *sdbus.Conn }
+
+func (s *dbusSystemd) StartUnit(ctx context.Context, unit string) (string, error) {
+	// go-systemd delivers the JobRemoved result on ch; systemd sends that
+	// signal to the client that queued the job, so no Subscribe is needed.
+	ch := make(chan string, 1)
+	if _, err := s.conn.StartUnitContext(ctx, unit, "replace", ch); err != nil {
+		return "", fmt.Errorf("start %s: %w", unit, err)
+	}
+	select {
+	case res := <-ch:
+		return res, nil
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+func (s *dbusSystemd) UnitState(ctx context.Context, unit string) (UnitState, error) {
+	u, err := s.conn.GetUnitPropertiesContext(ctx, unit)
+	if err != nil {
+		return UnitState{}, fmt.Errorf("read state of %s: %w", unit, err)
+	}
+	st := UnitState{
+		ActiveState: str(u["ActiveState"]),
+		SubState:    str(u["SubState"]),
+	}
+	if id, ok := u["InvocationID"].([]byte); ok && len(id) > 0 && !bytes.Equal(id, make([]byte, len(id))) {
+		st.InvocationID = hex.EncodeToString(id)
+	}
+	if strings.HasSuffix(unit, ".service") {
+		svc, err := s.conn.GetUnitTypePropertiesContext(ctx, unit, "Service")
+		if err != nil {
+			return UnitState{}, fmt.Errorf("read service state of %s: %w", unit, err)
+		}
+		st.Result = str(svc["Result"])
+		if v, ok := svc["ExecMainStatus"].(int32); ok {
+			st.ExecMainStatus = int(v)
+		}
+	}
+	return st, nil
+}
+
+func (s *dbusSystemd) Reboot(ctx context.Context) error {
+	// reboot.target with replace-irreversibly is what `systemctl reboot`
+	// queues: the shutdown transaction cannot be cancelled by a later job.
+	if _, err := s.conn.StartUnitContext(ctx, "reboot.target", "replace-irreversibly", nil); err != nil {
+		return fmt.Errorf("queue reboot.target: %w", err)
+	}
+	return nil
+}
+
+func (s *dbusSystemd) Close() { s.conn.Close() }
+
+func str(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+// journalctl reads the journal through journalctl: the journal's own C
+// library (sdjournal) needs cgo, and the agent is built CGO_ENABLED=0.
+func journalctl(ctx context.Context, q JournalQuery) ([]string, error) {
+	args := []string{"--no-pager", "-q", "-o", "cat", "-n", fmt.Sprint(q.Lines)}
+	if !q.Since.IsZero() {
+		args = append(args, "--since", fmt.Sprintf("@%d", q.Since.Unix()))
+	}
+	if q.Invocation != "" {
+		// The unit's own output carries _SYSTEMD_INVOCATION_ID; systemd's
+		// messages about the unit ("Failed with result ...") carry
+		// INVOCATION_ID. journalctl 252 has no --invocation.
+		args = append(args, "_SYSTEMD_INVOCATION_ID="+q.Invocation, "+", "INVOCATION_ID="+q.Invocation)
+	} else {
+		args = append(args, "-u", q.Unit)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "journalctl", args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return nil, fmt.Errorf("journalctl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		}
+		return nil, fmt.Errorf("journalctl: %w", err)
+	}
+	text := strings.TrimRight(string(out), "\n")
+	if text == "" {
+		return nil, nil
+	}
+	return strings.Split(text, "\n"), nil
+}

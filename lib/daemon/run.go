@@ -1,0 +1,346 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/request"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// Reasons the daemon writes into a MachineOperation's status and its Events.
+const (
+	ReasonDispatched    = "Dispatched"
+	ReasonUnitSucceeded = "UnitSucceeded"
+	ReasonUnitFailed    = "UnitFailed"
+	ReasonStartFailed   = "StartFailed"
+	ReasonRebooting     = "Rebooting"
+	ReasonRebooted      = "Rebooted"
+	ReasonInterrupted   = "Interrupted"
+	ReasonUnsupported   = "UnsupportedOperation"
+	ReasonNodeGone      = "NodeGone"
+)
+
+// JournalLines is how many of a failed unit's last journal lines go into
+// the operation's message.
+const JournalLines = 20
+
+// target is where an operation type is carried out: the concern (the
+// request file's name) and its unit. Reboot has no unit of ours.
+type target struct{ concern, unit string }
+
+var targets = map[v1alpha3.OperationType]target{
+	v1alpha3.OperationRepave:       {"repave", "unbounded-repave.service"},
+	v1alpha3.OperationRestart:      {"restart", "unbounded-restart.service"},
+	v1alpha3.OperationAgentUpgrade: {"upgrade", "unbounded-upgrade.service"},
+	v1alpha3.OperationReboot:       {"reboot", ""},
+}
+
+// run carries out one job in its own goroutine. It returns the operation's
+// final state; a job cut short by the daemon's context is "interrupted"
+// and left to the next serve (or the next process) to resume.
+func (d *daemon) run(ctx context.Context, j *job, desired json.RawMessage) result {
+	r := result{job: j, uid: j.uid, op: j.op}
+	err := d.runJob(ctx, j, desired, &r)
+	if ctx.Err() != nil {
+		r.interrupted = true
+		return r
+	}
+	if errors.Is(err, state.ErrOwned) {
+		r.err = err
+		return r
+	}
+	if err != nil {
+		// Not finished (the cluster did not take a status, D-Bus
+		// failed): try again after a pause, from what the cluster and
+		// the unit say then.
+		d.log.Error("operation not finished; retrying in 5s", "uid", j.uid, "type", j.typ, "error", err)
+		r.retry = true
+		select {
+		case <-ctx.Done():
+			r.interrupted = true
+		case <-time.After(5 * time.Second):
+		}
+	}
+	return r
+}
+
+func (d *daemon) runJob(ctx context.Context, j *job, desired json.RawMessage, r *result) error {
+	t, ok := targets[j.typ]
+	if !ok {
+		return d.finish(ctx, j, r, v1alpha3.OperationFailed, ReasonUnsupported,
+			fmt.Sprintf("operation %q is not supported by agent on this host", j.typ))
+	}
+	if j.resume {
+		return d.resume(ctx, j, t, r)
+	}
+	return d.dispatch(ctx, j, t, desired, r)
+}
+
+// dispatch is the first start of a job: request file, InProgress, unit.
+func (d *daemon) dispatch(ctx context.Context, j *job, t target, desired json.RawMessage, r *result) error {
+	req := &request.Request{
+		UID:         j.uid,
+		Type:        string(j.typ),
+		Machine:     d.machine,
+		Unit:        t.unit,
+		RequestedAt: d.host.now().UTC(),
+	}
+	if j.op != nil {
+		req.Operation = j.op.Name
+		req.Parameters = j.op.Spec.Parameters
+	}
+	if j.typ == v1alpha3.OperationRepave {
+		req.Desired = desired
+	}
+	if id, err := d.host.bootID(); err == nil {
+		req.BootID = id
+	}
+	if t.unit != "" {
+		st, err := d.sd.UnitState(ctx, t.unit)
+		if err != nil {
+			return d.finish(ctx, j, r, v1alpha3.OperationFailed, ReasonStartFailed, err.Error())
+		}
+		if st.Running() {
+			// Started by hand (or by a path unit): joining it would
+			// report someone else's run as this operation's. Wait for it
+			// to end, then start the unit for this operation.
+			d.log.Info("unit already running; waiting for it before dispatching", "unit", t.unit, "uid", j.uid)
+			if _, err := d.waitFinished(ctx, t.unit); err != nil {
+				return err
+			}
+			if st, err = d.sd.UnitState(ctx, t.unit); err != nil {
+				return d.finish(ctx, j, r, v1alpha3.OperationFailed, ReasonStartFailed, err.Error())
+			}
+		}
+		req.PreviousInvocation = st.InvocationID
+	}
+	// The request is on disk before anything else happens: the unit reads
+	// it, and a restarted daemon finds in it what it had handed over.
+	if err := request.Write(d.p, t.concern, req); err != nil {
+		return d.finish(ctx, j, r, v1alpha3.OperationFailed, ReasonStartFailed, fmt.Sprintf("write request: %v", err))
+	}
+	what := t.unit
+	if j.typ == v1alpha3.OperationReboot {
+		what = "a host reboot"
+	}
+	if err := d.setState(ctx, j, r, v1alpha3.OperationInProgress, ReasonDispatched, "started "+what, true); err != nil {
+		return err
+	}
+	if j.typ == v1alpha3.OperationReboot {
+		d.recordEvent(ctx, corev1.EventTypeNormal, ReasonRebooting, d.describe(j)+": rebooting the host")
+		// Completed by the daemon of the next boot (see resume).
+		return d.sd.Reboot(ctx)
+	}
+	d.recordEvent(ctx, corev1.EventTypeNormal, ReasonDispatched, d.describe(j)+": started "+t.unit)
+	d.log.Info("starting unit", "unit", t.unit, "uid", j.uid, "operation", req.Operation)
+	jobResult, err := d.sd.StartUnit(ctx, t.unit)
+	if err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		return d.finish(ctx, j, r, v1alpha3.OperationFailed, ReasonStartFailed, err.Error())
+	}
+	st, err := d.waitFinished(ctx, t.unit)
+	if err != nil {
+		return err
+	}
+	return d.report(ctx, j, t, req, jobResult, st, r)
+}
+
+// resume picks up an operation that an earlier daemon process left
+// InProgress. It starts the unit only when it can tell that the unit has
+// not run for this operation; it never starts it twice.
+func (d *daemon) resume(ctx context.Context, j *job, t target, r *result) error {
+	req, rerr := request.Read(d.p, t.concern)
+	ours := rerr == nil && req.UID == j.uid
+	if j.typ == v1alpha3.OperationReboot {
+		boot, _ := d.host.bootID()
+		if ours && req.BootID != "" && req.BootID == boot {
+			// Marked InProgress, but this is still the same boot: the
+			// reboot was never carried out. Ask again (a queued reboot
+			// is not duplicated by a second request).
+			d.log.Info("reboot requested but not carried out yet; requesting it", "uid", j.uid)
+			return d.sd.Reboot(ctx)
+		}
+		// /run is empty after a reboot: the request is gone, or names
+		// the boot it was written in.
+		return d.finish(ctx, j, r, v1alpha3.OperationComplete, ReasonRebooted, "the host rebooted")
+	}
+	if !ours {
+		msg := fmt.Sprintf("the request %s for this operation is gone", d.p.Request(t.concern))
+		if rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			msg = rerr.Error()
+		} else if rerr == nil {
+			msg = fmt.Sprintf("the request %s names another run (uid %s)", d.p.Request(t.concern), req.UID)
+		}
+		return d.finish(ctx, j, r, v1alpha3.OperationFailed, ReasonInterrupted,
+			msg+": the host rebooted (or the request was replaced) while it ran; the unit's own journal finishes or rolls back its work")
+	}
+	st, err := d.sd.UnitState(ctx, t.unit)
+	if err != nil {
+		return err // retried by the next process; nothing was decided
+	}
+	switch {
+	case st.Running():
+		d.log.Info("resuming: unit still runs for this operation; waiting", "unit", t.unit, "uid", j.uid)
+		if st, err = d.waitFinished(ctx, t.unit); err != nil {
+			return err
+		}
+		return d.report(ctx, j, t, req, "", st, r)
+	case st.InvocationID != "" && st.InvocationID != req.PreviousInvocation:
+		d.log.Info("resuming: unit finished while the daemon was down", "unit", t.unit, "uid", j.uid)
+		return d.report(ctx, j, t, req, "", st, r)
+	}
+	// No new invocation: either the unit never started (the daemon
+	// stopped between InProgress and StartUnit), or it ran, succeeded,
+	// and systemd unloaded it (garbage collection forgets a unit's
+	// invocation, and spares failed units). systemd's own journal
+	// messages about the unit tell the two apart.
+	lines, err := d.host.journal(ctx, JournalQuery{Unit: t.unit, Since: req.RequestedAt, Lines: 1})
+	if err != nil {
+		return err
+	}
+	if len(lines) > 0 {
+		return d.finish(ctx, j, r, v1alpha3.OperationComplete, ReasonUnitSucceeded,
+			t.unit+" finished with success while the daemon was down")
+	}
+	d.log.Info("resuming: unit was never started for this operation; starting it", "unit", t.unit, "uid", j.uid)
+	jobResult, err := d.sd.StartUnit(ctx, t.unit)
+	if err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		return d.finish(ctx, j, r, v1alpha3.OperationFailed, ReasonStartFailed, err.Error())
+	}
+	if st, err = d.waitFinished(ctx, t.unit); err != nil {
+		return err
+	}
+	return d.report(ctx, j, t, req, jobResult, st, r)
+}
+
+// waitFinished returns the unit's state once it is no longer in a
+// transition. After a start job of a oneshot it is already final; it polls
+// only for a unit found running after a restart of the daemon.
+func (d *daemon) waitFinished(ctx context.Context, unit string) (UnitState, error) {
+	for {
+		st, err := d.sd.UnitState(ctx, unit)
+		if err != nil || !st.Running() {
+			return st, err
+		}
+		select {
+		case <-ctx.Done():
+			return st, ctx.Err()
+		case <-time.After(d.poll):
+		}
+	}
+}
+
+// report turns a finished unit into the operation's final state. The job
+// result decides when there is one ("done" is success); after a restart
+// the unit's own Result does.
+func (d *daemon) report(ctx context.Context, j *job, t target, req *request.Request, jobResult string, st UnitState, r *result) error {
+	ok := st.Succeeded()
+	if jobResult != "" {
+		ok = jobResult == "done" && st.ActiveState != "failed"
+	}
+	if ok {
+		return d.finish(ctx, j, r, v1alpha3.OperationComplete, ReasonUnitSucceeded, t.unit+" finished with success")
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s failed:", t.unit)
+	if jobResult != "" {
+		fmt.Fprintf(&b, " job %s,", jobResult)
+	}
+	fmt.Fprintf(&b, " result %s, exit status %d", orUnknown(st.Result), st.ExecMainStatus)
+	q := JournalQuery{Unit: t.unit, Invocation: st.InvocationID, Lines: JournalLines}
+	if q.Invocation == "" {
+		q.Since = req.RequestedAt
+	}
+	lines, err := d.host.journal(ctx, q)
+	switch {
+	case err != nil:
+		fmt.Fprintf(&b, "\n(journal unreadable: %v)", err)
+	case len(lines) > 0:
+		b.WriteString("\nlast journal lines:\n")
+		b.WriteString(strings.Join(lines, "\n"))
+	}
+	return d.finish(ctx, j, r, v1alpha3.OperationFailed, ReasonUnitFailed, b.String())
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+func (d *daemon) describe(j *job) string {
+	if j.op == nil {
+		return "repave of vanished Node " + d.node
+	}
+	return fmt.Sprintf("%s %s", j.typ, j.op.Name)
+}
+
+// finish sets a final state and records the matching Event.
+func (d *daemon) finish(ctx context.Context, j *job, r *result, s v1alpha3.OperationState, reason, msg string) error {
+	evType := corev1.EventTypeNormal
+	if s == v1alpha3.OperationFailed {
+		evType = corev1.EventTypeWarning
+	}
+	d.log.Info("operation finished", "uid", j.uid, "type", j.typ, "state", s, "reason", reason)
+	err := d.setState(ctx, j, r, s, reason, msg, false)
+	d.recordEvent(ctx, evType, "Operation"+string(s), d.describe(j)+": "+msg)
+	return err
+}
+
+// setState writes the operation's status, retrying conflicts (someone
+// else, a label change for example, updated the object in between). Jobs
+// without an operation (a vanished Node) only log.
+func (d *daemon) setState(ctx context.Context, j *job, r *result, s v1alpha3.OperationState, reason, msg string, starting bool) error {
+	if j.op == nil {
+		return nil
+	}
+	now := metav1.NewTime(d.host.now())
+	op := j.op
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		want := op.DeepCopy()
+		want.Status.State = s
+		want.Status.Reason = reason
+		want.Status.Message = truncate(msg, 4096)
+		if starting || want.Status.StartTime == nil {
+			want.Status.StartTime = &now
+		}
+		if s.Finished() {
+			want.Status.CompletionTime = &now
+		}
+		c, cancel := context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+		updated, err := d.cluster.updateOpStatus(c, want)
+		if apierrors.IsConflict(err) {
+			if fresh, gerr := d.cluster.getOp(c, op.Name); gerr == nil {
+				op = fresh
+			}
+		}
+		if err == nil {
+			op = updated
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("set operation %s to %s: %w", j.op.Name, s, err)
+	}
+	j.op, r.op = op, op
+	return nil
+}

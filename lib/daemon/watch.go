@@ -1,0 +1,193 @@
+package daemon
+
+import (
+	"context"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+)
+
+// Why not client-go informers: a reflector ends its watch every 5 to 10
+// minutes on its own (a random timeoutSeconds) and re-establishes it, and
+// an informer with a resync period re-delivers everything. This loop asks
+// for no timeout, so a watch lasts as long as the API server lets it
+// (--min-request-timeout, 30 to 60 minutes by default), and resumes from
+// the last resource version it saw, which bookmarks keep current, so that
+// a resumed watch needs no new list. A list happens at start and after the
+// server says the version is too old (410 Gone).
+
+type listFunc func(ctx context.Context) (objs []any, rv string, err error)
+type watchFunc func(ctx context.Context, rv string) (watch.Interface, error)
+
+const (
+	minBackoff = 500 * time.Millisecond
+	maxBackoff = 30 * time.Second
+)
+
+func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn watchFunc) {
+	backoff := minBackoff
+	wait := func() bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, maxBackoff)
+		return true
+	}
+	for ctx.Err() == nil {
+		objs, rv, err := list(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				d.log.Warn("list failed; retrying", "kind", k, "error", err, "in", backoff)
+			}
+			if !wait() {
+				return
+			}
+			continue
+		}
+		if !d.send(ctx, update{kind: k, sync: true, objs: objs}) {
+			return
+		}
+		for ctx.Err() == nil {
+			w, err := watchFn(ctx, rv)
+			if err != nil {
+				if isGone(err) {
+					break
+				}
+				if ctx.Err() == nil {
+					d.log.Warn("watch failed; retrying", "kind", k, "error", err, "in", backoff)
+				}
+				if !wait() {
+					return
+				}
+				continue
+			}
+			newRV, gone, got := d.consume(ctx, k, w)
+			w.Stop()
+			if newRV != "" {
+				rv = newRV
+			}
+			if got {
+				backoff = minBackoff
+			}
+			if gone {
+				break
+			}
+			if !got && !wait() {
+				// A watch that ends before delivering anything is
+				// retried with a growing delay, never in a tight loop.
+				return
+			}
+		}
+	}
+}
+
+// consume forwards one watch's events until it ends; it returns the last
+// resource version seen, whether the server said that version is gone,
+// and whether anything arrived at all.
+func (d *daemon) consume(ctx context.Context, k kind, w watch.Interface) (rv string, gone, got bool) {
+	for {
+		select {
+		case <-ctx.Done():
+			return rv, false, got
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return rv, false, got
+			}
+			got = true
+			switch ev.Type {
+			case watch.Error:
+				err := apierrors.FromObject(ev.Object)
+				if isGone(err) {
+					return rv, true, got
+				}
+				d.log.Warn("watch error; re-watching", "kind", k, "error", err)
+				return rv, false, got
+			case watch.Bookmark:
+				if m, err := meta.Accessor(ev.Object); err == nil {
+					rv = m.GetResourceVersion()
+				}
+			case watch.Added, watch.Modified, watch.Deleted:
+				m, err := meta.Accessor(ev.Object)
+				if err != nil {
+					continue
+				}
+				rv = m.GetResourceVersion()
+				if !d.send(ctx, update{kind: k, deleted: ev.Type == watch.Deleted, objs: []any{ev.Object}}) {
+					return rv, false, got
+				}
+			}
+		}
+	}
+}
+
+func (d *daemon) send(ctx context.Context, u update) bool {
+	select {
+	case d.updates <- u:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (d *daemon) listMachine(ctx context.Context) ([]any, string, error) {
+	out := &v1alpha3.MachineList{}
+	opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", d.machine).String()}
+	err := d.cluster.ops.Get().Resource(v1alpha3.ResourceMachines).
+		VersionedParams(&opts, opParameterCodec).Do(ctx).Into(out)
+	if err != nil {
+		return nil, "", err
+	}
+	var objs []any
+	for i := range out.Items {
+		objs = append(objs, &out.Items[i])
+	}
+	return objs, out.ResourceVersion, nil
+}
+
+func (d *daemon) watchMachine(ctx context.Context, rv string) (watch.Interface, error) {
+	return d.cluster.machines.Watch(ctx, d.machine, rv)
+}
+
+func (d *daemon) listNode(ctx context.Context) ([]any, string, error) {
+	out, err := d.cluster.core.Nodes().List(ctx, metav1.ListOptions{FieldSelector: nodeSelector(d.node)})
+	if err != nil {
+		return nil, "", err
+	}
+	var objs []any
+	for i := range out.Items {
+		objs = append(objs, &out.Items[i])
+	}
+	return objs, out.ResourceVersion, nil
+}
+
+func (d *daemon) watchNode(ctx context.Context, rv string) (watch.Interface, error) {
+	return d.cluster.core.Nodes().Watch(ctx, metav1.ListOptions{
+		FieldSelector:       nodeSelector(d.node),
+		ResourceVersion:     rv,
+		AllowWatchBookmarks: true,
+	})
+}
+
+func (d *daemon) listOps(ctx context.Context) ([]any, string, error) {
+	out, err := d.cluster.listOps(ctx, d.machine)
+	if err != nil {
+		return nil, "", err
+	}
+	var objs []any
+	for i := range out.Items {
+		objs = append(objs, &out.Items[i])
+	}
+	return objs, out.ResourceVersion, nil
+}
+
+func (d *daemon) watchOps(ctx context.Context, rv string) (watch.Interface, error) {
+	return d.cluster.watchOps(ctx, d.machine, rv)
+}

@@ -1,0 +1,94 @@
+// Package request is the hand-over from the daemon to a one-shot: a file
+// /run/unbounded/requests/<concern>.json that says which MachineOperation a
+// run of unbounded-<concern>.service carries out, and with what input.
+//
+// Why a file and not a command line or an environment variable: a unit
+// started by hand (`systemctl start unbounded-repave.service`) must behave
+// the same as one started by the daemon, so its input has to be on disk
+// before the unit starts. And the daemon, restarted in the middle of an
+// operation, finds in the file which operation it had handed over (and
+// when), which is how it avoids starting the same operation twice.
+//
+// The package has no Kubernetes dependency, so that the small one-shots
+// (restart) can read a request without linking client-go.
+package request
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// ErrCorrupt means a request file exists but is not a request.
+var ErrCorrupt = errors.New("corrupt request file")
+
+// Request is one hand-over. It never carries a secret: the desired config
+// references secrets by file, like the operator config does.
+type Request struct {
+	// Operation is the MachineOperation's name; empty for a run the daemon
+	// started on its own (a Machine whose Node is gone).
+	Operation string `json:"operation,omitempty"`
+	// UID identifies what the run is for: the operation's metadata.uid,
+	// or for a repave of a vanished Node "node:<uid of the Node>". The
+	// daemon never starts a unit twice for the same UID.
+	UID string `json:"uid"`
+	// Type is the operation type (Repave, Restart, Reboot, AgentUpgrade).
+	Type string `json:"type"`
+	// Machine is the Machine's name.
+	Machine string `json:"machine"`
+	// Unit is the unit the daemon starts for this request.
+	Unit string `json:"unit,omitempty"`
+	// RequestedAt is when the file was written, before the unit started.
+	RequestedAt time.Time `json:"requested-at"`
+	// BootID is /proc/sys/kernel/random/boot_id when the file was written:
+	// a Reboot request from another boot has been carried out.
+	BootID string `json:"boot-id,omitempty"`
+	// PreviousInvocation is the unit's InvocationID before the daemon
+	// started it ("" when it had none). A different, non-empty ID later
+	// means the unit ran for this request.
+	PreviousInvocation string `json:"previous-invocation,omitempty"`
+	// Parameters are the operation's parameters (for example the agent
+	// version of an AgentUpgrade).
+	Parameters map[string]string `json:"parameters,omitempty"`
+	// Desired is the desired configuration of a repave: the Machine's spec
+	// as JSON at the time of the request.
+	Desired json.RawMessage `json:"desired,omitempty"`
+}
+
+// Write stores r as the request for concern, atomically (a one-shot that
+// starts at any moment reads the old request or the new one, never half).
+// Mode 0644: requests hold no secret, and `unbounded status` may show them.
+func Write(p hostpaths.Paths, concern string, r *Request) error {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return state.WriteFileAtomic(p.Request(concern), append(data, '\n'), 0o644)
+}
+
+// Read returns the request for concern; a missing file wraps
+// os.ErrNotExist (a unit started by hand with no request), a file that is
+// not a request wraps ErrCorrupt and names the file.
+func Read(p hostpaths.Paths, concern string) (*Request, error) {
+	file := p.Request(concern)
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var r Request
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, file, err)
+	}
+	if r.UID == "" {
+		return nil, fmt.Errorf("%w: %s: uid: missing", ErrCorrupt, file)
+	}
+	return &r, nil
+}
