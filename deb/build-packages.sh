@@ -67,8 +67,9 @@ top=$(sed -n '1s/^[^ ]* (\([^)]*\)).*/\1/p' deb/changelog)
 } | gzip -9n >"$work/changelog.gz"
 touch -d "@$SOURCE_DATE_EPOCH" "$work/changelog.gz"
 
-# Files of units/ that are not units: the preset (installed apart), docs and
-# the Go tests that lint the units.
+# Files of units/ that are not units: the preset (installed apart), docs,
+# and the Go tests that lint the units with their testdata/ (skipped by find).
+# tests/packages applies the same rule to compute what the package must hold.
 is_unit_file() {
 	case ${1##*/} in
 	80-unbounded.preset | README* | *.go | *.md | .*) return 1 ;;
@@ -79,12 +80,12 @@ is_unit_file() {
 config=$work/nfpm.yaml
 {
 	cat deb/nfpm.yaml
-	find units -type f | LC_ALL=C sort | while read -r f; do
+	find units -name testdata -prune -o -type f -print | LC_ALL=C sort | while read -r f; do
 		is_unit_file "$f" || continue
 		printf '  - src: %s\n    dst: /usr/lib/systemd/system/%s\n    file_info: {mode: 0644}\n' "$f" "${f#units/}"
 	done
 	# Drop-in directories (units/<unit>.d/) belong to the package too.
-	find units -mindepth 1 -type d | LC_ALL=C sort | while read -r d; do
+	find units -mindepth 1 -name testdata -prune -o -type d -print | LC_ALL=C sort | while read -r d; do
 		printf '  - dst: /usr/lib/systemd/system/%s\n    type: dir\n    file_info: {mode: 0755}\n' "${d#units/}"
 	done
 	if [ -n "$CONCERNS" ]; then
