@@ -1,0 +1,230 @@
+package units_test
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/generator"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// docPrefixes are the accepted Documentation= forms; the project's own
+// pages are https://unbounded-cloud.io/docs/agent/units/<unit>.
+var docPrefixes = []string{"https://unbounded-cloud.io/docs/agent", "man:", "file:/usr/share/doc/unbounded-agent/"}
+
+const recoverTemplate = "unbounded-recover@.service"
+
+// graphRule is one property of the unit graph (ARCHITECTURE section 6).
+// Rules are matched by name against whatever units exist, so that a rule
+// about units a later issue ships (every agent service's OnFailure=, the
+// fence's type) applies the moment that unit lands.
+type graphRule struct {
+	name    string
+	applies func(unit string) bool
+	check   func(t *testing.T, u *parsed)
+}
+
+func isNamed(names ...string) func(string) bool {
+	return func(u string) bool { return slices.Contains(names, u) }
+}
+
+func requireAll(t *testing.T, u *parsed, section, key string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !u.has(section, key, w) {
+			t.Errorf("%s: [%s] %s= lacks %s (has %q)", u.name, section, key, w, u.values(section, key))
+		}
+	}
+}
+
+func modeTargets() []string {
+	var s []string
+	for _, m := range state.Modes {
+		s = append(s, generator.ModeTarget(m))
+	}
+	return s
+}
+
+var graphRules = []graphRule{
+	{
+		name:    "every unit has a Description= and a Documentation= of the project's style",
+		applies: func(string) bool { return true },
+		check: func(t *testing.T, u *parsed) {
+			if d := u.values("Unit", "Description"); len(d) == 0 {
+				t.Errorf("%s: no Description=", u.name)
+			}
+			docs := u.values("Unit", "Documentation")
+			if len(docs) == 0 {
+				t.Errorf("%s: no Documentation=", u.name)
+			}
+			for _, d := range docs {
+				ok := false
+				for _, p := range docPrefixes {
+					ok = ok || strings.HasPrefix(d, p)
+				}
+				if !ok {
+					t.Errorf("%s: Documentation=%s is not one of %q", u.name, d, docPrefixes)
+				}
+			}
+		},
+	},
+	{
+		name: "every agent service starts recovery when it fails",
+		applies: func(n string) bool {
+			return strings.HasPrefix(n, "unbounded-") && strings.HasSuffix(n, ".service") && n != recoverTemplate
+		},
+		check: func(t *testing.T, u *parsed) {
+			requireAll(t, u, "Unit", "OnFailure", "unbounded-recover@%n.service")
+		},
+	},
+	{
+		name:    "recovery does not recover itself (a failing recovery would loop)",
+		applies: isNamed(recoverTemplate),
+		check: func(t *testing.T, u *parsed) {
+			if v := u.values("Unit", "OnFailure"); len(v) > 0 {
+				t.Errorf("%s: OnFailure=%q", u.name, v)
+			}
+		},
+	},
+	{
+		name:    "the node target is reached after the mode targets and after bootstrap",
+		applies: isNamed(generator.NodeTarget),
+		check: func(t *testing.T, u *parsed) {
+			requireAll(t, u, "Unit", "After", append(modeTargets(), generator.BootstrapService)...)
+		},
+	},
+	{
+		name:    "a mode target is reached after the supervising units the generator makes it want, for both slots",
+		applies: isNamed(modeTargets()...),
+		check: func(t *testing.T, u *parsed) {
+			mode := strings.TrimSuffix(strings.TrimPrefix(u.name, "unbounded-mode-"), ".target")
+			for _, slot := range hostpaths.Slots {
+				requireAll(t, u, "Unit", "After", generator.SupervisingUnits(mode, slot)...)
+			}
+		},
+	},
+	{
+		name:    "the generator's targets are never enabled (only the generator pulls them in)",
+		applies: isNamed(append(modeTargets(), generator.NodeTarget)...),
+		check: func(t *testing.T, u *parsed) {
+			if u.hasSection("Install") {
+				t.Errorf("%s has an [Install] section: enabling it would start a node the generator held back", u.name)
+			}
+		},
+	},
+	{
+		name:    "bootstrap does not wait for the node target (the node target waits for it)",
+		applies: isNamed(generator.BootstrapService),
+		check: func(t *testing.T, u *parsed) {
+			for _, k := range []string{"After", "Requires", "BindsTo"} {
+				if u.has("Unit", k, generator.NodeTarget) {
+					t.Errorf("%s: %s=%s makes an ordering cycle with unbounded-node.target", u.name, k, generator.NodeTarget)
+				}
+			}
+		},
+	},
+	{
+		name:    "the fence is a oneshot without RemainAfterExit, so every node start runs it again",
+		applies: isNamed(generator.FenceService),
+		check: func(t *testing.T, u *parsed) {
+			if ty := u.values("Service", "Type"); !slices.Equal(ty, []string{"oneshot"}) {
+				t.Errorf("%s: Type=%q, want oneshot", u.name, ty)
+			}
+			if r := u.values("Service", "RemainAfterExit"); len(r) > 0 && r[len(r)-1] != "no" && r[len(r)-1] != "false" {
+				t.Errorf("%s: RemainAfterExit=%q: a started fence would never run again", u.name, r)
+			}
+		},
+	},
+}
+
+// TestUnitGraph applies every rule to every shipped unit it names.
+func TestUnitGraph(t *testing.T) {
+	units := shippedUnits(t)
+	for _, r := range graphRules {
+		t.Run(r.name, func(t *testing.T) {
+			n := 0
+			for _, name := range units {
+				if !r.applies(name) {
+					continue
+				}
+				n++
+				r.check(t, parseUnit(t, name, name))
+			}
+			if n == 0 {
+				t.Logf("no shipped unit yet: the rule applies as soon as one lands")
+			}
+		})
+	}
+}
+
+// TestGeneratorLinksOnlyShippedOrSystemTargets ties the generator to the
+// unit files: every target it links exists in units/.
+func TestGeneratorLinksOnlyShippedTargets(t *testing.T) {
+	shipped := shippedUnits(t)
+	for _, mode := range state.Modes {
+		plan := generator.Decide(generator.Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: mode}})
+		for _, l := range plan.Links {
+			target := filepath.Base(l.Target)
+			if strings.HasSuffix(target, ".target") && !slices.Contains(shipped, target) {
+				t.Errorf("mode %s: the generator links %s, which units/ does not ship", mode, target)
+			}
+		}
+	}
+}
+
+// TestGeneratedFenceDropInMakesTheNodeUnitRequireTheFence combines the
+// generator's real output for a bootstrapped nspawn host with the unit it
+// applies to (the host's systemd-nspawn@.service): merged, the machine of
+// the active slot Requires= and is After= the fence, and systemd itself
+// loads the merged unit without complaint.
+func TestGeneratedFenceDropInMakesTheNodeUnitRequireTheFence(t *testing.T) {
+	tree := installTree(t, true)
+	p := hostpaths.New(tree)
+	template := filepath.Join(p.UnitDir(), "systemd-nspawn@.service")
+	if _, err := os.Stat(template); err != nil {
+		t.Skipf("systemd-nspawn@.service is not installed on this host (apt-get install systemd-container): %v", err)
+	}
+	if err := state.WriteApplied(p, &state.AppliedConfig{Slot: "kube2", Mode: "nspawn", AppliedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	generator.Host{}.Run(p, out)
+
+	node := "systemd-nspawn@kube2.service"
+	if _, err := os.Lstat(filepath.Join(out, "unbounded-mode-nspawn.target.wants", node)); err != nil {
+		t.Fatalf("the generator did not make unbounded-mode-nspawn.target want %s: %v", node, err)
+	}
+	dropIns, _ := filepath.Glob(filepath.Join(out, node+".d", "*.conf"))
+	if len(dropIns) != 1 {
+		t.Fatalf("drop-ins for %s: %q, want the fence drop-in", node, dropIns)
+	}
+	merged := parseUnit(t, node, template, dropIns...)
+	requireAll(t, merged, "Unit", "Requires", generator.FenceService)
+	requireAll(t, merged, "Unit", "After", generator.FenceService)
+	if len(merged.values("Service", "ExecStart")) == 0 {
+		t.Errorf("the merged unit lost the template's ExecStart=")
+	}
+	// The chain above the machine, from the shipped unit files.
+	requireAll(t, parseUnit(t, "unbounded-mode-nspawn.target", "unbounded-mode-nspawn.target"), "Unit", "After", node)
+	requireAll(t, parseUnit(t, generator.NodeTarget, generator.NodeTarget), "Unit", "After", "unbounded-mode-nspawn.target")
+
+	// systemd's loader on the same drop-in: /etc/systemd/system stands in
+	// for /run/systemd/generator, which verify does not read under --root.
+	if analyze, ok := lookSystemdAnalyze(); ok {
+		etc := filepath.Join(tree, "etc/systemd/system", node+".d")
+		copyFile(t, dropIns[0], filepath.Join(etc, filepath.Base(dropIns[0])), 0o644)
+		inst := filepath.Join(p.UnitDir(), node)
+		if err := os.Symlink("systemd-nspawn@.service", inst); err != nil {
+			t.Fatal(err)
+		}
+		provideExecutables(t, tree, merged)
+		verify(t, analyze, tree, node)
+	} else {
+		t.Log("systemd-analyze is missing: the merged unit was checked by the Go parser only")
+	}
+}
