@@ -27,8 +27,7 @@ import (
 )
 
 // Unit names the generator writes. They are the contract with units/ and
-// with the system tests (see /tmp/generator-contract.md, now ARCHITECTURE
-// section 6).
+// with the system tests (ARCHITECTURE section 6, "The generator").
 const (
 	NodeTarget       = "unbounded-node.target"
 	DaemonService    = "unbounded-daemon.service"
