@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/tests/system/harness"
@@ -51,6 +52,12 @@ cluster-dns = "10.96.0.10"
 `), 0o644)
 	m.WriteFile(tokenFile, []byte("abcdef.0123456789abcdef\n"), 0o600)
 	m.WriteFile(caFile, selfSignedCA(t), 0o644)
+	// The scenario is about a valid config: prove it with the agent's own
+	// loader, over the machine's root as `unbounded config check --root`
+	// would read it.
+	if _, err := config.Load(hostpaths.New(m.Root())); err != nil {
+		t.Fatalf("the fixture config is not valid: %v", err)
+	}
 }
 
 func selfSignedCA(t *testing.T) []byte {
