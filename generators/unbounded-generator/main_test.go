@@ -226,7 +226,11 @@ func TestGeneratorContract(t *testing.T) {
 		}, want: []string{wants("multi-user.target", "unbounded-bootstrap.service", "unbounded-bootstrap.service")}},
 		{name: "owned naming a foreign unit resumes nothing", setup: func(h *host) {
 			h.owned(state.Ownership{Owner: "bootstrap", Unit: "sshd.service"})
-		}, kmsg: []string{`"sshd.service"`, "not an unbounded-* unit"}},
+		}, kmsg: []string{`"sshd.service"`, "not an unbounded-* service"}},
+		{name: "owned naming the kubelet does not start it", setup: func(h *host) {
+			h.applied("kube1", "none")
+			h.owned(state.Ownership{Owner: "bootstrap", Unit: "unbounded-kubelet.service"})
+		}, kmsg: []string{`"unbounded-kubelet.service"`, "part of the node or the daemon"}},
 		{name: "garbage ownership record fails closed", setup: func(h *host) {
 			h.applied("kube1", "nspawn")
 			h.write(h.p.Rel(h.p.Ownership()), "\x00\x01not json")

@@ -146,7 +146,9 @@ func Decide(in Input) Plan {
 		switch {
 		case u == "":
 		case !strings.HasPrefix(u, "unbounded-") || !validUnitName(u):
-			p.Problem = fmt.Sprintf("ownership record names unit %q, which is not an unbounded-* unit; installation not resumed", u)
+			p.Problem = fmt.Sprintf("ownership record names unit %q, which is not an unbounded-* service; installation not resumed", u)
+		case isNodeOrDaemon(u):
+			p.Problem = fmt.Sprintf("ownership record names unit %q, which is part of the node or the daemon; not started while the host is owned", u)
 		default:
 			// Resume the interrupted installation at boot.
 			p.Links = append(p.Links, wants("multi-user.target", u))
@@ -194,11 +196,12 @@ func Decide(in Input) Plan {
 	return p
 }
 
-// validUnitName accepts what systemd accepts for a service or target name
-// that the generator may link (letters, digits, ":_.\-", at most one "@"),
-// and nothing that could leave the output directory.
+// validUnitName accepts what systemd accepts for a service name (letters,
+// digits, ":_.\-", at most one "@"), and nothing that could leave the
+// output directory. An installation resumes through a service; a target
+// could pull in anything.
 func validUnitName(u string) bool {
-	if len(u) > 255 || !(strings.HasSuffix(u, ".service") || strings.HasSuffix(u, ".target")) {
+	if len(u) > 255 || !strings.HasSuffix(u, ".service") {
 		return false
 	}
 	if strings.Count(u, "@") > 1 || strings.Contains(u, "..") {
@@ -213,6 +216,25 @@ func validUnitName(u string) bool {
 		}
 	}
 	return true
+}
+
+// isNodeOrDaemon reports whether u is one of the units rule 1 keeps
+// stopped while an installation owns the host, whatever the ownership
+// record says: the daemon, the fence and any mode's supervising unit.
+func isNodeOrDaemon(u string) bool {
+	if u == DaemonService || u == FenceService {
+		return true
+	}
+	for _, m := range state.Modes {
+		for _, s := range hostpaths.Slots {
+			for _, n := range SupervisingUnits(m, s) {
+				if template(n) == template(u) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // Host holds the generator's host-touching steps. The zero value of each
