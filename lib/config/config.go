@@ -180,7 +180,13 @@ func (l *loader) at(key toml.Key, format string, args ...any) {
 			return
 		}
 	}
-	l.add(l.main, 0, key, fmt.Sprintf(format, args...), nil)
+	msg := fmt.Sprintf(format, args...)
+	if !strings.HasPrefix(msg, "required key") {
+		// The value is the reference default: say so, or the operator
+		// looks for a line that does not exist.
+		msg += " (the default value; set " + key.String() + " to change it)"
+	}
+	l.add(l.main, 0, key, msg, nil)
 }
 
 // isSet reports whether some file set key (as opposed to the reference).

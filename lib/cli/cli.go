@@ -1,0 +1,268 @@
+// Package cli is the operator command `unbounded` (ARCHITECTURE section 3):
+// status, config check, supports-isolation, manifests, version. The
+// command only reads the host; everything that changes it is a unit.
+//
+// Main is the whole program, so that tests run it in-process with any
+// arguments and check its output and exit code exactly as a shell would.
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+	"github.com/alecthomas/kong"
+
+	"unbounded-cloud.io/agent/lib/api/manifests"
+	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/status"
+	"unbounded-cloud.io/agent/lib/version"
+)
+
+// Usage is the exit code of a command line that does not parse (the
+// shell convention; not one of the one-shots' codes, which a command line
+// error never reaches).
+const Usage = 2
+
+// Env is what commands write to and probe. The zero Host is the real host.
+type Env struct {
+	Stdout, Stderr io.Writer
+	Host           modes.Host
+}
+
+type cli struct {
+	Version           versionCmd   `cmd:"" help:"Print the agent version."`
+	Config            configCmd    `cmd:"" help:"Validate and show the operator configuration."`
+	SupportsIsolation supportsCmd  `cmd:"" name:"supports-isolation" help:"Exit 0 if this build can operate MODE (nspawn, container, none) on this host, else say why not."`
+	Status            statusCmd    `cmd:"" help:"One-screen summary of the node: mode, slot, applied configs, ownership, journals."`
+	Manifests         manifestsCmd `cmd:"" help:"Print the CRDs and RBAC the cluster needs, for kubectl apply -f -."`
+}
+
+// rootFlag is --root, shared by the commands that read host state.
+type rootFlag struct {
+	Root string `help:"Resolve every host path under DIR, as systemctl --root does." placeholder:"DIR" type:"path"`
+}
+
+func (r rootFlag) paths() hostpaths.Paths { return hostpaths.New(r.Root) }
+
+// exitPanic carries kong's exit (after --help) out of the parser without
+// ending the process, so Main stays testable.
+type exitPanic int
+
+// Main runs the command line args (without the program name) and returns
+// the exit code.
+func Main(args []string, env Env) (code int) {
+	if env.Stdout == nil {
+		env.Stdout = os.Stdout
+	}
+	if env.Stderr == nil {
+		env.Stderr = os.Stderr
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			c, ok := r.(exitPanic)
+			if !ok {
+				panic(r)
+			}
+			code = int(c)
+		}
+	}()
+	var c cli
+	parser, err := kong.New(&c,
+		kong.Name("unbounded"),
+		kong.Description("Operator command of unbounded-agent. It reads the host; units change it."),
+		kong.Writers(env.Stdout, env.Stderr),
+		kong.Exit(func(code int) { panic(exitPanic(code)) }),
+		kong.UsageOnError(),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+	)
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "unbounded: %v\n", err)
+		return exitcode.Failed
+	}
+	ctx, err := parser.Parse(args)
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "unbounded: %v\n", err)
+		return Usage
+	}
+	err = ctx.Run(&env)
+	if err == nil {
+		return exitcode.OK
+	}
+	var silent silentError
+	if !errors.As(err, &silent) {
+		fmt.Fprintf(env.Stderr, "unbounded: %v\n", err)
+	}
+	return exitcode.For(err)
+}
+
+// silentError is an outcome the command has already explained on its own
+// output; Main only turns it into an exit code.
+type silentError struct{ err error }
+
+func (s silentError) Error() string { return s.err.Error() }
+func (s silentError) Unwrap() error { return s.err }
+
+type versionCmd struct {
+	JSON bool `name:"json" help:"Print as JSON."`
+}
+
+func (v *versionCmd) Run(env *Env) error {
+	if v.JSON {
+		return json.NewEncoder(env.Stdout).Encode(map[string]string{"version": version.Version, "go": runtime.Version()})
+	}
+	_, err := fmt.Fprintf(env.Stdout, "unbounded %s\n", version.Version)
+	return err
+}
+
+type configCmd struct {
+	Check configCheckCmd `cmd:"" help:"Validate the configuration without touching the host and print the effective merged configuration (secrets are never printed: only the token file's path). Exit 78 when invalid."`
+}
+
+type configCheckCmd struct {
+	rootFlag
+	File      string `help:"Config file to check instead of /etc/unbounded/agent.toml; its drop-ins are FILE.d/*.toml. Used as given, not under --root." placeholder:"FILE" type:"path"`
+	Reference bool   `help:"Print the commented reference configuration (every key, its default, the drop-in rule) and exit."`
+	Quiet     bool   `short:"q" help:"Only validate; print nothing when valid."`
+}
+
+func (c *configCheckCmd) Run(env *Env) error {
+	if c.Reference {
+		_, err := io.WriteString(env.Stdout, config.Reference)
+		return err
+	}
+	p := c.paths()
+	file := c.File
+	if file == "" {
+		file = p.ConfigFile()
+	}
+	cfg, err := config.LoadFile(p, file)
+	if err != nil {
+		if es := config.AsErrors(err); es != nil {
+			fmt.Fprintf(env.Stderr, "unbounded: configuration invalid (%d %s):\n", len(es), plural(len(es), "problem", "problems"))
+			for _, e := range es {
+				fmt.Fprintf(env.Stderr, "  %s\n", e)
+			}
+			return silentError{err}
+		}
+		return err
+	}
+	if c.Quiet {
+		return nil
+	}
+	return WriteEffective(env.Stdout, cfg)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// WriteEffective prints cfg as TOML with a header naming the files it was
+// merged from. cfg holds no secret: the bootstrap token stays in its file,
+// and only that file's path is printed.
+func WriteEffective(w io.Writer, cfg *config.Config) error {
+	var b strings.Builder
+	b.WriteString("# Effective configuration: reference defaults")
+	for _, f := range cfg.Files {
+		b.WriteString("\n#   + " + f)
+	}
+	b.WriteString("\n")
+	if err := toml.NewEncoder(&b).Encode(cfg); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+type supportsCmd struct {
+	Mode string `arg:"" enum:"nspawn,container,none" help:"Isolation mode: nspawn, container or none."`
+	JSON bool   `name:"json" help:"Print as JSON."`
+}
+
+func (s *supportsCmd) Run(env *Env) error {
+	sup := env.Host.Check(s.Mode)
+	if s.JSON {
+		if err := json.NewEncoder(env.Stdout).Encode(struct {
+			modes.Support
+			Supported bool `json:"supported"`
+		}{sup, sup.Err() == nil}); err != nil {
+			return err
+		}
+		if err := sup.Err(); err != nil {
+			return silentError{err}
+		}
+		return nil
+	}
+	if err := sup.Err(); err != nil {
+		fmt.Fprintf(env.Stderr, "%s: not supported on this host:\n", s.Mode)
+		for _, m := range sup.Missing {
+			fmt.Fprintf(env.Stderr, "  - %s\n", m)
+		}
+		return silentError{err}
+	}
+	msg := s.Mode + ": supported"
+	if sup.Cgroup != "" {
+		msg += " (cgroup hierarchy: " + sup.Cgroup + ")"
+	}
+	if sup.Experimental {
+		msg += "; experimental: not for production nodes yet"
+	}
+	_, err := fmt.Fprintln(env.Stdout, msg)
+	return err
+}
+
+type statusCmd struct {
+	rootFlag
+	JSON bool `name:"json" help:"Print as JSON (a stable shape for scripts)."`
+}
+
+// errCorrupt makes `unbounded status` exit 1 on a corrupt host after it
+// has printed the report, so that scripts notice.
+var errCorrupt = errors.New("state corrupt")
+
+func (s *statusCmd) Run(env *Env) error {
+	r := status.Gather(s.paths())
+	if s.JSON {
+		enc := json.NewEncoder(env.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	} else {
+		r.Text(env.Stdout)
+	}
+	if r.State == status.Corrupt {
+		return silentError{errCorrupt}
+	}
+	return nil
+}
+
+type manifestsCmd struct {
+	Machine string `help:"Print one machine's RBAC (its own Machine and Node) instead of the CRDs and cluster-wide RBAC." placeholder:"NAME"`
+}
+
+func (m *manifestsCmd) Run(env *Env) error {
+	var out []byte
+	var err error
+	if m.Machine != "" {
+		out, err = manifests.ForMachine(m.Machine)
+	} else {
+		out, err = manifests.All()
+	}
+	if err != nil {
+		return err
+	}
+	_, err = env.Stdout.Write(out)
+	return err
+}

@@ -1,0 +1,432 @@
+package cli
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"io/fs"
+	"math/big"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// token is the fixture's bootstrap token; no output may ever contain it.
+const token = "q1w2e3.r4t5y6u7i8o9p0a1"
+
+const agentTOML = `machine = "site-w1"
+[cluster]
+api-server = "https://10.0.0.1:6443"
+kubernetes-version = "1.36.3"
+`
+
+func caPEM(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ca"},
+		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// newRoot is a host root with a valid configuration.
+func newRoot(t *testing.T) (string, hostpaths.Paths) {
+	t.Helper()
+	root := t.TempDir()
+	p := hostpaths.New(root)
+	write(t, p.ConfigFile(), agentTOML, 0o644)
+	write(t, p.Join("/etc/unbounded/ca.crt"), string(caPEM(t)), 0o644)
+	write(t, p.Join("/etc/unbounded/bootstrap-token"), token+"\n", 0o600)
+	return root, p
+}
+
+func write(t *testing.T, file, content string, perm os.FileMode) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte(content), perm); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(file, perm); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func run(t *testing.T, env Env, args ...string) result {
+	t.Helper()
+	var out, errb bytes.Buffer
+	env.Stdout, env.Stderr = &out, &errb
+	code := Main(args, env)
+	r := result{code, out.String(), errb.String()}
+	if strings.Contains(r.stdout+r.stderr, token) || strings.Contains(r.stdout+r.stderr, "r4t5y6u7i8o9p0a1") {
+		t.Errorf("unbounded %v leaked the bootstrap token:\n%s\n%s", args, r.stdout, r.stderr)
+	}
+	return r
+}
+
+func TestConfigCheckPrintsTheEffectiveConfigWithTheTokenPathNotTheToken(t *testing.T) {
+	root, p := newRoot(t)
+	write(t, p.Join("/etc/unbounded/agent.toml.d/50-mode.toml"), "mode = \"none\"\n", 0o644)
+	r := run(t, Env{}, "config", "check", "--root", root)
+	if r.code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+	var got map[string]any
+	if _, err := toml.Decode(r.stdout, &got); err != nil {
+		t.Fatalf("output is not TOML: %v\n%s", err, r.stdout)
+	}
+	cluster := got["cluster"].(map[string]any)
+	if got["mode"] != "none" || got["machine"] != "site-w1" || cluster["bootstrap-token-file"] != "/etc/unbounded/bootstrap-token" {
+		t.Errorf("effective config wrong:\n%s", r.stdout)
+	}
+	if fence := got["fence"].(map[string]any); fence["retry-budget"] != "2m0s" {
+		t.Errorf("default fence.retry-budget not shown: %v", fence)
+	}
+	if !strings.Contains(r.stdout, p.Join("/etc/unbounded/agent.toml.d/50-mode.toml")) {
+		t.Errorf("header does not name the drop-in:\n%s", r.stdout)
+	}
+}
+
+func TestConfigCheckExits78WithEveryErrorAndNeverTheToken(t *testing.T) {
+	root, p := newRoot(t)
+	os.Chmod(p.Join("/etc/unbounded/bootstrap-token"), 0o644)
+	write(t, p.ConfigFile(), strings.Replace(agentTOML, "https://10.0.0.1:6443", "http://x", 1), 0o644)
+	r := run(t, Env{}, "config", "check", "--root", root)
+	if r.code != 78 {
+		t.Fatalf("exit %d, want 78; stderr:\n%s", r.code, r.stderr)
+	}
+	for _, want := range []string{
+		p.ConfigFile() + `:3: cluster.api-server: must be an https:// URL, got "http://x"`,
+		p.ConfigFile() + ": cluster.bootstrap-token-file: bootstrap token file /etc/unbounded/bootstrap-token (under root " + root + ") has mode 0644",
+		"configuration invalid (2 problems)",
+	} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	if r.stdout != "" {
+		t.Errorf("invalid config printed on stdout:\n%s", r.stdout)
+	}
+}
+
+func TestConfigCheckWithFileReadsThatFileAndItsDropins(t *testing.T) {
+	root, _ := newRoot(t)
+	other := filepath.Join(t.TempDir(), "candidate.toml")
+	write(t, other, agentTOML, 0o644)
+	write(t, other+".d/10.toml", "mode = \"bogus\"\n", 0o644)
+	r := run(t, Env{}, "config", "check", "--root", root, "--file", other)
+	if r.code != 78 || !strings.Contains(r.stderr, other+".d/10.toml:1: mode: must be one of nspawn, container, none") {
+		t.Errorf("exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+}
+
+func TestConfigCheckWithoutConfigExits78(t *testing.T) {
+	r := run(t, Env{}, "config", "check", "--root", t.TempDir())
+	if r.code != 78 || !strings.Contains(r.stderr, "no such file") {
+		t.Errorf("exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+}
+
+func TestConfigCheckReferencePrintsTheEmbeddedReference(t *testing.T) {
+	r := run(t, Env{}, "config", "check", "--reference")
+	if r.code != 0 || !strings.Contains(r.stdout, "retry-budget = \"2m\"") || !strings.Contains(r.stdout, "# REQUIRED") {
+		t.Errorf("exit %d, stdout:\n%s", r.code, r.stdout)
+	}
+}
+
+func TestVersionPrintsTextAndJSON(t *testing.T) {
+	if r := run(t, Env{}, "version"); r.code != 0 || !strings.HasPrefix(r.stdout, "unbounded ") {
+		t.Errorf("version: %+v", r)
+	}
+	r := run(t, Env{}, "version", "--json")
+	var v map[string]string
+	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || v["version"] == "" {
+		t.Errorf("version --json: %v %q", err, r.stdout)
+	}
+}
+
+func TestUnknownCommandOrModeIsAUsageError(t *testing.T) {
+	for _, args := range [][]string{{"frobnicate"}, {"supports-isolation", "vm"}, {"status", "--bogus"}} {
+		if r := run(t, Env{}, args...); r.code != Usage || r.stderr == "" {
+			t.Errorf("%v: exit %d, stderr %q", args, r.code, r.stderr)
+		}
+	}
+}
+
+func TestHelpExitsZero(t *testing.T) {
+	if r := run(t, Env{}, "--help"); r.code != 0 || !strings.Contains(r.stdout, "supports-isolation") {
+		t.Errorf("--help: %+v", r)
+	}
+}
+
+func fakeHost(bins []string, booted bool) modes.Host {
+	files := fstest.MapFS{"proc/self/mountinfo": {Data: []byte(
+		"32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n" +
+			"35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n" +
+			"39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n" +
+			"40 31 0:37 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,name=systemd\n")}}
+	if booted {
+		files["run/systemd/system"] = &fstest.MapFile{Mode: fs.ModeDir | 0o755}
+	}
+	return modes.Host{
+		LookPath: func(n string) (string, error) {
+			if slices.Contains(bins, n) {
+				return "/usr/bin/" + n, nil
+			}
+			return "", errors.New("not found")
+		},
+		Stat:     func(p string) (fs.FileInfo, error) { return fs.Stat(files, strings.TrimPrefix(p, "/")) },
+		ReadFile: func(p string) ([]byte, error) { return fs.ReadFile(files, strings.TrimPrefix(p, "/")) },
+	}
+}
+
+func TestSupportsIsolationExitCodeAndReason(t *testing.T) {
+	ok := Env{Host: fakeHost([]string{"systemd-nspawn", "runc"}, true)}
+	if r := run(t, ok, "supports-isolation", "nspawn"); r.code != 0 || !strings.Contains(r.stdout, "nspawn: supported (cgroup hierarchy: legacy)") {
+		t.Errorf("nspawn on a capable host: %+v", r)
+	}
+	if r := run(t, ok, "supports-isolation", "container"); r.code != 0 || !strings.Contains(r.stdout, "experimental") {
+		t.Errorf("container: %+v", r)
+	}
+	bare := Env{Host: fakeHost(nil, false)}
+	r := run(t, bare, "supports-isolation", "nspawn")
+	if r.code != 1 || !strings.Contains(r.stderr, "systemd-nspawn is not installed") || !strings.Contains(r.stderr, "systemd is not the init system") {
+		t.Errorf("nspawn on a bare host: %+v", r)
+	}
+	r = run(t, bare, "supports-isolation", "none", "--json")
+	var got map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || r.code != 1 || got["supported"] != false || got["mode"] != "none" {
+		t.Errorf("none --json on a bare host: %v %+v", err, r)
+	}
+}
+
+// status fixtures
+
+func bootstrap(t *testing.T, p hostpaths.Paths, slot, mode string) {
+	t.Helper()
+	if err := state.WriteApplied(p, &state.AppliedConfig{Slot: slot, Mode: mode, KubernetesVersion: "1.36.3", AgentVersion: "0.1.0", AppliedAt: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func statusJSON(t *testing.T, root string) (map[string]any, result) {
+	t.Helper()
+	r := run(t, Env{}, "status", "--json", "--root", root)
+	var got map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("status --json is not JSON: %v\n%s\n%s", err, r.stdout, r.stderr)
+	}
+	keys := slices.Sorted(func(yield func(string) bool) {
+		for k := range got {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	for _, k := range []string{"applied", "journals", "legacy", "message", "ownership", "state"} {
+		if !slices.Contains(keys, k) {
+			t.Errorf("status --json lacks %q: %v", k, keys)
+		}
+	}
+	return got, r
+}
+
+func TestStatusOnAFreshHost(t *testing.T) {
+	root := t.TempDir()
+	got, r := statusJSON(t, root)
+	if r.code != 0 || got["state"] != "not-bootstrapped" || got["message"] != "not bootstrapped" || got["ownership"] != nil {
+		t.Errorf("fresh host: %+v", got)
+	}
+	if a := got["applied"].([]any); len(a) != 0 {
+		t.Errorf("applied on a fresh host: %v", a)
+	}
+	text := run(t, Env{}, "status", "--root", root)
+	if !strings.Contains(text.stdout, "state:       not bootstrapped") {
+		t.Errorf("text:\n%s", text.stdout)
+	}
+}
+
+func TestStatusOnABootstrappedHostWithAJournal(t *testing.T) {
+	root, p := newRoot(t)
+	bootstrap(t, p, "kube2", "nspawn")
+	write(t, p.Journal("repave"), `{"step":"after-old-stopped","undo":[]}`, 0o600)
+	write(t, p.Journal("upgrade"), `not json`, 0o600)
+	got, r := statusJSON(t, root)
+	if r.code != 0 || got["state"] != "bootstrapped" || got["mode"] != "nspawn" || got["active-slot"] != "kube2" {
+		t.Errorf("bootstrapped host: %+v", got)
+	}
+	applied := got["applied"].([]any)
+	if len(applied) != 1 {
+		t.Fatalf("applied = %v", applied)
+	}
+	a := applied[0].(map[string]any)
+	if a["slot"] != "kube2" || a["active"] != true || a["kubernetes-version"] != "1.36.3" || a["agent-version"] != "0.1.0" {
+		t.Errorf("applied record: %v", a)
+	}
+	journals := got["journals"].([]any)
+	if len(journals) != 2 {
+		t.Fatalf("journals = %v", journals)
+	}
+	if j := journals[0].(map[string]any); j["operation"] != "repave" || j["step"] != "after-old-stopped" {
+		t.Errorf("repave journal: %v", j)
+	}
+	if j := journals[1].(map[string]any); j["operation"] != "upgrade" || !strings.Contains(j["error"].(string), "not a JSON object") {
+		t.Errorf("garbage journal: %v", j)
+	}
+	text := run(t, Env{}, "status", "--root", root)
+	for _, want := range []string{"active slot: kube2", "kube2 (active): mode nspawn, kubernetes 1.36.3, agent 0.1.0", "repave: step after-old-stopped"} {
+		if !strings.Contains(text.stdout, want) {
+			t.Errorf("text lacks %q:\n%s", want, text.stdout)
+		}
+	}
+}
+
+func TestStatusOnACorruptHostSaysSoAndExits1(t *testing.T) {
+	root, p := newRoot(t)
+	bootstrap(t, p, "kube1", "none")
+	write(t, hostpaths.Checksum(p.AppliedConfig("kube1")), strings.Repeat("0", 64)+"\n", 0o600)
+	got, r := statusJSON(t, root)
+	if r.code != 1 || got["state"] != "corrupt" || !strings.HasPrefix(got["message"].(string), "state corrupt: ") {
+		t.Errorf("corrupt host: exit %d, %+v", r.code, got)
+	}
+	a := got["applied"].([]any)[0].(map[string]any)
+	if !strings.Contains(a["error"].(string), "SHA-256 does not match") {
+		t.Errorf("applied record error: %v", a)
+	}
+}
+
+func TestStatusOnAnOwnedHostNamesTheOwner(t *testing.T) {
+	root, p := newRoot(t)
+	since := time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC)
+	data, _ := json.Marshal(state.Ownership{Owner: "reprovision", Unit: "unbounded-reprovision.service", PID: 4242, Since: since})
+	if err := state.WriteFileAtomic(p.Ownership(), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	write(t, p.Join(hostpaths.LegacyBinaryHost), "#!/bin/sh\n", 0o755)
+	got, r := statusJSON(t, root)
+	o, _ := got["ownership"].(map[string]any)
+	if r.code != 0 || o["owner"] != "reprovision" || o["unit"] != "unbounded-reprovision.service" || o["pid"] != float64(4242) {
+		t.Errorf("owned host: %+v", got)
+	}
+	if l := got["legacy"].(map[string]any); l["detected"] != true || l["binary"] != true {
+		t.Errorf("legacy: %v", l)
+	}
+	// A garbled record still reads as owned (fail closed) and says why.
+	write(t, p.Ownership(), "{garbage", 0o644)
+	got, _ = statusJSON(t, root)
+	o, _ = got["ownership"].(map[string]any)
+	if o["owner"] != "unknown" || !strings.Contains(o["error"].(string), "corrupt") {
+		t.Errorf("garbled ownership: %v", o)
+	}
+}
+
+func TestStatusNeverChangesTheHost(t *testing.T) {
+	root, p := newRoot(t)
+	bootstrap(t, p, "kube1", "nspawn")
+	before := tree(t, root)
+	run(t, Env{}, "status", "--root", root)
+	run(t, Env{}, "status", "--json", "--root", root)
+	run(t, Env{}, "config", "check", "--root", root)
+	if after := tree(t, root); !reflect.DeepEqual(before, after) {
+		t.Errorf("host changed:\n%v\n%v", before, after)
+	}
+}
+
+func tree(t *testing.T, root string) map[string]string {
+	out := map[string]string{}
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, _ := os.Lstat(p)
+		data, _ := os.ReadFile(p)
+		out[p] = fi.Mode().String() + fi.ModTime().String() + string(data)
+		return nil
+	})
+	return out
+}
+
+func TestManifestsPrintsTheCRDsAndOneMachinesRBAC(t *testing.T) {
+	r := run(t, Env{}, "manifests")
+	if r.code != 0 || !strings.Contains(r.stdout, "kind: CustomResourceDefinition") {
+		t.Errorf("manifests: exit %d, stderr %s", r.code, r.stderr)
+	}
+	r = run(t, Env{}, "manifests", "--machine", "site-w1")
+	if r.code != 0 || !strings.Contains(r.stdout, "site-w1") {
+		t.Errorf("manifests --machine: exit %d, stderr %s", r.code, r.stderr)
+	}
+}
+
+// The real binary, built with the Makefile's flags: exit codes reach the
+// shell and the version stamp works.
+func TestBuiltBinaryExitCodesAndVersionStamp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary; skipped with -short")
+	}
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go toolchain on PATH to build cmd/unbounded")
+	}
+	bin := filepath.Join(t.TempDir(), "unbounded")
+	build := exec.Command(gobin, "build", "-trimpath", "-ldflags", "-s -w -X unbounded-cloud.io/agent/lib/version.Version=9.8.7-test", "-o", bin, "unbounded-cloud.io/agent/cmd/unbounded")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	root, p := newRoot(t)
+	exit := func(args ...string) (int, string) {
+		cmd := exec.Command(bin, args...)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode(), string(out)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0, string(out)
+	}
+	if code, out := exit("version"); code != 0 || out != "unbounded 9.8.7-test\n" {
+		t.Errorf("version: %d %q", code, out)
+	}
+	if code, out := exit("config", "check", "--root", root); code != 0 || strings.Contains(out, token) {
+		t.Errorf("config check: %d\n%s", code, out)
+	}
+	write(t, p.Join("/etc/unbounded/bootstrap-token"), "not-a-token\n", 0o600)
+	if code, out := exit("config", "check", "--root", root); code != 78 || strings.Contains(out, "not-a-token") {
+		t.Errorf("config check invalid: %d\n%s", code, out)
+	}
+	if code, _ := exit("supports-isolation", "vm"); code != Usage {
+		t.Errorf("usage error: %d", code)
+	}
+}

@@ -1,0 +1,263 @@
+// Package status gathers the one-screen summary of `unbounded status` from
+// local state only: applied configs, ownership record, legacy root and
+// journals. It reads; it never repairs, never takes a lock and never
+// panics on a broken file, because an operator runs it exactly when
+// something is broken.
+package status
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// States of a host, the first line of the summary.
+const (
+	NotBootstrapped = "not-bootstrapped"
+	Bootstrapped    = "bootstrapped"
+	Corrupt         = "corrupt"
+)
+
+// Report is the summary; its JSON form is what `unbounded status --json`
+// prints, a stable interface for scripts (fields are only ever added).
+type Report struct {
+	// State is NotBootstrapped, Bootstrapped or Corrupt.
+	State string `json:"state"`
+	// Message says the state in words: "not bootstrapped",
+	// "state corrupt: ...".
+	Message string `json:"message"`
+	// Mode and ActiveSlot come from the active applied config.
+	Mode       string `json:"mode,omitempty"`
+	ActiveSlot string `json:"active-slot,omitempty"`
+	// Applied lists the applied config record of each slot that has one.
+	Applied []Applied `json:"applied"`
+	// Ownership is the installation lock record; null when not owned.
+	Ownership *Ownership `json:"ownership"`
+	// Legacy is what an older agent left on the host.
+	Legacy Legacy `json:"legacy"`
+	// Journals are the multi-step operations' journals.
+	Journals []Journal `json:"journals"`
+}
+
+// Applied is one slot's applied config record.
+type Applied struct {
+	Slot              string    `json:"slot"`
+	Active            bool      `json:"active"`
+	Mode              string    `json:"mode,omitempty"`
+	KubernetesVersion string    `json:"kubernetes-version,omitempty"`
+	AgentVersion      string    `json:"agent-version,omitempty"`
+	AppliedAt         time.Time `json:"applied-at,omitzero"`
+	Error             string    `json:"error,omitempty"`
+}
+
+// Ownership is who holds the installation lock.
+type Ownership struct {
+	Owner string    `json:"owner"`
+	Unit  string    `json:"unit,omitempty"`
+	PID   int       `json:"pid,omitempty"`
+	Since time.Time `json:"since,omitzero"`
+	Error string    `json:"error,omitempty"`
+}
+
+// Legacy says whether an older agent's state is on the host.
+type Legacy struct {
+	Detected       bool     `json:"detected"`
+	AppliedConfigs []string `json:"applied-configs,omitempty"`
+	Binary         bool     `json:"binary,omitempty"`
+	Unit           bool     `json:"unit,omitempty"`
+}
+
+// Journal is one operation's journal.
+type Journal struct {
+	Operation string    `json:"operation"`
+	Step      string    `json:"step,omitempty"`
+	Updated   time.Time `json:"updated,omitzero"`
+	Error     string    `json:"error,omitempty"`
+}
+
+// Gather builds the report for the host under p.
+func Gather(p hostpaths.Paths) Report {
+	r := Report{Applied: []Applied{}, Journals: []Journal{}}
+
+	active, activeErr := state.ReadActive(p)
+	for _, slot := range hostpaths.Slots {
+		a, err := state.ReadApplied(p, slot)
+		switch {
+		case err == nil:
+			r.Applied = append(r.Applied, Applied{
+				Slot: a.Slot, Mode: a.Mode, KubernetesVersion: a.KubernetesVersion,
+				AgentVersion: a.AgentVersion, AppliedAt: a.AppliedAt,
+				Active: active != nil && active.Slot == a.Slot,
+			})
+		case errors.Is(err, os.ErrNotExist):
+		default:
+			r.Applied = append(r.Applied, Applied{Slot: slot, Error: err.Error()})
+		}
+	}
+	switch {
+	case activeErr != nil:
+		r.State, r.Message = Corrupt, "state corrupt: "+activeErr.Error()
+	case active == nil:
+		r.State, r.Message = NotBootstrapped, "not bootstrapped"
+	default:
+		r.State, r.Message = Bootstrapped, fmt.Sprintf("bootstrapped: %s in slot %s", active.Mode, active.Slot)
+		r.Mode, r.ActiveSlot = active.Mode, active.Slot
+	}
+
+	if o, err := state.ReadOwnership(p); o != nil {
+		r.Ownership = &Ownership{Owner: o.Owner, Unit: o.Unit, PID: o.PID, Since: o.Since}
+		if err != nil {
+			r.Ownership.Error = err.Error()
+		}
+	}
+
+	l := state.DetectLegacy(p)
+	r.Legacy = Legacy{Detected: l.Found(), AppliedConfigs: l.AppliedConfigs, Binary: l.Binary, Unit: l.Unit}
+
+	r.Journals = readJournals(p)
+	return r
+}
+
+// maxJournal bounds what is read of one journal: status shows a step name,
+// and a huge file is itself a finding, not something to load.
+const maxJournal = 1 << 20
+
+func readJournals(p hostpaths.Paths) []Journal {
+	out := []Journal{}
+	files, _ := filepath.Glob(filepath.Join(p.JournalDir(), "*.json"))
+	sort.Strings(files)
+	for _, f := range files {
+		j := Journal{Operation: strings.TrimSuffix(filepath.Base(f), ".json")}
+		fi, err := os.Stat(f)
+		if err == nil {
+			j.Updated = fi.ModTime().UTC()
+		}
+		if err == nil && !fi.Mode().IsRegular() {
+			err = errors.New("not a regular file")
+		}
+		var data []byte
+		if err == nil {
+			data, err = readAtMost(f, maxJournal)
+		}
+		if err == nil {
+			var rec map[string]any
+			dec := json.NewDecoder(bytes.NewReader(data))
+			if derr := dec.Decode(&rec); derr != nil {
+				err = fmt.Errorf("not a JSON object: %v", derr)
+			} else if s, ok := rec["step"].(string); ok {
+				j.Step = s
+			} else if rs, ok := rec["running-slot"].(string); ok {
+				// The in-place isolation journal records the running slot.
+				j.Step = "running-slot " + rs
+			}
+		}
+		if err != nil {
+			j.Error = err.Error()
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
+func readAtMost(f string, n int64) ([]byte, error) {
+	fd, err := os.Open(f)
+	if err != nil {
+		return nil, err
+	}
+	defer fd.Close()
+	data, err := io.ReadAll(io.LimitReader(fd, n+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > n {
+		return nil, fmt.Errorf("larger than %d bytes", n)
+	}
+	return data, nil
+}
+
+// Text writes the report for a terminal.
+func (r Report) Text(w io.Writer) {
+	row := func(k, format string, args ...any) { fmt.Fprintf(w, "%-12s %s\n", k+":", fmt.Sprintf(format, args...)) }
+	row("state", "%s", r.Message)
+	if r.Mode != "" {
+		row("mode", "%s", r.Mode)
+		row("active slot", "%s", r.ActiveSlot)
+	}
+	if len(r.Applied) == 0 {
+		row("applied", "none")
+	}
+	for _, a := range r.Applied {
+		if a.Error != "" {
+			row("applied", "%s: %s", a.Slot, a.Error)
+			continue
+		}
+		mark := ""
+		if a.Active {
+			mark = " (active)"
+		}
+		at := ""
+		if !a.AppliedAt.IsZero() {
+			at = " at " + a.AppliedAt.Format(time.RFC3339)
+		}
+		row("applied", "%s%s: mode %s, kubernetes %s, agent %s%s", a.Slot, mark, a.Mode, orNone(a.KubernetesVersion), orNone(a.AgentVersion), at)
+	}
+	if o := r.Ownership; o == nil {
+		row("ownership", "not owned")
+	} else {
+		s := "held by " + o.Owner
+		if o.Unit != "" {
+			s += " (" + o.Unit + ")"
+		}
+		if o.PID != 0 {
+			s += fmt.Sprintf(", pid %d", o.PID)
+		}
+		if !o.Since.IsZero() {
+			s += ", since " + o.Since.Format(time.RFC3339)
+		}
+		if o.Error != "" {
+			s += "; record unreadable: " + o.Error
+		}
+		row("ownership", "%s", s)
+	}
+	if !r.Legacy.Detected {
+		row("legacy root", "not detected")
+	} else {
+		var parts []string
+		parts = append(parts, r.Legacy.AppliedConfigs...)
+		if r.Legacy.Binary {
+			parts = append(parts, hostpaths.LegacyBinaryHost)
+		}
+		if r.Legacy.Unit {
+			parts = append(parts, hostpaths.LegacyUnitHost)
+		}
+		row("legacy root", "detected: %s", strings.Join(parts, ", "))
+	}
+	if len(r.Journals) == 0 {
+		row("journals", "none")
+	}
+	for _, j := range r.Journals {
+		switch {
+		case j.Error != "":
+			row("journal", "%s: unreadable: %s", j.Operation, j.Error)
+		default:
+			row("journal", "%s: step %s, updated %s", j.Operation, orNone(j.Step), j.Updated.Format(time.RFC3339))
+		}
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
