@@ -213,6 +213,7 @@ type daemon struct {
 	machineUID types.UID
 
 	// Owned by the loop goroutine.
+	nodeSeen    string // name of the Node once seen
 	updates     chan update
 	finished    chan result
 	machineObj  *v1alpha3.Machine
@@ -332,6 +333,9 @@ func (d *daemon) apply(ctx context.Context, u update) {
 			node = u.objs[0].(*corev1.Node)
 		}
 		d.observeNode(node)
+		if node != nil && (d.machineObj == nil || d.machineObj.Status.NodeName != node.Name) {
+			d.reportMachine(ctx)
+		}
 	case kindMachine:
 		var m *v1alpha3.Machine
 		if len(u.objs) > 0 && !u.deleted {
@@ -372,6 +376,7 @@ func olderRV(a, b string) bool {
 // builds the new one.
 func (d *daemon) observeNode(node *corev1.Node) {
 	if node != nil {
+		d.nodeSeen = node.Name
 		if nodeReady(node) {
 			d.readyNode = node.UID
 		}
@@ -501,6 +506,9 @@ func (d *daemon) reportMachine(ctx context.Context) {
 			iso.Slot = v1alpha3.Slot(d.active.Slot)
 		}
 		want.Status.Isolation = iso
+	}
+	if d.nodeSeen != "" {
+		want.Status.NodeName = d.nodeSeen
 	}
 	if equality.Semantic.DeepEqual(want.Status, d.machineObj.Status) {
 		return

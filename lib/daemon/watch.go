@@ -28,6 +28,8 @@ type watchFunc func(ctx context.Context, rv string) (watch.Interface, error)
 const (
 	minBackoff = 500 * time.Millisecond
 	maxBackoff = 30 * time.Second
+	// forbiddenBackoff is the pause after a 403 or 401.
+	forbiddenBackoff = 10 * time.Minute
 )
 
 func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn watchFunc) {
@@ -44,6 +46,13 @@ func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn w
 	for ctx.Err() == nil {
 		objs, rv, err := list(ctx)
 		if err != nil {
+			if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
+				// Not a blip: this credential may not read it (the
+				// bootstrap token may not read the Node). Asking again
+				// every 30 seconds would make an idle daemon busy; a
+				// new credential restarts the watches anyway.
+				backoff = forbiddenBackoff
+			}
 			if ctx.Err() == nil {
 				d.log.Warn("list failed; retrying", "kind", k, "error", err, "in", backoff)
 			}

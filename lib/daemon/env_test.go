@@ -1,0 +1,311 @@
+package daemon
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"io"
+	"log/slog"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"unbounded-cloud.io/agent/lib/api/manifests"
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+)
+
+// The tests run against the real API server of tests/kube (started by
+// tests/kube/with-env.sh, which exports its kubeconfig), with this
+// project's CRDs, RBAC and admission policies installed. The daemon uses
+// its real identity: a client certificate for unbounded-agent:<machine>
+// signed by the test cluster's CA, with the per-machine RBAC applied, so
+// that every request it makes is one the real grants allow.
+
+const envKubeconfig = "UNBOUNDED_TEST_KUBECONFIG"
+
+type testEnv struct {
+	admin     *rest.Config
+	kube      kubernetes.Interface
+	ops       *cluster // admin's REST client for operations
+	caCert    *x509.Certificate
+	caKey     any
+	clusterCA []byte
+}
+
+var (
+	envOnce sync.Once
+	envVal  *testEnv
+	envErr  error
+)
+
+func getEnv(t testing.TB) *testEnv {
+	t.Helper()
+	kc := os.Getenv(envKubeconfig)
+	if kc == "" {
+		t.Skipf("%s is not set: these tests need the real API server; run them under tests/kube/with-env.sh", envKubeconfig)
+	}
+	envOnce.Do(func() { envVal, envErr = loadEnv(kc) })
+	if envErr != nil {
+		t.Fatalf("test cluster from %s: %v", kc, envErr)
+	}
+	return envVal
+}
+
+func loadEnv(kubeconfig string) (*testEnv, error) {
+	admin, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	admin.QPS, admin.Burst = -1, 0
+	kube, err := kubernetes.NewForConfig(admin)
+	if err != nil {
+		return nil, err
+	}
+	ops, err := newCluster(admin)
+	if err != nil {
+		return nil, err
+	}
+	// kube-testenv keeps its CA beside the kubeconfig (tests/kube).
+	dir := filepath.Dir(kubeconfig)
+	certPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		return nil, err
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, "ca.key"))
+	if err != nil {
+		return nil, err
+	}
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, errors.New("ca.crt or ca.key is not PEM")
+	}
+	caCert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	caKey, err := parseKey(kb.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	return &testEnv{admin: admin, kube: kube, ops: ops, caCert: caCert, caKey: caKey, clusterCA: certPEM}, nil
+}
+
+func parseKey(der []byte) (any, error) {
+	if k, err := x509.ParsePKCS8PrivateKey(der); err == nil {
+		return k, nil
+	}
+	if k, err := x509.ParseECPrivateKey(der); err == nil {
+		return k, nil
+	}
+	return x509.ParsePKCS1PrivateKey(der)
+}
+
+// agentConfig is a REST config with the daemon's certificate identity for
+// machine, as lib/kube's CSR flow would obtain it.
+func (e *testEnv) agentConfig(t testing.TB, machine string) *rest.Config {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: v1alpha3.AgentUserName(machine), Organization: []string{v1alpha3.AgentGroup}},
+		NotBefore:    time.Now().Add(-time.Minute),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, e.caCert, &key.PublicKey, e.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	return &rest.Config{
+		Host: e.admin.Host,
+		TLSClientConfig: rest.TLSClientConfig{
+			CAData:   e.clusterCA,
+			CertData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+			KeyData:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		},
+		UserAgent: "unbounded-daemon-test",
+	}
+}
+
+// newMachine returns a unique machine name with its per-machine RBAC
+// applied (what `unbounded manifests --machine NAME` grants).
+func (e *testEnv) newMachine(t testing.TB) string {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	name := "dt-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
+	if len(name) > 50 {
+		name = name[:50]
+	}
+	name = strings.TrimRight(name, "-") + "-" + hex.EncodeToString(b[:])
+	ctx := context.Background()
+	for _, o := range manifests.MachineObjects(name, name) {
+		var err error
+		switch o := o.(type) {
+		case *rbacv1.ClusterRole:
+			_, err = e.kube.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRoleBinding:
+			_, err = e.kube.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		}
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("per-machine RBAC for %s: %v", name, err)
+		}
+	}
+	return name
+}
+
+// createOp creates a MachineOperation for machine as the cluster-side
+// controller would.
+func (e *testEnv) createOp(t testing.TB, machine string, typ v1alpha3.OperationType) *v1alpha3.MachineOperation {
+	t.Helper()
+	op := &v1alpha3.MachineOperation{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: machine + "-",
+			Labels:       map[string]string{v1alpha3.MachineLabel: machine},
+		},
+		Spec: v1alpha3.MachineOperationSpec{
+			MachineRef: v1alpha3.MachineRef{Name: machine},
+			Operation:  typ,
+		},
+	}
+	out := &v1alpha3.MachineOperation{}
+	err := e.ops.ops.Post().Resource(v1alpha3.ResourceMachineOperations).Body(op).Do(context.Background()).Into(out)
+	if err != nil {
+		t.Fatalf("create %s operation: %v", typ, err)
+	}
+	return out
+}
+
+func (e *testEnv) getOp(t testing.TB, name string) *v1alpha3.MachineOperation {
+	t.Helper()
+	op, err := e.ops.getOp(context.Background(), name)
+	if err != nil {
+		t.Fatalf("get operation %s: %v", name, err)
+	}
+	return op
+}
+
+// waitOp waits until the operation is in a final state and returns it.
+func (e *testEnv) waitOp(t testing.TB, name string, timeout time.Duration) *v1alpha3.MachineOperation {
+	t.Helper()
+	var op *v1alpha3.MachineOperation
+	eventually(t, timeout, "operation "+name+" finished", func() bool {
+		op = e.getOp(t, name)
+		return op.Status.State.Finished()
+	})
+	return op
+}
+
+// createReadyNode registers a Node named name that is Ready, as a kubelet
+// would.
+func (e *testEnv) createReadyNode(t testing.TB, name string) *corev1.Node {
+	t.Helper()
+	ctx := context.Background()
+	n, err := e.kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create node: %v", err)
+	}
+	n.Status.Conditions = []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
+	}}
+	n, err = e.kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatalf("set node ready: %v", err)
+	}
+	t.Cleanup(func() { _ = e.kube.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	return n
+}
+
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for: %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// runningDaemon is a daemon started by a test; stop ends it like SIGTERM
+// (or, seen from the cluster and the units, like a kill).
+type runningDaemon struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (r *runningDaemon) stop(t testing.TB) error {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatal("daemon did not stop within 30s")
+		return nil
+	}
+}
+
+func startDaemon(t testing.TB, opts Options) *runningDaemon {
+	t.Helper()
+	if opts.Log == nil {
+		opts.Log = testLogger(t)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &runningDaemon{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- Run(ctx, opts) }()
+	t.Cleanup(func() {
+		cancel()
+		<-r.done
+	})
+	return r
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// newRoot is a host root with an active nspawn node in slot kube1.
+func newRoot(t testing.TB, machine string) hostpaths.Paths {
+	t.Helper()
+	p := hostpaths.New(t.TempDir())
+	writeApplied(t, p, machine, "kube1")
+	return p
+}
