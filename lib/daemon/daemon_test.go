@@ -450,5 +450,3 @@ func TestIdleDaemonSendsNoRequestsBeyondItsThreeWatches(t *testing.T) {
 		t.Errorf("daemon opened %d watches, want 3 (Machine, Node, operations); all requests: %v", watches, ct.since(0))
 	}
 }
-
-
