@@ -1,0 +1,103 @@
+package manifests
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	api "unbounded-cloud.io/agent/lib/api/v1alpha3"
+)
+
+// TestServerEnforcesTheCRDSchemas sends invalid objects to the real API
+// server: the schemas, not client code, must refuse them.
+func TestServerEnforcesTheCRDSchemas(t *testing.T) {
+	env := getClusterEnv(t)
+	admin := newCaller(t, "admin", env.admin())
+	ctx := context.Background()
+	post := func(resource, body string) error {
+		return admin.api.Post().Resource(resource).Body([]byte(body)).SetHeader("Content-Type", "application/json").Do(ctx).Error()
+	}
+	for _, c := range []struct {
+		what, resource, body, wantInMessage string
+	}{
+		{"a Machine name with a dot", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"a.b"}}`, "RFC 1123 label"},
+		{"an unknown isolation mode", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + env.uniqueName(t, "m") + `"},"spec":{"isolation":{"mode":"vm"}}}`, "spec.isolation.mode"},
+		{"a malformed agent sha256", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + env.uniqueName(t, "m") + `"},"spec":{"agent":{"version":"1","sha256":"xyz"}}}`, "spec.agent.sha256"},
+		{"an allocation without a name", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + env.uniqueName(t, "m") + `"},"spec":{"allocation":{"uid":"1"}}}`, "spec.allocation.name"},
+		{"an unknown operation", "machineoperations", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"MachineOperation","metadata":{"generateName":"x-","labels":{"unbounded-cloud.io/machine":"a"}},"spec":{"machineRef":{"name":"a"},"operation":"Explode"}}`, "spec.operation"},
+		{"an operation without machineRef", "machineoperations", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"MachineOperation","metadata":{"generateName":"x-","labels":{"unbounded-cloud.io/machine":"a"}},"spec":{"operation":"Repave"}}`, "spec.machineRef"},
+		{"an operation whose label names another machine", "machineoperations", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"MachineOperation","metadata":{"generateName":"x-","labels":{"unbounded-cloud.io/machine":"b"}},"spec":{"machineRef":{"name":"a"},"operation":"Repave"}}`, "unbounded-cloud.io/machine"},
+	} {
+		err := post(c.resource, c.body)
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), c.wantInMessage) {
+			t.Errorf("%s: want 422 Invalid mentioning %q, got %v", c.what, c.wantInMessage, err)
+		}
+	}
+}
+
+// TestKubectlGetShowsTheStatusColumns asks the server for the Table that
+// `kubectl get machines` prints, after the status was set through the status
+// subresource (which must leave the generation alone).
+func TestKubectlGetShowsTheStatusColumns(t *testing.T) {
+	env := getClusterEnv(t)
+	admin := newCaller(t, "admin", env.admin())
+	ctx := context.Background()
+	name := env.uniqueName(t, "m")
+	m := &api.Machine{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       api.MachineSpec{Kubernetes: api.KubernetesSpec{Version: "1.36.3"}},
+		// Dropped on create: status is written through its subresource only.
+		Status: api.MachineStatus{Phase: api.MachineFailed},
+	}
+	created := &api.Machine{}
+	if err := admin.api.Post().Resource(api.ResourceMachines).Body(m).Do(ctx).Into(created); err != nil {
+		t.Fatal(err)
+	}
+	m = created
+	t.Cleanup(func() {
+		_ = admin.api.Delete().Resource(api.ResourceMachines).Name(name).Do(context.Background()).Error()
+	})
+	if m.Status.Phase != "" {
+		t.Errorf("status set on create: %+v", m.Status)
+	}
+	if m.Spec.Isolation.Mode != api.IsolationNspawn {
+		t.Errorf("spec.isolation.mode defaulted to %q, want nspawn", m.Spec.Isolation.Mode)
+	}
+	gen := m.Generation
+	created = &api.Machine{}
+	status := `{"status":{"phase":"Ready","agent":{"version":"0.4.1"},"isolation":{"mode":"nspawn","slot":"kube2"},"nodeName":"` + name + `"}}`
+	if err := admin.api.Patch(types.MergePatchType).Resource(api.ResourceMachines).Name(name).SubResource("status").Body([]byte(status)).Do(ctx).Into(created); err != nil {
+		t.Fatal(err)
+	}
+	if created.Generation != gen {
+		t.Errorf("a status write changed the generation %d -> %d", gen, created.Generation)
+	}
+
+	table := &metav1.Table{}
+	err := admin.api.Get().Resource(api.ResourceMachines).Name(name).
+		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").Do(ctx).Into(table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cols []string
+	for _, c := range table.ColumnDefinitions {
+		if c.Priority == 0 {
+			cols = append(cols, c.Name)
+		}
+	}
+	if want := []string{"Name", "MODE", "SLOT", "PHASE", "AGENT", "AGE"}; !slices.Equal(cols, want) {
+		t.Fatalf("kubectl get machines columns %v, want %v", cols, want)
+	}
+	if len(table.Rows) != 1 {
+		t.Fatalf("%d rows", len(table.Rows))
+	}
+	cells := table.Rows[0].Cells
+	if got := []any{cells[0], cells[1], cells[2], cells[3], cells[4]}; !slices.Equal(got, []any{name, "nspawn", "kube2", "Ready", "0.4.1"}) {
+		t.Errorf("row %v", got)
+	}
+}
