@@ -37,9 +37,12 @@ type kubeconfigEnv struct{ cfg *rest.Config }
 
 func getClusterEnv(t *testing.T) clusterEnv {
 	t.Helper()
-	path := os.Getenv("KUBECONFIG")
+	// Not KUBECONFIG: these tests create and delete cluster-wide RBAC,
+	// Nodes and Secrets, and must never run against whatever cluster a
+	// developer's shell points at.
+	path := os.Getenv("UNBOUNDED_TEST_KUBECONFIG")
 	if path == "" {
-		t.Skip("kubeenv: no Kubernetes test environment (KUBECONFIG unset; run under tests/kube/with-env.sh)")
+		t.Skip("kubeenv: no Kubernetes test environment (UNBOUNDED_TEST_KUBECONFIG unset; run under tests/kube/with-env.sh)")
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", path)
 	if err != nil {
