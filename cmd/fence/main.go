@@ -1,0 +1,82 @@
+// Package fence is the unbounded-fence one-shot: the allocation launch
+// check run by unbounded-fence.service before every start of the node
+// stack. The logic is in lib/fence; this is flags, config, one call, and the
+// exit code (0 allowed, 77 refused, 78 config invalid).
+package fence
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/alecthomas/kong"
+
+	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/fence"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/kube"
+)
+
+type cli struct {
+	Root string `help:"Resolve every host path under this directory (tests, offline roots)." default:"/" type:"path"`
+}
+
+// Main runs the fence with args (without the program name) and returns the
+// exit code.
+func Main(args []string) int {
+	var c cli
+	exited := -1
+	parser, err := kong.New(&c,
+		kong.Name("fence"),
+		kong.Description("Check with the cluster that this host may still start the node of its allocation. Exit 0: allowed; 77: refused (final); 78: configuration invalid."),
+		kong.Exit(func(code int) { exited = code }),
+		kong.Writers(os.Stdout, os.Stderr))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fence:", err)
+		return exitcode.Failed
+	}
+	if _, err := parser.Parse(args); err != nil {
+		fmt.Fprintln(os.Stderr, "fence:", err)
+		return exitcode.Failed
+	}
+	if exited >= 0 { // --help
+		return exited
+	}
+
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	paths := hostpaths.New(c.Root)
+	cfg, err := config.Load(paths)
+	if err != nil {
+		// Fail closed: without a config the fence cannot know the
+		// allocation, so the node does not start (78, no restart).
+		log.Error("fence: configuration invalid; node start refused", "error", err.Error())
+		return exitcode.For(err)
+	}
+	if lvl, ok := levels[cfg.Daemon.LogLevel]; ok {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	check := &fence.Check{
+		Machine:       cfg.Machine,
+		AllocationUID: cfg.Allocation.UID,
+		Budget:        cfg.Fence.RetryBudget.D(),
+		Credentials: kube.Credentials{
+			APIServer: cfg.Cluster.APIServer,
+			CAFile:    cfg.Resolve(cfg.Cluster.CAFile),
+			TokenFile: cfg.Resolve(cfg.Cluster.BootstrapTokenFile),
+			Certs:     kube.CertStore{Dir: paths.PKIDir()},
+		},
+		Log: log,
+	}
+	return exitcode.For(check.Run(ctx))
+}
+
+var levels = map[string]slog.Level{
+	"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError,
+}

@@ -1,0 +1,445 @@
+// Package fence is the allocation launch check (ARCHITECTURE section 7):
+// before every start of the node stack, unbounded-fence.service asks the
+// cluster whether this host may still run the node it was launched for.
+//
+// It fails closed. A clear "no" from the cluster (fenced, deleting, bound
+// to another allocation, 401, 403) refuses at once; reads that get no
+// answer are retried with backoff until the retry budget is spent and then
+// refuse too. A refusal is final for this start (exit 77, which the unit
+// lists in RestartPreventExitStatus=): the node stays down until someone
+// starts it again, and the node unit, which Requires= the fence, does not
+// start.
+//
+// Which credential a read uses is decided before the read, from the
+// certificate store: the daemon's client certificate while one is stored
+// and unexpired (then the Machine is read live), else the bootstrap token
+// (then a TokenReview). A read never switches credential halfway, so a
+// certificate that expires during a call moves only the next read to the
+// token; switching inside a read would let a rejected certificate be
+// "rescued" by a token, or the reverse, and make the outcome depend on
+// which of two answers came last.
+package fence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
+	"k8s.io/client-go/rest"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/kube"
+)
+
+// DefaultBudget is how long reads without an answer are retried when the
+// configuration does not say ([fence] retry-budget).
+const DefaultBudget = 2 * time.Minute
+
+// Reasons of a refusal that the v1alpha3 package has no constant for,
+// because the Machine cannot be told about them anyway (the host has no
+// usable credential); they appear in the log and the exit message.
+const (
+	// ReasonCredentialsUnusable: the host cannot ask (CA or token file
+	// missing or malformed).
+	ReasonCredentialsUnusable = "CredentialsUnusable"
+	// ReasonMachineNotFound: the Machine does not exist, so it cannot bind
+	// this allocation.
+	ReasonMachineNotFound = "MachineNotFound"
+)
+
+// Refusal is a final "no". It matches exitcode.ErrRefused (exit 77).
+type Refusal struct {
+	// Reason is a CamelCase word, the condition's reason.
+	Reason string
+	// Message is for people; it never holds a secret.
+	Message string
+	// Err is the error behind the refusal, if any (for example
+	// kube.ErrBootstrapTokenRejected).
+	Err error
+}
+
+func (r *Refusal) Error() string {
+	return "allocation launch refused: " + r.Reason + ": " + r.Message
+}
+
+// Is makes a refusal exitcode.ErrRefused.
+func (r *Refusal) Is(target error) bool { return target == exitcode.ErrRefused }
+
+// Unwrap gives the error behind the refusal.
+func (r *Refusal) Unwrap() error { return r.Err }
+
+// API is the fence's access to the cluster. Each call is made with the
+// rest.Config of the credential chosen for that read.
+type API interface {
+	// GetMachine reads the Machine live.
+	GetMachine(ctx context.Context, cfg *rest.Config, name string) (*v1alpha3.Machine, error)
+	// ReviewToken sends a TokenReview of the token that cfg authenticates
+	// with, authenticated by that same token.
+	ReviewToken(ctx context.Context, cfg *rest.Config) (*authenticationv1.TokenReviewStatus, error)
+	// MutateStatus is kube.Machines.MutateStatus with cfg's credential.
+	MutateStatus(ctx context.Context, cfg *rest.Config, name string, mutate func(*v1alpha3.Machine) bool) error
+}
+
+// Check is one fence check. Its host-touching parts (clock, sleep, API) are
+// fields whose zero value is the real thing; tests replace them.
+type Check struct {
+	// Machine is this host's Machine name.
+	Machine string
+	// AllocationUID is the configured allocation ([allocation] uid). Empty:
+	// the host was not launched for an allocation; the check allows at once
+	// without touching the network.
+	AllocationUID string
+	// Budget bounds the retries of reads without an answer; 0 means
+	// DefaultBudget.
+	Budget time.Duration
+	// Credentials are the bootstrap token, the CA and the certificate store.
+	Credentials kube.Credentials
+	// ReportTimeout bounds the write of AllocationLaunchRefused after the
+	// decision; 0 means 3 s. It is spent after the budget, so a refusal
+	// returns at most Budget+ReportTimeout after the start.
+	ReportTimeout time.Duration
+
+	Clock func() time.Time
+	Sleep func(ctx context.Context, d time.Duration) error
+	API   API
+	Log   *slog.Logger
+}
+
+func (c *Check) now() time.Time {
+	if c.Clock != nil {
+		return c.Clock()
+	}
+	return time.Now()
+}
+
+func (c *Check) sleep(ctx context.Context, d time.Duration) error {
+	if c.Sleep != nil {
+		return c.Sleep(ctx, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *Check) api() API {
+	if c.API != nil {
+		return c.API
+	}
+	return restAPI{}
+}
+
+func (c *Check) log() *slog.Logger {
+	if c.Log != nil {
+		return c.Log
+	}
+	return slog.Default()
+}
+
+// Backoff between reads without an answer: doubling from firstBackoff,
+// capped so that a cluster that comes back is noticed within a few seconds.
+const (
+	firstBackoff = 200 * time.Millisecond
+	maxBackoff   = 5 * time.Second
+	// maxReadTime bounds one read, so that one hanging connection does not
+	// spend the whole budget.
+	maxReadTime = 15 * time.Second
+)
+
+// path names the credential a read used, for logs and messages.
+type path string
+
+const (
+	viaCertificate path = "certificate"
+	viaToken       path = "bootstrap-token"
+)
+
+// outcome of one read: allowed, refused (final) or no answer (retry).
+type outcome struct {
+	via     path
+	refusal *Refusal
+	// noAnswer is set when the read got no decision; it is retried.
+	noAnswer error
+	// machine is the Machine as read (certificate path only), to spare a
+	// second read when clearing the condition.
+	machine *v1alpha3.Machine
+}
+
+// Run performs the check. It returns nil when the node may start, a
+// *Refusal (exitcode.ErrRefused) otherwise; the only other error is ctx's.
+func (c *Check) Run(ctx context.Context) error {
+	start := c.now()
+	if c.AllocationUID == "" {
+		c.log().Info("no allocation configured; node start allowed")
+		return nil
+	}
+	budget := c.Budget
+	if budget <= 0 {
+		budget = DefaultBudget
+	}
+	deadline := start.Add(budget)
+	backoff := firstBackoff
+	var last outcome
+	for attempt := 1; ; attempt++ {
+		remaining := deadline.Sub(c.now())
+		if remaining <= 0 {
+			break
+		}
+		rctx, cancel := context.WithTimeout(ctx, min(remaining, maxReadTime))
+		out := c.read(rctx)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		last = out
+		if out.noAnswer == nil {
+			if out.refusal != nil {
+				c.log().Error("allocation launch refused", "machine", c.Machine, "allocation", c.AllocationUID,
+					"via", out.via, "reason", out.refusal.Reason, "message", out.refusal.Message)
+				c.reportRefusal(ctx, out.refusal)
+				return out.refusal
+			}
+			c.log().Info("allocation launch allowed", "machine", c.Machine, "allocation", c.AllocationUID,
+				"via", out.via, "took", c.now().Sub(start).Round(time.Millisecond))
+			c.reportAllowed(ctx, out)
+			return nil
+		}
+		c.log().Warn("no answer from the cluster; retrying", "attempt", attempt, "via", out.via,
+			"error", out.noAnswer.Error(), "retryIn", backoff, "budgetLeft", deadline.Sub(c.now()).Round(time.Millisecond))
+		if deadline.Sub(c.now()) <= backoff {
+			break
+		}
+		if err := c.sleep(ctx, backoff); err != nil {
+			return err
+		}
+		backoff = min(backoff*2, maxBackoff)
+	}
+	msg := fmt.Sprintf("no answer from the API server within the retry budget of %s", budget)
+	if last.noAnswer != nil {
+		msg += " (last: " + last.noAnswer.Error() + ")"
+	}
+	r := &Refusal{Reason: v1alpha3.ReasonClusterUnreachable, Message: msg, Err: last.noAnswer}
+	c.log().Error("allocation launch refused", "machine", c.Machine, "allocation", c.AllocationUID,
+		"reason", r.Reason, "message", r.Message)
+	c.reportRefusal(ctx, r)
+	return r
+}
+
+// read is one read with one credential, chosen before it starts.
+func (c *Check) read(ctx context.Context) outcome {
+	cfg, cert, err := c.Credentials.CertConfig(c.now())
+	if err == nil {
+		return c.readByCertificate(ctx, cfg, cert.NotAfter)
+	}
+	if !errors.Is(err, kube.ErrNoCertificate) {
+		return outcome{via: viaCertificate, refusal: &Refusal{Reason: ReasonCredentialsUnusable, Message: err.Error(), Err: err}}
+	}
+	return c.readByToken(ctx)
+}
+
+func (c *Check) readByCertificate(ctx context.Context, cfg *rest.Config, notAfter time.Time) outcome {
+	m, err := c.api().GetMachine(ctx, cfg, c.Machine)
+	out := outcome{via: viaCertificate, machine: m}
+	switch {
+	case err == nil:
+		out.refusal = c.judge(m)
+		return out
+	case kube.NoAnswer(err):
+		out.noAnswer = err
+	case (apierrors.IsUnauthorized(err) || apierrors.IsForbidden(err)) && !c.now().Before(notAfter):
+		// The certificate expired while the request was on its way: the
+		// answer is about a credential that is gone, not about this host.
+		// The next read uses the bootstrap token.
+		out.noAnswer = fmt.Errorf("client certificate expired during the read (%w); the next read uses the bootstrap token", err)
+	case apierrors.IsUnauthorized(err):
+		out.refusal = &Refusal{Reason: v1alpha3.ReasonForbidden, Message: "the API server rejected the client certificate (401)", Err: err}
+	case apierrors.IsForbidden(err):
+		out.refusal = &Refusal{Reason: v1alpha3.ReasonForbidden, Message: "the API server forbids reading Machine " + c.Machine + " (403): " + err.Error(), Err: err}
+	case apierrors.IsNotFound(err):
+		out.refusal = &Refusal{Reason: ReasonMachineNotFound, Message: "Machine " + c.Machine + " does not exist, so it binds no allocation", Err: err}
+	default:
+		out.refusal = &Refusal{Reason: v1alpha3.ReasonForbidden, Message: "reading Machine " + c.Machine + ": " + err.Error(), Err: err}
+	}
+	out.machine = nil
+	return out
+}
+
+// judge decides on a Machine read with the certificate.
+func (c *Check) judge(m *v1alpha3.Machine) *Refusal {
+	switch a := m.Spec.Allocation; {
+	case m.DeletionTimestamp != nil:
+		return &Refusal{Reason: v1alpha3.ReasonMachineDeleting,
+			Message: "Machine " + m.Name + " is being deleted (since " + m.DeletionTimestamp.UTC().Format(time.RFC3339) + ")"}
+	case a == nil:
+		return &Refusal{Reason: v1alpha3.ReasonAllocationMismatch,
+			Message: "Machine " + m.Name + " binds no allocation; this host was launched for allocation " + c.AllocationUID}
+	case a.UID != c.AllocationUID:
+		return &Refusal{Reason: v1alpha3.ReasonAllocationMismatch,
+			Message: fmt.Sprintf("Machine %s binds allocation %s (uid %q); this host was launched for uid %q", m.Name, a.Name, a.UID, c.AllocationUID)}
+	case a.Fenced:
+		return &Refusal{Reason: v1alpha3.ReasonAllocationFenced,
+			Message: fmt.Sprintf("allocation %s (uid %s) is fenced", a.Name, a.UID)}
+	}
+	return nil
+}
+
+func (c *Check) readByToken(ctx context.Context) outcome {
+	out := outcome{via: viaToken}
+	cfg, err := c.Credentials.BootstrapConfig()
+	if err != nil {
+		out.refusal = &Refusal{Reason: ReasonCredentialsUnusable, Message: "no usable client certificate and no usable bootstrap token: " + err.Error(), Err: err}
+		return out
+	}
+	st, err := c.api().ReviewToken(ctx, cfg)
+	switch {
+	case err == nil:
+	case kube.NoAnswer(err):
+		out.noAnswer = err
+		return out
+	case apierrors.IsUnauthorized(err):
+		err = kube.TokenRejected(err)
+		out.refusal = &Refusal{Reason: v1alpha3.ReasonBootstrapTokenRejected, Message: "the API server rejected the bootstrap token (401): revoked or expired", Err: err}
+		return out
+	case apierrors.IsForbidden(err):
+		out.refusal = &Refusal{Reason: v1alpha3.ReasonForbidden, Message: "the bootstrap token may not create TokenReviews (403): " + err.Error(), Err: err}
+		return out
+	default:
+		out.refusal = &Refusal{Reason: v1alpha3.ReasonForbidden, Message: "TokenReview: " + err.Error(), Err: err}
+		return out
+	}
+	if !st.Authenticated {
+		out.refusal = &Refusal{Reason: v1alpha3.ReasonBootstrapTokenRejected, Message: "TokenReview: the bootstrap token does not authenticate (revoked or expired)", Err: kube.ErrBootstrapTokenRejected}
+		return out
+	}
+	// A token of another Machine authenticates too; the per-machine group
+	// in its auth-extra-groups says whose it is.
+	want := v1alpha3.BootstrapGroup(c.Machine)
+	for _, g := range st.User.Groups {
+		if g == want {
+			return out
+		}
+	}
+	out.refusal = &Refusal{Reason: v1alpha3.ReasonAllocationMismatch,
+		Message: fmt.Sprintf("the bootstrap token authenticates as %s without group %s: it was not issued for Machine %s", st.User.Username, want, c.Machine)}
+	return out
+}
+
+// reportRefusal sets AllocationLaunchRefused=True (and phase Refused) on the
+// Machine, best effort, with whichever credential works now. It is bounded
+// by ReportTimeout: the decision is made, a slow cluster must not hold the
+// unit longer.
+func (c *Check) reportRefusal(ctx context.Context, r *Refusal) {
+	c.mutate(ctx, func(m *v1alpha3.Machine) bool {
+		changed := meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+			Type:               v1alpha3.ConditionAllocationLaunchRefused,
+			Status:             metav1.ConditionTrue,
+			Reason:             r.Reason,
+			Message:            truncate(r.Message, 1024),
+			ObservedGeneration: m.Generation,
+		})
+		if m.Status.Phase != v1alpha3.MachineRefused {
+			m.Status.Phase = v1alpha3.MachineRefused
+			changed = true
+		}
+		return changed
+	})
+}
+
+// reportAllowed clears AllocationLaunchRefused (False) when it is set. On
+// the certificate path the Machine was just read, so an allowed check that
+// has nothing to clear costs no second request.
+func (c *Check) reportAllowed(ctx context.Context, out outcome) {
+	if out.machine != nil && !meta.IsStatusConditionTrue(out.machine.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) {
+		return
+	}
+	c.mutate(ctx, func(m *v1alpha3.Machine) bool {
+		if !meta.IsStatusConditionTrue(m.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) {
+			return false
+		}
+		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+			Type:               v1alpha3.ConditionAllocationLaunchRefused,
+			Status:             metav1.ConditionFalse,
+			Reason:             v1alpha3.ReasonAllowed,
+			Message:            "the allocation fence allowed the node start",
+			ObservedGeneration: m.Generation,
+		})
+		if m.Status.Phase == v1alpha3.MachineRefused {
+			// The daemon reports Ready once the node is up.
+			m.Status.Phase = v1alpha3.MachinePending
+		}
+		return true
+	})
+}
+
+func (c *Check) mutate(ctx context.Context, f func(*v1alpha3.Machine) bool) {
+	timeout := c.ReportTimeout
+	if timeout <= 0 {
+		timeout = 3 * time.Second
+	}
+	// The budget's context may be spent already; the report gets its own
+	// short one (still cancelled with the caller's).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	cfg, _, err := c.Credentials.CertConfig(c.now())
+	if err != nil {
+		if cfg, err = c.Credentials.BootstrapConfig(); err != nil {
+			c.log().Warn("cannot report on the Machine: no usable credential", "error", err.Error())
+			return
+		}
+	}
+	if err := c.api().MutateStatus(ctx, cfg, c.Machine, f); err != nil {
+		c.log().Warn("cannot report "+v1alpha3.ConditionAllocationLaunchRefused+" on the Machine", "machine", c.Machine, "error", err.Error())
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}
+
+// restAPI is the real API: client-go against the API server.
+type restAPI struct{}
+
+func (restAPI) GetMachine(ctx context.Context, cfg *rest.Config, name string) (*v1alpha3.Machine, error) {
+	ms, err := kube.NewMachines(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return ms.Get(ctx, name)
+}
+
+func (restAPI) ReviewToken(ctx context.Context, cfg *rest.Config) (*authenticationv1.TokenReviewStatus, error) {
+	rc, err := authenticationv1client.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: cfg.BearerToken}}
+	res, err := rc.TokenReviews().Create(ctx, tr, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return &res.Status, nil
+}
+
+func (restAPI) MutateStatus(ctx context.Context, cfg *rest.Config, name string, mutate func(*v1alpha3.Machine) bool) error {
+	ms, err := kube.NewMachines(cfg)
+	if err != nil {
+		return err
+	}
+	_, err = ms.MutateStatus(ctx, name, mutate)
+	return err
+}

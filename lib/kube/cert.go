@@ -1,0 +1,229 @@
+package kube
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	"k8s.io/client-go/kubernetes"
+	certutil "k8s.io/client-go/util/cert"
+	"k8s.io/client-go/util/certificate/csr"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// CertFileName is the file under the PKI directory that holds the daemon's
+// client certificate and its private key together. One file, written
+// atomically, so that a power cut can never leave a new key beside an old
+// certificate (kubelet's kubelet-client-current.pem does the same).
+const CertFileName = "agent-client.pem"
+
+// CertStore is where the client certificate lives: Dir is the PKI
+// directory (hostpaths.Paths.PKIDir()).
+type CertStore struct {
+	Dir string
+}
+
+// Path is the certificate-and-key file.
+func (s CertStore) Path() string { return filepath.Join(s.Dir, CertFileName) }
+
+// CertPair is a stored certificate with its key.
+type CertPair struct {
+	Cert    *x509.Certificate
+	CertPEM []byte
+	KeyPEM  []byte
+}
+
+// Load reads the stored certificate and key. Any problem (missing,
+// unreadable, not PEM, certificate and key that do not belong together) is
+// ErrNoCertificate with the detail; expiry is the caller's business.
+func (s CertStore) Load() (*CertPair, error) {
+	data, err := os.ReadFile(s.Path())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoCertificate, err)
+	}
+	var certPEM, keyPEM bytes.Buffer
+	for rest := data; ; {
+		var blk *pem.Block
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			break
+		}
+		switch blk.Type {
+		case "CERTIFICATE":
+			pem.Encode(&certPEM, blk)
+		case "EC PRIVATE KEY", "PRIVATE KEY":
+			pem.Encode(&keyPEM, blk)
+		}
+	}
+	// X509KeyPair checks that the key belongs to the certificate.
+	pair, err := tls.X509KeyPair(certPEM.Bytes(), keyPEM.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrNoCertificate, s.Path(), err)
+	}
+	return &CertPair{Cert: pair.Leaf, CertPEM: certPEM.Bytes(), KeyPEM: keyPEM.Bytes()}, nil
+}
+
+// Save stores a certificate and its key, atomically, mode 0600 (the key is
+// a secret).
+func (s CertStore) Save(certPEM, keyPEM []byte) error {
+	if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
+		return fmt.Errorf("refusing to store a certificate that does not match its key: %w", err)
+	}
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return err
+	}
+	data := append(append([]byte{}, certPEM...), keyPEM...)
+	return state.WriteFileAtomic(s.Path(), data, 0o600)
+}
+
+// RenewAt is the point of a certificate's life after which it is renewed:
+// 80 % of the way from NotBefore to NotAfter, the same rule as the kubelet's
+// (which picks a jittered point between 70 and 90 %). Renewing early leaves
+// the other 20 % for a cluster whose approver is slow or down.
+func RenewAt(c *x509.Certificate) time.Time {
+	life := c.NotAfter.Sub(c.NotBefore)
+	return c.NotBefore.Add(life * 8 / 10)
+}
+
+// CertManager obtains and renews the agent's client certificate.
+type CertManager struct {
+	Store CertStore
+	// Machine is the Machine name; the certificate's CommonName is
+	// v1alpha3.AgentUserName(Machine), its Organization v1alpha3.AgentGroup.
+	Machine string
+	// Wait bounds the wait for approval and issuance; 0 means 15 minutes.
+	Wait time.Duration
+	// Duration is the lifetime asked for (spec.expirationSeconds); 0 leaves
+	// it to the signer.
+	Duration time.Duration
+	// Clock is the time source; nil means time.Now.
+	Clock func() time.Time
+	// Rand is the key generator's randomness; nil means crypto/rand.
+	Rand io.Reader
+	Log  *slog.Logger
+}
+
+func (m CertManager) now() time.Time {
+	if m.Clock != nil {
+		return m.Clock()
+	}
+	return time.Now()
+}
+
+// Ensure returns a usable certificate: the stored one while it is before
+// its renewal point, else a new one requested with client (the bootstrap
+// token's, or the current certificate's while it is still valid). A stored
+// certificate that is expired, unreadable or does not match its key is
+// replaced by a new CSR.
+func (m CertManager) Ensure(ctx context.Context, client kubernetes.Interface) (*CertPair, error) {
+	pair, err := m.Store.Load()
+	switch {
+	case err != nil:
+		m.log().Info("requesting a client certificate", "reason", err.Error())
+	case !m.now().Before(pair.Cert.NotAfter):
+		m.log().Info("requesting a client certificate", "reason", "stored certificate expired", "notAfter", pair.Cert.NotAfter)
+	case !m.now().Before(RenewAt(pair.Cert)):
+		m.log().Info("renewing the client certificate", "renewAt", RenewAt(pair.Cert), "notAfter", pair.Cert.NotAfter)
+	default:
+		return pair, nil
+	}
+	return m.Request(ctx, client)
+}
+
+func (m CertManager) log() *slog.Logger {
+	if m.Log != nil {
+		return m.Log
+	}
+	return slog.Default()
+}
+
+// Request generates a new ECDSA P-256 key on the host, sends a CSR for the
+// kubernetes.io/kube-apiserver-client signer, waits (with a watch) until the
+// cluster approves it and the signer issues the certificate, and stores
+// both. The key never leaves the host; it reaches the disk only together
+// with its certificate.
+func (m CertManager) Request(ctx context.Context, client kubernetes.Interface) (*CertPair, error) {
+	if err := v1alpha3.ValidateMachineName(m.Machine); err != nil {
+		return nil, err
+	}
+	rnd := m.Rand
+	if rnd == nil {
+		rnd = rand.Reader
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rnd)
+	if err != nil {
+		return nil, fmt.Errorf("generate key: %w", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+	csrPEM, err := certutil.MakeCSR(key, &pkix.Name{
+		CommonName:   v1alpha3.AgentUserName(m.Machine),
+		Organization: []string{v1alpha3.AgentGroup},
+	}, nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("make CSR: %w", err)
+	}
+	// The name is derived from the public key: a retry of the same request
+	// finds its own CSR (RequestCertificate accepts an existing one that
+	// matches the key) instead of piling up new ones.
+	pub, _ := x509.MarshalPKIXPublicKey(key.Public())
+	sum := sha256.Sum256(pub)
+	name := "unbounded-agent-" + m.Machine + "-" + hex.EncodeToString(sum[:6])
+	var dur *time.Duration
+	if m.Duration > 0 {
+		d := m.Duration
+		dur = &d
+	}
+	wait := m.Wait
+	if wait == 0 {
+		wait = 15 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	reqName, reqUID, err := csr.RequestCertificateWithContext(ctx, client, csrPEM, name, v1alpha3.AgentSignerName, dur,
+		[]certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}, key)
+	if err != nil {
+		return nil, fmt.Errorf("create CSR %s: %w", name, err)
+	}
+	m.log().Info("CSR created; waiting for approval and issuance", "csr", reqName, "wait", wait)
+	certPEM, err := csr.WaitForCertificate(ctx, client, reqName, reqUID)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("CSR %s: not approved and issued within %s: %w", reqName, wait, err)
+		}
+		return nil, fmt.Errorf("CSR %s: %w", reqName, err)
+	}
+	issued, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("CSR %s: issued certificate does not match the key: %w", reqName, err)
+	}
+	if cn := issued.Leaf.Subject.CommonName; cn != v1alpha3.AgentUserName(m.Machine) {
+		return nil, fmt.Errorf("CSR %s: issued certificate is for %q, not %q", reqName, cn, v1alpha3.AgentUserName(m.Machine))
+	}
+	if err := m.Store.Save(certPEM, keyPEM); err != nil {
+		return nil, fmt.Errorf("store certificate: %w", err)
+	}
+	pair := &CertPair{Cert: issued.Leaf, CertPEM: certPEM, KeyPEM: keyPEM}
+	m.log().Info("client certificate stored", "csr", reqName, "notAfter", pair.Cert.NotAfter, "renewAt", RenewAt(pair.Cert))
+	return pair, nil
+}

@@ -1,0 +1,192 @@
+// Package kube holds the agent's cluster credentials and its small typed
+// client for Machines (ARCHITECTURE section 7).
+//
+// An agent has two credentials over its life: the bootstrap token the host
+// was launched with, and later a client certificate obtained through a
+// CertificateSigningRequest (see cert.go). Credentials builds REST configs
+// from both; callers decide which one a request uses, because the fence
+// must never switch from one to the other within one read.
+package kube
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/rest"
+
+	"unbounded-cloud.io/agent/lib/version"
+)
+
+// ErrBootstrapTokenRejected means the API server answered 401 to a request
+// authenticated with the host's bootstrap token: the token was revoked
+// (its Secret deleted, typically because the allocation was fenced) or has
+// expired. The caller must stop before anything destructive happens: a host
+// whose token is rejected must not tear down or replace its node stack on
+// the strength of a credential the cluster no longer accepts. The fence
+// turns it into a final refusal (exit 77).
+var ErrBootstrapTokenRejected = errors.New("the API server rejected the bootstrap token (revoked or expired)")
+
+// ErrNoCertificate means no usable client certificate is stored: none was
+// ever issued, the file is unreadable, the certificate and key do not
+// match, or it has expired. The caller uses the bootstrap token instead,
+// or requests a new certificate.
+var ErrNoCertificate = errors.New("no usable client certificate stored")
+
+// Token is a bootstrap token. It formats as "[redacted]" in every fmt verb
+// and in slog, so that a log line or an error that carries it by mistake
+// does not leak it.
+type Token string
+
+// String redacts the token.
+func (Token) String() string { return "[redacted]" }
+
+// GoString redacts the token in %#v.
+func (Token) GoString() string { return "[redacted]" }
+
+// LogValue redacts the token in slog output.
+func (Token) LogValue() slog.Value { return slog.StringValue("[redacted]") }
+
+// tokenRE is the Kubernetes bootstrap token format, id.secret.
+var tokenRE = regexp.MustCompile(`^[a-z0-9]{6}\.[a-z0-9]{16}$`)
+
+// ReadToken reads a bootstrap token file (one line, "abcdef.0123456789abcdef").
+// The error names the file, never the content.
+func ReadToken(file string) (Token, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("bootstrap token: %w", err)
+	}
+	t := strings.TrimSpace(string(b))
+	if !tokenRE.MatchString(t) {
+		return "", fmt.Errorf("bootstrap token file %s: not a bootstrap token (want the format [a-z0-9]{6}.[a-z0-9]{16} on one line)", file)
+	}
+	return Token(t), nil
+}
+
+// Credentials locate everything the agent authenticates with. All paths are
+// resolved already (under the host root, see lib/hostpaths).
+type Credentials struct {
+	// APIServer is the https:// URL of the API server.
+	APIServer string
+	// CAFile is the PEM bundle that signs the API server's certificate.
+	CAFile string
+	// TokenFile holds the bootstrap token (mode 0600).
+	TokenFile string
+	// Certs is where the client certificate is stored.
+	Certs CertStore
+	// Timeout bounds each request (rest.Config.Timeout); 0 means 30s.
+	// Watches are not bounded by it.
+	Timeout time.Duration
+}
+
+func (c Credentials) base() (*rest.Config, error) {
+	if c.APIServer == "" {
+		return nil, errors.New("no API server configured")
+	}
+	ca, err := os.ReadFile(c.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("cluster CA: %w", err)
+	}
+	if blk, _ := pem.Decode(ca); blk == nil {
+		return nil, fmt.Errorf("cluster CA file %s: no PEM block", c.CAFile)
+	}
+	timeout := c.Timeout
+	if timeout == 0 {
+		timeout = 30 * time.Second
+	}
+	return &rest.Config{
+		Host:            c.APIServer,
+		TLSClientConfig: rest.TLSClientConfig{CAData: ca},
+		UserAgent:       "unbounded-agent/" + version.Version,
+		Timeout:         timeout,
+		// The agent makes a handful of requests; client-side throttling
+		// would only add latency to the fence.
+		QPS:   50,
+		Burst: 100,
+	}, nil
+}
+
+// BootstrapConfig is a REST config authenticated with the bootstrap token.
+// rest.Config redacts BearerToken in its String and GoString, so the config
+// itself is safe to print.
+func (c Credentials) BootstrapConfig() (*rest.Config, error) {
+	cfg, err := c.base()
+	if err != nil {
+		return nil, err
+	}
+	tok, err := ReadToken(c.TokenFile)
+	if err != nil {
+		return nil, err
+	}
+	cfg.BearerToken = string(tok)
+	return cfg, nil
+}
+
+// CertConfig is a REST config authenticated with the stored client
+// certificate, and that certificate (for its expiry). It returns
+// ErrNoCertificate when none is usable at now.
+func (c Credentials) CertConfig(now time.Time) (*rest.Config, *x509.Certificate, error) {
+	pair, err := c.Certs.Load()
+	if err != nil {
+		return nil, nil, err
+	}
+	if !now.Before(pair.Cert.NotAfter) {
+		return nil, pair.Cert, fmt.Errorf("%w: expired at %s", ErrNoCertificate, pair.Cert.NotAfter.UTC().Format(time.RFC3339))
+	}
+	cfg, err := c.base()
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.CertData = pair.CertPEM
+	cfg.KeyData = pair.KeyPEM
+	return cfg, pair.Cert, nil
+}
+
+// TokenRejected turns a 401 from a request made with the bootstrap token
+// into ErrBootstrapTokenRejected (other errors pass unchanged). Only call it
+// on errors of requests that used the token: a 401 for a certificate means
+// something else.
+func TokenRejected(err error) error {
+	if err != nil && apierrors.IsUnauthorized(err) {
+		return fmt.Errorf("%w: %w", ErrBootstrapTokenRejected, err)
+	}
+	return err
+}
+
+// NoAnswer reports whether err means the cluster gave no decision: the
+// connection failed or timed out, or the server was overloaded or broken
+// (5xx, 429). Such a read may be retried; any other answer (401, 403, 404,
+// a decoded object) is the cluster's decision.
+func NoAnswer(err error) bool {
+	if err == nil {
+		return false
+	}
+	var st apierrors.APIStatus
+	if errors.As(err, &st) {
+		code := int(st.Status().Code)
+		switch {
+		case code == http.StatusTooManyRequests, code >= 500:
+			return true
+		case apierrors.IsTimeout(err), apierrors.IsServerTimeout(err):
+			return true
+		case code == 0:
+			// A Status without a code comes from a client-side failure
+			// wrapped as a Status; treat it as no answer.
+			return true
+		default:
+			return false
+		}
+	}
+	// Everything that is not an API status is transport: refused, reset,
+	// TLS handshake cut short, context deadline, DNS.
+	return true
+}

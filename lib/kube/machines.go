@@ -1,0 +1,126 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+)
+
+// scheme knows the v1alpha3 types and nothing else: the Machines client is
+// a plain REST client over them, not a generated clientset, so that the
+// agent links one small client instead of another set of typed clients.
+var (
+	scheme         = runtime.NewScheme()
+	codecs         = serializer.NewCodecFactory(scheme)
+	parameterCodec = runtime.NewParameterCodec(scheme)
+)
+
+func init() {
+	if err := v1alpha3.AddToScheme(scheme); err != nil {
+		panic(err)
+	}
+}
+
+// Machines reads and writes Machine objects (cluster-scoped) with the
+// credential of the rest.Config it was made from.
+type Machines struct {
+	rc rest.Interface
+}
+
+// NewMachines returns a Machines client for cfg (a copy is changed, cfg is
+// not).
+func NewMachines(cfg *rest.Config) (*Machines, error) {
+	c := rest.CopyConfig(cfg)
+	c.GroupVersion = &v1alpha3.SchemeGroupVersion
+	c.APIPath = "/apis"
+	c.NegotiatedSerializer = codecs.WithoutConversion()
+	c.ContentType = runtime.ContentTypeJSON
+	rc, err := rest.RESTClientFor(c)
+	if err != nil {
+		return nil, fmt.Errorf("machines client: %w", err)
+	}
+	return &Machines{rc: rc}, nil
+}
+
+// Get reads the Machine name live (no cache).
+func (m *Machines) Get(ctx context.Context, name string) (*v1alpha3.Machine, error) {
+	out := &v1alpha3.Machine{}
+	err := m.rc.Get().Resource(v1alpha3.ResourceMachines).Name(name).Do(ctx).Into(out)
+	return out, err
+}
+
+// Create creates a Machine. The API server drops any status on create.
+func (m *Machines) Create(ctx context.Context, machine *v1alpha3.Machine) (*v1alpha3.Machine, error) {
+	out := &v1alpha3.Machine{}
+	err := m.rc.Post().Resource(v1alpha3.ResourceMachines).Body(machine).Do(ctx).Into(out)
+	return out, err
+}
+
+// UpdateStatus writes machine.Status through the status subresource; the
+// object's resourceVersion makes it a compare-and-swap (a conflict is
+// apierrors.IsConflict).
+func (m *Machines) UpdateStatus(ctx context.Context, machine *v1alpha3.Machine) (*v1alpha3.Machine, error) {
+	out := &v1alpha3.Machine{}
+	err := m.rc.Put().Resource(v1alpha3.ResourceMachines).Name(machine.Name).
+		SubResource("status").Body(machine).Do(ctx).Into(out)
+	return out, err
+}
+
+// Update writes the Machine's metadata and spec (the status is ignored by
+// the server).
+func (m *Machines) Update(ctx context.Context, machine *v1alpha3.Machine) (*v1alpha3.Machine, error) {
+	out := &v1alpha3.Machine{}
+	err := m.rc.Put().Resource(v1alpha3.ResourceMachines).Name(machine.Name).Body(machine).Do(ctx).Into(out)
+	return out, err
+}
+
+// Watch watches the one Machine name (field selector metadata.name), from
+// resourceVersion ("" means from now, after a synthetic ADDED of the
+// current object). Bookmarks are asked for, so that a restarted watch can
+// resume without a list.
+func (m *Machines) Watch(ctx context.Context, name, resourceVersion string) (watch.Interface, error) {
+	opts := metav1.ListOptions{
+		FieldSelector:       fields.OneTermEqualSelector("metadata.name", name).String(),
+		ResourceVersion:     resourceVersion,
+		AllowWatchBookmarks: true,
+		Watch:               true,
+	}
+	return m.rc.Get().Resource(v1alpha3.ResourceMachines).
+		VersionedParams(&opts, parameterCodec).Watch(ctx)
+}
+
+// MutateStatus reads the Machine, lets mutate change its status, and writes
+// the status back when mutate reports a change; on a conflict (someone
+// else wrote in between) it reads again and retries, a few times. It
+// returns the Machine as last seen.
+func (m *Machines) MutateStatus(ctx context.Context, name string, mutate func(*v1alpha3.Machine) bool) (*v1alpha3.Machine, error) {
+	var err error
+	for try := 0; try < 5; try++ {
+		var cur *v1alpha3.Machine
+		cur, err = m.Get(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		if !mutate(cur) {
+			return cur, nil
+		}
+		var out *v1alpha3.Machine
+		out, err = m.UpdateStatus(ctx, cur)
+		if err == nil {
+			return out, nil
+		}
+		if !apierrors.IsConflict(err) {
+			return nil, err
+		}
+	}
+	return nil, err
+}
