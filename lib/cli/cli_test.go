@@ -430,3 +430,49 @@ func TestBuiltBinaryExitCodesAndVersionStamp(t *testing.T) {
 		t.Errorf("usage error: %d", code)
 	}
 }
+
+// BenchmarkConfigCheck is `unbounded config check` in-process on a valid
+// host root (reference + agent.toml + one drop-in, CA and token checked),
+// printing the effective config. The process start of the real binary is
+// on top of this (measured in the report with hyperfine).
+func BenchmarkConfigCheck(b *testing.B) {
+	root := b.TempDir()
+	p := hostpaths.New(root)
+	for file, content := range map[string]string{
+		p.ConfigFile(): agentTOML,
+		p.Join("/etc/unbounded/agent.toml.d/50-mode.toml"): "mode = \"none\"\n",
+	} {
+		os.MkdirAll(filepath.Dir(file), 0o755)
+		os.WriteFile(file, []byte(content), 0o644)
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	os.WriteFile(p.Join("/etc/unbounded/ca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644)
+	os.WriteFile(p.Join("/etc/unbounded/bootstrap-token"), []byte(token), 0o600)
+	var out bytes.Buffer
+	for b.Loop() {
+		out.Reset()
+		if code := Main([]string{"config", "check", "--root", root}, Env{Stdout: &out, Stderr: &out}); code != 0 {
+			b.Fatalf("exit %d: %s", code, out.String())
+		}
+	}
+}
+
+// The operator CLI must stay free of a Kubernetes client (size budget,
+// ARCHITECTURE section 3).
+func TestCLILinksNoKubernetesClient(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go toolchain on PATH to list dependencies")
+	}
+	out, err := exec.Command(gobin, "list", "-deps", "unbounded-cloud.io/agent/cmd/unbounded").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if strings.HasPrefix(dep, "k8s.io/client-go") {
+			t.Errorf("cmd/unbounded links %s", dep)
+		}
+	}
+}
