@@ -25,9 +25,12 @@ import (
 	"fmt"
 	"io/fs"
 	"slices"
+	"strings"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	api "unbounded-cloud.io/agent/lib/api/v1alpha3"
@@ -93,8 +96,8 @@ func ForMachineNode(machine, node string) ([]byte, error) {
 	if err := api.ValidateMachineName(machine); err != nil {
 		return nil, err
 	}
-	if node == "" {
-		return nil, fmt.Errorf("machine %q: empty node name", machine)
+	if errs := validation.IsDNS1123Subdomain(node); len(errs) > 0 {
+		return nil, fmt.Errorf("machine %q: node name %q: %s", machine, node, strings.Join(errs, "; "))
 	}
 	objs := MachineObjects(machine, node)
 	var out bytes.Buffer
@@ -111,7 +114,7 @@ func ForMachineNode(machine, node string) ([]byte, error) {
 // MachineObjects returns the per-machine RBAC objects (ClusterRoles, then
 // ClusterRoleBindings) for callers that apply them with a client rather than
 // as YAML. machine must be valid (api.ValidateMachineName).
-func MachineObjects(machine, node string) []any {
+func MachineObjects(machine, node string) []runtime.Object {
 	meta := func(name string) metav1.ObjectMeta {
 		return metav1.ObjectMeta{Name: name, Labels: map[string]string{
 			PartOfLabel:      PartOfValue,
@@ -148,7 +151,7 @@ func MachineObjects(machine, node string) []any {
 			{APIGroups: []string{""}, Resources: []string{"nodes"}, ResourceNames: []string{node}, Verbs: []string{"get", "list", "watch", "patch", "delete"}},
 		},
 	}
-	return []any{
+	return []runtime.Object{
 		machineRole,
 		nodeRole,
 		&rbacv1.ClusterRoleBinding{
