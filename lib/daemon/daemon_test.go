@@ -390,16 +390,20 @@ func TestInstallationOwningTheHostStopsTheDaemonWithErrOwned(t *testing.T) {
 
 // countingTransport counts the requests a client sends, by verb and path.
 type countingTransport struct {
-	next http.RoundTripper
 	mu   sync.Mutex
 	reqs []string
 }
 
-func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	c.mu.Lock()
-	c.reqs = append(c.reqs, r.Method+" "+r.URL.Path+"?"+r.URL.RawQuery)
-	c.mu.Unlock()
-	return c.next.RoundTrip(r)
+type countingRoundTripper struct {
+	next http.RoundTripper
+	c    *countingTransport
+}
+
+func (r countingRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	r.c.mu.Lock()
+	r.c.reqs = append(r.c.reqs, req.Method+" "+req.URL.Path+"?"+req.URL.RawQuery)
+	r.c.mu.Unlock()
+	return r.next.RoundTrip(req)
 }
 
 func (c *countingTransport) since(n int) []string {
@@ -414,12 +418,13 @@ func (c *countingTransport) count() int {
 	return len(c.reqs)
 }
 
+// countRequests wraps every transport built from cfg (one per client the
+// daemon makes) so that all of them count into one countingTransport.
 func countRequests(cfg *rest.Config) (*rest.Config, *countingTransport) {
 	ct := &countingTransport{}
 	cfg = rest.CopyConfig(cfg)
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-		ct.next = rt
-		return ct
+		return countingRoundTripper{next: rt, c: ct}
 	}
 	return cfg, ct
 }

@@ -1,0 +1,413 @@
+package system_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"unbounded-cloud.io/agent/lib/api/manifests"
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/tests/system/harness"
+)
+
+// The daemon's system scenario: the daemon built from this tree, installed
+// with its shipped unit file into a machine whose PID 1 is a real systemd,
+// talking to the real API server of tests/kube on the host's loopback
+// (the machine shares the host's network). The repave unit is a stand-in
+// that logs one marker line per run, sleeps as told and then succeeds or
+// fails as told; the journal's count of marker lines is the number of
+// times systemd really ran it.
+
+const (
+	standInScript = "/usr/local/bin/stand-in-repave"
+	standInCtl    = "/etc/unbounded-test"
+	runMarker     = "STAND-IN REPAVE RUN uid="
+	daemonUnit    = "unbounded-daemon.service"
+	repaveUnit    = "unbounded-repave.service"
+)
+
+const standIn = `#!/bin/sh
+# Stand-in for unbounded-repave: reports the request it was given.
+uid=$(sed -n 's/.*"uid": "\(.*\)".*/\1/p' /run/unbounded/requests/repave.json)
+echo "` + runMarker + `$uid"
+sleep "$(cat ` + standInCtl + `/sleep 2>/dev/null || echo 0)"
+if [ "$(cat ` + standInCtl + `/result 2>/dev/null)" = fail ]; then
+	echo "stand-in repave: failing as told"
+	exit 1
+fi
+echo "stand-in repave: done"
+`
+
+const standInUnit = `[Unit]
+Description=Stand-in repave for the daemon's system test
+[Service]
+Type=oneshot
+ExecStart=` + standInScript + `
+`
+
+var (
+	agentOnce sync.Once
+	agentBin  string
+	agentErr  error
+)
+
+// buildAgent builds the multicall executable from this tree, as make does.
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	agentOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		repo := filepath.Join(filepath.Dir(file), "..", "..")
+		dir, err := os.MkdirTemp("", "unbounded-agent-bin-")
+		if err != nil {
+			agentErr = err
+			return
+		}
+		agentBin = filepath.Join(dir, "unbounded-agent")
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", agentBin, "./cmd/unbounded-agent")
+		cmd.Dir = repo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			agentErr = fmt.Errorf("go build ./cmd/unbounded-agent: %v\n%s", err, out)
+		}
+	})
+	if agentErr != nil {
+		t.Fatal(agentErr)
+	}
+	return agentBin
+}
+
+type kubeEnv struct {
+	admin  *rest.Config
+	kube   kubernetes.Interface
+	api    rest.Interface // v1alpha3
+	caPEM  []byte
+	caCert *x509.Certificate
+	caKey  any
+}
+
+func requireKube(t *testing.T) *kubeEnv {
+	t.Helper()
+	kc := os.Getenv("UNBOUNDED_TEST_KUBECONFIG")
+	if kc == "" {
+		t.Skip("UNBOUNDED_TEST_KUBECONFIG is not set: the daemon scenario needs the real API server; run under tests/kube/with-env.sh")
+	}
+	admin, err := clientcmd.BuildConfigFromFlags("", kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &kubeEnv{admin: admin}
+	if e.kube, err = kubernetes.NewForConfig(admin); err != nil {
+		t.Fatal(err)
+	}
+	scheme := apiruntimeScheme(t)
+	c := rest.CopyConfig(admin)
+	c.GroupVersion = &v1alpha3.SchemeGroupVersion
+	c.APIPath = "/apis"
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	if e.api, err = rest.RESTClientFor(c); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(kc)
+	if e.caPEM, err = os.ReadFile(filepath.Join(dir, "ca.crt")); err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb, _ := pem.Decode(e.caPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		t.Fatal("test cluster CA is not PEM")
+	}
+	if e.caCert, err = x509.ParseCertificate(cb.Bytes); err != nil {
+		t.Fatal(err)
+	}
+	if e.caKey, err = x509.ParsePKCS8PrivateKey(kb.Bytes); err != nil {
+		if e.caKey, err = x509.ParseECPrivateKey(kb.Bytes); err != nil {
+			if e.caKey, err = x509.ParsePKCS1PrivateKey(kb.Bytes); err != nil {
+				t.Fatalf("test cluster CA key: %v", err)
+			}
+		}
+	}
+	return e
+}
+
+// agentCert is the daemon's client certificate and key, as the CSR flow of
+// lib/kube would have stored them.
+func (e *kubeEnv) agentCert(t *testing.T, machine string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: v1alpha3.AgentUserName(machine), Organization: []string{v1alpha3.AgentGroup}},
+		NotBefore:    time.Now().Add(-time.Minute),
+		NotAfter:     time.Now().Add(2 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, e.caCert, &key.PublicKey, e.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kd, _ := x509.MarshalECPrivateKey(key)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd})
+}
+
+func (e *kubeEnv) applyMachineRBAC(t *testing.T, machine string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, o := range manifests.MachineObjects(machine, machine) {
+		var err error
+		switch o := o.(type) {
+		case *rbacv1.ClusterRole:
+			_, err = e.kube.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRoleBinding:
+			_, err = e.kube.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		}
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("per-machine RBAC: %v", err)
+		}
+	}
+}
+
+func (e *kubeEnv) createOp(t *testing.T, machine string, typ v1alpha3.OperationType) *v1alpha3.MachineOperation {
+	t.Helper()
+	in := &v1alpha3.MachineOperation{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: machine + "-", Labels: map[string]string{v1alpha3.MachineLabel: machine}},
+		Spec:       v1alpha3.MachineOperationSpec{MachineRef: v1alpha3.MachineRef{Name: machine}, Operation: typ},
+	}
+	out := &v1alpha3.MachineOperation{}
+	if err := e.api.Post().Resource(v1alpha3.ResourceMachineOperations).Body(in).Do(context.Background()).Into(out); err != nil {
+		t.Fatalf("create operation: %v", err)
+	}
+	return out
+}
+
+func (e *kubeEnv) waitOp(t *testing.T, m *harness.Machine, name string) *v1alpha3.MachineOperation {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		op := &v1alpha3.MachineOperation{}
+		err := e.api.Get().Resource(v1alpha3.ResourceMachineOperations).Name(name).Do(context.Background()).Into(op)
+		if err == nil && op.Status.State.Finished() {
+			return op
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("operation %s not finished after 60s (state %q, err %v); daemon journal:\n%s", name, op.Status.State, err, m.Journal(daemonUnit))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// runs counts the stand-in's runs for uid in this boot's journal.
+func runs(m *harness.Machine, uid string) int {
+	return strings.Count(m.Journal(repaveUnit), runMarker+uid+"\n")
+}
+
+func showProps(t *testing.T, m *harness.Machine, unit string, props ...string) map[string]string {
+	t.Helper()
+	out, err := m.Systemctl(append([]string{"show", unit}, prefixEach("-p", props)...)...)
+	if err != nil {
+		t.Fatalf("systemctl show %s: %v", unit, err)
+	}
+	kv := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok {
+			kv[k] = v
+		}
+	}
+	return kv
+}
+
+func prefixEach(flag string, vals []string) []string {
+	var out []string
+	for _, v := range vals {
+		out = append(out, flag, v)
+	}
+	return out
+}
+
+func TestDaemonCarriesOutOperationsWithRealSystemd(t *testing.T) {
+	env := requireKube(t)
+	harness.Require(t, false)
+	bin := buildAgent(t)
+
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	machine := "sys-daemon-" + hex.EncodeToString(rnd[:])
+	env.applyMachineRBAC(t, machine)
+
+	binData, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unitData, err := os.ReadFile(filepath.Join("..", "..", "units", daemonUnit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := harness.New(t, harness.Options{
+		HostNetwork: true,
+		Files: []harness.File{
+			{Path: hostpaths.LibexecDirHost + "/unbounded-agent", Data: binData, Mode: 0o755},
+			{Path: hostpaths.UnitDirHost + "/" + daemonUnit, Data: unitData, Mode: 0o644},
+			{Path: "/etc/systemd/system/" + repaveUnit, Data: []byte(standInUnit), Mode: 0o644},
+			{Path: standInScript, Data: []byte(standIn), Mode: 0o755},
+			{Path: hostpaths.ConfigFileHost, Data: []byte(fmt.Sprintf(`machine = %q
+mode = "nspawn"
+
+[cluster]
+api-server = %q
+ca-file = "/etc/unbounded/ca.crt"
+bootstrap-token-file = "/etc/unbounded/bootstrap-token"
+kubernetes-version = "1.36.3"
+`, machine, env.admin.Host)), Mode: 0o644},
+			{Path: "/etc/unbounded/ca.crt", Data: env.caPEM, Mode: 0o644},
+			// Never used while the certificate is valid; the config
+			// requires the file.
+			{Path: "/etc/unbounded/bootstrap-token", Data: []byte("abcdef.0123456789abcdef\n"), Mode: 0o600},
+		},
+	})
+	p := hostpaths.New(m.Root())
+	// The concern's name on the host is a link to the multicall binary.
+	if err := os.Symlink("unbounded-agent", p.Libexec("daemon")); err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM := env.agentCert(t, machine)
+	if err := (kube.CertStore{Dir: p.PKIDir()}).Save(certPEM, keyPEM); err != nil {
+		t.Fatal(err)
+	}
+	if err := state.WriteApplied(p, &state.AppliedConfig{Slot: "kube1", Mode: "nspawn", Machine: machine}); err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	setStandIn := func(sleep, result string) {
+		m.WriteFile(standInCtl+"/sleep", []byte(sleep+"\n"), 0o644)
+		m.WriteFile(standInCtl+"/result", []byte(result+"\n"), 0o644)
+	}
+
+	if out, err := m.Systemctl("start", daemonUnit); err != nil {
+		t.Fatalf("systemctl start %s: %v\n%s\n%s", daemonUnit, err, out, m.Journal(daemonUnit))
+	}
+	if s := m.UnitState(daemonUnit); s.ActiveState != "active" {
+		t.Fatalf("%s is %s after start, want active (READY=1 sent)", daemonUnit, s)
+	}
+
+	t.Run("operation completes when the unit succeeds", func(t *testing.T) {
+		setStandIn("0", "ok")
+		op := env.createOp(t, machine, v1alpha3.OperationRepave)
+		done := env.waitOp(t, m, op.Name)
+		if done.Status.State != v1alpha3.OperationComplete {
+			t.Fatalf("operation ended %s: %s", done.Status.State, done.Status.Message)
+		}
+		if n := runs(m, string(op.UID)); n != 1 {
+			t.Fatalf("stand-in ran %d times for the operation, want 1; journal:\n%s", n, m.Journal(repaveUnit))
+		}
+	})
+
+	t.Run("operation fails with the unit's result and journal", func(t *testing.T) {
+		setStandIn("0", "fail")
+		op := env.createOp(t, machine, v1alpha3.OperationRepave)
+		done := env.waitOp(t, m, op.Name)
+		if done.Status.State != v1alpha3.OperationFailed || done.Status.Reason != "UnitFailed" {
+			t.Fatalf("operation ended %s/%s: %s", done.Status.State, done.Status.Reason, done.Status.Message)
+		}
+		for _, want := range []string{"result exit-code", "exit status 1", "failing as told"} {
+			if !strings.Contains(done.Status.Message, want) {
+				t.Errorf("message lacks %q:\n%s", want, done.Status.Message)
+			}
+		}
+		if n := runs(m, string(op.UID)); n != 1 {
+			t.Fatalf("stand-in ran %d times, want 1", n)
+		}
+		// A failed oneshot stays "failed" until reset; the next
+		// operation must still be able to start it.
+		_, _ = m.Systemctl("reset-failed", repaveUnit)
+	})
+
+	t.Run("daemon killed mid-operation does not dispatch twice", func(t *testing.T) {
+		setStandIn("4", "ok")
+		before := showProps(t, m, daemonUnit, "NRestarts")["NRestarts"]
+		op := env.createOp(t, machine, v1alpha3.OperationRepave)
+		deadline := time.Now().Add(30 * time.Second)
+		for runs(m, string(op.UID)) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("stand-in never started; daemon journal:\n%s", m.Journal(daemonUnit))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if out, err := m.Systemctl("kill", "--kill-whom=main", "--signal=KILL", daemonUnit); err != nil {
+			t.Fatalf("kill -9 the daemon: %v %s", err, out)
+		}
+		done := env.waitOp(t, m, op.Name)
+		if done.Status.State != v1alpha3.OperationComplete {
+			t.Fatalf("operation ended %s: %s", done.Status.State, done.Status.Message)
+		}
+		if n := runs(m, string(op.UID)); n != 1 {
+			t.Fatalf("stand-in ran %d times for one operation, want 1; journal:\n%s", n, m.Journal(repaveUnit))
+		}
+		if after := showProps(t, m, daemonUnit, "NRestarts")["NRestarts"]; after == before {
+			t.Errorf("NRestarts %s -> %s: the daemon was not restarted by systemd", before, after)
+		}
+	})
+
+	t.Run("owned host leaves the daemon inactive with exit 69", func(t *testing.T) {
+		if out, err := m.Systemctl("stop", daemonUnit); err != nil {
+			t.Fatalf("stop: %v %s", err, out)
+		}
+		m.WriteFile(hostpaths.HostRootHost+"/ownership", []byte(`{"owner":"reprovision","unit":"unbounded-reprovision.service","since":"2026-01-02T03:04:05Z"}`+"\n"), 0o644)
+		out, err := m.Systemctl("start", daemonUnit)
+		props := showProps(t, m, daemonUnit, "ActiveState", "Result", "ExecMainStatus", "NRestarts")
+		t.Logf("systemctl start on an owned host: err=%v out=%q props=%v", err, out, props)
+		if props["ActiveState"] != "inactive" || props["Result"] != "success" || props["ExecMainStatus"] != "69" {
+			t.Fatalf("daemon on an owned host: %v, want inactive, result success, exit 69", props)
+		}
+		time.Sleep(6 * time.Second) // longer than RestartSec
+		if s := m.UnitState(daemonUnit); s.ActiveState != "inactive" {
+			t.Fatalf("daemon restarted on an owned host: %s", s)
+		}
+		if j := m.Journal(daemonUnit); strings.Contains(j, "level=ERROR") {
+			t.Errorf("deferred daemon logged an error:\n%s", j)
+		}
+	})
+}
+
+func apiruntimeScheme(t *testing.T) *k8sruntime.Scheme {
+	t.Helper()
+	s := k8sruntime.NewScheme()
+	if err := v1alpha3.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
