@@ -72,6 +72,10 @@ type Options struct {
 	Files []File
 	// NspawnArgs are appended to the systemd-nspawn command line.
 	NspawnArgs []string
+	// HostNetwork shares the host's network namespace instead of a
+	// private one, so that the machine reaches services on the host's
+	// loopback (the test API server of tests/kube).
+	HostNetwork bool
 }
 
 // File is a file to place in a machine.
@@ -109,6 +113,8 @@ type Machine struct {
 	leader  int
 	cgDirs  []string
 	bus     *sdbus.Conn
+
+	hostNetwork bool
 }
 
 // Require skips t unless the host can boot machines: root, systemd-nspawn,
@@ -160,6 +166,7 @@ func New(t testing.TB, opts Options) *Machine {
 	m, err := newMachine(lowers, opts.NspawnArgs, t.Logf)
 	if m != nil {
 		m.t = t
+		m.hostNetwork = opts.HostNetwork
 		t.Cleanup(func() {
 			if t.Failed() {
 				m.logDiagnostics()
@@ -293,10 +300,13 @@ func (m *Machine) start() error {
 	nspawn := []string{"systemd-nspawn", "-q", "-D", m.Root(), "--boot", "-M", m.Name,
 		// Both are needed when the host has no systemd (TESTING.md).
 		"--register=no", "--keep-unit",
-		"--console=read-only", "--private-network",
+		"--console=read-only",
 		"--resolv-conf=off", "--timezone=off", "--link-journal=no",
 		// nspawn gives a container no /dev/kmsg; see Kmsg.
 		"--bind=" + m.kmsg.path + ":/dev/kmsg",
+	}
+	if !m.hostNetwork {
+		nspawn = append(nspawn, "--private-network")
 	}
 	nspawn = append(nspawn, m.args...)
 	// The shell joins the machine's cgroups before it becomes nspawn, so
