@@ -24,6 +24,11 @@ die() {
 }
 
 : "${VERSION:?VERSION is not set (make packages sets it)}"
+# A semantic version, which both dpkg and rpm order the same way once nfpm
+# has turned its pre-release into a ~ suffix.
+if ! printf '%s\n' "$VERSION" | grep -Eqx '[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.]+)?'; then
+	die "VERSION=$VERSION is not a version like 1.2.3 or 1.2.3-dev.4.gabcdef12"
+fi
 PKG_ARCH=${PKG_ARCH:-amd64}
 export VERSION PKG_ARCH
 
