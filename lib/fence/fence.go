@@ -156,6 +156,9 @@ const (
 	// maxReadTime bounds one read, so that one hanging connection does not
 	// spend the whole budget.
 	maxReadTime = 15 * time.Second
+	// minLastRead is the least time worth giving a read at the end of
+	// the budget (a loopback round trip is a few ms; a WAN one ~100 ms).
+	minLastRead = 200 * time.Millisecond
 )
 
 // path names the credential a read used, for logs and messages.
@@ -216,12 +219,15 @@ func (c *Check) Run(ctx context.Context) error {
 			c.reportAllowed(ctx, out)
 			return nil
 		}
-		c.log().Warn("no answer from the cluster; retrying", "attempt", attempt, "via", out.via,
-			"error", out.noAnswer.Error(), "retryIn", backoff, "budgetLeft", deadline.Sub(c.now()).Round(time.Millisecond))
-		if deadline.Sub(c.now()) <= backoff {
+		// The last wait is cut short so that one more read, of at least
+		// minLastRead, still fits in the budget.
+		wait := min(backoff, deadline.Sub(c.now())-minLastRead)
+		if wait < 0 {
 			break
 		}
-		if err := c.sleep(ctx, backoff); err != nil {
+		c.log().Warn("no answer from the cluster; retrying", "attempt", attempt, "via", out.via,
+			"error", out.noAnswer.Error(), "retryIn", wait, "budgetLeft", deadline.Sub(c.now()).Round(time.Millisecond))
+		if err := c.sleep(ctx, wait); err != nil {
 			return err
 		}
 		backoff = min(backoff*2, maxBackoff)

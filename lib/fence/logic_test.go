@@ -14,6 +14,8 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"io"
+	"log/slog"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -133,7 +135,7 @@ func TestCertificateExpiringDuringTheReadMovesOnlyTheNextReadToTheToken(t *testi
 		},
 	}
 	c := &Check{Machine: "w1", AllocationUID: "uid-1", Budget: 2 * time.Minute, Credentials: cr,
-		Clock: clock.now, Sleep: clock.sleep, API: api}
+		Clock: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
 	if err := c.Run(context.Background()); err != nil {
 		t.Fatalf("Run: %v, want allowed by the token on the second read", err)
 	}
@@ -154,7 +156,7 @@ func TestRejectedValidCertificateIsFinalAndNeverRescuedByTheToken(t *testing.T) 
 		},
 	}
 	c := &Check{Machine: "w1", AllocationUID: "uid-1", Credentials: hostCredentials(t, clock.t.Add(time.Hour)),
-		Clock: clock.now, Sleep: clock.sleep, API: api}
+		Clock: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
 	err := c.Run(context.Background())
 	if exitcode.For(err) != exitcode.Refused {
 		t.Fatalf("Run: %v (exit %d), want a refusal", err, exitcode.For(err))
@@ -174,7 +176,7 @@ func TestNoAnswerIsRetriedWithBackoffUntilTheBudgetThenRefused(t *testing.T) {
 		},
 	}
 	c := &Check{Machine: "w1", AllocationUID: "uid-1", Budget: 30 * time.Second,
-		Credentials: hostCredentials(t, start.Add(time.Hour)), Clock: clock.now, Sleep: clock.sleep, API: api}
+		Credentials: hostCredentials(t, start.Add(time.Hour)), Clock: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
 	err := c.Run(context.Background())
 	var r *Refusal
 	if !errors.As(err, &r) || r.Reason != v1alpha3.ReasonClusterUnreachable {
@@ -197,7 +199,7 @@ func TestTokenOfAnotherMachineIsRefused(t *testing.T) {
 				Username: "system:bootstrap:abcdef", Groups: []string{v1alpha3.BootstrapGroup("w2")}}}, nil
 		},
 	}
-	c := &Check{Machine: "w1", AllocationUID: "uid-1", Credentials: hostCredentials(t, time.Time{}), API: api}
+	c := &Check{Machine: "w1", AllocationUID: "uid-1", Credentials: hostCredentials(t, time.Time{}), API: api, Log: quiet}
 	var r *Refusal
 	if err := c.Run(context.Background()); !errors.As(err, &r) || r.Reason != v1alpha3.ReasonAllocationMismatch {
 		t.Fatalf("Run: %v, want AllocationMismatch", err)
@@ -227,3 +229,5 @@ func TestJudgeRefusesDeletingUnboundMismatchedAndFenced(t *testing.T) {
 		t.Errorf("machine without allocation: got %v", r)
 	}
 }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -1,0 +1,303 @@
+package fence_test
+
+// The fence matrix of issue 3, against the real API server of tests/kube:
+// every answer here (RBAC, TokenReview, a revoked token, a deleting
+// Machine, the status subresource) is the server's, not a fake's.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/fence"
+	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/lib/kube/clustertest"
+)
+
+// host is one simulated host with its Machine in the cluster.
+type host struct {
+	env         *clustertest.Env
+	machine     string
+	uid         string
+	tokenSecret string
+	creds       kube.Credentials
+	log         bytes.Buffer
+}
+
+// newHost creates a Machine bound to a fresh allocation (as the cluster
+// side would), its per-machine RBAC, a bootstrap token, and the host's
+// files (CA, token) in a temporary directory.
+func newHost(t *testing.T, mutate func(*v1alpha3.Machine)) *host {
+	t.Helper()
+	env := clustertest.Get(t)
+	h := &host{env: env, machine: clustertest.UniqueName("fence"), uid: clustertest.UniqueName("uid")}
+	m := &v1alpha3.Machine{Spec: v1alpha3.MachineSpec{Allocation: &v1alpha3.AllocationRef{Name: "alloc-" + h.machine, UID: h.uid}}}
+	m.Name = h.machine
+	if mutate != nil {
+		mutate(m)
+	}
+	ms := env.Machines(t)
+	if _, err := ms.Create(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// A test may have left a finalizer holding the Machine.
+		if cur, err := ms.Get(context.Background(), h.machine); err == nil && len(cur.Finalizers) > 0 {
+			cur.Finalizers = nil
+			ms.Update(context.Background(), cur)
+		}
+		env.DeleteMachine(h.machine)
+	})
+	env.GrantMachine(t, h.machine)
+	token, secret := env.BootstrapToken(t, h.machine)
+	h.tokenSecret = secret
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "bootstrap-token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.creds = kube.Credentials{
+		APIServer: env.Host(),
+		CAFile:    env.CAFile(),
+		TokenFile: tokenFile,
+		Certs:     kube.CertStore{Dir: filepath.Join(dir, "pki")},
+	}
+	return h
+}
+
+// storeCert stores a client certificate for cn valid from nb to na.
+func (h *host) storeCert(t *testing.T, cn string, orgs []string, nb, na time.Time) {
+	t.Helper()
+	c, k := h.env.MintClientCert(t, cn, orgs, nb, na)
+	if err := h.creds.Certs.Save(c, k); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// validCert stores the host's own certificate, valid for an hour.
+func (h *host) validCert(t *testing.T) {
+	h.storeCert(t, v1alpha3.AgentUserName(h.machine), []string{v1alpha3.AgentGroup}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
+}
+
+func (h *host) check(budget time.Duration) *fence.Check {
+	return &fence.Check{
+		Machine:       h.machine,
+		AllocationUID: h.uid,
+		Budget:        budget,
+		Credentials:   h.creds,
+		ReportTimeout: time.Second,
+		Log:           slog.New(slog.NewTextHandler(&h.log, nil)),
+	}
+}
+
+// run runs the check and returns its exit code and how long it took.
+func (h *host) run(t *testing.T, c *fence.Check) (int, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	err := c.Run(context.Background())
+	took := time.Since(start)
+	t.Logf("fence: %v (exit %d) after %s\n%s", err, exitcode.For(err), took.Round(time.Millisecond), h.log.String())
+	return exitcode.For(err), took
+}
+
+// condition is AllocationLaunchRefused as the admin reads it (nil: absent).
+func (h *host) condition(t *testing.T) *metav1.Condition {
+	t.Helper()
+	m, err := h.env.Machines(t).Get(context.Background(), h.machine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return meta.FindStatusCondition(m.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused)
+}
+
+func (h *host) wantRefused(t *testing.T, reason string) {
+	t.Helper()
+	c := h.condition(t)
+	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != reason {
+		t.Errorf("AllocationLaunchRefused = %+v, want True with reason %s", c, reason)
+	}
+}
+
+func (h *host) wantNoCondition(t *testing.T, why string) {
+	t.Helper()
+	if c := h.condition(t); c != nil {
+		t.Errorf("AllocationLaunchRefused = %+v, want none (%s)", c, why)
+	}
+}
+
+func TestFenceAllowsABoundMachineWithTheCertificateAndClearsAnEarlierRefusal(t *testing.T) {
+	h := newHost(t, nil)
+	h.validCert(t)
+	// An earlier refusal, as the condition a previous boot left.
+	_, err := h.env.Machines(t).MutateStatus(context.Background(), h.machine, func(m *v1alpha3.Machine) bool {
+		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{Type: v1alpha3.ConditionAllocationLaunchRefused,
+			Status: metav1.ConditionTrue, Reason: v1alpha3.ReasonAllocationFenced, Message: "earlier"})
+		m.Status.Phase = v1alpha3.MachineRefused
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := h.run(t, h.check(5*time.Second)); code != exitcode.OK {
+		t.Fatalf("exit %d, want 0", code)
+	}
+	if !strings.Contains(h.log.String(), "via=certificate") {
+		t.Error("the allowed read did not use the certificate")
+	}
+	if c := h.condition(t); c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha3.ReasonAllowed {
+		t.Errorf("AllocationLaunchRefused = %+v, want False/Allowed after an allow", c)
+	}
+}
+
+func TestFenceAllowsWithTheBootstrapTokenWhenNoCertificateIsStored(t *testing.T) {
+	h := newHost(t, nil)
+	if code, _ := h.run(t, h.check(5*time.Second)); code != exitcode.OK {
+		t.Fatalf("exit %d, want 0", code)
+	}
+	if !strings.Contains(h.log.String(), "via=bootstrap-token") {
+		t.Error("the allowed read did not use the bootstrap token")
+	}
+	h.wantNoCondition(t, "nothing was refused")
+}
+
+func TestFenceRefusesAFencedAllocation(t *testing.T) {
+	h := newHost(t, func(m *v1alpha3.Machine) { m.Spec.Allocation.Fenced = true })
+	h.validCert(t)
+	if code, took := h.run(t, h.check(30*time.Second)); code != exitcode.Refused || took > 5*time.Second {
+		t.Fatalf("exit %d after %s, want 77 at once", code, took)
+	}
+	h.wantRefused(t, v1alpha3.ReasonAllocationFenced)
+	m, _ := h.env.Machines(t).Get(context.Background(), h.machine)
+	if m.Status.Phase != v1alpha3.MachineRefused {
+		t.Errorf("phase %q, want Refused", m.Status.Phase)
+	}
+}
+
+func TestFenceRefusesAMachineBeingDeleted(t *testing.T) {
+	h := newHost(t, func(m *v1alpha3.Machine) { m.Finalizers = []string{"unbounded-cloud.io/test-hold"} })
+	h.validCert(t)
+	if err := h.env.DeleteMachine(h.machine); err != nil {
+		t.Fatal(err)
+	}
+	m, err := h.env.Machines(t).Get(context.Background(), h.machine)
+	if err != nil || m.DeletionTimestamp == nil {
+		t.Fatalf("machine not in deletion: %v %v", err, m.DeletionTimestamp)
+	}
+	if code, took := h.run(t, h.check(30*time.Second)); code != exitcode.Refused || took > 5*time.Second {
+		t.Fatalf("exit %d after %s, want 77 at once", code, took)
+	}
+	h.wantRefused(t, v1alpha3.ReasonMachineDeleting)
+}
+
+func TestFenceRefusesAMachineBoundToAnotherAllocation(t *testing.T) {
+	h := newHost(t, nil)
+	h.validCert(t)
+	c := h.check(30 * time.Second)
+	c.AllocationUID = "some-other-allocation-uid"
+	if code, _ := h.run(t, c); code != exitcode.Refused {
+		t.Fatalf("exit %d, want 77", code)
+	}
+	h.wantRefused(t, v1alpha3.ReasonAllocationMismatch)
+}
+
+func TestFenceRefusesARevokedBootstrapToken(t *testing.T) {
+	h := newHost(t, nil)
+	h.env.RevokeToken(t, h.tokenSecret)
+	code, took := h.run(t, h.check(30*time.Second))
+	if code != exitcode.Refused || took > 5*time.Second {
+		t.Fatalf("exit %d after %s, want 77 at once", code, took)
+	}
+	if !strings.Contains(h.log.String(), "reason="+v1alpha3.ReasonBootstrapTokenRejected) {
+		t.Error("refusal reason is not BootstrapTokenRejected")
+	}
+	// The host's only credential is gone: it cannot write the condition.
+	h.wantNoCondition(t, "no credential left to write it with")
+}
+
+func TestFenceRetriesAnUnreachableAPIServerUntilTheBudgetThenRefuses(t *testing.T) {
+	h := newHost(t, nil)
+	h.validCert(t)
+	p := h.env.ProxyFront(t)
+	h.creds.APIServer = p.URL
+	p.Close()
+	const budget = 2 * time.Second
+	code, took := h.run(t, h.check(budget))
+	if code != exitcode.Refused {
+		t.Fatalf("exit %d, want 77", code)
+	}
+	if took < budget-300*time.Millisecond || took > budget+2*time.Second {
+		t.Errorf("took %s, want about the budget %s", took, budget)
+	}
+	if n := strings.Count(h.log.String(), "retrying"); n < 3 {
+		t.Errorf("%d retries logged, want several with backoff", n)
+	}
+	if !strings.Contains(h.log.String(), "reason="+v1alpha3.ReasonClusterUnreachable) {
+		t.Error("refusal reason is not ClusterUnreachable")
+	}
+	h.wantNoCondition(t, "the cluster was unreachable")
+}
+
+func TestFenceRefusesAtOnceWhenRBACForbidsTheRead(t *testing.T) {
+	h := newHost(t, nil)
+	// A valid certificate of an identity without rights on this Machine.
+	h.storeCert(t, v1alpha3.AgentUserName(clustertest.UniqueName("stranger")), []string{v1alpha3.AgentGroup},
+		time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
+	const budget = 30 * time.Second
+	code, took := h.run(t, h.check(budget))
+	if code != exitcode.Refused {
+		t.Fatalf("exit %d, want 77", code)
+	}
+	if took > 3*time.Second {
+		t.Errorf("took %s: a 403 is final and must not wait for the %s budget", took, budget)
+	}
+	if !strings.Contains(h.log.String(), "reason="+v1alpha3.ReasonForbidden) {
+		t.Error("refusal reason is not Forbidden")
+	}
+	h.wantNoCondition(t, "the identity may not write this Machine either")
+}
+
+func TestFenceUsesTheTokenWhenTheStoredCertificateExpired(t *testing.T) {
+	h := newHost(t, nil)
+	h.storeCert(t, v1alpha3.AgentUserName(h.machine), []string{v1alpha3.AgentGroup},
+		time.Now().Add(-2*time.Hour), time.Now().Add(-time.Minute))
+	code, _ := h.run(t, h.check(5*time.Second))
+	if code != exitcode.OK {
+		t.Fatalf("exit %d, want 0 through the token", code)
+	}
+	if strings.Contains(h.log.String(), "via=certificate") || !strings.Contains(h.log.String(), "via=bootstrap-token") {
+		t.Error("the read did not go to the bootstrap token alone")
+	}
+}
+
+func TestFenceHonoursTheBudgetAgainstASlowAPIServer(t *testing.T) {
+	h := newHost(t, nil)
+	h.validCert(t)
+	p := h.env.ProxyFront(t)
+	h.creds.APIServer = p.URL
+	p.SetDelay(10 * time.Second)
+	const budget = 2 * time.Second
+	c := h.check(budget)
+	code, took := h.run(t, c)
+	if code != exitcode.Refused {
+		t.Fatalf("exit %d, want 77", code)
+	}
+	// The reads stop at the budget; the condition write gets ReportTimeout.
+	if limit := budget + c.ReportTimeout + 500*time.Millisecond; took > limit {
+		t.Errorf("took %s, want at most %s (budget %s + report %s + margin)", took, limit, budget, c.ReportTimeout)
+	}
+	var r *fence.Refusal
+	if err := c.Run(context.Background()); !errors.As(err, &r) || r.Reason != v1alpha3.ReasonClusterUnreachable {
+		t.Errorf("second run: %v, want ClusterUnreachable", err)
+	}
+}
