@@ -60,6 +60,9 @@ esac
 # native (its version has no Debian revision), hence changelog.gz rather
 # than changelog.Debian.gz.
 top=$(sed -n '1s/^[^ ]* (\([^)]*\)).*/\1/p' deb/changelog)
+if [ "$debversion" = "$VERSION" ] && [ "$top" != "$VERSION" ]; then
+	die "release $VERSION has no entry at the top of deb/changelog: add one"
+fi
 {
 	if [ "$top" != "$debversion" ]; then
 		commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
