@@ -298,4 +298,3 @@ func TestMachinesClientGetCreateUpdateStatusAndWatchOwnMachine(t *testing.T) {
 		t.Errorf("watch events %v", events)
 	}
 }
-
