@@ -30,9 +30,15 @@ func FuzzLoad(f *testing.F) {
 			f.Fatal(err)
 		}
 	}
+	// One directory per worker process, reused: executions within a worker
+	// are sequential, and a fresh t.TempDir per input costs more than the
+	// load itself.
+	dir := f.TempDir()
+	file := filepath.Join(dir, "agent.toml")
 	f.Fuzz(func(t *testing.T, data []byte, asDropin bool) {
-		dir := t.TempDir()
-		file := filepath.Join(dir, "agent.toml")
+		if err := os.RemoveAll(file + ".d"); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.WriteFile(file, []byte(validConfig), 0o644); err != nil {
 			t.Fatal(err)
 		}
