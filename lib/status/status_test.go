@@ -1,0 +1,51 @@
+package status
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+)
+
+// An operator runs status when things are broken: garbage in every state
+// file must give a report, never a panic.
+func TestGatherReportsGarbageInEveryStateFile(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	for _, f := range []string{
+		p.AppliedConfig("kube1"), hostpaths.Checksum(p.AppliedConfig("kube1")),
+		p.AppliedConfig("kube2"), p.Ownership(), p.Journal("isolation"),
+	} {
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte("\x00\xff{garbage"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A directory where a journal file is expected.
+	if err := os.MkdirAll(p.Journal("repave"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := Gather(p)
+	if r.State != Corrupt || !strings.HasPrefix(r.Message, "state corrupt: ") {
+		t.Errorf("state = %q, message = %q", r.State, r.Message)
+	}
+	if len(r.Applied) != 2 || r.Applied[0].Error == "" || r.Applied[1].Error == "" {
+		t.Errorf("applied = %+v", r.Applied)
+	}
+	if r.Ownership == nil || r.Ownership.Owner != "unknown" {
+		t.Errorf("ownership = %+v, want owned by unknown (fail closed)", r.Ownership)
+	}
+	if len(r.Journals) != 2 || r.Journals[0].Operation != "isolation" || r.Journals[0].Error == "" ||
+		r.Journals[1].Operation != "repave" || !strings.Contains(r.Journals[1].Error, "not a regular file") {
+		t.Errorf("journals = %+v", r.Journals)
+	}
+	var out bytes.Buffer
+	r.Text(&out)
+	if !strings.Contains(out.String(), "state corrupt") || !strings.Contains(out.String(), "held by unknown") {
+		t.Errorf("text:\n%s", out.String())
+	}
+}
