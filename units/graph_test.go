@@ -99,7 +99,7 @@ var graphRules = []graphRule{
 		},
 	},
 	{
-		name:    "a mode target is reached after the supervising units the generator makes it want, for both slots",
+		name:    "a mode target is reached after the supervising units the generator makes it require, for both slots",
 		applies: isNamed(modeTargets()...),
 		check: func(t *testing.T, u *parsed) {
 			mode := strings.TrimSuffix(strings.TrimPrefix(u.name, "unbounded-mode-"), ".target")
@@ -162,16 +162,80 @@ func TestUnitGraph(t *testing.T) {
 	}
 }
 
-// TestGeneratorLinksOnlyShippedOrSystemTargets ties the generator to the
-// unit files: every target it links exists in units/.
+// nodePlan is the generator's decision for a bootstrapped host in mode and
+// slot with the package (and so the fence unit) installed.
+func nodePlan(t *testing.T, mode, slot string) generator.Plan {
+	t.Helper()
+	plan := generator.Decide(generator.Input{
+		Active:    &state.AppliedConfig{Slot: slot, Mode: mode},
+		FenceUnit: hostpaths.UnitDirHost + "/" + generator.FenceService,
+	})
+	if plan.Problem != "" || len(plan.Files) == 0 {
+		t.Fatalf("mode %s slot %s: no node plan (%q)", mode, slot, plan.Problem)
+	}
+	return plan
+}
+
+// TestGeneratorLinksOnlyShippedTargets ties the generator to the unit
+// files: every target it links exists in units/.
 func TestGeneratorLinksOnlyShippedTargets(t *testing.T) {
 	shipped := shippedUnits(t)
 	for _, mode := range state.Modes {
-		plan := generator.Decide(generator.Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: mode}})
-		for _, l := range plan.Links {
+		n := 0
+		for _, l := range nodePlan(t, mode, "kube1").Links {
 			target := filepath.Base(l.Target)
-			if strings.HasSuffix(target, ".target") && !slices.Contains(shipped, target) {
+			if !strings.HasSuffix(target, ".target") {
+				continue
+			}
+			n++
+			if !slices.Contains(shipped, target) {
 				t.Errorf("mode %s: the generator links %s, which units/ does not ship", mode, target)
+			}
+		}
+		if n != 2 {
+			t.Errorf("mode %s: the generator links %d targets, want the node and the mode target", mode, n)
+		}
+	}
+}
+
+// TestEveryRequiresTheGeneratorAddsIsOrdered ties the generator's links to
+// the unit files' orderings. A Requires= without After= starts both units
+// at once: the requiring target would be reached whether or not the unit
+// it requires comes up, and "unbounded-node.target is active" would mean
+// nothing. So for every X.requires/Y the generator writes, for both slots
+// of every mode, the shipped file of X says After=Y; and the chain from
+// multi-user.target down is wants (node target, daemon), then requires.
+func TestEveryRequiresTheGeneratorAddsIsOrdered(t *testing.T) {
+	shipped := shippedUnits(t)
+	for _, mode := range state.Modes {
+		for _, slot := range hostpaths.Slots {
+			requires := 0
+			for _, l := range nodePlan(t, mode, slot).Links {
+				dir, unit := filepath.Split(l.Path)
+				dir = strings.TrimSuffix(dir, "/")
+				switch {
+				case dir == "multi-user.target.wants":
+					if unit != generator.NodeTarget && unit != generator.DaemonService {
+						t.Errorf("%s %s: multi-user.target wants %s", mode, slot, unit)
+					}
+					continue
+				case strings.HasSuffix(dir, ".requires"):
+					requires++
+				default:
+					t.Errorf("%s %s: %s is neither multi-user.target's want nor a requires link", mode, slot, l.Path)
+					continue
+				}
+				x := strings.TrimSuffix(dir, ".requires")
+				if !slices.Contains(shipped, x) {
+					t.Errorf("%s %s: %s requires %s, but units/ does not ship %s", mode, slot, x, unit, x)
+					continue
+				}
+				if u := parseUnit(t, x, x); !u.has("Unit", "After", unit) {
+					t.Errorf("%s %s: the generator makes %s require %s, but %s has no After=%s (has %q)", mode, slot, x, unit, x, unit, u.values("Unit", "After"))
+				}
+			}
+			if want := 1 + len(generator.SupervisingUnits(mode, slot)); requires != want {
+				t.Errorf("%s %s: %d requires links, want %d (mode target, supervising units)", mode, slot, requires, want)
 			}
 		}
 	}
@@ -196,8 +260,8 @@ func TestGeneratedFenceDropInMakesTheNodeUnitRequireTheFence(t *testing.T) {
 	generator.Host{}.Run(p, out)
 
 	node := "systemd-nspawn@kube2.service"
-	if _, err := os.Lstat(filepath.Join(out, "unbounded-mode-nspawn.target.wants", node)); err != nil {
-		t.Fatalf("the generator did not make unbounded-mode-nspawn.target want %s: %v", node, err)
+	if _, err := os.Lstat(filepath.Join(out, "unbounded-mode-nspawn.target.requires", node)); err != nil {
+		t.Fatalf("the generator did not make unbounded-mode-nspawn.target require %s: %v", node, err)
 	}
 	dropIns, _ := filepath.Glob(filepath.Join(out, node+".d", "*.conf"))
 	if len(dropIns) != 1 {

@@ -46,17 +46,40 @@ const unitDir = "/usr/lib/systemd/system/"
 // fenceDropIn is the drop-in content the contract requires at its end.
 const fenceTail = "[Unit]\nRequires=unbounded-fence.service\nAfter=unbounded-fence.service\n"
 
-// host is a temporary root with a regular file standing in for /dev/kmsg.
+// host is a temporary root with a regular file standing in for /dev/kmsg
+// and the package's fence unit installed, as on a host with the package.
 type host struct {
 	t testing.TB
 	p hostpaths.Paths
 }
 
+// fenceUnitHost is where the package installs the fence unit.
+const fenceUnitHost = unitDir + "unbounded-fence.service"
+
 func newHost(t testing.TB) *host {
 	root := t.TempDir()
 	h := &host{t: t, p: hostpaths.New(root)}
 	h.write(hostpaths.KmsgHost, "")
+	h.installFence()
 	return h
+}
+
+// installFence installs the shipped unit file (units/), so that the test
+// breaks if the package stops shipping it.
+func (h *host) installFence() {
+	h.t.Helper()
+	data, err := os.ReadFile("../../units/unbounded-fence.service")
+	if err != nil {
+		h.t.Fatalf("the shipped fence unit: %v", err)
+	}
+	h.write(fenceUnitHost, string(data))
+}
+
+func (h *host) removeFence() {
+	h.t.Helper()
+	if err := os.Remove(h.p.Join(fenceUnitHost)); err != nil {
+		h.t.Fatal(err)
+	}
 }
 
 func (h *host) write(hostPath, content string) {
@@ -159,16 +182,20 @@ func wants(target, unit, tmpl string) string {
 	return target + ".wants/" + unit + " -> " + unitDir + tmpl
 }
 
+func requires(target, unit, tmpl string) string {
+	return target + ".requires/" + unit + " -> " + unitDir + tmpl
+}
+
 func fence(unit string) string { return unit + ".d/50-unbounded-fence.conf: FENCE" }
 
 func nodeOutput(mode string, units ...string) []string {
 	s := []string{
 		wants("multi-user.target", "unbounded-node.target", "unbounded-node.target"),
 		wants("multi-user.target", "unbounded-daemon.service", "unbounded-daemon.service"),
-		wants("unbounded-node.target", "unbounded-mode-"+mode+".target", "unbounded-mode-"+mode+".target"),
+		requires("unbounded-node.target", "unbounded-mode-"+mode+".target", "unbounded-mode-"+mode+".target"),
 	}
 	for i := 0; i < len(units); i += 2 {
-		s = append(s, wants("unbounded-mode-"+mode+".target", units[i], units[i+1]), fence(units[i]))
+		s = append(s, requires("unbounded-mode-"+mode+".target", units[i], units[i+1]), fence(units[i]))
 	}
 	sort.Strings(s)
 	return s
@@ -318,6 +345,30 @@ func TestGeneratorContract(t *testing.T) {
 			h.config()
 			h.raw("kube2", "{")
 		}, want: recoverOnly, kmsg: []string{"kube2-applied-config.json"}},
+		{name: "fence unit removed: no node, no daemon, recovery", setup: func(h *host) {
+			h.config()
+			h.applied("kube2", "nspawn")
+			h.removeFence()
+		}, want: recoverOnly, kmsg: []string{"unbounded-fence.service", "not in /etc/systemd/system, /run/systemd/system or /usr/lib/systemd/system", "node and daemon not started"}},
+		{name: "fence unit only in /etc is enough", setup: func(h *host) {
+			h.applied("kube1", "none")
+			h.removeFence()
+			h.write("/etc/systemd/system/unbounded-fence.service", "[Service]\nType=oneshot\nExecStart=/bin/true\n")
+		}, want: nodeOutput("none", "unbounded-containerd.service", "unbounded-containerd.service", "unbounded-kubelet.service", "unbounded-kubelet.service")},
+		{name: "fence masked by the operator: no node, no daemon, recovery", setup: func(h *host) {
+			h.applied("kube1", "container")
+			os.MkdirAll(h.p.Join("/etc/systemd/system"), 0o755)
+			os.Symlink("/dev/null", h.p.Join("/etc/systemd/system/unbounded-fence.service"))
+		}, want: recoverOnly, kmsg: []string{"masked by /etc/systemd/system/unbounded-fence.service"}},
+		{name: "fence missing on a fresh host does not matter", setup: func(h *host) {
+			h.config()
+			h.removeFence()
+		}, want: []string{wants("multi-user.target", "unbounded-bootstrap.service", "unbounded-bootstrap.service")}},
+		{name: "fence missing while owned does not matter", setup: func(h *host) {
+			h.applied("kube1", "nspawn")
+			h.owned(state.Ownership{Owner: "bootstrap", Unit: "unbounded-bootstrap.service"})
+			h.removeFence()
+		}, want: []string{wants("multi-user.target", "unbounded-bootstrap.service", "unbounded-bootstrap.service")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

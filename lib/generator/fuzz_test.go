@@ -18,24 +18,26 @@ import (
 // output stays inside the output directory.
 //
 // flags: bit 0/1 give kube1/kube2 a matching sidecar (else none, or a
-// wrong one with bit 4/5), bit 2 writes the journal, bit 3 the config.
+// wrong one with bit 4/5), bit 2 writes the journal, bit 3 the config,
+// bit 6 installs the fence unit.
 func FuzzDecideFromState(f *testing.F) {
 	valid := func(slot, mode string) []byte {
 		return []byte(`{"slot":"` + slot + `","mode":"` + mode + `","machine":"m","agent-version":"0.1.0"}`)
 	}
-	f.Add(valid("kube1", "nspawn"), []byte(nil), []byte(nil), byte(0b0001))
-	f.Add([]byte(nil), valid("kube2", "none"), []byte(nil), byte(0b1010))
-	f.Add(valid("kube1", "container"), valid("kube2", "nspawn"), []byte(`{"running-slot":"kube2"}`), byte(0b0111))
-	f.Add(valid("kube1", "nspawn"), valid("kube2", "nspawn"), []byte(`{"running-slot":"kube3"}`), byte(0b0111))
-	f.Add(valid("kube1", "nspawn"), valid("kube2", "nspawn"), []byte("\x00garbage"), byte(0b0111))
-	f.Add(valid("kube1", "nspawn"), valid("kube2", "nspawn"), []byte(nil), byte(0b0011))
-	f.Add(valid("kube2", "nspawn"), []byte(nil), []byte(nil), byte(0b0001))
-	f.Add(valid("kube1", "vm"), []byte(nil), []byte(nil), byte(0b0001))
-	f.Add([]byte("\xff\xfe{"), []byte(nil), []byte(nil), byte(0b0001))
-	f.Add([]byte(""), []byte(nil), []byte(nil), byte(0b0001))
-	f.Add(valid("kube1", "nspawn"), []byte(nil), []byte(nil), byte(0b10000))
-	f.Add([]byte(`{"slot":"kube1","mode":"nspawn"} {"x":1}`), []byte(nil), []byte(nil), byte(0b0001))
-	f.Add([]byte(`{"slot":"kube1","mode":"none","config":{"a":[1,2,{"b":null}]}}`), []byte(nil), []byte(nil), byte(0b1001))
+	f.Add(valid("kube1", "nspawn"), []byte(nil), []byte(nil), byte(0b100_0000|0b0001))
+	f.Add([]byte(nil), valid("kube2", "none"), []byte(nil), byte(0b100_0000|0b1010))
+	f.Add(valid("kube1", "container"), valid("kube2", "nspawn"), []byte(`{"running-slot":"kube2"}`), byte(0b100_0000|0b0111))
+	f.Add(valid("kube1", "nspawn"), valid("kube2", "nspawn"), []byte(`{"running-slot":"kube3"}`), byte(0b100_0000|0b0111))
+	f.Add(valid("kube1", "nspawn"), valid("kube2", "nspawn"), []byte("\x00garbage"), byte(0b100_0000|0b0111))
+	f.Add(valid("kube1", "nspawn"), valid("kube2", "nspawn"), []byte(nil), byte(0b100_0000|0b0011))
+	f.Add(valid("kube2", "nspawn"), []byte(nil), []byte(nil), byte(0b100_0000|0b0001))
+	f.Add(valid("kube1", "vm"), []byte(nil), []byte(nil), byte(0b100_0000|0b0001))
+	f.Add([]byte("\xff\xfe{"), []byte(nil), []byte(nil), byte(0b100_0000|0b0001))
+	f.Add([]byte(""), []byte(nil), []byte(nil), byte(0b100_0000|0b0001))
+	f.Add(valid("kube1", "nspawn"), []byte(nil), []byte(nil), byte(0b100_0000|0b10000))
+	f.Add([]byte(`{"slot":"kube1","mode":"nspawn"} {"x":1}`), []byte(nil), []byte(nil), byte(0b100_0000|0b0001))
+	f.Add([]byte(`{"slot":"kube1","mode":"none","config":{"a":[1,2,{"b":null}]}}`), []byte(nil), []byte(nil), byte(0b100_0000|0b1001))
+	f.Add(valid("kube2", "container"), []byte(nil), []byte(nil), byte(0b1010))
 
 	f.Fuzz(func(t *testing.T, kube1, kube2, journal []byte, flags byte) {
 		root := t.TempDir()
@@ -61,6 +63,11 @@ func FuzzDecideFromState(f *testing.F) {
 			os.MkdirAll(filepath.Dir(p.ConfigFile()), 0o755)
 			os.WriteFile(p.ConfigFile(), nil, 0o644)
 		}
+		fenced := flags&64 != 0
+		if fenced {
+			os.MkdirAll(p.UnitDir(), 0o755)
+			os.WriteFile(filepath.Join(p.UnitDir(), FenceService), []byte("[Service]\nType=oneshot\n"), 0o644)
+		}
 
 		in := Host{}.Read(p)
 		plan := Decide(in)
@@ -73,8 +80,8 @@ func FuzzDecideFromState(f *testing.F) {
 			hasRecover = hasRecover || strings.HasSuffix(l.Path, "/"+RecoverUnit)
 		}
 		trusted := in.Active != nil && in.ActiveErr == nil
-		if hasNode != trusted {
-			t.Fatalf("node units %v but trusted record %v (input %+v)", hasNode, trusted, in)
+		if hasNode != (trusted && fenced) {
+			t.Fatalf("node units %v but trusted record %v, fence installed %v (input %+v)", hasNode, trusted, fenced, in)
 		}
 		if (plan.Problem != "") != hasRecover {
 			t.Fatalf("problem %q but recovery pulled in %v", plan.Problem, hasRecover)

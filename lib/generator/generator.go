@@ -10,7 +10,17 @@
 // The generator must never fail the boot, so nothing here returns an error
 // to the caller: every problem becomes one line on /dev/kmsg and the safe
 // state (no node units, no daemon; recovery pulled in when the state is
-// corrupt).
+// corrupt or the fence unit is missing).
+//
+// The links of a bootstrapped host are Requires= dependencies
+// (unbounded-node.target.requires/, unbounded-mode-<mode>.target.requires/)
+// so that "unbounded-node.target is active" means "the node stack started
+// behind a fence that allowed it" (ARCHITECTURE section 6): a fence that
+// refuses or a node unit that fails to start fails the mode target's and
+// the node target's start jobs. Only multi-user.target's links stay Wants=:
+// a node that does not come up must not fail the boot, and the daemon must
+// start anyway to report it. units/unbounded-node.target explains what
+// this means for a stop and for blue/green repave.
 package generator
 
 import (
@@ -44,6 +54,12 @@ const (
 
 	multiUserWants = "multi-user.target.wants"
 )
+
+// ErrFenceMissing is why a bootstrapped host gets the safe state when no
+// fence unit is installed: the node unit's Requires= would then name a unit
+// that does not exist, and whatever systemd makes of that, the generator
+// does not hand it a node start that nothing checks.
+var ErrFenceMissing = errors.New("no usable " + FenceService)
 
 // ModeTarget is the target of an isolation mode.
 func ModeTarget(mode string) string { return "unbounded-mode-" + mode + ".target" }
@@ -110,6 +126,13 @@ type Input struct {
 	// error other than "does not exist".
 	ConfigExists bool
 	ConfigErr    error
+	// FenceUnit is the fence's unit file, as found in the unit search
+	// directories under the root; "" means no usable one (FenceErr says
+	// why: not found, masked, unreadable). The zero value is "missing",
+	// so that an Input built without looking never starts a node. Read
+	// looks only on a host with a trusted applied config.
+	FenceUnit string
+	FenceErr  error
 }
 
 // unitPath is where a shipped unit (or template) is installed; every link
@@ -128,6 +151,10 @@ func template(unit string) string {
 
 func wants(target, unit string) Link {
 	return Link{Path: target + ".wants/" + unit, Target: unitPath(unit)}
+}
+
+func requires(target, unit string) Link {
+	return Link{Path: target + ".requires/" + unit, Target: unitPath(unit)}
 }
 
 // Decide is the generator's decision as a pure function of the state read
@@ -172,13 +199,30 @@ func Decide(in Input) Plan {
 			p.Links = append(p.Links, wants("multi-user.target", RecoverUnit))
 			return p
 		}
+		// The fence drop-in below makes every node unit Requires= the
+		// fence. Without the fence's unit that dependency points at
+		// nothing: fail closed rather than trust systemd to refuse.
+		if in.FenceUnit == "" {
+			err := in.FenceErr
+			if err == nil {
+				err = ErrFenceMissing
+			}
+			p.Problem = fmt.Sprintf("node would start unfenced, node and daemon not started, recovery pulled in: %v", err)
+			p.Links = append(p.Links, wants("multi-user.target", RecoverUnit))
+			return p
+		}
+		// multi-user.target only wants the node target and the daemon:
+		// a node that does not come up must not fail the boot. Below
+		// the node target every link is Requires=, so that the target
+		// is reached only when the whole chain started (see the package
+		// comment).
 		mt := ModeTarget(a.Mode)
 		p.Links = append(p.Links,
 			wants("multi-user.target", NodeTarget),
 			wants("multi-user.target", DaemonService),
-			wants(NodeTarget, mt))
+			requires(NodeTarget, mt))
 		for _, u := range units {
-			p.Links = append(p.Links, wants(mt, u))
+			p.Links = append(p.Links, requires(mt, u))
 			p.Files = append(p.Files, File{Path: u + ".d/" + FenceDropIn, Content: fenceDropInContent})
 		}
 		return p
@@ -268,6 +312,9 @@ func (h Host) Read(p hostpaths.Paths) Input {
 		return in
 	}
 	in.Active, in.ActiveErr = readActive(p)
+	if in.Active != nil && in.ActiveErr == nil {
+		in.FenceUnit, in.FenceErr = findFence(stat, p)
+	}
 	if in.Active != nil || in.ActiveErr != nil {
 		return in
 	}
@@ -279,6 +326,32 @@ func (h Host) Read(p hostpaths.Paths) Input {
 		in.ConfigErr = err
 	}
 	return in
+}
+
+// findFence returns the file systemd would load unbounded-fence.service
+// from: the first of the unit search directories (operator, runtime,
+// package) that has one, as systemd picks it. A masked unit (a link to
+// /dev/null or an empty file, systemd.unit(5)) and a stat error other than
+// "does not exist" are errors: either way no fence would run. These are at
+// most three stat calls, all of them on the boot path.
+func findFence(stat func(string) (fs.FileInfo, error), p hostpaths.Paths) (string, error) {
+	for _, dir := range p.UnitSearchDirs() {
+		f := filepath.Join(dir, FenceService)
+		fi, err := stat(f)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			continue
+		case err != nil:
+			return "", fmt.Errorf("%w: %v", ErrFenceMissing, err)
+		case fi.Mode()&fs.ModeCharDevice != 0 || (fi.Mode().IsRegular() && fi.Size() == 0):
+			return "", fmt.Errorf("%w: masked by %s", ErrFenceMissing, f)
+		case !fi.Mode().IsRegular():
+			return "", fmt.Errorf("%w: %s is a %v, not a unit file", ErrFenceMissing, f, fi.Mode().Type())
+		}
+		return f, nil
+	}
+	return "", fmt.Errorf("%w: not in %s, %s or %s", ErrFenceMissing,
+		hostpaths.UnitDirEtcHost, hostpaths.UnitDirRunHost, hostpaths.UnitDirHost)
 }
 
 // Run is one generator invocation: read, decide, write into normal (the

@@ -3,6 +3,7 @@ package generator
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"reflect"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -26,10 +28,14 @@ func linkSet(p Plan) []string {
 	return s
 }
 
+// fence is what Read finds on a host with the package installed.
+const fence = "/usr/lib/systemd/system/" + FenceService
+
 func TestDecideFollowsTheContractRulesInOrder(t *testing.T) {
 	nspawn2 := &state.AppliedConfig{Slot: "kube2", Mode: "nspawn"}
 	corrupt := errors.New("checksum mismatch")
 	const u = "/usr/lib/systemd/system/"
+	recoverOnly := []string{"multi-user.target.wants/unbounded-recover@generator.service -> " + u + "unbounded-recover@.service"}
 	for _, tc := range []struct {
 		name     string
 		in       Input
@@ -44,7 +50,7 @@ func TestDecideFollowsTheContractRulesInOrder(t *testing.T) {
 		{name: "config that cannot be stat'ed starts nothing and reports", in: Input{ConfigErr: fs.ErrPermission},
 			problem: "cannot tell whether the config exists"},
 		{name: "ownership wins over an applied config and a config file",
-			in:    Input{Ownership: &state.Ownership{Owner: "reprovision", Unit: "unbounded-reprovision.service"}, Active: nspawn2, ConfigExists: true},
+			in:    Input{Ownership: &state.Ownership{Owner: "reprovision", Unit: "unbounded-reprovision.service"}, Active: nspawn2, ConfigExists: true, FenceUnit: fence},
 			links: []string{"multi-user.target.wants/unbounded-reprovision.service -> " + u + "unbounded-reprovision.service"}},
 		{name: "ownership of a template instance links the template",
 			in:    Input{Ownership: &state.Ownership{Owner: "reset", Unit: "unbounded-reset@keep.service"}},
@@ -64,30 +70,50 @@ func TestDecideFollowsTheContractRulesInOrder(t *testing.T) {
 			in: Input{Ownership: &state.Ownership{Owner: "unknown"}, OwnershipErr: state.ErrCorrupt, Active: nspawn2}, problem: "ownership record unreadable"},
 		{name: "corrupt applied state pulls in recovery only",
 			in:      Input{ActiveErr: corrupt, ConfigExists: true},
-			links:   []string{"multi-user.target.wants/unbounded-recover@generator.service -> " + u + "unbounded-recover@.service"},
+			links:   recoverOnly,
 			problem: "checksum mismatch"},
-		{name: "nspawn kube2 wants node target, daemon, mode target and the fenced machine",
-			in: Input{Active: nspawn2, ConfigExists: true},
+		{name: "nspawn kube2: multi-user wants node target and daemon, node target requires mode target requires the fenced machine",
+			in: Input{Active: nspawn2, ConfigExists: true, FenceUnit: fence},
 			links: []string{
 				"multi-user.target.wants/unbounded-daemon.service -> " + u + "unbounded-daemon.service",
 				"multi-user.target.wants/unbounded-node.target -> " + u + "unbounded-node.target",
-				"unbounded-mode-nspawn.target.wants/systemd-nspawn@kube2.service -> " + u + "systemd-nspawn@.service",
-				"unbounded-node.target.wants/unbounded-mode-nspawn.target -> " + u + "unbounded-mode-nspawn.target",
+				"unbounded-mode-nspawn.target.requires/systemd-nspawn@kube2.service -> " + u + "systemd-nspawn@.service",
+				"unbounded-node.target.requires/unbounded-mode-nspawn.target -> " + u + "unbounded-mode-nspawn.target",
 			},
 			dropIns: []string{"systemd-nspawn@kube2.service.d/50-unbounded-fence.conf"}},
-		{name: "none mode fences both runtime units",
-			in: Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "none"}},
+		{name: "container kube1 requires the slot's container",
+			in: Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "container"}, FenceUnit: "/etc/systemd/system/" + FenceService},
 			links: []string{
 				"multi-user.target.wants/unbounded-daemon.service -> " + u + "unbounded-daemon.service",
 				"multi-user.target.wants/unbounded-node.target -> " + u + "unbounded-node.target",
-				"unbounded-mode-none.target.wants/unbounded-containerd.service -> " + u + "unbounded-containerd.service",
-				"unbounded-mode-none.target.wants/unbounded-kubelet.service -> " + u + "unbounded-kubelet.service",
-				"unbounded-node.target.wants/unbounded-mode-none.target -> " + u + "unbounded-mode-none.target",
+				"unbounded-mode-container.target.requires/unbounded-container@kube1.service -> " + u + "unbounded-container@.service",
+				"unbounded-node.target.requires/unbounded-mode-container.target -> " + u + "unbounded-mode-container.target",
+			},
+			dropIns: []string{"unbounded-container@kube1.service.d/50-unbounded-fence.conf"}},
+		{name: "none mode requires and fences both runtime units",
+			in: Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "none"}, FenceUnit: fence},
+			links: []string{
+				"multi-user.target.wants/unbounded-daemon.service -> " + u + "unbounded-daemon.service",
+				"multi-user.target.wants/unbounded-node.target -> " + u + "unbounded-node.target",
+				"unbounded-mode-none.target.requires/unbounded-containerd.service -> " + u + "unbounded-containerd.service",
+				"unbounded-mode-none.target.requires/unbounded-kubelet.service -> " + u + "unbounded-kubelet.service",
+				"unbounded-node.target.requires/unbounded-mode-none.target -> " + u + "unbounded-mode-none.target",
 			},
 			dropIns: []string{"unbounded-containerd.service.d/50-unbounded-fence.conf", "unbounded-kubelet.service.d/50-unbounded-fence.conf"}},
+		{name: "trusted record without a fence unit starts no node and no daemon and pulls in recovery",
+			in:      Input{Active: nspawn2, ConfigExists: true, FenceErr: fmt.Errorf("%w: not in /etc/systemd/system, /run/systemd/system or /usr/lib/systemd/system", ErrFenceMissing)},
+			links:   recoverOnly,
+			problem: "unfenced, node and daemon not started, recovery pulled in: no usable unbounded-fence.service: not in /etc/systemd/system"},
+		{name: "an Input that never looked for the fence fails closed",
+			in:      Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "none"}},
+			links:   recoverOnly,
+			problem: "no usable unbounded-fence.service"},
+		{name: "a missing fence does not matter on a fresh host",
+			in:    Input{ConfigExists: true, FenceErr: ErrFenceMissing},
+			links: []string{"multi-user.target.wants/unbounded-bootstrap.service -> " + u + "unbounded-bootstrap.service"}},
 		{name: "a mode lib/state should have rejected still pulls in recovery",
-			in:      Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "vm"}},
-			links:   []string{"multi-user.target.wants/unbounded-recover@generator.service -> " + u + "unbounded-recover@.service"},
+			in:      Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "vm"}, FenceUnit: fence},
+			links:   recoverOnly,
 			problem: `mode "vm"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -121,11 +147,121 @@ func TestReadStopsAtOwnershipAndAtActiveState(t *testing.T) {
 			calls = append(calls, "active")
 			return &state.AppliedConfig{Slot: "kube1", Mode: "none"}, nil
 		},
-		Stat: func(string) (fs.FileInfo, error) { calls = append(calls, "stat"); return nil, nil },
+		Stat: func(p string) (fs.FileInfo, error) { calls = append(calls, "stat "+p); return nil, fs.ErrNotExist },
 	}
 	in := h.Read(hostpaths.New("/x"))
-	if in.Active == nil || !reflect.DeepEqual(calls, []string{"own", "active"}) {
-		t.Fatalf("input %+v, calls %v: the config should not be looked at on a bootstrapped host", in, calls)
+	want := []string{"own", "active",
+		"stat /x/etc/systemd/system/unbounded-fence.service",
+		"stat /x/run/systemd/system/unbounded-fence.service",
+		"stat /x/usr/lib/systemd/system/unbounded-fence.service"}
+	if in.Active == nil || !reflect.DeepEqual(calls, want) {
+		t.Fatalf("input %+v, calls %q, want %q: on a bootstrapped host the fence is looked for, the config is not", in, calls, want)
+	}
+	if in.FenceUnit != "" || !errors.Is(in.FenceErr, ErrFenceMissing) {
+		t.Fatalf("fence %q, %v; want missing", in.FenceUnit, in.FenceErr)
+	}
+
+	calls = nil
+	h.ReadActive = func(hostpaths.Paths) (*state.AppliedConfig, error) {
+		calls = append(calls, "active")
+		return nil, state.ErrCorrupt
+	}
+	if in := h.Read(hostpaths.New("/x")); !reflect.DeepEqual(calls, []string{"own", "active"}) || in.FenceErr != nil {
+		t.Fatalf("corrupt state: calls %q, input %+v; nothing else matters, not even the fence", calls, in)
+	}
+}
+
+// TestReadFindsTheFenceWhereSystemdWouldLoadItFrom lays out the unit
+// search directories under a real root, as a host can have them.
+func TestReadFindsTheFenceWhereSystemdWouldLoadItFrom(t *testing.T) {
+	const unitFile = "[Unit]\nDescription=fence\n[Service]\nType=oneshot\nExecStart=/bin/true\n"
+	etc, run, usr := "/etc/systemd/system/"+FenceService, "/run/systemd/system/"+FenceService, "/usr/lib/systemd/system/"+FenceService
+	for _, tc := range []struct {
+		name  string
+		setup func(p hostpaths.Paths)
+		found string // host path, "" for missing
+		err   string
+	}{
+		{name: "shipped by the package", setup: func(p hostpaths.Paths) { writeUnder(t, p, usr, unitFile) }, found: usr},
+		{name: "the operator's copy wins", setup: func(p hostpaths.Paths) {
+			writeUnder(t, p, usr, unitFile)
+			writeUnder(t, p, etc, unitFile)
+		}, found: etc},
+		{name: "a runtime unit counts", setup: func(p hostpaths.Paths) { writeUnder(t, p, run, unitFile) }, found: run},
+		{name: "missing everywhere", setup: func(p hostpaths.Paths) {
+			// Its drop-in directory alone is not a unit.
+			os.MkdirAll(p.Join(etc+".d"), 0o755)
+		}, err: "no usable unbounded-fence.service: not in /etc/systemd/system, /run/systemd/system or /usr/lib/systemd/system"},
+		{name: "masked by a link to /dev/null over the shipped unit", setup: func(p hostpaths.Paths) {
+			writeUnder(t, p, usr, unitFile)
+			os.MkdirAll(filepath.Dir(p.Join(etc)), 0o755)
+			if err := os.Symlink("/dev/null", p.Join(etc)); err != nil {
+				t.Fatal(err)
+			}
+		}, err: "masked by " + etc},
+		{name: "masked by an empty file", setup: func(p hostpaths.Paths) {
+			writeUnder(t, p, usr, unitFile)
+			writeUnder(t, p, run, "")
+		}, err: "masked by " + run},
+		{name: "a directory is not a unit file", setup: func(p hostpaths.Paths) {
+			os.MkdirAll(p.Join(usr), 0o755)
+		}, err: usr + " is a d"},
+		{name: "a dangling link is missing", setup: func(p hostpaths.Paths) {
+			os.MkdirAll(filepath.Dir(p.Join(etc)), 0o755)
+			os.Symlink(p.Join("/nowhere"), p.Join(etc))
+		}, err: "not in /etc/systemd/system"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := hostpaths.New(t.TempDir())
+			tc.setup(p)
+			h := Host{ReadOwnership: func(hostpaths.Paths) (*state.Ownership, error) { return nil, nil },
+				ReadActive: func(hostpaths.Paths) (*state.AppliedConfig, error) {
+					return &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}, nil
+				}}
+			in := h.Read(p)
+			if got := p.Rel(in.FenceUnit); in.FenceUnit != "" && got != tc.found || (in.FenceUnit == "") != (tc.found == "") {
+				t.Errorf("fence unit %q, want %q", in.FenceUnit, tc.found)
+			}
+			if tc.err == "" {
+				if in.FenceErr != nil {
+					t.Errorf("fence error %v", in.FenceErr)
+				}
+				return
+			}
+			if !errors.Is(in.FenceErr, ErrFenceMissing) || !strings.Contains(strings.ReplaceAll(in.FenceErr.Error(), p.Root, ""), tc.err) {
+				t.Errorf("fence error %v, want ErrFenceMissing saying %q", in.FenceErr, tc.err)
+			}
+		})
+	}
+}
+
+func writeUnder(t *testing.T, p hostpaths.Paths, hostPath, content string) {
+	t.Helper()
+	f := p.Join(hostPath)
+	if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReadTreatsAFenceStatErrorAsNoFence(t *testing.T) {
+	h := Host{
+		ReadOwnership: func(hostpaths.Paths) (*state.Ownership, error) { return nil, nil },
+		ReadActive: func(hostpaths.Paths) (*state.AppliedConfig, error) {
+			return &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}, nil
+		},
+		Stat: func(p string) (fs.FileInfo, error) {
+			return nil, &fs.PathError{Op: "stat", Path: p, Err: syscall.EIO}
+		},
+	}
+	in := h.Read(hostpaths.New("/x"))
+	if in.FenceUnit != "" || !errors.Is(in.FenceErr, ErrFenceMissing) || !strings.Contains(in.FenceErr.Error(), "/x/etc/systemd/system/unbounded-fence.service: input/output error") {
+		t.Fatalf("fence %q, %v; an unreadable fence is no fence", in.FenceUnit, in.FenceErr)
+	}
+	if p := Decide(in); len(p.Files) != 0 || !strings.Contains(p.Problem, "input/output error") {
+		t.Fatalf("plan %+v", p)
 	}
 }
 
@@ -257,12 +393,14 @@ func TestWriteIsIdempotentAndConvergesAfterAStateChange(t *testing.T) {
 	others := []string{"multi-user.target.wants/other.service -> /usr/lib/systemd/system/other.service", "systemd-nspawn@kube1.service.d/10-other.conf: x"}
 
 	steps := []Input{
-		{Active: &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}},
-		{Active: &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}},
-		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "none"}},
+		{Active: &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}, FenceUnit: fence},
+		{Active: &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}, FenceUnit: fence},
+		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "none"}, FenceUnit: fence},
+		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "none"}, FenceErr: ErrFenceMissing},
+		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "none"}, FenceUnit: fence},
 		{ActiveErr: state.ErrCorrupt},
 		{ConfigExists: true},
-		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "container"}},
+		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "container"}, FenceUnit: fence},
 		{},
 	}
 	for i, in := range steps {
@@ -280,9 +418,9 @@ func TestWriteIsIdempotentAndConvergesAfterAStateChange(t *testing.T) {
 
 func TestWriteReplacesAStaleLinkAndDropIn(t *testing.T) {
 	dir := t.TempDir()
-	p := Decide(Input{Active: &state.AppliedConfig{Slot: "kube2", Mode: "nspawn"}})
-	os.MkdirAll(filepath.Join(dir, "unbounded-node.target.wants"), 0o755)
-	os.Symlink("/wrong", filepath.Join(dir, "unbounded-node.target.wants/unbounded-mode-nspawn.target"))
+	p := Decide(Input{Active: &state.AppliedConfig{Slot: "kube2", Mode: "nspawn"}, FenceUnit: fence})
+	os.MkdirAll(filepath.Join(dir, "unbounded-node.target.requires"), 0o755)
+	os.Symlink("/wrong", filepath.Join(dir, "unbounded-node.target.requires/unbounded-mode-nspawn.target"))
 	os.MkdirAll(filepath.Join(dir, "systemd-nspawn@kube2.service.d"), 0o755)
 	os.WriteFile(filepath.Join(dir, "systemd-nspawn@kube2.service.d", FenceDropIn), []byte("old"), 0o644)
 	if err := Write(dir, p); err != nil {
@@ -290,6 +428,34 @@ func TestWriteReplacesAStaleLinkAndDropIn(t *testing.T) {
 	}
 	if got, want := tree(t, dir), planTree(p); !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %q\nwant %q", got, want)
+	}
+}
+
+// TestWriteRemovesWantsLinksOfAnOlderGenerator: the generator once linked
+// its targets with .wants; a rerun over such output (no reboot, no
+// systemd emptying the directory) must not leave a Wants= path to a node
+// unit beside the Requires= one.
+func TestWriteRemovesWantsLinksOfAnOlderGenerator(t *testing.T) {
+	dir := t.TempDir()
+	for _, l := range []string{
+		"unbounded-node.target.wants/unbounded-mode-nspawn.target",
+		"unbounded-mode-nspawn.target.wants/systemd-nspawn@kube1.service",
+		"unbounded-mode-none.target.wants/unbounded-kubelet.service",
+	} {
+		os.MkdirAll(filepath.Join(dir, filepath.Dir(l)), 0o755)
+		os.Symlink("/usr/lib/systemd/system/x", filepath.Join(dir, l))
+	}
+	p := Decide(Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}, FenceUnit: fence})
+	if err := Write(dir, p); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := tree(t, dir), planTree(p); !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %q\nwant %q", got, want)
+	}
+	for _, d := range []string{"unbounded-node.target.wants", "unbounded-mode-nspawn.target.wants", "unbounded-mode-none.target.wants"} {
+		if _, err := os.Lstat(filepath.Join(dir, d)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s left behind (%v)", d, err)
+		}
 	}
 }
 

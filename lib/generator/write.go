@@ -12,15 +12,26 @@ import (
 	"unbounded-cloud.io/agent/lib/state"
 )
 
-// ownedWantsDirs are the .wants directories the generator alone fills:
+// ownedDepDirs are the dependency directories of the generator's own
+// targets, which the generator alone fills in its output directory:
 // anything in them that the plan does not name is a leftover of an earlier
-// run.
-func ownedWantsDirs() []string {
-	dirs := []string{NodeTarget + ".wants"}
-	for _, m := range state.Modes {
-		dirs = append(dirs, ModeTarget(m)+".wants")
+// run. The .wants directories are no longer written (the targets' links
+// are Requires=) but are still emptied, so that a rerun over the output of
+// an older generator converges too.
+func ownedDepDirs() []string {
+	var dirs []string
+	for _, t := range append([]string{NodeTarget}, modeTargets()...) {
+		dirs = append(dirs, t+".requires", t+".wants")
 	}
 	return dirs
+}
+
+func modeTargets() []string {
+	var s []string
+	for _, m := range state.Modes {
+		s = append(s, ModeTarget(m))
+	}
+	return s
 }
 
 // possibleDropIns are every fence drop-in any state could produce.
@@ -47,7 +58,8 @@ func possibleDropIns() []string {
 // state change) converges to the same content. Only what the generator
 // could have written is removed: links named unbounded-* in
 // multi-user.target.wants (other generators share the directory), anything
-// in the generator's own target .wants directories, and fence drop-ins.
+// in the generator's own targets' .requires and .wants directories, and
+// fence drop-ins.
 //
 // Files are not fsynced: the output lives in /run (tmpfs), is rebuilt at
 // every boot and reload, and systemd reads it only after the generator
@@ -83,7 +95,7 @@ func Write(dir string, plan Plan) error {
 			}
 		}
 	}
-	for _, d := range ownedWantsDirs() {
+	for _, d := range ownedDepDirs() {
 		if ents, err := os.ReadDir(filepath.Join(dir, d)); err == nil {
 			for _, e := range ents {
 				prune(d + "/" + e.Name())

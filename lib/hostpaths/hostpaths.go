@@ -75,6 +75,8 @@ const (
 	LibexecDirHost      = "/usr/libexec/unbounded"
 	CLIHost             = "/usr/bin/unbounded"
 	UnitDirHost         = "/usr/lib/systemd/system"
+	UnitDirEtcHost      = "/etc/systemd/system"
+	UnitDirRunHost      = "/run/systemd/system"
 	GeneratorHost       = "/usr/lib/systemd/system-generators/unbounded-generator"
 	PresetHost          = "/usr/lib/systemd/system-preset/80-unbounded.preset"
 	MachinesDirHost     = "/var/lib/machines"
@@ -146,6 +148,13 @@ func (p Paths) Libexec(concern string) string {
 
 // UnitDir is where the package ships its units.
 func (p Paths) UnitDir() string { return p.Join(UnitDirHost) }
+
+// UnitSearchDirs are the directories a unit file of the system manager can
+// be installed in, in systemd's order of precedence (systemd.unit(5)): the
+// operator's, the runtime's, the package's. Generated units are not here.
+func (p Paths) UnitSearchDirs() []string {
+	return []string{p.Join(UnitDirEtcHost), p.Join(UnitDirRunHost), p.UnitDir()}
+}
 
 // MachineDir is the rootfs of an nspawn slot.
 func (p Paths) MachineDir(slot string) string { return filepath.Join(p.Join(MachinesDirHost), slot) }
