@@ -860,3 +860,33 @@ func TestDebHasNoLintianErrors(t *testing.T) {
 		t.Errorf("lintian failed without reporting an error tag: %v\n%s", err, out)
 	}
 }
+
+// TestEveryProgramAUnitStartsIsPackaged: a unit whose Exec*= names one of
+// the agent's programs (under /usr/libexec/unbounded or /usr/bin/unbounded)
+// must find it in the package. A concern that cmd/unbounded-agent serves
+// needs its name on the CONCERNS line of deb/build-packages.sh, and
+// bin/unbounded-agent in `make build`.
+func TestEveryProgramAUnitStartsIsPackaged(t *testing.T) {
+	want := expected(t, "deb")
+	execLine := regexp.MustCompile(`^\s*Exec[A-Za-z]*\s*=\s*[-@:+!|]*(\S+)`)
+	for _, dst := range sortedKeys(want.unitSources) {
+		src := want.unitSources[dst]
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			m := execLine.FindStringSubmatch(line)
+			if m == nil {
+				continue
+			}
+			prog := m[1]
+			if !strings.HasPrefix(prog, "/usr/libexec/unbounded/") && !strings.HasPrefix(prog, "/usr/bin/unbounded") {
+				continue
+			}
+			if _, ok := want.entries[prog]; !ok {
+				t.Errorf("%s:%d starts %s, which the package does not hold (a concern of the multicall executable goes on the CONCERNS line of deb/build-packages.sh)", src, i+1, prog)
+			}
+		}
+	}
+}
