@@ -20,8 +20,12 @@ log() { printf '\n== %s ==\n' "$*"; }
 # Packages (tier 3 and the system tier install them).
 log "building packages"
 if make -s packages >"$out/packages.log" 2>&1; then
-	deb=$(ls -t dist/*.deb 2>/dev/null | head -1)
-	rpm=$(ls -t dist/*.rpm 2>/dev/null | head -1)
+	# The packages of this build (nfpm turns a pre-release 0.1.0-dev.N
+	# into 0.1.0~dev.N), not whatever else lies in dist/.
+	v=${VERSION:?make test sets VERSION}
+	case $v in *-*) v="${v%%-*}~${v#*-}" ;; esac
+	deb=$(ls dist/unbounded-agent_"$v"_*.deb 2>/dev/null | head -1)
+	rpm=$(ls dist/unbounded-agent-"$v"-*.rpm 2>/dev/null | head -1)
 	[ -n "$deb" ] && export UNBOUNDED_TEST_DEB="$repo/$deb"
 	[ -n "$rpm" ] && export UNBOUNDED_TEST_RPM="$repo/$rpm"
 	echo "deb: ${deb:-none}  rpm: ${rpm:-none}"
@@ -50,7 +54,7 @@ else
 	echo "unbounded manifests failed: $(head -3 "$out/manifests.err")"
 fi
 
-# Everything but the system tier runs with one real API server up.
+# Every tier runs with one real API server up (started once per run).
 inner() {
 	local pkgs
 	pkgs=$(go list ./... | grep -v -e '/tests/system' -e '/tests/packages' -e '/units$' -e '/tests/tiersum$')
@@ -68,6 +72,8 @@ inner() {
 		name=${name#func }; name=${name%%(*}
 		go test -json -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "$pkg" >>"$out/fuzz.json" 2>>"$out/fuzz.err"
 	done < <(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*(' lib cmd generators 2>/dev/null | sort -u)
+	log "tier 5 (system: real systemd in nspawn)"
+	go test -count=1 -json -timeout 30m ./tests/system/... >"$out/system.json" 2>"$out/system.err"
 }
 export -f inner log
 export out FUZZTIME
@@ -77,9 +83,6 @@ if [ -x tests/kube/with-env.sh ]; then
 else
 	UNBOUNDED_TEST_KUBE_SKIP="tests/kube/with-env.sh is missing" bash -c inner
 fi
-
-log "tier 5 (system: real systemd in nspawn)"
-go test -count=1 -json -timeout 30m ./tests/system/... >"$out/system.json" 2>"$out/system.err"
 
 for f in "$out"/*.err; do
 	[ -s "$f" ] && { echo "--- $(basename "$f")"; tail -40 "$f"; }
