@@ -30,10 +30,12 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -159,6 +161,23 @@ func (e *Env) GrantMachine(t testing.TB, machine string) {
 		}
 		if err != nil {
 			t.Fatal(err)
+		}
+	}
+	// The authorizer learns about new bindings through an informer, a
+	// moment later; wait until both identities may read the Machine.
+	for _, id := range []authorizationv1.SubjectAccessReviewSpec{
+		{User: "system:bootstrap:probe", Groups: []string{v1alpha3.BootstrapGroup(machine)}},
+		{User: v1alpha3.AgentUserName(machine), Groups: []string{v1alpha3.AgentGroup}},
+	} {
+		id.ResourceAttributes = &authorizationv1.ResourceAttributes{Group: v1alpha3.GroupName,
+			Resource: v1alpha3.ResourceMachines, Verb: "get", Name: machine}
+		err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+			r, err := kc.AuthorizationV1().SubjectAccessReviews().Create(ctx,
+				&authorizationv1.SubjectAccessReview{Spec: id}, metav1.CreateOptions{})
+			return err == nil && r.Status.Allowed, nil
+		})
+		if err != nil {
+			t.Fatalf("GrantMachine %s: RBAC not effective for %s within 10s", machine, id.User)
 		}
 	}
 }
