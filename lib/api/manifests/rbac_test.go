@@ -1,30 +1,41 @@
-package manifests
+package manifests_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
-	"encoding/hex"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 
-	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
 
+	"unbounded-cloud.io/agent/lib/api/manifests"
 	api "unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/kube/clustertest"
 )
 
 // These tests ask the real API server (tests/kube) what the manifests
@@ -189,30 +200,6 @@ func waitAllowed(t *testing.T, c *caller, attrs authzv1.ResourceAttributes) {
 	}
 }
 
-// applyMachineRBAC creates ForMachine's objects for machine as the admin
-// and removes them when the test ends.
-func applyMachineRBAC(t *testing.T, admin kubernetes.Interface, machine string) {
-	t.Helper()
-	ctx := context.Background()
-	rb := admin.RbacV1()
-	for _, o := range MachineObjects(machine, machine) {
-		var err error
-		switch o := o.(type) {
-		case *rbacv1.ClusterRole:
-			_, err = rb.ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-			t.Cleanup(func() { _ = rb.ClusterRoles().Delete(context.Background(), o.Name, metav1.DeleteOptions{}) })
-		case *rbacv1.ClusterRoleBinding:
-			_, err = rb.ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-			t.Cleanup(func() { _ = rb.ClusterRoleBindings().Delete(context.Background(), o.Name, metav1.DeleteOptions{}) })
-		default:
-			err = fmt.Errorf("unexpected object %T", o)
-		}
-		if err != nil {
-			t.Fatalf("apply RBAC of %s: %v", machine, err)
-		}
-	}
-}
-
 // fixture is two machines, A (the caller's) and B (another), each with its
 // RBAC, B's Machine, Node and operation, and A's Node and operation.
 type fixture struct {
@@ -223,13 +210,14 @@ type fixture struct {
 	secret string // name of a Secret in kube-system the agent must not read
 }
 
-func newFixture(t *testing.T, env clusterEnv) *fixture {
+func newFixture(t *testing.T, env *clustertest.Env) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	f := &fixture{a: env.uniqueName(t, "a"), b: env.uniqueName(t, "b")}
-	f.admin = newCaller(t, "admin", env.admin())
+	f := &fixture{a: clustertest.UniqueName("a"), b: clustertest.UniqueName("b")}
+	f.admin = newCaller(t, "admin", env.Admin)
+	requireCurrentBase(t, f.admin.kube)
 	for _, m := range []string{f.a, f.b} {
-		applyMachineRBAC(t, f.admin.kube, m)
+		env.GrantMachine(t, m)
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: m}}
 		if _, err := f.admin.kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -333,9 +321,11 @@ func (f *fixture) common(c *caller) []expectation {
 }
 
 func TestBootstrapIdentityCanDoExactlyWhatIsGranted(t *testing.T) {
-	env := getClusterEnv(t)
+	env := getEnv(t)
 	f := newFixture(t, env)
-	cfg, token := env.bootstrapToken(t, f.a)
+	token, _ := env.BootstrapToken(t, f.a)
+	cfg := rest.AnonymousClientConfig(env.Admin)
+	cfg.BearerToken = token
 	c := newCaller(t, "bootstrap token of "+f.a, cfg)
 	waitAllowed(t, c, authzv1.ResourceAttributes{Group: api.GroupName, Resource: api.ResourceMachines, Verb: "get", Name: f.a})
 
@@ -358,9 +348,12 @@ func TestBootstrapIdentityCanDoExactlyWhatIsGranted(t *testing.T) {
 }
 
 func TestCertificateIdentityCanDoExactlyWhatIsGranted(t *testing.T) {
-	env := getClusterEnv(t)
+	env := getEnv(t)
 	f := newFixture(t, env)
-	c := newCaller(t, api.AgentUserName(f.a), env.clientCert(t, api.AgentUserName(f.a), api.AgentGroup))
+	cfg := rest.AnonymousClientConfig(env.Admin)
+	cfg.CertData, cfg.KeyData = env.MintClientCert(t, api.AgentUserName(f.a), []string{api.AgentGroup}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
+	c := newCaller(t, api.AgentUserName(f.a), cfg)
+	waitAllowed(t, c, authzv1.ResourceAttributes{Group: api.GroupName, Resource: api.ResourceMachines, Verb: "get", Name: f.a})
 	waitAllowed(t, c, authzv1.ResourceAttributes{Resource: "nodes", Verb: "get", Name: f.a})
 
 	exps := f.common(c)
@@ -437,10 +430,101 @@ func newCSR(machine string) (*certv1.CertificateSigningRequest, error) {
 	}, nil
 }
 
-func randomHex(n int) string {
-	b := make([]byte, (n+1)/2)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
+// getEnv returns the test cluster (tests/kube), or skips with the reason.
+func getEnv(t *testing.T) *clustertest.Env {
+	t.Helper()
+	env := clustertest.Get(t)
+	t.Logf("kubeenv: API server %s", env.Host())
+	return env
+}
+
+// certRequest returns a PEM CSR and its PEM private key.
+func certRequest(cn string, orgs ...string) (csrPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
 	}
-	return hex.EncodeToString(b)[:n]
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn, Organization: orgs}}, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
+}
+
+// requireCurrentBase fails the test when the cluster-wide objects installed
+// in the test cluster differ from what All() renders now: the environment
+// was started from stale manifests, and its verdicts would be about them.
+func requireCurrentBase(t *testing.T, admin kubernetes.Interface) {
+	t.Helper()
+	stream, err := manifests.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(stream)))
+	for {
+		doc, err := r.Read()
+		if err != nil {
+			break
+		}
+		var tm struct {
+			metav1.TypeMeta   `json:",inline"`
+			metav1.ObjectMeta `json:"metadata"`
+		}
+		if err := yaml.Unmarshal(doc, &tm); err != nil || tm.Kind == "" {
+			continue
+		}
+		var want, got any
+		switch tm.Kind {
+		case "ClusterRole":
+			var o rbacv1.ClusterRole
+			mustUnmarshal(t, doc, &o)
+			c, err := admin.RbacV1().ClusterRoles().Get(ctx, o.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatalf("test cluster lacks ClusterRole %s of All(): %v", o.Name, err)
+			}
+			want, got = o.Rules, c.Rules
+		case "ClusterRoleBinding":
+			var o rbacv1.ClusterRoleBinding
+			mustUnmarshal(t, doc, &o)
+			c, err := admin.RbacV1().ClusterRoleBindings().Get(ctx, o.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatalf("test cluster lacks ClusterRoleBinding %s of All(): %v", o.Name, err)
+			}
+			want, got = o.Subjects, c.Subjects
+		case "RoleBinding":
+			var o rbacv1.RoleBinding
+			mustUnmarshal(t, doc, &o)
+			c, err := admin.RbacV1().RoleBindings(o.Namespace).Get(ctx, o.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatalf("test cluster lacks RoleBinding %s/%s of All(): %v", o.Namespace, o.Name, err)
+			}
+			want, got = o.Subjects, c.Subjects
+		case "ValidatingAdmissionPolicy":
+			var o admissionv1.ValidatingAdmissionPolicy
+			mustUnmarshal(t, doc, &o)
+			c, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, o.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatalf("test cluster lacks ValidatingAdmissionPolicy %s of All(): %v", o.Name, err)
+			}
+			want, got = o.Spec.Validations, c.Spec.Validations
+		default:
+			continue
+		}
+		if !equality.Semantic.DeepEqual(want, got) {
+			t.Fatalf("test cluster's %s %s differs from All(): restart the environment with current manifests (UNBOUNDED_TEST_MANIFESTS)\nAll(): %+v\ncluster: %+v", tm.Kind, tm.Name, want, got)
+		}
+	}
+}
+
+func mustUnmarshal(t *testing.T, doc []byte, into any) {
+	t.Helper()
+	if err := yaml.UnmarshalStrict(doc, into); err != nil {
+		t.Fatal(err)
+	}
 }
