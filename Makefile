@@ -15,7 +15,7 @@ GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 # Binaries: the operator CLI and the generator are separate and small (no
 # Kubernetes client); the one-shots that talk to the cluster share one
 # multicall executable (ARCHITECTURE section 3, size budget).
-BINARIES := bin/unbounded bin/unbounded-generator
+BINARIES := bin/unbounded bin/unbounded-generator bin/unbounded-agent
 
 .PHONY: all build test bench packages demo clean FORCE
 all: build
@@ -25,6 +25,8 @@ bin/unbounded: FORCE
 	$(GOBUILD) -o $@ ./cmd/unbounded
 bin/unbounded-generator: FORCE
 	$(GOBUILD) -o $@ ./generators/unbounded-generator
+bin/unbounded-agent: FORCE
+	$(GOBUILD) -o $@ ./cmd/unbounded-agent
 
 packages: build
 	VERSION='$(VERSION)' PKG_ARCH='$(PKG_ARCH)' deb/build-packages.sh

@@ -41,7 +41,7 @@ type host struct {
 func newHost(t *testing.T, mutate func(*v1alpha3.Machine)) *host {
 	t.Helper()
 	env := clustertest.Get(t)
-	h := &host{env: env, machine: clustertest.UniqueName("fence"), uid: clustertest.UniqueName("uid")}
+	h := &host{env: env, machine: clustertest.UniqueName("fence"), uid: clustertest.NewUID()}
 	m := &v1alpha3.Machine{Spec: v1alpha3.MachineSpec{Allocation: &v1alpha3.AllocationRef{Name: "alloc-" + h.machine, UID: h.uid}}}
 	m.Name = h.machine
 	if mutate != nil {

@@ -187,4 +187,3 @@ func truncate(s string, n int) string {
 	}
 	return s[:n-3] + "..."
 }
-

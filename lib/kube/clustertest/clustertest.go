@@ -35,6 +35,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -332,3 +333,7 @@ func (p *Proxy) serve() {
 		}()
 	}
 }
+
+// NewUID returns a random UUID, the form of a MachineAllocation's UID (and
+// of [allocation] uid, which the config loader checks).
+func NewUID() string { return string(uuid.NewUUID()) }

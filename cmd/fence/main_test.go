@@ -1,0 +1,113 @@
+package fence
+
+// Main with a temporary root holding a real /etc/unbounded/agent.toml,
+// against the real API server: the exit codes the unit sees.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/lib/kube/clustertest"
+)
+
+// writeHost writes the config, CA and token of a host under a new root.
+func writeHost(t *testing.T, apiServer, caPEM, token, machine, uid string) string {
+	t.Helper()
+	root := t.TempDir()
+	p := hostpaths.New(root)
+	files := map[string]struct {
+		data string
+		mode os.FileMode
+	}{
+		"/etc/unbounded/ca.crt":          {caPEM, 0o644},
+		"/etc/unbounded/bootstrap-token": {token + "\n", 0o600},
+		hostpaths.ConfigFileHost: {fmt.Sprintf(`machine = %q
+mode = "none"
+[cluster]
+api-server = %q
+kubernetes-version = "1.36.3"
+[allocation]
+uid = %q
+[fence]
+retry-budget = "2s"
+`, machine, apiServer, uid), 0o644},
+	}
+	for path, f := range files {
+		full := p.Join(path)
+		os.MkdirAll(filepath.Dir(full), 0o755)
+		if err := os.WriteFile(full, []byte(f.data), f.mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+func TestMainExitsZeroForABoundMachineAnd77OnceItIsFenced(t *testing.T) {
+	env := clustertest.Get(t)
+	ctx := context.Background()
+	machine, uid := clustertest.UniqueName("main"), clustertest.NewUID()
+	m := &v1alpha3.Machine{Spec: v1alpha3.MachineSpec{Allocation: &v1alpha3.AllocationRef{Name: "a", UID: uid}}}
+	m.Name = machine
+	ms := env.Machines(t)
+	if _, err := ms.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { env.DeleteMachine(machine) })
+	env.GrantMachine(t, machine)
+	token, _ := env.BootstrapToken(t, machine)
+	ca, _ := os.ReadFile(env.CAFile())
+	root := writeHost(t, env.Host(), string(ca), token, machine, uid)
+	c, k := env.MintClientCert(t, v1alpha3.AgentUserName(machine), []string{v1alpha3.AgentGroup}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
+	if err := (kube.CertStore{Dir: hostpaths.New(root).PKIDir()}).Save(c, k); err != nil {
+		t.Fatal(err)
+	}
+
+	if code := Main([]string{"--root", root}); code != exitcode.OK {
+		t.Fatalf("bound machine: exit %d, want 0", code)
+	}
+
+	cur, _ := ms.Get(ctx, machine)
+	cur.Spec.Allocation.Fenced = true
+	if _, err := ms.Update(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	if code := Main([]string{"--root", root}); code != exitcode.Refused {
+		t.Fatalf("fenced machine: exit %d, want 77", code)
+	}
+	cur, _ = ms.Get(ctx, machine)
+	if !meta.IsStatusConditionTrue(cur.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) {
+		t.Errorf("conditions %+v, want AllocationLaunchRefused True", cur.Status.Conditions)
+	}
+}
+
+func TestMainAllowsWithoutAllocationWithoutTouchingTheNetwork(t *testing.T) {
+	// 192.0.2.1 (TEST-NET-1) never answers: a request would hang, not pass.
+	ca, _ := os.ReadFile("/etc/ssl/certs/ca-certificates.crt")
+	if len(ca) == 0 {
+		t.Skip("no CA bundle on this machine to stand in for the cluster CA")
+	}
+	root := writeHost(t, "https://192.0.2.1:6443", string(ca), "abcdef.0123456789abcdef", "w1", "")
+	start := time.Now()
+	if code := Main([]string{"--root", root}); code != exitcode.OK {
+		t.Fatalf("exit %d, want 0", code)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("took %s: it must not ask the network", took)
+	}
+}
+
+func TestMainFailsClosedWithoutConfig(t *testing.T) {
+	if code := Main([]string{"--root", t.TempDir()}); code != exitcode.ConfigInvalid {
+		t.Fatalf("exit %d, want 78 (no config: the node must not start)", code)
+	}
+}
