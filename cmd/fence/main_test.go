@@ -21,7 +21,7 @@ import (
 )
 
 // writeHost writes the config, CA and token of a host under a new root.
-func writeHost(t *testing.T, apiServer, caPEM, token, machine, uid string) string {
+func writeHost(t testing.TB, apiServer, caPEM, token, machine, uid string) string {
 	t.Helper()
 	root := t.TempDir()
 	p := hostpaths.New(root)

@@ -38,7 +38,7 @@ type host struct {
 // newHost creates a Machine bound to a fresh allocation (as the cluster
 // side would), its per-machine RBAC, a bootstrap token, and the host's
 // files (CA, token) in a temporary directory.
-func newHost(t *testing.T, mutate func(*v1alpha3.Machine)) *host {
+func newHost(t testing.TB, mutate func(*v1alpha3.Machine)) *host {
 	t.Helper()
 	env := clustertest.Get(t)
 	h := &host{env: env, machine: clustertest.UniqueName("fence"), uid: clustertest.NewUID()}
@@ -77,7 +77,7 @@ func newHost(t *testing.T, mutate func(*v1alpha3.Machine)) *host {
 }
 
 // storeCert stores a client certificate for cn valid from nb to na.
-func (h *host) storeCert(t *testing.T, cn string, orgs []string, nb, na time.Time) {
+func (h *host) storeCert(t testing.TB, cn string, orgs []string, nb, na time.Time) {
 	t.Helper()
 	c, k := h.env.MintClientCert(t, cn, orgs, nb, na)
 	if err := h.creds.Certs.Save(c, k); err != nil {
@@ -86,7 +86,7 @@ func (h *host) storeCert(t *testing.T, cn string, orgs []string, nb, na time.Tim
 }
 
 // validCert stores the host's own certificate, valid for an hour.
-func (h *host) validCert(t *testing.T) {
+func (h *host) validCert(t testing.TB) {
 	h.storeCert(t, v1alpha3.AgentUserName(h.machine), []string{v1alpha3.AgentGroup}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
 }
 
