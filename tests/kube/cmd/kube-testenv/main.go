@@ -1,0 +1,69 @@
+// Command kube-testenv runs a disposable Kubernetes control plane for tests
+// (embedded etcd, in-process kube-apiserver, CSR signers) and prints
+// "READY <kubeconfig>" on stdout once it serves. It stops on SIGTERM or
+// SIGINT. See tests/kube/README.md.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"k8s.io/klog/v2"
+
+	"unbounded-cloud.io/agent/tests/kube/testenv"
+)
+
+type cli struct {
+	Dir             string        `required:"" type:"path" help:"Working directory: kubeconfig, ca.crt, ca.key, admin-token and etcd data go here."`
+	Manifests       []string      `type:"existingfile" help:"Multi-document YAML applied before READY (CRDs first, waited for). May repeat."`
+	Listen          string        `default:"127.0.0.1" help:"Loopback address to listen on."`
+	SigningDuration time.Duration `default:"24h" help:"Lifetime of certificates issued for approved CSRs that do not ask for less."`
+	Verbose         int           `short:"v" default:"0" help:"Verbosity of the API server's own log (klog -v)."`
+}
+
+func main() {
+	var c cli
+	kong.Parse(&c, kong.Description("Runs etcd and kube-apiserver on loopback for tests."))
+	quietKlog(c.Verbose)
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "kube-testenv")
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	err := testenv.Run(ctx, testenv.Options{
+		Dir:             c.Dir,
+		Manifests:       c.Manifests,
+		Listen:          c.Listen,
+		SigningDuration: c.SigningDuration,
+		Log:             log,
+		Ready:           func(kubeconfig string) { fmt.Printf("READY %s\n", kubeconfig) },
+	})
+	if err != nil {
+		log.Error("failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+// quietKlog keeps the API server's start-up chatter (hundreds of info lines)
+// off stderr: only warnings and errors are shown, so a failing start is
+// readable in the tail that with-env.sh prints.
+func quietKlog(v int) {
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	for k, val := range map[string]string{
+		"logtostderr":     "false",
+		"alsologtostderr": "false",
+		"stderrthreshold": "WARNING",
+		"v":               fmt.Sprint(v),
+	} {
+		if err := fs.Set(k, val); err != nil {
+			panic(err)
+		}
+	}
+}

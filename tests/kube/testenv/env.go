@@ -1,0 +1,232 @@
+// Package testenv runs a disposable Kubernetes control plane for tests: an
+// embedded etcd and an in-process kube-apiserver on loopback, plus the CSR
+// signers of kube-controller-manager, and nothing else. See ../README.md.
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/component-base/version"
+	"k8s.io/kubernetes/pkg/controller/certificates/signer"
+)
+
+// Options configure one environment.
+type Options struct {
+	// Dir receives kubeconfig, ca.crt, ca.key, admin-token, the API
+	// server's own credentials and etcd's data. It is created if needed;
+	// etcd data from an earlier run in it is removed.
+	Dir string
+	// Manifests are applied before the environment reports ready.
+	Manifests []string
+	// Listen is the loopback address everything binds to.
+	Listen string
+	// SigningDuration is the lifetime of certificates issued for approved
+	// CSRs that do not ask for less (kube-controller-manager's
+	// --cluster-signing-duration).
+	SigningDuration time.Duration
+	// Ready is called once with the kubeconfig path when everything is up.
+	Ready func(kubeconfig string)
+	Log   *slog.Logger
+}
+
+// Run starts the environment, calls opts.Ready, and serves until ctx is
+// cancelled; it then stops the API server and closes etcd.
+func Run(ctx context.Context, opts Options) error {
+	if strings.HasPrefix(version.Get().GitVersion, "v0.0.0") {
+		// Unstamped, the server reports v0.0.0-master, which kubectl and
+		// client-go version checks reject in confusing ways.
+		return errors.New("kube-testenv was built without its version: build it with tests/kube/with-env.sh or the -ldflags shown in tests/kube/README.md")
+	}
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	start := time.Now()
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	// A fresh cluster at every start: etcd refuses old data whose member
+	// had other (random) ports, and tests must not see an earlier run.
+	if err := os.RemoveAll(filepath.Join(dir, "etcd")); err != nil {
+		return err
+	}
+	manifests, err := readManifests(opts.Manifests)
+	if err != nil {
+		return err
+	}
+
+	p, err := newPKI(opts.Listen)
+	if err != nil {
+		return fmt.Errorf("generate credentials: %w", err)
+	}
+	for _, f := range []struct {
+		name string
+		data []byte
+		mode os.FileMode
+	}{
+		{"ca.crt", p.caCertPEM, 0o644},
+		{"ca.key", p.caKeyPEM, 0o600},
+		{"apiserver.crt", p.servingCertPEM, 0o644},
+		{"apiserver.key", p.servingKeyPEM, 0o600},
+		{"sa.key", p.saKeyPEM, 0o600},
+		{"admin-token", []byte(p.adminToken + "\n"), 0o600},
+		{"tokens.csv", []byte(p.adminToken + `,admin,admin,"system:masters"` + "\n"), 0o600},
+	} {
+		if err := writeFileAtomic(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
+			return err
+		}
+	}
+
+	etcd, etcdURL, err := startEtcd(dir, opts.Listen)
+	for try := 1; err != nil && try < 3 && strings.Contains(err.Error(), "address already in use"); try++ {
+		etcd, etcdURL, err = startEtcd(dir, opts.Listen)
+	}
+	if err != nil {
+		return err
+	}
+	defer etcd.Close()
+	log.Info("etcd ready", "url", etcdURL, "after", time.Since(start).Round(time.Millisecond))
+
+	ln, err := net.Listen("tcp", net.JoinHostPort(opts.Listen, "0"))
+	if err != nil {
+		return err
+	}
+	host := "https://" + ln.Addr().String()
+	serverCtx, stopServer := context.WithCancel(context.Background())
+	defer stopServer()
+	serverDone, err := startAPIServer(serverCtx, ln, apiserverFlags(dir, etcdURL, opts.Listen))
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	// stop cancels the server and waits for it, so etcd (closed by the
+	// deferred call above) outlives every request the server still makes.
+	stop := func() error {
+		stopServer()
+		select {
+		case err := <-serverDone:
+			return err
+		case <-time.After(30 * time.Second):
+			return errors.New("kube-apiserver did not stop within 30s")
+		}
+	}
+
+	admin := &rest.Config{
+		Host:            host,
+		BearerToken:     p.adminToken,
+		TLSClientConfig: rest.TLSClientConfig{CAData: p.caCertPEM},
+		QPS:             -1, // no client-side throttling in setup
+	}
+	client, err := kubernetes.NewForConfig(admin)
+	if err != nil {
+		return errors.Join(err, stop())
+	}
+	if err := waitReady(ctx, client, serverDone); err != nil {
+		return errors.Join(err, stop())
+	}
+	log.Info("kube-apiserver ready", "host", host, "after", time.Since(start).Round(time.Millisecond))
+
+	// The CSR signers kube-controller-manager would run, with the cluster
+	// CA. Approval stays with the tests, as the cluster-side approver's.
+	informerFactory := informers.NewSharedInformerFactory(client, 0)
+	csrInformer := informerFactory.Certificates().V1().CertificateSigningRequests()
+	caFile, caKeyFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
+	apiClientSigner, err := signer.NewKubeAPIServerClientCSRSigningController(ctx, client, csrInformer, caFile, caKeyFile, opts.SigningDuration)
+	if err != nil {
+		return errors.Join(err, stop())
+	}
+	kubeletClientSigner, err := signer.NewKubeletClientCSRSigningController(ctx, client, csrInformer, caFile, caKeyFile, opts.SigningDuration)
+	if err != nil {
+		return errors.Join(err, stop())
+	}
+	ctrlCtx, stopControllers := context.WithCancel(context.Background())
+	defer stopControllers()
+	for _, s := range []*signer.CSRSigningController{apiClientSigner, kubeletClientSigner} {
+		go s.Run(ctrlCtx, 1)
+	}
+	informerFactory.Start(ctrlCtx.Done())
+
+	if err := applyManifests(ctx, admin, manifests); err != nil {
+		return errors.Join(fmt.Errorf("manifests: %w", err), stop())
+	}
+
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := writeKubeconfig(kubeconfig, host, p); err != nil {
+		return errors.Join(err, stop())
+	}
+	log.Info("ready", "kubeconfig", kubeconfig, "after", time.Since(start).Round(time.Millisecond))
+	if opts.Ready != nil {
+		opts.Ready(kubeconfig)
+	}
+
+	select {
+	case <-ctx.Done():
+		log.Info("stopping")
+	case err := <-serverDone:
+		return fmt.Errorf("kube-apiserver stopped: %v", err)
+	}
+	stopControllers()
+	informerFactory.Shutdown()
+	return stop()
+}
+
+// waitReady waits for /readyz (which covers the post-start hooks: RBAC
+// bootstrap roles, priority classes, system namespaces) and for kube-system,
+// where bootstrap token Secrets live.
+func waitReady(ctx context.Context, client kubernetes.Interface, serverDone <-chan error) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		select {
+		case err := <-serverDone:
+			return false, fmt.Errorf("kube-apiserver stopped while starting: %v", err)
+		default:
+		}
+		body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err != nil {
+			last = fmt.Sprintf("%v: %s", err, body)
+			return false, nil
+		}
+		if _, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{}); err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("kube-apiserver not ready: %w (last: %s)", err, last)
+	}
+	return nil
+}
+
+func writeKubeconfig(path, host string, p *pki) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["kube-testenv"] = &clientcmdapi.Cluster{Server: host, CertificateAuthorityData: p.caCertPEM}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: p.adminToken}
+	cfg.Contexts["admin@kube-testenv"] = &clientcmdapi.Context{Cluster: "kube-testenv", AuthInfo: "admin"}
+	cfg.CurrentContext = "admin@kube-testenv"
+	data, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, data, 0o600)
+}
