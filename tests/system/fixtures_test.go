@@ -38,6 +38,12 @@ const (
 // writeValidConfig writes the operator configuration of a host about to be
 // bootstrapped: agent.toml (ARCHITECTURE section 8), the 0600 bootstrap
 // token file and the CA file it names.
+//
+// The machines have a private network and no API server: the real fence
+// gets no answer and refuses once its retry budget is spent. The budget is
+// the minimum (1 s) so that a refusal ends the boot in seconds; with the
+// default (2 min) the boot would wait for the fence past the harness's
+// boot timeout.
 func writeValidConfig(t *testing.T, m *harness.Machine) {
 	t.Helper()
 	m.WriteFile(hostpaths.ConfigFileHost, []byte(`machine = "site-w1"
@@ -49,6 +55,9 @@ ca-file = "`+caFile+`"
 bootstrap-token-file = "`+tokenFile+`"
 kubernetes-version = "1.36.3"
 cluster-dns = "10.96.0.10"
+
+[fence]
+retry-budget = "1s"
 `), 0o644)
 	m.WriteFile(tokenFile, []byte("abcdef.0123456789abcdef\n"), 0o600)
 	m.WriteFile(caFile, selfSignedCA(t), 0o644)
@@ -80,6 +89,16 @@ func selfSignedCA(t *testing.T) []byte {
 		t.Fatal(err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// writeAllocation adds a config drop-in saying the host was launched for
+// the MachineAllocation uid: the fence then has to ask the cluster.
+func writeAllocation(t *testing.T, m *harness.Machine, uid string) {
+	t.Helper()
+	m.WriteFile(hostpaths.ConfigDropinDirHost+"/50-allocation.toml", []byte("[allocation]\nuid = \""+uid+"\"\n"), 0o644)
+	if _, err := config.Load(hostpaths.New(m.Root())); err != nil {
+		t.Fatalf("the fixture config with its allocation is not valid: %v", err)
+	}
 }
 
 // writeApplied records an applied config for slot, with its SHA-256
@@ -201,7 +220,8 @@ func generatorKmsg(m *harness.Machine) []string {
 }
 
 // wantNoNodeUnits asserts the safe state: neither the node target nor the
-// daemon pulled in, nothing under the node target, the daemon not running.
+// daemon pulled in, nothing under the node target, the node target and
+// the daemon not running.
 func wantNoNodeUnits(t *testing.T, m *harness.Machine) {
 	t.Helper()
 	wants := m.Wants("multi-user.target")
@@ -211,24 +231,41 @@ func wantNoNodeUnits(t *testing.T, m *harness.Machine) {
 		}
 	}
 	if s := m.UnitState("unbounded-node.target"); s.LoadState == "loaded" {
-		if w := m.Wants("unbounded-node.target"); len(w) != 0 {
-			t.Errorf("unbounded-node.target wants %v; want nothing", w)
+		for _, prop := range []string{"Wants", "Requires"} {
+			if w := m.UnitStrings("unbounded-node.target", prop); len(w) != 0 {
+				t.Errorf("unbounded-node.target %s %v; want nothing", prop, w)
+			}
 		}
 	}
-	if _, err := m.ReadDir(path.Join(generatorDir, "unbounded-node.target.wants")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("generator wrote unbounded-node.target.wants (err %v); want none", err)
+	for _, d := range []string{"unbounded-node.target.wants", "unbounded-node.target.requires"} {
+		if _, err := m.ReadDir(path.Join(generatorDir, d)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("generator wrote %s (err %v); want none", d, err)
+		}
+	}
+	if a := isActive(m, "unbounded-node.target"); a == "active" {
+		t.Errorf("systemctl is-active unbounded-node.target = %s; the node is not up", a)
 	}
 	if s := m.UnitState("unbounded-daemon.service"); s.ActiveState == "active" || s.ActiveState == "activating" {
 		t.Errorf("unbounded-daemon.service is %s; want it not started", s)
 	}
 }
 
-// wantFencedUnit asserts, over D-Bus, that unit is wanted by target and
+// isActive is what an operator asks: `systemctl is-active UNIT` (which
+// exits non-zero for anything but active; the answer is on stdout).
+func isActive(m *harness.Machine, unit string) string {
+	out, _ := m.Systemctl("is-active", unit)
+	return strings.TrimSpace(out)
+}
+
+// wantFencedUnit asserts, over D-Bus, that unit is required by target and
 // requires and is ordered after the fence, through the generator's drop-in.
 func wantFencedUnit(t *testing.T, m *harness.Machine, target, unit string) {
 	t.Helper()
-	if w := m.Wants(target); !slices.Contains(w, unit) {
-		t.Errorf("%s wants %v; want %s", target, w, unit)
+	if r := m.UnitStrings(target, "Requires"); !slices.Contains(r, unit) {
+		t.Errorf("%s Requires = %v; want %s", target, r, unit)
+	}
+	if a := m.UnitStrings(target, "After"); !slices.Contains(a, unit) {
+		t.Errorf("%s After = %v; want %s (Requires= without it would not fail the target)", target, a, unit)
 	}
 	s := m.UnitState(unit)
 	if s.LoadState != "loaded" {

@@ -4,10 +4,18 @@
 // machine that has the package installed, boots it, and reads the outcome
 // from systemd over D-Bus, from the generator's output directory and from
 // the machine's /dev/kmsg.
+//
+// The fence that runs is the package's (unbounded-fence.service and its
+// binary) unless a scenario says otherwise: it allows a host launched for
+// no allocation, and refuses one launched for an allocation, as the
+// machines reach no API server. Where a scenario needs a fence it can turn
+// from "allow" to "refuse", it overrides the unit's ExecStart= with a
+// drop-in in /etc, as an operator could.
 package system_test
 
 import (
 	"os"
+	"path"
 	"slices"
 	"strings"
 	"testing"
@@ -46,11 +54,11 @@ func TestAppliedNspawnConfigStartsSlotBehindFence(t *testing.T) {
 	m.Start()
 
 	wantGenerated(t, m, map[string][]string{
-		"multi-user.target.wants/unbounded-node.target":                   link("unbounded-node.target"),
-		"multi-user.target.wants/unbounded-daemon.service":                link("unbounded-daemon.service"),
-		"unbounded-node.target.wants/unbounded-mode-nspawn.target":        link("unbounded-mode-nspawn.target"),
-		"unbounded-mode-nspawn.target.wants/systemd-nspawn@kube2.service": link("systemd-nspawn@.service"),
-		"systemd-nspawn@kube2.service.d/50-unbounded-fence.conf":          fenceDropIn,
+		"multi-user.target.wants/unbounded-node.target":                      link("unbounded-node.target"),
+		"multi-user.target.wants/unbounded-daemon.service":                   link("unbounded-daemon.service"),
+		"unbounded-node.target.requires/unbounded-mode-nspawn.target":        link("unbounded-mode-nspawn.target"),
+		"unbounded-mode-nspawn.target.requires/systemd-nspawn@kube2.service": link("systemd-nspawn@.service"),
+		"systemd-nspawn@kube2.service.d/50-unbounded-fence.conf":             fenceDropIn,
 	})
 	mu := m.Wants("multi-user.target")
 	for _, u := range []string{"unbounded-node.target", "unbounded-daemon.service"} {
@@ -61,15 +69,85 @@ func TestAppliedNspawnConfigStartsSlotBehindFence(t *testing.T) {
 	if slices.Contains(mu, "unbounded-bootstrap.service") {
 		t.Error("multi-user.target wants unbounded-bootstrap.service on a bootstrapped host")
 	}
-	if w := m.Wants("unbounded-node.target"); !slices.Equal(w, []string{"unbounded-mode-nspawn.target"}) {
-		t.Errorf("unbounded-node.target Wants = %v; want only unbounded-mode-nspawn.target", w)
-	}
+	wantNodeTargetRequires(t, m, "unbounded-mode-nspawn.target")
 	wantFencedUnit(t, m, "unbounded-mode-nspawn.target", "systemd-nspawn@kube2.service")
-	if w := m.Wants("unbounded-mode-nspawn.target"); slices.Contains(w, "systemd-nspawn@kube1.service") {
-		t.Errorf("unbounded-mode-nspawn.target wants the inactive slot: %v", w)
+	for _, prop := range []string{"Wants", "Requires"} {
+		if w := m.UnitStrings("unbounded-mode-nspawn.target", prop); slices.Contains(w, "systemd-nspawn@kube1.service") {
+			t.Errorf("unbounded-mode-nspawn.target %s the inactive slot: %v", prop, w)
+		}
 	}
 	if k := generatorKmsg(m); len(k) != 0 {
 		t.Errorf("generator reported %q on a sound host", k)
+	}
+
+	// The package's fence allowed the start (no allocation is
+	// configured), and the machine failed: the test machine has no
+	// /var/lib/machines/kube2. With Requires= that failure fails the mode
+	// target and the node target: the node is not up, and
+	// `systemctl is-active unbounded-node.target` says so. The boot
+	// itself went on (multi-user.target only wants the node).
+	if s := m.UnitState(fenceUnit); s.ActiveState != "inactive" || s.Result != "success" {
+		t.Errorf("%s = %s; want inactive with result success (allowed: no allocation configured)", fenceUnit, s)
+	}
+	if s := m.UnitState("systemd-nspawn@kube2.service"); s.ActiveState != "failed" {
+		t.Errorf("systemd-nspawn@kube2.service = %s; want failed (no machine image in the test machine)", s)
+	}
+	wantNodeDown(t, m, "unbounded-mode-nspawn.target")
+}
+
+// TestFenceRefusalAtBootKeepsTheNodeTargetDown runs the package's fence
+// for a host launched for an allocation: the machine reaches no API
+// server, so the fence refuses once its retry budget is spent. The node
+// unit is never started and the node target is not active.
+func TestFenceRefusalAtBootKeepsTheNodeTargetDown(t *testing.T) {
+	t.Parallel()
+	m := harness.New(t, harness.Options{Package: true})
+	writeValidConfig(t, m)
+	writeAllocation(t, m, "6f0c7a52-3c1e-4d5e-9a8b-0c1d2e3f4a5b")
+	writeApplied(t, m, "kube2", "nspawn")
+	m.Start()
+
+	wantNodeTargetRequires(t, m, "unbounded-mode-nspawn.target")
+	wantFencedUnit(t, m, "unbounded-mode-nspawn.target", "systemd-nspawn@kube2.service")
+	if s := m.UnitState(fenceUnit); s.ActiveState != "failed" || s.Result != "exit-code" {
+		t.Errorf("%s = %s; want failed with result exit-code (refused: no API server)", fenceUnit, s)
+	}
+	if s := m.UnitState("systemd-nspawn@kube2.service"); s.ActiveState != "inactive" || s.Result != "success" {
+		t.Errorf("systemd-nspawn@kube2.service = %s; want never started (inactive, no failure of its own)", s)
+	}
+	wantNodeDown(t, m, "unbounded-mode-nspawn.target")
+	if j := m.Journal(fenceUnit); !strings.Contains(j, "refused") {
+		t.Errorf("fence journal does not say it refused:\n%s", j)
+	}
+}
+
+// wantNodeDown asserts that the mode target and the node target are not
+// active, as an operator asks it, and that the boot reached
+// multi-user.target anyway.
+func wantNodeDown(t *testing.T, m *harness.Machine, modeTarget string) {
+	t.Helper()
+	for _, u := range []string{modeTarget, "unbounded-node.target"} {
+		if a := isActive(m, u); a != "inactive" {
+			t.Errorf("systemctl is-active %s = %q; want inactive: the node is not up", u, a)
+		}
+	}
+	if a := isActive(m, "multi-user.target"); a != "active" {
+		t.Errorf("multi-user.target is %s; a node that does not come up must not fail it", a)
+	}
+}
+
+// wantNodeTargetRequires asserts, over D-Bus, that the node target
+// requires exactly the mode target (and no longer merely wants it).
+func wantNodeTargetRequires(t *testing.T, m *harness.Machine, modeTarget string) {
+	t.Helper()
+	if r := m.UnitStrings("unbounded-node.target", "Requires"); !slices.Equal(r, []string{modeTarget}) {
+		t.Errorf("unbounded-node.target Requires = %v; want only %s", r, modeTarget)
+	}
+	if w := m.Wants("unbounded-node.target"); slices.Contains(w, modeTarget) {
+		t.Errorf("unbounded-node.target Wants = %v; the mode target must be required, not wanted", w)
+	}
+	if a := m.UnitStrings("unbounded-node.target", "After"); !slices.Contains(a, modeTarget) {
+		t.Errorf("unbounded-node.target After = %v; want %s", a, modeTarget)
 	}
 }
 
@@ -80,24 +158,195 @@ func TestAppliedNoneConfigStartsHostStackBehindFence(t *testing.T) {
 	writeApplied(t, m, "kube1", "none")
 	m.Start()
 
-	wantGenerated(t, m, map[string][]string{
-		"multi-user.target.wants/unbounded-node.target":                 link("unbounded-node.target"),
-		"multi-user.target.wants/unbounded-daemon.service":              link("unbounded-daemon.service"),
-		"unbounded-node.target.wants/unbounded-mode-none.target":        link("unbounded-mode-none.target"),
-		"unbounded-mode-none.target.wants/unbounded-containerd.service": link("unbounded-containerd.service"),
-		"unbounded-mode-none.target.wants/unbounded-kubelet.service":    link("unbounded-kubelet.service"),
-		"unbounded-containerd.service.d/50-unbounded-fence.conf":        fenceDropIn,
-		"unbounded-kubelet.service.d/50-unbounded-fence.conf":           fenceDropIn,
-	})
-	if w := m.Wants("unbounded-node.target"); !slices.Equal(w, []string{"unbounded-mode-none.target"}) {
-		t.Errorf("unbounded-node.target Wants = %v; want only unbounded-mode-none.target", w)
-	}
-	for _, u := range []string{"unbounded-containerd.service", "unbounded-kubelet.service"} {
+	wantGenerated(t, m, noneOutput)
+	wantNodeTargetRequires(t, m, "unbounded-mode-none.target")
+	for _, u := range noneUnits {
 		wantFencedUnit(t, m, "unbounded-mode-none.target", u)
 	}
 	if k := generatorKmsg(m); len(k) != 0 {
 		t.Errorf("generator reported %q on a sound host", k)
 	}
+	// The package does not ship the runtime units yet. systemd (252)
+	// drops a Requires= on a unit that is not found from the boot
+	// transaction instead of failing the requiring target, so here the
+	// targets come up over nothing: reported, not asserted, until the
+	// units ship (TestNodeTargetIsActiveExactlyWhileTheFencedNodeStackIsUp
+	// covers this mode with stand-ins). The same behaviour is why the
+	// generator checks that the fence unit exists.
+	t.Logf("runtime units not shipped: unbounded-node.target is %s", isActive(m, "unbounded-node.target"))
+}
+
+var noneUnits = []string{"unbounded-containerd.service", "unbounded-kubelet.service"}
+
+var noneOutput = map[string][]string{
+	"multi-user.target.wants/unbounded-node.target":                    link("unbounded-node.target"),
+	"multi-user.target.wants/unbounded-daemon.service":                 link("unbounded-daemon.service"),
+	"unbounded-node.target.requires/unbounded-mode-none.target":        link("unbounded-mode-none.target"),
+	"unbounded-mode-none.target.requires/unbounded-containerd.service": link("unbounded-containerd.service"),
+	"unbounded-mode-none.target.requires/unbounded-kubelet.service":    link("unbounded-kubelet.service"),
+	"unbounded-containerd.service.d/50-unbounded-fence.conf":           fenceDropIn,
+	"unbounded-kubelet.service.d/50-unbounded-fence.conf":              fenceDropIn,
+}
+
+// Stand-ins for what the package does not ship yet or what cannot run in
+// the test machine: the none mode's runtime units (long-running, like the
+// real ones), and a fence that allows unless /run/test-fence-refuse
+// exists. The fence stand-in is a drop-in over the package's unit, so its
+// Type=oneshot without RemainAfterExit (run anew at every node start) is
+// the package's. Every run logs a line, counted by fenceRuns.
+const (
+	fenceRefuseFlag = "/run/test-fence-refuse"
+	fenceRunLine    = "test fence: checked"
+)
+
+func standInNoneNode(t *testing.T, m *harness.Machine) {
+	t.Helper()
+	for _, u := range noneUnits {
+		m.WriteFile("/etc/systemd/system/"+u, []byte(`[Unit]
+Description=Stand-in for `+u+` (system test)
+[Service]
+ExecStart=/bin/sleep infinity
+`), 0o644)
+	}
+	m.WriteFile("/etc/systemd/system/"+fenceUnit+".d/90-test-stand-in.conf", []byte(`# The system test's fence: allows unless `+fenceRefuseFlag+` exists.
+[Service]
+ExecStart=
+ExecStart=/bin/sh -c 'echo "`+fenceRunLine+`"; if test -e `+fenceRefuseFlag+`; then echo refused; exit 77; fi'
+`), 0o644)
+}
+
+func fenceRuns(t *testing.T, m *harness.Machine) int {
+	t.Helper()
+	return strings.Count(m.Journal(fenceUnit), fenceRunLine)
+}
+
+// TestNodeTargetIsActiveExactlyWhileTheFencedNodeStackIsUp is "systemctl
+// is-active unbounded-node.target answers whether the node is up", in the
+// none mode with stand-in runtime units and an allowing fence: up at boot;
+// down when a node unit is stopped (what repave's stop of the old stack
+// does); up again, fence checked again, when the node target is started;
+// and refused, with nothing started, when the fence says no.
+func TestNodeTargetIsActiveExactlyWhileTheFencedNodeStackIsUp(t *testing.T) {
+	t.Parallel()
+	m := harness.New(t, harness.Options{Package: true})
+	writeValidConfig(t, m)
+	writeApplied(t, m, "kube1", "none")
+	standInNoneNode(t, m)
+	m.Start()
+
+	wantGenerated(t, m, noneOutput)
+	wantNodeTargetRequires(t, m, "unbounded-mode-none.target")
+	for _, u := range noneUnits {
+		wantFencedUnit(t, m, "unbounded-mode-none.target", u)
+	}
+	wantUp := func(when string, fenceRunsWant int) {
+		t.Helper()
+		for _, u := range append([]string{"unbounded-node.target", "unbounded-mode-none.target"}, noneUnits...) {
+			if a := isActive(m, u); a != "active" {
+				t.Errorf("%s: systemctl is-active %s = %q; want active", when, u, a)
+			}
+		}
+		if n := fenceRuns(t, m); n != fenceRunsWant {
+			t.Errorf("%s: the fence ran %d times; want %d (once per start of the node stack)", when, n, fenceRunsWant)
+		}
+	}
+	wantUp("after boot", 1)
+
+	// Stopping a node unit stops the node (Requires= propagates an
+	// explicit stop upwards): the node target says so.
+	if _, err := m.Systemctl("stop", "unbounded-kubelet.service"); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"unbounded-node.target", "unbounded-mode-none.target"} {
+		if a := isActive(m, u); a != "inactive" {
+			t.Errorf("after stopping the kubelet: systemctl is-active %s = %q; want inactive", u, a)
+		}
+	}
+	if a := isActive(m, "unbounded-containerd.service"); a != "active" {
+		t.Errorf("after stopping the kubelet: containerd is %s; a stop propagates to what requires the unit, not to what it requires", a)
+	}
+
+	// Starting the node target starts the stack again, behind the fence.
+	if _, err := m.Systemctl("start", "unbounded-node.target"); err != nil {
+		t.Fatalf("start unbounded-node.target with an allowing fence: %v", err)
+	}
+	wantUp("after the node target was started again", 2)
+
+	// Repave's last step, as units/unbounded-node.target describes it:
+	// the node units already run, the node target is not active (here
+	// stopped through the mode target), and it is started. The fence
+	// does not run: systemd drops the start jobs of running units, and
+	// the Requires= of their drop-ins with them. So the fence must have
+	// checked the new slot before it started; this start cannot.
+	if _, err := m.Systemctl("stop", "unbounded-mode-none.target"); err != nil {
+		t.Fatal(err)
+	}
+	if a := isActive(m, "unbounded-node.target"); a != "inactive" {
+		t.Errorf("after stopping the mode target: node target %q; want inactive", a)
+	}
+	m.WriteFile(fenceRefuseFlag, nil, 0o644)
+	if _, err := m.Systemctl("start", "unbounded-node.target"); err != nil {
+		t.Errorf("start of the node target over running units: %v; want it to succeed without the fence", err)
+	}
+	if n := fenceRuns(t, m); n != 2 {
+		t.Errorf("start of the node target over running units: the fence ran %d times in all; want still 2", n)
+	}
+	if a := isActive(m, "unbounded-node.target"); a != "active" {
+		t.Errorf("start of the node target over running units: %q; want active", a)
+	}
+
+	// A refusal from a stopped node: nothing starts.
+	if _, err := m.Systemctl(append([]string{"stop"}, noneUnits...)...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Systemctl("start", "unbounded-node.target"); err == nil {
+		t.Error("systemctl start unbounded-node.target succeeded with a refusing fence; want it to fail")
+	}
+	for _, u := range append([]string{"unbounded-node.target", "unbounded-mode-none.target"}, noneUnits...) {
+		if a := isActive(m, u); a != "inactive" {
+			t.Errorf("fence refused: systemctl is-active %s = %q; want inactive", u, a)
+		}
+	}
+	if s := m.UnitState(fenceUnit); s.ActiveState != "failed" || s.Result != "exit-code" {
+		t.Errorf("fence refused: %s = %s; want failed with exit-code", fenceUnit, s)
+	}
+	if n := fenceRuns(t, m); n != 3 {
+		t.Errorf("the fence ran %d times in all; want 3", n)
+	}
+}
+
+// TestMissingFenceUnitBootsIntoSafeStateAndReportsToKmsg: with the package
+// installed but its fence unit gone, a bootstrapped host starts no node
+// and no daemon, pulls in recovery, and the generator says why on kmsg.
+func TestMissingFenceUnitBootsIntoSafeStateAndReportsToKmsg(t *testing.T) {
+	t.Parallel()
+	m := harness.New(t, harness.Options{Package: true})
+	writeValidConfig(t, m)
+	writeApplied(t, m, "kube2", "nspawn")
+	fence := path.Join(m.Root(), unitDir, fenceUnit)
+	if _, err := os.Stat(fence); err != nil {
+		t.Fatalf("the package did not install %s: %v", fenceUnit, err)
+	}
+	if err := os.Remove(fence); err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+
+	wantGenerated(t, m, map[string][]string{
+		"multi-user.target.wants/unbounded-recover@generator.service": link("unbounded-recover@.service"),
+	})
+	wantNoNodeUnits(t, m)
+	if s := m.UnitState(fenceUnit); s.LoadState != "not-found" {
+		t.Errorf("%s is %s; the scenario removed it", fenceUnit, s)
+	}
+	if s := m.UnitState("systemd-nspawn@kube2.service"); s.ActiveState != "inactive" {
+		t.Errorf("systemd-nspawn@kube2.service is %s; want inactive without a fence", s)
+	}
+	k := generatorKmsg(m)
+	if len(k) != 1 || !strings.Contains(k[0], fenceUnit) || !strings.Contains(k[0], "not in /etc/systemd/system, /run/systemd/system or /usr/lib/systemd/system") {
+		t.Errorf("generator kmsg lines = %q; want one line naming the missing %s", k, fenceUnit)
+	}
+	t.Logf("kmsg: %q", k)
 }
 
 func TestOwnershipLockKeepsNodeAndDaemonDownAndResumesInstallation(t *testing.T) {
@@ -168,14 +417,47 @@ func TestConfigWrittenAfterInstallPullsInBootstrapAtNextBoot(t *testing.T) {
 		t.Errorf("generator wrote %v on a host without config; want nothing", fmtGenerated(g))
 	}
 	wantNoNodeUnits(t, m)
+	id := machineID(t, m)
 
 	writeValidConfig(t, m)
 	m.Reboot()
 
+	if again := machineID(t, m); again != id {
+		t.Errorf("machine id %s became %s across a reboot; a host keeps its id", id, again)
+	}
 	wantGenerated(t, m, map[string][]string{
 		"multi-user.target.wants/unbounded-bootstrap.service": link("unbounded-bootstrap.service"),
 	})
 	if k := generatorKmsg(m); len(k) != 0 {
 		t.Errorf("generator reported %q on a sound host", k)
 	}
+}
+
+// machineID is the machine's id: /etc/machine-id, which must be what
+// systemd reports (org.freedesktop.DBus.Peer.GetMachineId of PID 1) and
+// what D-Bus reads (/var/lib/dbus/machine-id).
+func machineID(t *testing.T, m *harness.Machine) string {
+	t.Helper()
+	etc := strings.TrimSpace(m.MustRun("cat", "/etc/machine-id"))
+	dbus := strings.TrimSpace(m.MustRun("cat", "/var/lib/dbus/machine-id"))
+	out := m.MustRun("busctl", "call", "org.freedesktop.systemd1", "/org/freedesktop/systemd1", "org.freedesktop.DBus.Peer", "GetMachineId")
+	pid1 := strings.Trim(strings.TrimPrefix(strings.TrimSpace(out), "s "), `"`)
+	if len(etc) != 32 || dbus != etc || pid1 != etc {
+		t.Fatalf("/etc/machine-id %q, /var/lib/dbus/machine-id %q, systemd's machine id %q (busctl: %q); want one 32-digit id", etc, dbus, pid1, out)
+	}
+	return etc
+}
+
+// TestEveryMachineHasItsOwnMachineID: the machines share one rootfs and
+// one package layer, but, like the hosts of a fleet, not their identity
+// (TESTING.md: each node rootfs copy needs its own machine id).
+func TestEveryMachineHasItsOwnMachineID(t *testing.T) {
+	t.Parallel()
+	a := harness.Boot(t, harness.Options{Package: true})
+	b := harness.Boot(t, harness.Options{Package: true})
+	ida, idb := machineID(t, a), machineID(t, b)
+	if ida == idb {
+		t.Errorf("machines %s and %s share the machine id %s", a.Name, b.Name, ida)
+	}
+	t.Logf("machine ids: %s %s", ida, idb)
 }

@@ -31,7 +31,7 @@ include=systemd,systemd-sysv,dbus,systemd-container,iproute2,procps,ca-certifica
 mirror=${UNBOUNDED_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 cache=${UNBOUNDED_ROOTFS_CACHE:-/var/cache/unbounded-tests}
 # Bump when the post-processing below changes.
-postproc=1
+postproc=2
 
 log() { echo "rootfs.sh: $*" >&2; }
 
@@ -72,9 +72,20 @@ debootstrap --variant="$variant" --include="$include" "$suite" "$tmp" "$mirror" 
 
 # Package caches and lists are ~90 MB the tests never read.
 rm -rf "$tmp"/var/cache/apt/archives/*.deb "$tmp"/var/lib/apt/lists/*
-# An empty machine-id lets every container get its own id at boot (nspawn
-# passes one in) instead of all sharing the one debootstrap wrote.
+# Every machine booted from this tree must get its own machine id, as every
+# host of a fleet has (journald, machined and the node stack key on it):
+# - an empty /etc/machine-id makes the first boot of each machine generate
+#   one (nspawn passes a random one in) and commit it to the machine's own
+#   overlay, where it survives the machine's reboots;
+# - /var/lib/dbus/machine-id must not hold the id dbus's postinst wrote:
+#   systemd takes that file, when it is not a symlink, in preference to
+#   anything else for an empty /etc/machine-id, so every machine had the
+#   same id. A link to /etc/machine-id is what D-Bus expects on systemd
+#   hosts (TESTING.md);
+# - no /etc/hostname: the machine's name, which nspawn sets, is its hostname.
 : >"$tmp/etc/machine-id"
+rm -f "$tmp/var/lib/dbus/machine-id" "$tmp/etc/hostname"
+ln -s /etc/machine-id "$tmp/var/lib/dbus/machine-id"
 
 # Another run may have finished the same recipe meanwhile: keep theirs.
 if mv -T "$tmp" "$final" 2>/dev/null; then

@@ -1,7 +1,9 @@
 package harness
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -93,6 +95,14 @@ func buildPackageLayer(logf func(string, ...any), rootfs, deb string) (string, e
 	// The install boot's journal belongs to that boot only: a scenario's
 	// `journalctl -u` must not see it.
 	if err := os.RemoveAll(filepath.Join(upper, "var/log/journal")); err != nil {
+		return "", err
+	}
+	// Neither does its machine id, which its first boot committed to
+	// /etc/machine-id: left in the shared layer it would be the id of
+	// every scenario's machine. Without it the rootfs's empty file shows
+	// through, and each machine's first boot makes an id of its own
+	// (tests/system/rootfs.sh).
+	if err := os.Remove(filepath.Join(upper, "etc/machine-id")); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return "", err
 	}
 	return upper, nil
