@@ -11,14 +11,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	api "unbounded-cloud.io/agent/lib/api/v1alpha3"
-	"unbounded-cloud.io/agent/lib/kube/clustertest"
+	"unbounded-cloud.io/agent/tests/kubeenv"
 )
 
 // TestServerEnforcesTheCRDSchemas sends invalid objects to the real API
 // server: the schemas, not client code, must refuse them.
 func TestServerEnforcesTheCRDSchemas(t *testing.T) {
-	env := getEnv(t)
-	admin := newCaller(t, "admin", env.Admin)
+	env := kubeenv.Get(t)
+	admin := newCaller(t, "admin", env.RESTConfig())
 	ctx := context.Background()
 	post := func(resource, body string) error {
 		return admin.api.Post().Resource(resource).Body([]byte(body)).SetHeader("Content-Type", "application/json").Do(ctx).Error()
@@ -27,9 +27,9 @@ func TestServerEnforcesTheCRDSchemas(t *testing.T) {
 		what, resource, body, wantInMessage string
 	}{
 		{"a Machine name with a dot", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"a.b"}}`, "RFC 1123 label"},
-		{"an unknown isolation mode", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + clustertest.UniqueName("m") + `"},"spec":{"isolation":{"mode":"vm"}}}`, "spec.isolation.mode"},
-		{"a malformed agent sha256", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + clustertest.UniqueName("m") + `"},"spec":{"agent":{"version":"1","sha256":"xyz"}}}`, "spec.agent.sha256"},
-		{"an allocation without a name", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + clustertest.UniqueName("m") + `"},"spec":{"allocation":{"uid":"1"}}}`, "spec.allocation.name"},
+		{"an unknown isolation mode", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"isolation":{"mode":"vm"}}}`, "spec.isolation.mode"},
+		{"a malformed agent sha256", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"agent":{"version":"1","sha256":"xyz"}}}`, "spec.agent.sha256"},
+		{"an allocation without a name", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"allocation":{"uid":"1"}}}`, "spec.allocation.name"},
 		{"an unknown operation", "machineoperations", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"MachineOperation","metadata":{"generateName":"x-","labels":{"unbounded-cloud.io/machine":"a"}},"spec":{"machineRef":{"name":"a"},"operation":"Explode"}}`, "spec.operation"},
 		{"an operation without machineRef", "machineoperations", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"MachineOperation","metadata":{"generateName":"x-","labels":{"unbounded-cloud.io/machine":"a"}},"spec":{"operation":"Repave"}}`, "spec.machineRef"},
 		{"an operation whose label names another machine", "machineoperations", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"MachineOperation","metadata":{"generateName":"x-","labels":{"unbounded-cloud.io/machine":"b"}},"spec":{"machineRef":{"name":"a"},"operation":"Repave"}}`, "unbounded-cloud.io/machine"},
@@ -45,10 +45,10 @@ func TestServerEnforcesTheCRDSchemas(t *testing.T) {
 // `kubectl get machines` prints, after the status was set through the status
 // subresource (which must leave the generation alone).
 func TestKubectlGetShowsTheStatusColumns(t *testing.T) {
-	env := getEnv(t)
-	admin := newCaller(t, "admin", env.Admin)
+	env := kubeenv.Get(t)
+	admin := newCaller(t, "admin", env.RESTConfig())
 	ctx := context.Background()
-	name := clustertest.UniqueName("m")
+	name := kubeenv.UniqueName(t, "m")
 	m := &api.Machine{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec:       api.MachineSpec{Kubernetes: api.KubernetesSpec{Version: "1.36.3"}},

@@ -35,7 +35,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/api/manifests"
 	api "unbounded-cloud.io/agent/lib/api/v1alpha3"
-	"unbounded-cloud.io/agent/lib/kube/clustertest"
+	"unbounded-cloud.io/agent/tests/kubeenv"
 )
 
 // These tests ask the real API server (tests/kube) what the manifests
@@ -200,6 +200,30 @@ func waitAllowed(t *testing.T, c *caller, attrs authzv1.ResourceAttributes) {
 	}
 }
 
+// applyMachineRBAC creates ForMachine's objects for machine as the admin
+// and removes them when the test ends.
+func applyMachineRBAC(t *testing.T, admin kubernetes.Interface, machine string) {
+	t.Helper()
+	ctx := context.Background()
+	rb := admin.RbacV1()
+	for _, o := range manifests.MachineObjects(machine, machine) {
+		var err error
+		switch o := o.(type) {
+		case *rbacv1.ClusterRole:
+			_, err = rb.ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+			t.Cleanup(func() { _ = rb.ClusterRoles().Delete(context.Background(), o.Name, metav1.DeleteOptions{}) })
+		case *rbacv1.ClusterRoleBinding:
+			_, err = rb.ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+			t.Cleanup(func() { _ = rb.ClusterRoleBindings().Delete(context.Background(), o.Name, metav1.DeleteOptions{}) })
+		default:
+			t.Fatalf("unexpected object %T", o)
+		}
+		if err != nil {
+			t.Fatalf("apply RBAC of %s: %v", machine, err)
+		}
+	}
+}
+
 // fixture is two machines, A (the caller's) and B (another), each with its
 // RBAC, B's Machine, Node and operation, and A's Node and operation.
 type fixture struct {
@@ -210,14 +234,14 @@ type fixture struct {
 	secret string // name of a Secret in kube-system the agent must not read
 }
 
-func newFixture(t *testing.T, env *clustertest.Env) *fixture {
+func newFixture(t *testing.T, env *kubeenv.Env) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	f := &fixture{a: clustertest.UniqueName("a"), b: clustertest.UniqueName("b")}
-	f.admin = newCaller(t, "admin", env.Admin)
+	f := &fixture{a: kubeenv.UniqueName(t, "a"), b: kubeenv.UniqueName(t, "b")}
+	f.admin = newCaller(t, "admin", env.RESTConfig())
 	requireCurrentBase(t, f.admin.kube)
 	for _, m := range []string{f.a, f.b} {
-		env.GrantMachine(t, m)
+		applyMachineRBAC(t, f.admin.kube, m)
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: m}}
 		if _, err := f.admin.kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -321,12 +345,13 @@ func (f *fixture) common(c *caller) []expectation {
 }
 
 func TestBootstrapIdentityCanDoExactlyWhatIsGranted(t *testing.T) {
-	env := getEnv(t)
+	env := kubeenv.Get(t)
 	f := newFixture(t, env)
-	token, _ := env.BootstrapToken(t, f.a)
-	cfg := rest.AnonymousClientConfig(env.Admin)
-	cfg.BearerToken = token
-	c := newCaller(t, "bootstrap token of "+f.a, cfg)
+	// The groups the provisioning side puts into the token Secret's
+	// auth-extra-groups (v1alpha3.BootstrapExtraGroups).
+	id, secret := kubeenv.RandomTokenID(t)
+	token := env.CreateBootstrapToken(t, id, secret, strings.Split(api.BootstrapExtraGroups(f.a), ",")...)
+	c := newCaller(t, "bootstrap token of "+f.a, env.TokenConfig(token))
 	waitAllowed(t, c, authzv1.ResourceAttributes{Group: api.GroupName, Resource: api.ResourceMachines, Verb: "get", Name: f.a})
 
 	exps := f.common(c)
@@ -348,11 +373,10 @@ func TestBootstrapIdentityCanDoExactlyWhatIsGranted(t *testing.T) {
 }
 
 func TestCertificateIdentityCanDoExactlyWhatIsGranted(t *testing.T) {
-	env := getEnv(t)
+	env := kubeenv.Get(t)
 	f := newFixture(t, env)
-	cfg := rest.AnonymousClientConfig(env.Admin)
-	cfg.CertData, cfg.KeyData = env.MintClientCert(t, api.AgentUserName(f.a), []string{api.AgentGroup}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
-	c := newCaller(t, api.AgentUserName(f.a), cfg)
+	// The subject lib/kube puts into the agent's CSR.
+	c := newCaller(t, api.AgentUserName(f.a), env.CertConfig(env.MintClientCert(t, api.AgentUserName(f.a), api.AgentGroup)))
 	waitAllowed(t, c, authzv1.ResourceAttributes{Group: api.GroupName, Resource: api.ResourceMachines, Verb: "get", Name: f.a})
 	waitAllowed(t, c, authzv1.ResourceAttributes{Resource: "nodes", Verb: "get", Name: f.a})
 
@@ -428,14 +452,6 @@ func newCSR(machine string) (*certv1.CertificateSigningRequest, error) {
 			Usages:     []certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth},
 		},
 	}, nil
-}
-
-// getEnv returns the test cluster (tests/kube), or skips with the reason.
-func getEnv(t *testing.T) *clustertest.Env {
-	t.Helper()
-	env := clustertest.Get(t)
-	t.Logf("kubeenv: API server %s", env.Host())
-	return env
 }
 
 // certRequest returns a PEM CSR and its PEM private key.
