@@ -361,8 +361,10 @@ func TestOwnershipLockKeepsNodeAndDaemonDownAndResumesInstallation(t *testing.T)
 		"multi-user.target.wants/unbounded-bootstrap.service": link("unbounded-bootstrap.service"),
 	})
 	wantNoNodeUnits(t, m)
-	if w := m.Wants("unbounded-mode-nspawn.target"); slices.Contains(w, "systemd-nspawn@kube2.service") {
-		t.Errorf("unbounded-mode-nspawn.target wants %v while an installation owns the host", w)
+	for _, prop := range []string{"Wants", "Requires"} {
+		if w := m.UnitStrings("unbounded-mode-nspawn.target", prop); slices.Contains(w, "systemd-nspawn@kube2.service") {
+			t.Errorf("unbounded-mode-nspawn.target %s %v while an installation owns the host", prop, w)
+		}
 	}
 	if s := m.UnitState("systemd-nspawn@kube2.service"); s.ActiveState != "inactive" {
 		t.Errorf("systemd-nspawn@kube2.service is %s; want inactive while an installation owns the host", s)
