@@ -40,6 +40,8 @@ type Options struct {
 	// CSRs that do not ask for less (kube-controller-manager's
 	// --cluster-signing-duration).
 	SigningDuration time.Duration
+	// NoWarmUp skips the warm-up of new custom resources (see warmUp).
+	NoWarmUp bool
 	// Ready is called once with the kubeconfig path when everything is up.
 	Ready func(kubeconfig string)
 	Log   *slog.Logger
@@ -166,7 +168,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	informerFactory.Start(ctrlCtx.Done())
 
-	if err := applyManifests(ctx, admin, manifests); err != nil {
+	if err := applyManifests(ctx, admin, manifests, !opts.NoWarmUp); err != nil {
 		return errors.Join(fmt.Errorf("manifests: %w", err), stop())
 	}
 

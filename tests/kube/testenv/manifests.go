@@ -1,14 +1,12 @@
 package testenv
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
+	"strings"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -54,21 +52,8 @@ func readManifests(files []string) ([]manifestObject, error) {
 		if err != nil {
 			return nil, fmt.Errorf("manifests: %w", err)
 		}
-		r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-		line := 1
-		for {
-			doc, err := r.Read()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				return nil, fmt.Errorf("%s:%d: %w", file, line, err)
-			}
-			start := line
-			line += bytes.Count(doc, []byte("\n"))
-			if len(bytes.TrimSpace(stripComments(doc))) == 0 {
-				continue
-			}
+		for _, d := range splitDocuments(data) {
+			doc, start := d.body, d.line
 			jsonDoc, err := utilyaml.ToJSON(doc)
 			if err != nil {
 				return nil, fmt.Errorf("%s:%d: %w", file, start, err)
@@ -80,12 +65,12 @@ func readManifests(files []string) ([]manifestObject, error) {
 			if obj.Object == nil {
 				continue
 			}
-			for key, val := range map[string]string{"apiVersion": obj.GetAPIVersion(), "kind": obj.GetKind(), "metadata.name": obj.GetName()} {
-				if val == "" {
-					return nil, fmt.Errorf("%s:%d: key %s is missing", file, start, key)
+			for _, k := range []struct{ key, val string }{{"apiVersion", obj.GetAPIVersion()}, {"kind", obj.GetKind()}, {"metadata.name", obj.GetName()}} {
+				if k.val == "" {
+					return nil, fmt.Errorf("%s:%d: key %s is missing", file, start, k.key)
 				}
 			}
-			if obj.GetKind() == "List" || bytes.HasSuffix([]byte(obj.GetKind()), []byte("List")) {
+			if strings.HasSuffix(obj.GetKind(), "List") {
 				return nil, fmt.Errorf("%s:%d: key kind: %s is not supported, write one document per object", file, start, obj.GetKind())
 			}
 			out = append(out, manifestObject{obj: obj, file: file, line: start})
@@ -94,17 +79,36 @@ func readManifests(files []string) ([]manifestObject, error) {
 	return out, nil
 }
 
-func stripComments(doc []byte) []byte {
-	var b bytes.Buffer
-	for _, l := range bytes.Split(doc, []byte("\n")) {
+type document struct {
+	body []byte
+	line int // the document's first line that is not blank or a comment
+}
+
+// splitDocuments splits YAML at "---" lines and keeps, for each document
+// that has content, the line its content starts on, so an error can point
+// at the object in the file.
+func splitDocuments(data []byte) []document {
+	var docs []document
+	var cur document
+	flush := func() {
+		if cur.line > 0 {
+			docs = append(docs, cur)
+		}
+		cur = document{}
+	}
+	for i, l := range bytes.SplitAfter(data, []byte("\n")) {
 		t := bytes.TrimSpace(l)
-		if len(t) == 0 || t[0] == '#' || bytes.Equal(t, []byte("---")) {
+		if bytes.HasPrefix(l, []byte("---")) && (len(t) == 3 || t[3] == ' ' || t[3] == '\t' || t[3] == '#') {
+			flush()
 			continue
 		}
-		b.Write(l)
-		b.WriteByte('\n')
+		if cur.line == 0 && len(t) > 0 && t[0] != '#' {
+			cur.line = i + 1
+		}
+		cur.body = append(cur.body, l...)
 	}
-	return b.Bytes()
+	flush()
+	return docs
 }
 
 var crdGVK = apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition")
@@ -112,7 +116,7 @@ var crdGVK = apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefiniti
 // applyManifests applies CRDs first and waits until each is Established, then
 // warms each new resource up, then applies everything else in file order
 // (a ClusterRole before the binding that names it, as kubectl would).
-func applyManifests(ctx context.Context, cfg *rest.Config, objs []manifestObject) error {
+func applyManifests(ctx context.Context, cfg *rest.Config, objs []manifestObject, warm bool) error {
 	if len(objs) == 0 {
 		return nil
 	}
@@ -146,8 +150,8 @@ func applyManifests(ctx context.Context, cfg *rest.Config, objs []manifestObject
 			return err
 		}
 	}
-	if len(crds) > 0 {
-		mapper.Reset()
+	mapper.Reset()
+	if warm {
 		if err := warmUp(ctx, dyn, crds); err != nil {
 			return err
 		}

@@ -8,13 +8,16 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/alecthomas/kong"
+	"google.golang.org/grpc/grpclog"
 	"k8s.io/klog/v2"
 
 	"unbounded-cloud.io/agent/tests/kube/testenv"
@@ -26,12 +29,17 @@ type cli struct {
 	Listen          string        `default:"127.0.0.1" help:"Loopback address to listen on."`
 	SigningDuration time.Duration `default:"24h" help:"Lifetime of certificates issued for approved CSRs that do not ask for less."`
 	Verbose         int           `short:"v" default:"0" help:"Verbosity of the API server's own log (klog -v)."`
+	NoWarmUp        bool          `help:"Skip the warm-up of new custom resources (to measure what it saves)."`
 }
 
 func main() {
 	var c cli
 	kong.Parse(&c, kong.Description("Runs etcd and kube-apiserver on loopback for tests."))
-	quietKlog(c.Verbose)
+	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
+		fmt.Fprintln(os.Stderr, "kube-testenv:", err)
+		os.Exit(1)
+	}
+	quietKlog(filepath.Join(c.Dir, "kube-apiserver.log"), c.Verbose)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "kube-testenv")
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -41,6 +49,7 @@ func main() {
 		Manifests:       c.Manifests,
 		Listen:          c.Listen,
 		SigningDuration: c.SigningDuration,
+		NoWarmUp:        c.NoWarmUp,
 		Log:             log,
 		Ready:           func(kubeconfig string) { fmt.Printf("READY %s\n", kubeconfig) },
 	})
@@ -52,18 +61,24 @@ func main() {
 
 // quietKlog keeps the API server's start-up chatter (hundreds of info lines)
 // off stderr: only warnings and errors are shown, so a failing start is
-// readable in the tail that with-env.sh prints.
-func quietKlog(v int) {
+// readable in the tail that with-env.sh prints. The whole log goes to file,
+// in the environment's directory (klog would otherwise litter /tmp).
+func quietKlog(file string, v int) {
 	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(fs)
 	for k, val := range map[string]string{
 		"logtostderr":     "false",
 		"alsologtostderr": "false",
 		"stderrthreshold": "WARNING",
+		"log_file":        file,
 		"v":               fmt.Sprint(v),
 	} {
 		if err := fs.Set(k, val); err != nil {
 			panic(err)
 		}
 	}
+	// The API server's etcd clients log every cancelled dial of their
+	// start-up probes as a warning, a hundred lines per start; errors
+	// still show.
+	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, os.Stderr))
 }
