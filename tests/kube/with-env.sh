@@ -37,15 +37,18 @@ loud() {
 	} >&2
 }
 
-# skip_run REASON: run CMD without the environment, telling the tests why.
+# skip_run REASON CMD [ARGS...]: run CMD without the environment, telling
+# the tests why.
 skip_run() {
+	local reason=$1
+	shift
 	if [ "${UNBOUNDED_TEST_KUBE_REQUIRED:-}" = 1 ]; then
-		loud "$1 (UNBOUNDED_TEST_KUBE_REQUIRED=1: not running the tests)"
+		loud "$reason (UNBOUNDED_TEST_KUBE_REQUIRED=1: not running the tests)"
 		exit 3
 	fi
-	loud "$1; Kubernetes tests will skip"
-	unset UNBOUNDED_TEST_KUBECONFIG UNBOUNDED_TEST_KUBEDIR
-	export UNBOUNDED_TEST_KUBE_SKIP="$1"
+	loud "$reason; Kubernetes tests will skip"
+	unset UNBOUNDED_TEST_KUBECONFIG UNBOUNDED_TEST_KUBEDIR UNBOUNDED_TEST_KUBE_BIN
+	export UNBOUNDED_TEST_KUBE_SKIP="$reason"
 	"$@"
 }
 
@@ -57,7 +60,7 @@ ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
 mkdir -p "$(dirname "$bin")"
 build_start=$(date +%s)
 if ! build_out=$(cd "$here" && CGO_ENABLED=0 GOFLAGS= go build -trimpath -ldflags "$ldflags" -o "$bin" ./cmd/kube-testenv 2>&1); then
-	reason="cannot build kube-testenv: $(printf '%s\n' "$build_out" | grep -v '^#' | head -1)"
+	reason="cannot build kube-testenv: $(printf '%s\n' "$build_out" | grep -v '^#' | head -1 | sed 's/^.*with-env.sh: line [0-9]*: //')"
 	loud "BUILD FAILED" "$(printf '%s\n' "$build_out" | tail -40)"
 	skip_run "$reason" "$@"
 	exit $?
@@ -79,6 +82,8 @@ mkfifo "$fifo"
 env_pid=$!
 exec 3<"$fifo"
 
+# stop_env [quiet]: SIGTERM, then SIGKILL after 10 s; shows the log tail if
+# the environment failed (unless quiet: the caller shows it).
 stop_env() {
 	if kill -0 "$env_pid" 2>/dev/null; then
 		kill -TERM "$env_pid" 2>/dev/null
@@ -94,7 +99,7 @@ stop_env() {
 	wait "$env_pid" 2>/dev/null
 	local rc=$?
 	exec 3<&-
-	if [ "$rc" -ne 0 ] && [ "$rc" -ne 143 ]; then
+	if [ "$rc" -ne 0 ] && [ "$rc" -ne 143 ] && [ -z "${1:-}" ]; then
 		echo "kube-testenv: exited with status $rc; last lines of its log:" >&2
 		tail -20 "$dir/stderr.log" >&2
 	fi
@@ -105,19 +110,25 @@ kubeconfig=
 start_ms=$(($(date +%s%N) / 1000000))
 trap 'stop_env; exit 130' INT
 trap 'stop_env; exit 143' TERM
-while IFS= read -r -t "$ready_timeout" -u 3 line; do
+why=
+while [ -z "$kubeconfig" ]; do
+	IFS= read -r -t "$ready_timeout" -u 3 line
+	rc=$?
+	if [ "$rc" -gt 128 ]; then
+		why="not ready within ${ready_timeout}s"
+		break
+	elif [ "$rc" -ne 0 ]; then
+		# EOF: it closed its stdout, so it has exited (or is exiting).
+		why="exited before it was ready"
+		break
+	fi
 	case $line in
-	"READY "*) kubeconfig=${line#READY }; break ;;
+	"READY "*) kubeconfig=${line#READY } ;;
 	esac
 done
 if [ -z "$kubeconfig" ]; then
-	if kill -0 "$env_pid" 2>/dev/null; then
-		why="not ready within ${ready_timeout}s"
-	else
-		why="exited before it was ready"
-	fi
 	tail=$(tail -30 "$dir/stderr.log")
-	stop_env
+	stop_env quiet
 	trap - INT TERM
 	loud "the test API server $why" "$tail"
 	skip_run "test API server $why (see the log above)" "$@"
