@@ -31,7 +31,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	"k8s.io/client-go/rest"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
@@ -429,16 +428,7 @@ func (restAPI) GetMachine(ctx context.Context, cfg *rest.Config, name string) (*
 }
 
 func (restAPI) ReviewToken(ctx context.Context, cfg *rest.Config) (*authenticationv1.TokenReviewStatus, error) {
-	rc, err := authenticationv1client.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: cfg.BearerToken}}
-	res, err := rc.TokenReviews().Create(ctx, tr, metav1.CreateOptions{})
-	if err != nil {
-		return nil, err
-	}
-	return &res.Status, nil
+	return kube.ReviewOwnToken(ctx, cfg)
 }
 
 func (restAPI) MutateStatus(ctx context.Context, cfg *rest.Config, name string, mutate func(*v1alpha3.Machine) bool) error {

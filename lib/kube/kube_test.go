@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/kube"
@@ -49,13 +50,17 @@ func newAgentHost(t *testing.T) *agentHost {
 	return h
 }
 
-func (h *agentHost) bootstrapClient(t *testing.T) kubernetes.Interface {
+func (h *agentHost) bootstrapConfig(t *testing.T) *rest.Config {
 	t.Helper()
 	cfg, err := h.creds.BootstrapConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return kubernetes.NewForConfigOrDie(cfg)
+	return cfg
+}
+
+func (h *agentHost) bootstrapClient(t *testing.T) kubernetes.Interface {
+	return kubernetes.NewForConfigOrDie(h.bootstrapConfig(t))
 }
 
 // approveNext approves, as the cluster-side approver, the next CSR of the
@@ -93,8 +98,9 @@ func (h *agentHost) approveNext(t *testing.T, seen map[string]bool) string {
 	return ""
 }
 
-// ensure runs CertManager.Ensure while the test approves the CSR it sends.
-func (h *agentHost) ensureApproved(t *testing.T, m kube.CertManager, client kubernetes.Interface, seen map[string]bool) (*kube.CertPair, string) {
+// ensureApproved runs ensure (CertManager.EnsureConfig or Ensure) while the
+// test approves the CSR it sends.
+func (h *agentHost) ensureApproved(t *testing.T, ensure func(context.Context) (*kube.CertPair, error), seen map[string]bool) (*kube.CertPair, string) {
 	t.Helper()
 	type res struct {
 		p   *kube.CertPair
@@ -102,7 +108,7 @@ func (h *agentHost) ensureApproved(t *testing.T, m kube.CertManager, client kube
 	}
 	done := make(chan res, 1)
 	go func() {
-		p, err := m.Ensure(context.Background(), client)
+		p, err := ensure(context.Background())
 		done <- res{p, err}
 	}()
 	name := h.approveNext(t, seen)
@@ -116,7 +122,9 @@ func (h *agentHost) ensureApproved(t *testing.T, m kube.CertManager, client kube
 func TestCSRFlowIssuesAClientCertificateStoredWith0600(t *testing.T) {
 	h := newAgentHost(t)
 	m := kube.CertManager{Store: h.creds.Certs, Machine: h.machine, Wait: 30 * time.Second, Log: quiet}
-	pair, csrName := h.ensureApproved(t, m, h.bootstrapClient(t), map[string]bool{})
+	pair, csrName := h.ensureApproved(t, func(ctx context.Context) (*kube.CertPair, error) {
+		return m.EnsureConfig(ctx, h.bootstrapConfig(t))
+	}, map[string]bool{})
 	if csrName == "" {
 		t.FailNow()
 	}
@@ -148,7 +156,7 @@ func TestCSRFlowIssuesAClientCertificateStoredWith0600(t *testing.T) {
 		t.Errorf("Get own (absent) Machine with the certificate: %v, want NotFound (authenticated and authorized)", err)
 	}
 	// A second Ensure with a fresh certificate sends no new CSR.
-	again, err := m.Ensure(context.Background(), h.bootstrapClient(t))
+	again, err := m.EnsureConfig(context.Background(), h.bootstrapConfig(t))
 	if err != nil || again.Cert.SerialNumber.Cmp(pair.Cert.SerialNumber) != 0 {
 		t.Errorf("Ensure with a fresh certificate: %v, serial changed: %v", err, again != nil && again.Cert.SerialNumber.Cmp(pair.Cert.SerialNumber) != 0)
 	}
@@ -160,14 +168,16 @@ func TestCSRRenewsPastEightyPercentOfTheLifetimeWithTheCurrentCertificate(t *tes
 	clock := time.Now()
 	m := kube.CertManager{Store: h.creds.Certs, Machine: h.machine, Wait: 30 * time.Second, Log: quiet,
 		Duration: time.Hour, Clock: func() time.Time { return clock }}
-	first, _ := h.ensureApproved(t, m, h.bootstrapClient(t), seen)
+	first, _ := h.ensureApproved(t, func(ctx context.Context) (*kube.CertPair, error) {
+		return m.EnsureConfig(ctx, h.bootstrapConfig(t))
+	}, seen)
 	if life := first.Cert.NotAfter.Sub(first.Cert.NotBefore); life > 2*time.Hour {
 		t.Errorf("lifetime %s, asked for 1h", life)
 	}
 
 	// At 70 % nothing happens.
 	clock = first.Cert.NotBefore.Add(first.Cert.NotAfter.Sub(first.Cert.NotBefore) * 7 / 10)
-	same, err := m.Ensure(context.Background(), h.bootstrapClient(t))
+	same, err := m.EnsureConfig(context.Background(), h.bootstrapConfig(t))
 	if err != nil || same.Cert.SerialNumber.Cmp(first.Cert.SerialNumber) != 0 {
 		t.Fatalf("Ensure at 70%%: %v (renewed too early?)", err)
 	}
@@ -180,7 +190,9 @@ func TestCSRRenewsPastEightyPercentOfTheLifetimeWithTheCurrentCertificate(t *tes
 	if err != nil {
 		t.Fatal(err)
 	}
-	renewed, _ := h.ensureApproved(t, m, kubernetes.NewForConfigOrDie(cfg), seen)
+	renewed, _ := h.ensureApproved(t, func(ctx context.Context) (*kube.CertPair, error) {
+		return m.EnsureConfig(ctx, cfg)
+	}, seen)
 	if renewed.Cert.SerialNumber.Cmp(first.Cert.SerialNumber) == 0 {
 		t.Fatal("not renewed")
 	}
@@ -198,7 +210,11 @@ func TestCSRReplacesAnUnreadableStoredCertificate(t *testing.T) {
 	os.MkdirAll(h.creds.Certs.Dir, 0o700)
 	os.WriteFile(h.creds.Certs.Path(), []byte("-----BEGIN CERTIFICATE-----\ngarbage\n"), 0o600)
 	m := kube.CertManager{Store: h.creds.Certs, Machine: h.machine, Wait: 30 * time.Second, Log: quiet}
-	pair, _ := h.ensureApproved(t, m, h.bootstrapClient(t), map[string]bool{})
+	// Through the deprecated clientset entry point, which the daemon
+	// still uses.
+	pair, _ := h.ensureApproved(t, func(ctx context.Context) (*kube.CertPair, error) {
+		return m.Ensure(ctx, h.bootstrapClient(t))
+	}, map[string]bool{})
 	if _, err := h.creds.Certs.Load(); err != nil || pair == nil {
 		t.Fatalf("after a new CSR the store is still unusable: %v", err)
 	}
@@ -208,7 +224,7 @@ func TestCSRNotApprovedInTimeFailsWithoutStoringAnything(t *testing.T) {
 	h := newAgentHost(t)
 	m := kube.CertManager{Store: h.creds.Certs, Machine: h.machine, Wait: 1500 * time.Millisecond, Log: quiet}
 	start := time.Now()
-	_, err := m.Ensure(context.Background(), h.bootstrapClient(t))
+	_, err := m.EnsureConfig(context.Background(), h.bootstrapConfig(t))
 	if err == nil || !strings.Contains(err.Error(), "not approved and issued within") {
 		t.Fatalf("Ensure without approval: %v", err)
 	}

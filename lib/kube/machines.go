@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+	certificatesv1 "k8s.io/api/certificates/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
@@ -25,9 +28,22 @@ var (
 )
 
 func init() {
-	if err := v1alpha3.AddToScheme(scheme); err != nil {
-		panic(err)
+	// Only the groups the agent speaks: its own, CSRs and TokenReviews.
+	for _, add := range []func(*runtime.Scheme) error{v1alpha3.AddToScheme, certificatesv1.AddToScheme, authenticationv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			panic(err)
+		}
 	}
+}
+
+// groupClient is a REST client for one API group of the scheme above.
+func groupClient(cfg *rest.Config, gv schema.GroupVersion) (rest.Interface, error) {
+	c := rest.CopyConfig(cfg)
+	c.GroupVersion = &gv
+	c.APIPath = "/apis"
+	c.NegotiatedSerializer = codecs.WithoutConversion()
+	c.ContentType = runtime.ContentTypeJSON
+	return rest.RESTClientFor(c)
 }
 
 // Machines reads and writes Machine objects (cluster-scoped) with the
@@ -39,12 +55,7 @@ type Machines struct {
 // NewMachines returns a Machines client for cfg (a copy is changed, cfg is
 // not).
 func NewMachines(cfg *rest.Config) (*Machines, error) {
-	c := rest.CopyConfig(cfg)
-	c.GroupVersion = &v1alpha3.SchemeGroupVersion
-	c.APIPath = "/apis"
-	c.NegotiatedSerializer = codecs.WithoutConversion()
-	c.ContentType = runtime.ContentTypeJSON
-	rc, err := rest.RESTClientFor(c)
+	rc, err := groupClient(cfg, v1alpha3.SchemeGroupVersion)
 	if err != nil {
 		return nil, fmt.Errorf("machines client: %w", err)
 	}
@@ -123,4 +134,21 @@ func (m *Machines) MutateStatus(ctx context.Context, name string, mutate func(*v
 		}
 	}
 	return nil, err
+}
+
+// ReviewOwnToken sends a TokenReview of the bearer token that cfg
+// authenticates with, authenticated by that same token: the API server
+// answers 401 if the token is revoked, else whether (and as whom) it
+// authenticates. The fence's fallback read.
+func ReviewOwnToken(ctx context.Context, cfg *rest.Config) (*authenticationv1.TokenReviewStatus, error) {
+	rc, err := groupClient(cfg, authenticationv1.SchemeGroupVersion)
+	if err != nil {
+		return nil, err
+	}
+	in := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: cfg.BearerToken}}
+	out := &authenticationv1.TokenReview{}
+	if err := rc.Post().Resource("tokenreviews").Body(in).Do(ctx).Into(out); err != nil {
+		return nil, err
+	}
+	return &out.Status, nil
 }
