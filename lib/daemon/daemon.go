@@ -311,6 +311,10 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 
 // apply takes one watch update into the loop's state.
 func (d *daemon) apply(ctx context.Context, u update) {
+	if u.sync && !d.synced[u.kind] {
+		d.synced[u.kind] = true
+		d.log.Debug("initial list done", "kind", u.kind)
+	}
 	switch u.kind {
 	case kindOps:
 		if u.sync {
@@ -348,10 +352,6 @@ func (d *daemon) apply(ctx context.Context, u update) {
 			d.mu.Unlock()
 		}
 		d.reportMachine(ctx)
-	}
-	if u.sync && !d.synced[u.kind] {
-		d.synced[u.kind] = true
-		d.log.Debug("initial list done", "kind", u.kind)
 	}
 }
 

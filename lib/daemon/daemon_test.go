@@ -375,10 +375,9 @@ func TestInstallationOwningTheHostStopsTheDaemonWithErrOwned(t *testing.T) {
 	defer lock.Release()
 	d := startDaemon(t, f.opts)
 	select {
-	case err := <-d.done:
-		d.done <- err
-		if !errors.Is(err, state.ErrOwned) {
-			t.Fatalf("Run = %v, want ErrOwned", err)
+	case <-d.done:
+		if !errors.Is(d.err, state.ErrOwned) {
+			t.Fatalf("Run = %v, want ErrOwned", d.err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("daemon kept running while an installation owns the host")

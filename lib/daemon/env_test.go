@@ -258,15 +258,16 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 // (or, seen from the cluster and the units, like a kill).
 type runningDaemon struct {
 	cancel context.CancelFunc
-	done   chan error
+	done   chan struct{} // closed when Run returned
+	err    error         // Run's result, once done is closed
 }
 
 func (r *runningDaemon) stop(t testing.TB) error {
 	t.Helper()
 	r.cancel()
 	select {
-	case err := <-r.done:
-		return err
+	case <-r.done:
+		return r.err
 	case <-time.After(30 * time.Second):
 		t.Fatal("daemon did not stop within 30s")
 		return nil
@@ -279,8 +280,11 @@ func startDaemon(t testing.TB, opts Options) *runningDaemon {
 		opts.Log = testLogger(t)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &runningDaemon{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- Run(ctx, opts) }()
+	r := &runningDaemon{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		r.err = Run(ctx, opts)
+		close(r.done)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		<-r.done
