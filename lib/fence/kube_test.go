@@ -229,7 +229,7 @@ func TestFenceRetriesAnUnreachableAPIServerUntilTheBudgetThenRefuses(t *testing.
 	h := newHost(t, nil)
 	h.validCert(t)
 	p := h.env.ProxyFront(t)
-	h.creds.APIServer = p.URL
+	h.creds.APIServer = p.Host()
 	p.Close()
 	const budget = 2 * time.Second
 	code, took := h.run(t, h.check(budget))
@@ -284,7 +284,7 @@ func TestFenceHonoursTheBudgetAgainstASlowAPIServer(t *testing.T) {
 	h := newHost(t, nil)
 	h.validCert(t)
 	p := h.env.ProxyFront(t)
-	h.creds.APIServer = p.URL
+	h.creds.APIServer = p.Host()
 	p.SetDelay(10 * time.Second)
 	const budget = 2 * time.Second
 	c := h.check(budget)

@@ -130,7 +130,7 @@ func TestReporterWithoutPerMachineRBACLogsOneLineAndLetsTheBootstrapGoOn(t *test
 func TestReporterWithAnUnreachableClusterLogsOneLineAndLetsTheBootstrapGoOn(t *testing.T) {
 	f := newFixture(t, true)
 	p := f.env.ProxyFront(t)
-	f.r.Credentials.APIServer = p.URL
+	f.r.Credentials.APIServer = p.Host()
 	p.Close()
 	start := time.Now()
 	if err := f.r.Running(context.Background()); err != nil {
