@@ -412,7 +412,9 @@ func nodeReady(n *corev1.Node) bool {
 // vanished Node, then Pending operations oldest first. One at a time:
 // operations on one host change the same node stack.
 func (d *daemon) step(ctx context.Context) error {
-	if d.inflight != "" || !d.synced[kindOps] {
+	// The Machine first: a repave's request carries its spec as the
+	// desired config.
+	if d.inflight != "" || !d.synced[kindOps] || !d.synced[kindMachine] {
 		return nil
 	}
 	var pending, inProgress []*v1alpha3.MachineOperation
