@@ -83,6 +83,11 @@ func TestLoadReportsEachErrorClassWithFileLineAndKey(t *testing.T) {
 		{"machine not a DNS name", func(h *host) {
 			h.edit(mainFile, `machine = "site-w1"`, `machine = "Site W1"`)
 		}, want{mainFile, 1, "machine", `"Site W1" is not a valid Machine/Node name`}},
+		// A label, not a subdomain: the name is part of the bootstrap
+		// token's group, which may not hold a dot (and the CRD agrees).
+		{"machine with a dot", func(h *host) {
+			h.edit(mainFile, `machine = "site-w1"`, `machine = "site.w1"`)
+		}, want{mainFile, 1, "machine", `"site.w1" is not a valid Machine/Node name`}},
 		{"mode not an isolation mode", func(h *host) {
 			h.edit(mainFile, `mode = "nspawn"`, `mode = "vm"`)
 		}, want{mainFile, 2, "mode", `must be one of nspawn, container, none, got "vm"`}},
@@ -279,3 +284,4 @@ func TestLoadErrorsNeverQuoteTheTokenEvenWhenMalformed(t *testing.T) {
 		t.Errorf("error quotes the token file's content: %v", errs)
 	}
 }
+
