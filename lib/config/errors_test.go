@@ -284,4 +284,3 @@ func TestLoadErrorsNeverQuoteTheTokenEvenWhenMalformed(t *testing.T) {
 		t.Errorf("error quotes the token file's content: %v", errs)
 	}
 }
-
