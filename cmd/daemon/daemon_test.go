@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,8 +21,12 @@ func refuseHost(t *testing.T) daemon.Host {
 			t.Error("daemon connected to systemd on an owned host")
 			return nil, context.Canceled
 		},
+		// READY=1 is all it may say: systemd would otherwise count the
+		// exit as a protocol violation (see lib/daemon.Run).
 		Notify: func(s string) error {
-			t.Errorf("daemon notified %q on an owned host", s)
+			if !strings.HasPrefix(s, "READY=1\n") {
+				t.Errorf("daemon notified %q on an owned host", s)
+			}
 			return nil
 		},
 	}

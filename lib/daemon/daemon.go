@@ -75,6 +75,12 @@ func Run(ctx context.Context, opts Options) error {
 		log = slog.Default()
 	}
 	if err := checkOwnership(opts.Paths); err != nil {
+		// A Type=notify service that exits before READY=1 is a protocol
+		// violation to systemd (result "protocol", unit failed) whatever
+		// its exit status: say ready, then leave with 69, which the unit
+		// lists as success. systemd reads the notification before it
+		// reaps the process, so the order holds.
+		_ = opts.Host.notify("READY=1\nSTATUS=deferred: an installation owns the host")
 		return err
 	}
 	active, err := state.ReadActive(opts.Paths)

@@ -357,7 +357,9 @@ kubernetes-version = "1.36.3"
 	})
 
 	t.Run("daemon killed mid-operation does not dispatch twice", func(t *testing.T) {
-		setStandIn("4", "ok")
+		// Longer than RestartSec=5s: the restarted daemon finds the unit
+		// still running (InvocationID read over real D-Bus) and waits.
+		setStandIn("8", "ok")
 		before := showProps(t, m, daemonUnit, "NRestarts")["NRestarts"]
 		op := env.createOp(t, machine, v1alpha3.OperationRepave)
 		deadline := time.Now().Add(30 * time.Second)
@@ -377,8 +379,40 @@ kubernetes-version = "1.36.3"
 		if n := runs(m, string(op.UID)); n != 1 {
 			t.Fatalf("stand-in ran %d times for one operation, want 1; journal:\n%s", n, m.Journal(repaveUnit))
 		}
+		if j := m.Journal(daemonUnit); !strings.Contains(j, "resuming: unit still runs for this operation") {
+			t.Errorf("the restarted daemon did not find the unit running:\n%s", j)
+		}
 		if after := showProps(t, m, daemonUnit, "NRestarts")["NRestarts"]; after == before {
 			t.Errorf("NRestarts %s -> %s: the daemon was not restarted by systemd", before, after)
+		}
+	})
+
+	// Goal: an idle daemon under 40 MB resident. What the daemon itself
+	// holds is its anonymous memory (heap, stacks); the rest of its RSS is
+	// the text of the multicall binary, shared with every other process
+	// running it and reclaimable page cache, which recent kernels map in
+	// 2 MB folios (FilePmdMapped), so that nearly the whole 45 MB binary
+	// shows as resident. The test holds the anonymous part to a bound that
+	// a leak or a watch cache would break, and logs the rest.
+	t.Run("idle daemon's own memory stays small", func(t *testing.T) {
+		time.Sleep(3 * time.Second) // settled: watches open, status reported
+		pid := showProps(t, m, daemonUnit, "MainPID")["MainPID"]
+		rollup, err := m.Run("cat", "/proc/"+pid+"/smaps_rollup")
+		if err != nil || pid == "0" {
+			t.Fatalf("daemon not running (MainPID %s): %v", pid, err)
+		}
+		kb := map[string]int{}
+		for _, l := range strings.Split(rollup, "\n") {
+			k, v, _ := strings.Cut(l, ":")
+			var n int
+			if _, err := fmt.Sscan(v, &n); err == nil {
+				kb[k] = n
+			}
+		}
+		t.Logf("idle daemon: RSS %.1f MiB = anonymous %.1f MiB + file-backed %.1f MiB (of which %.1f MiB in 2 MB folios); binary %.1f MiB",
+			mib(kb["Rss"]), mib(kb["Anonymous"]), mib(kb["Pss_File"]), mib(kb["FilePmdMapped"]), float64(len(binData))/(1<<20))
+		if kb["Rss"] == 0 || kb["Anonymous"] > 16*1024 {
+			t.Errorf("idle daemon holds %d kB of anonymous memory, want under 16 MiB", kb["Anonymous"])
 		}
 	})
 
@@ -387,21 +421,35 @@ kubernetes-version = "1.36.3"
 			t.Fatalf("stop: %v %s", err, out)
 		}
 		m.WriteFile(hostpaths.HostRootHost+"/ownership", []byte(`{"owner":"reprovision","unit":"unbounded-reprovision.service","since":"2026-01-02T03:04:05Z"}`+"\n"), 0o644)
-		out, err := m.Systemctl("start", daemonUnit)
-		props := showProps(t, m, daemonUnit, "ActiveState", "Result", "ExecMainStatus", "NRestarts")
-		t.Logf("systemctl start on an owned host: err=%v out=%q props=%v", err, out, props)
-		if props["ActiveState"] != "inactive" || props["Result"] != "success" || props["ExecMainStatus"] != "69" {
-			t.Fatalf("daemon on an owned host: %v, want inactive, result success, exit 69", props)
+
+		// The binary itself: exit 69, nothing printed.
+		out, err := m.Run("sh", "-c", hostpaths.LibexecDirHost+"/daemon >/tmp/daemon.out 2>&1; echo $?; cat /tmp/daemon.out")
+		if err != nil || out != "69\n" {
+			t.Fatalf("daemon on an owned host printed exit status and output %q (%v), want \"69\" and nothing", out, err)
+		}
+
+		// The unit: the start succeeds and leaves it inactive, not
+		// failed, and systemd does not restart it. (systemd unloads an
+		// inactive unit that ended well, so its ExecMainStatus cannot be
+		// read afterwards; the binary's status is checked above.)
+		before := showProps(t, m, daemonUnit, "NRestarts")["NRestarts"]
+		if out, err := m.Systemctl("start", daemonUnit); err != nil {
+			t.Fatalf("systemctl start on an owned host: %v %s\n%s", err, out, m.Journal(daemonUnit))
 		}
 		time.Sleep(6 * time.Second) // longer than RestartSec
-		if s := m.UnitState(daemonUnit); s.ActiveState != "inactive" {
-			t.Fatalf("daemon restarted on an owned host: %s", s)
+		props := showProps(t, m, daemonUnit, "ActiveState", "Result", "NRestarts")
+		if props["ActiveState"] != "inactive" || props["Result"] != "success" || props["NRestarts"] != before {
+			t.Fatalf("daemon unit on an owned host: %v, want inactive, result success, NRestarts %s\n%s", props, before, m.Journal(daemonUnit))
 		}
-		if j := m.Journal(daemonUnit); strings.Contains(j, "level=ERROR") {
-			t.Errorf("deferred daemon logged an error:\n%s", j)
+		j := m.Journal(daemonUnit)
+		tail := j[strings.LastIndex(j, "Starting unbounded-daemon.service"):]
+		if !strings.Contains(tail, "Deactivated successfully") || strings.Contains(tail, "level=ERROR") || strings.Contains(tail, "Scheduled restart") {
+			t.Fatalf("journal of the deferred start:\n%s", tail)
 		}
 	})
 }
+
+func mib(kb int) float64 { return float64(kb) / 1024 }
 
 func apiruntimeScheme(t *testing.T) *k8sruntime.Scheme {
 	t.Helper()
