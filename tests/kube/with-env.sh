@@ -139,7 +139,7 @@ fi
 echo "kube-testenv: ready in $(($(date +%s%N) / 1000000 - start_ms)) ms: $kubeconfig" >&2
 export UNBOUNDED_TEST_KUBECONFIG=$kubeconfig UNBOUNDED_TEST_KUBEDIR=$dir UNBOUNDED_TEST_KUBE_BIN=$bin
 unset UNBOUNDED_TEST_KUBE_SKIP
-"$@"
+"$@" 3<&- # the environment's stdout stays with this script
 rc=$?
 stop_env
 exit "$rc"
