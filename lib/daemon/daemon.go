@@ -336,6 +336,7 @@ func (d *daemon) apply(ctx context.Context, u update) {
 				continue // our own update raced ahead of the watch
 			}
 			d.ops[op.Name] = op
+			d.log.Debug("operation seen", "name", op.Name, "state", op.Status.State, "sync", u.sync)
 		}
 	case kindNode:
 		var node *corev1.Node

@@ -150,6 +150,10 @@ func (e *testEnv) agentConfig(t testing.TB, machine string) *rest.Config {
 			KeyData:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
 		},
 		UserAgent: "unbounded-daemon-test",
+		// As lib/kube.Credentials sets them; client-go's default (5 QPS)
+		// would throttle back-to-back operations to 200 ms a request.
+		QPS:   50,
+		Burst: 100,
 	}
 }
 
