@@ -14,32 +14,39 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/kube"
 )
 
-// The daemon's cluster clients: lib/kube's Machines client, a plain REST
-// client for MachineOperations, and the core/v1 typed client (Nodes,
-// Events) rather than a full clientset, which would link every API group.
+// The daemon's cluster clients: lib/kube's Machines client and two plain
+// REST clients, one for MachineOperations, one for Nodes and Events. Not
+// client-go's typed core/v1 client: it imports client-go's scheme, which
+// registers every API group at start (binary size, and memory at idle).
 var (
 	opScheme         = runtime.NewScheme()
 	opCodecs         = serializer.NewCodecFactory(opScheme)
 	opParameterCodec = runtime.NewParameterCodec(opScheme)
+
+	coreScheme         = runtime.NewScheme()
+	coreCodecs         = serializer.NewCodecFactory(coreScheme)
+	coreParameterCodec = runtime.NewParameterCodec(coreScheme)
 )
 
 func init() {
 	if err := v1alpha3.AddToScheme(opScheme); err != nil {
 		panic(err)
 	}
+	if err := corev1.AddToScheme(coreScheme); err != nil {
+		panic(err)
+	}
 }
 
 type cluster struct {
 	machines *kube.Machines
-	ops      rest.Interface
-	core     corev1client.CoreV1Interface
+	ops      rest.Interface // unbounded-cloud.io/v1alpha3
+	core     rest.Interface // core/v1
 }
 
 func newCluster(cfg *rest.Config) (*cluster, error) {
@@ -60,7 +67,12 @@ func newCluster(cfg *rest.Config) (*cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("machineoperations client: %w", err)
 	}
-	core, err := corev1client.NewForConfig(cfg)
+	cc := rest.CopyConfig(cfg)
+	cc.GroupVersion = &corev1.SchemeGroupVersion
+	cc.APIPath = "/api"
+	cc.NegotiatedSerializer = coreCodecs.WithoutConversion()
+	cc.ContentType = runtime.ContentTypeJSON
+	core, err := rest.RESTClientFor(cc)
 	if err != nil {
 		return nil, fmt.Errorf("core client: %w", err)
 	}
@@ -107,6 +119,23 @@ func nodeSelector(node string) string {
 	return fields.OneTermEqualSelector("metadata.name", node).String()
 }
 
+func (c *cluster) listNodes(ctx context.Context, node string) (*corev1.NodeList, error) {
+	out := &corev1.NodeList{}
+	opts := metav1.ListOptions{FieldSelector: nodeSelector(node)}
+	err := c.core.Get().Resource("nodes").VersionedParams(&opts, coreParameterCodec).Do(ctx).Into(out)
+	return out, err
+}
+
+func (c *cluster) watchNodes(ctx context.Context, node, rv string) (watch.Interface, error) {
+	opts := metav1.ListOptions{
+		FieldSelector:       nodeSelector(node),
+		ResourceVersion:     rv,
+		AllowWatchBookmarks: true,
+		Watch:               true,
+	}
+	return c.core.Get().Resource("nodes").VersionedParams(&opts, coreParameterCodec).Watch(ctx)
+}
+
 // recordEvent records an Event about the Machine in namespace "default",
 // where the events of cluster-scoped objects go (kubectl describe machine
 // finds them there). Best effort: an event that cannot be written is
@@ -138,7 +167,8 @@ func (d *daemon) recordEvent(ctx context.Context, eventType, reason, message str
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := d.cluster.core.Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	err := d.cluster.core.Post().Namespace(metav1.NamespaceDefault).Resource("events").Body(ev).Do(ctx).Error()
+	if err != nil {
 		d.log.Warn("cannot record event on the Machine", "reason", reason, "error", err)
 	}
 }

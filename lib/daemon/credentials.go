@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"unbounded-cloud.io/agent/lib/config"
@@ -84,12 +83,10 @@ func (r *renewal) run(ctx context.Context, d *daemon, cfg *rest.Config, done cha
 	}
 	r.manager.Log = d.log
 	for {
-		client, err := kubernetes.NewForConfig(cfg)
+		_, err := r.manager.EnsureConfig(ctx, cfg)
 		if err == nil {
-			if _, err = r.manager.Ensure(ctx, client); err == nil {
-				close(done)
-				return
-			}
+			close(done)
+			return
 		}
 		if ctx.Err() != nil {
 			return

@@ -166,7 +166,7 @@ func (d *daemon) watchMachine(ctx context.Context, rv string) (watch.Interface, 
 }
 
 func (d *daemon) listNode(ctx context.Context) ([]any, string, error) {
-	out, err := d.cluster.core.Nodes().List(ctx, metav1.ListOptions{FieldSelector: nodeSelector(d.node)})
+	out, err := d.cluster.listNodes(ctx, d.node)
 	if err != nil {
 		return nil, "", err
 	}
@@ -178,11 +178,7 @@ func (d *daemon) listNode(ctx context.Context) ([]any, string, error) {
 }
 
 func (d *daemon) watchNode(ctx context.Context, rv string) (watch.Interface, error) {
-	return d.cluster.core.Nodes().Watch(ctx, metav1.ListOptions{
-		FieldSelector:       nodeSelector(d.node),
-		ResourceVersion:     rv,
-		AllowWatchBookmarks: true,
-	})
+	return d.cluster.watchNodes(ctx, d.node, rv)
 }
 
 func (d *daemon) listOps(ctx context.Context) ([]any, string, error) {
