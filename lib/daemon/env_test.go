@@ -2,19 +2,8 @@ package daemon
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/hex"
-	"encoding/pem"
-	"errors"
 	"io"
 	"log/slog"
-	"math/big"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -26,29 +15,27 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"unbounded-cloud.io/agent/lib/api/manifests"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/tests/kubeenv"
 )
 
 // The tests run against the real API server of tests/kube (started by
-// tests/kube/with-env.sh, which exports its kubeconfig), with this
-// project's CRDs, RBAC and admission policies installed. The daemon uses
-// its real identity: a client certificate for unbounded-agent:<machine>
-// signed by the test cluster's CA, with the per-machine RBAC applied, so
-// that every request it makes is one the real grants allow.
+// tests/kube/with-env.sh; tests/kubeenv skips or fails them without it),
+// with this project's CRDs, RBAC and admission policies installed. The
+// daemon uses its real identity: a client certificate for
+// unbounded-agent:<machine> signed by the test cluster's CA, with the
+// per-machine RBAC applied, so every request it makes is one the real
+// grants allow.
 
-const envKubeconfig = "UNBOUNDED_TEST_KUBECONFIG"
+const envKubeconfig = kubeenv.EnvKubeconfig
 
 type testEnv struct {
-	admin     *rest.Config
-	kube      kubernetes.Interface
-	ops       *cluster // admin's REST client for operations
-	caCert    *x509.Certificate
-	caKey     any
-	clusterCA []byte
+	*kubeenv.Env
+	kube kubernetes.Interface
+	ops  *cluster // the admin's REST clients
 }
 
 var (
@@ -59,115 +46,34 @@ var (
 
 func getEnv(t testing.TB) *testEnv {
 	t.Helper()
-	kc := os.Getenv(envKubeconfig)
-	if kc == "" {
-		t.Skipf("%s is not set: these tests need the real API server; run them under tests/kube/with-env.sh", envKubeconfig)
-	}
-	envOnce.Do(func() { envVal, envErr = loadEnv(kc) })
+	e := kubeenv.Get(t)
+	envOnce.Do(func() {
+		envVal = &testEnv{Env: e, kube: e.Client()}
+		envVal.ops, envErr = newCluster(e.RESTConfig())
+	})
 	if envErr != nil {
-		t.Fatalf("test cluster from %s: %v", kc, envErr)
+		t.Fatal(envErr)
 	}
 	return envVal
-}
-
-func loadEnv(kubeconfig string) (*testEnv, error) {
-	admin, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	admin.QPS, admin.Burst = -1, 0
-	kube, err := kubernetes.NewForConfig(admin)
-	if err != nil {
-		return nil, err
-	}
-	ops, err := newCluster(admin)
-	if err != nil {
-		return nil, err
-	}
-	// kube-testenv keeps its CA beside the kubeconfig (tests/kube).
-	dir := filepath.Dir(kubeconfig)
-	certPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
-	if err != nil {
-		return nil, err
-	}
-	keyPEM, err := os.ReadFile(filepath.Join(dir, "ca.key"))
-	if err != nil {
-		return nil, err
-	}
-	cb, _ := pem.Decode(certPEM)
-	kb, _ := pem.Decode(keyPEM)
-	if cb == nil || kb == nil {
-		return nil, errors.New("ca.crt or ca.key is not PEM")
-	}
-	caCert, err := x509.ParseCertificate(cb.Bytes)
-	if err != nil {
-		return nil, err
-	}
-	caKey, err := parseKey(kb.Bytes)
-	if err != nil {
-		return nil, err
-	}
-	return &testEnv{admin: admin, kube: kube, ops: ops, caCert: caCert, caKey: caKey, clusterCA: certPEM}, nil
-}
-
-func parseKey(der []byte) (any, error) {
-	if k, err := x509.ParsePKCS8PrivateKey(der); err == nil {
-		return k, nil
-	}
-	if k, err := x509.ParseECPrivateKey(der); err == nil {
-		return k, nil
-	}
-	return x509.ParsePKCS1PrivateKey(der)
 }
 
 // agentConfig is a REST config with the daemon's certificate identity for
 // machine, as lib/kube's CSR flow would obtain it.
 func (e *testEnv) agentConfig(t testing.TB, machine string) *rest.Config {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: v1alpha3.AgentUserName(machine), Organization: []string{v1alpha3.AgentGroup}},
-		NotBefore:    time.Now().Add(-time.Minute),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, e.caCert, &key.PublicKey, e.caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	return &rest.Config{
-		Host: e.admin.Host,
-		TLSClientConfig: rest.TLSClientConfig{
-			CAData:   e.clusterCA,
-			CertData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-			KeyData:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-		},
-		UserAgent: "unbounded-daemon-test",
-		// As lib/kube.Credentials sets them; client-go's default (5 QPS)
-		// would throttle back-to-back operations to 200 ms a request.
-		QPS:   50,
-		Burst: 100,
-	}
+	cfg := e.CertConfig(e.MintClientCert(t, v1alpha3.AgentUserName(machine), v1alpha3.AgentGroup))
+	cfg.UserAgent = "unbounded-daemon-test"
+	// As lib/kube.Credentials sets them; client-go's default (5 QPS)
+	// would throttle back-to-back operations to 200 ms a request.
+	cfg.QPS, cfg.Burst = 50, 100
+	return cfg
 }
 
 // newMachine returns a unique machine name with its per-machine RBAC
 // applied (what `unbounded manifests --machine NAME` grants).
 func (e *testEnv) newMachine(t testing.TB) string {
 	t.Helper()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	name := "dt-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
-	if len(name) > 50 {
-		name = name[:50]
-	}
-	name = strings.TrimRight(name, "-") + "-" + hex.EncodeToString(b[:])
+	name := kubeenv.UniqueName(t, "dt")
 	ctx := context.Background()
 	for _, o := range manifests.MachineObjects(name, name) {
 		var err error

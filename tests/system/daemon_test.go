@@ -2,15 +2,7 @@ package system_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/hex"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,13 +19,13 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"unbounded-cloud.io/agent/lib/api/manifests"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/tests/kubeenv"
 	"unbounded-cloud.io/agent/tests/system/harness"
 )
 
@@ -103,86 +95,36 @@ func buildAgent(t *testing.T) string {
 	return agentBin
 }
 
+// kubeEnv is tests/kubeenv's environment with what the system scenarios
+// (this file's and fence_test.go's) use of it.
 type kubeEnv struct {
-	admin  *rest.Config
-	kube   kubernetes.Interface
-	api    rest.Interface // v1alpha3
-	caPEM  []byte
-	caCert *x509.Certificate
-	caKey  any
+	*kubeenv.Env
+	admin *rest.Config
+	caPEM []byte
+	kube  kubernetes.Interface
+	api   rest.Interface // unbounded-cloud.io/v1alpha3, as the admin
 }
 
 func requireKube(t *testing.T) *kubeEnv {
 	t.Helper()
-	kc := os.Getenv("UNBOUNDED_TEST_KUBECONFIG")
-	if kc == "" {
-		t.Skip("UNBOUNDED_TEST_KUBECONFIG is not set: the daemon scenario needs the real API server; run under tests/kube/with-env.sh")
-	}
-	admin, err := clientcmd.BuildConfigFromFlags("", kc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &kubeEnv{admin: admin}
-	if e.kube, err = kubernetes.NewForConfig(admin); err != nil {
-		t.Fatal(err)
-	}
-	scheme := apiruntimeScheme(t)
-	c := rest.CopyConfig(admin)
+	env := kubeenv.Get(t)
+	e := &kubeEnv{Env: env, admin: env.RESTConfig(), caPEM: env.CAPEM(t), kube: env.Client()}
+	c := env.RESTConfig()
 	c.GroupVersion = &v1alpha3.SchemeGroupVersion
 	c.APIPath = "/apis"
-	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	c.NegotiatedSerializer = serializer.NewCodecFactory(apiruntimeScheme(t)).WithoutConversion()
+	var err error
 	if e.api, err = rest.RESTClientFor(c); err != nil {
 		t.Fatal(err)
-	}
-	dir := filepath.Dir(kc)
-	if e.caPEM, err = os.ReadFile(filepath.Join(dir, "ca.crt")); err != nil {
-		t.Fatal(err)
-	}
-	keyPEM, err := os.ReadFile(filepath.Join(dir, "ca.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cb, _ := pem.Decode(e.caPEM)
-	kb, _ := pem.Decode(keyPEM)
-	if cb == nil || kb == nil {
-		t.Fatal("test cluster CA is not PEM")
-	}
-	if e.caCert, err = x509.ParseCertificate(cb.Bytes); err != nil {
-		t.Fatal(err)
-	}
-	if e.caKey, err = x509.ParsePKCS8PrivateKey(kb.Bytes); err != nil {
-		if e.caKey, err = x509.ParseECPrivateKey(kb.Bytes); err != nil {
-			if e.caKey, err = x509.ParsePKCS1PrivateKey(kb.Bytes); err != nil {
-				t.Fatalf("test cluster CA key: %v", err)
-			}
-		}
 	}
 	return e
 }
 
-// agentCert is the daemon's client certificate and key, as the CSR flow of
-// lib/kube would have stored them.
+// agentCert is the daemon's client certificate and key for machine, as
+// lib/kube's CSR flow would have stored them.
 func (e *kubeEnv) agentCert(t *testing.T, machine string) (certPEM, keyPEM []byte) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: v1alpha3.AgentUserName(machine), Organization: []string{v1alpha3.AgentGroup}},
-		NotBefore:    time.Now().Add(-time.Minute),
-		NotAfter:     time.Now().Add(2 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}, e.caCert, &key.PublicKey, e.caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kd, _ := x509.MarshalECPrivateKey(key)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd})
+	return e.MintClientCert(t, v1alpha3.AgentUserName(machine), v1alpha3.AgentGroup)
 }
 
 func (e *kubeEnv) applyMachineRBAC(t *testing.T, machine string) {
@@ -264,9 +206,7 @@ func TestDaemonCarriesOutOperationsWithRealSystemd(t *testing.T) {
 	harness.Require(t, false)
 	bin := buildAgent(t)
 
-	var rnd [4]byte
-	_, _ = rand.Read(rnd[:])
-	machine := "sys-daemon-" + hex.EncodeToString(rnd[:])
+	machine := kubeenv.UniqueName(t, "sys-daemon")
 	env.applyMachineRBAC(t, machine)
 
 	binData, err := os.ReadFile(bin)
@@ -292,8 +232,8 @@ api-server = %q
 ca-file = "/etc/unbounded/ca.crt"
 bootstrap-token-file = "/etc/unbounded/bootstrap-token"
 kubernetes-version = "1.36.3"
-`, machine, env.admin.Host)), Mode: 0o644},
-			{Path: "/etc/unbounded/ca.crt", Data: env.caPEM, Mode: 0o644},
+`, machine, env.Host())), Mode: 0o644},
+			{Path: "/etc/unbounded/ca.crt", Data: env.CAPEM(t), Mode: 0o644},
 			// Never used while the certificate is valid; the config
 			// requires the file.
 			{Path: "/etc/unbounded/bootstrap-token", Data: []byte("abcdef.0123456789abcdef\n"), Mode: 0o600},
