@@ -329,8 +329,9 @@ func TestNodeThatWasReadyAndIsGoneIsRepavedOnce(t *testing.T) {
 	if err != nil || !strings.HasPrefix(req.UID, "node:") || req.Operation != "" {
 		t.Fatalf("repave request = %+v, %v; want a node: uid and no operation", req, err)
 	}
-	eventually(t, 5*time.Second, "event NodeGone repave recorded", func() bool {
-		return strings.Contains(strings.Join(f.machineEvents(t), ","), "OperationComplete")
+	eventually(t, 5*time.Second, "events NodeGone and OperationComplete on the Machine", func() bool {
+		ev := strings.Join(f.machineEvents(t), ",")
+		return strings.Contains(ev, ReasonNodeGone) && strings.Contains(ev, "OperationComplete")
 	})
 	time.Sleep(300 * time.Millisecond)
 	_ = first.stop(t)

@@ -145,7 +145,11 @@ func (d *daemon) dispatch(ctx context.Context, j *job, t target, desired json.Ra
 	}
 	// Not in the way of the start: the Event is best effort, the unit is
 	// what the operation waits for.
-	go d.recordEvent(ctx, corev1.EventTypeNormal, ReasonDispatched, d.describe(j)+": started "+t.unit)
+	reason := ReasonDispatched
+	if j.op == nil {
+		reason = ReasonNodeGone
+	}
+	go d.recordEvent(ctx, corev1.EventTypeNormal, reason, d.describe(j)+": started "+t.unit)
 	d.log.Info("starting unit", "unit", t.unit, "uid", j.uid, "operation", req.Operation)
 	jobResult, err := d.sd.StartUnit(ctx, t.unit)
 	if err != nil {
