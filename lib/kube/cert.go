@@ -25,7 +25,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
@@ -147,15 +146,6 @@ func (m CertManager) EnsureConfig(ctx context.Context, cfg *rest.Config) (*CertP
 		return nil, err
 	}
 	return m.ensure(ctx, rc)
-}
-
-// Ensure is EnsureConfig with a clientset's credential.
-//
-// Deprecated: linking a clientset costs ~17 MB in every binary that
-// imports this package; use EnsureConfig. Ensure is removed once no caller
-// is left.
-func (m CertManager) Ensure(ctx context.Context, client kubernetes.Interface) (*CertPair, error) {
-	return m.ensure(ctx, client.CertificatesV1().RESTClient())
 }
 
 func (m CertManager) ensure(ctx context.Context, rc rest.Interface) (*CertPair, error) {

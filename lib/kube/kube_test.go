@@ -210,10 +210,8 @@ func TestCSRReplacesAnUnreadableStoredCertificate(t *testing.T) {
 	os.MkdirAll(h.creds.Certs.Dir, 0o700)
 	os.WriteFile(h.creds.Certs.Path(), []byte("-----BEGIN CERTIFICATE-----\ngarbage\n"), 0o600)
 	m := kube.CertManager{Store: h.creds.Certs, Machine: h.machine, Wait: 30 * time.Second, Log: quiet}
-	// Through the deprecated clientset entry point, which the daemon
-	// still uses.
 	pair, _ := h.ensureApproved(t, func(ctx context.Context) (*kube.CertPair, error) {
-		return m.Ensure(ctx, h.bootstrapClient(t))
+		return m.EnsureConfig(ctx, h.bootstrapConfig(t))
 	}, map[string]bool{})
 	if _, err := h.creds.Certs.Load(); err != nil || pair == nil {
 		t.Fatalf("after a new CSR the store is still unusable: %v", err)
