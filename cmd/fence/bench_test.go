@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
@@ -39,7 +40,7 @@ func BenchmarkFenceAllowedProcess(b *testing.B) {
 	token, _ := env.BootstrapToken(b, machine)
 	ca, _ := os.ReadFile(env.CAFile())
 	root := writeHost(b, env.Host(), string(ca), token, machine, uid)
-	c, k := env.MintClientCert(b, v1alpha3.AgentUserName(machine), []string{v1alpha3.AgentGroup}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
+	c, k := env.MintClientCert(b, identity.AgentUserName(machine), []string{identity.AgentGroup}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
 	if err := (kube.CertStore{Dir: hostpaths.New(root).PKIDir()}).Save(c, k); err != nil {
 		b.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -67,7 +68,7 @@ func TestMainExitsZeroForABoundMachineAnd77OnceItIsFenced(t *testing.T) {
 	token, _ := env.BootstrapToken(t, machine)
 	ca, _ := os.ReadFile(env.CAFile())
 	root := writeHost(t, env.Host(), string(ca), token, machine, uid)
-	c, k := env.MintClientCert(t, v1alpha3.AgentUserName(machine), []string{v1alpha3.AgentGroup}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
+	c, k := env.MintClientCert(t, identity.AgentUserName(machine), []string{identity.AgentGroup}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
 	if err := (kube.CertStore{Dir: hostpaths.New(root).PKIDir()}).Save(c, k); err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,7 @@ func (l *loader) validate(c *Config) {
 			// A DNS label, not a subdomain: the name becomes part of the
 			// bootstrap token's group (system:bootstrappers:unbounded:<name>),
 			// which may not contain a dot, and the Machine CRD enforces the
-			// same (lib/api/v1alpha3.ValidateMachineName).
+			// same (lib/api/identity.ValidateMachineName).
 			if errs := validation.IsDNS1123Label(c.Machine); len(errs) > 0 {
 				l.at(k("machine"), "%q is not a valid Machine/Node name: %s", c.Machine, strings.Join(errs, "; "))
 			}

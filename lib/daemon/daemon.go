@@ -37,6 +37,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
@@ -121,7 +122,7 @@ func Run(ctx context.Context, opts Options) error {
 			log.Info("cluster credential", "kind", creds.kind)
 		}
 	}
-	if err := v1alpha3.ValidateMachineName(d.machine); err != nil {
+	if err := identity.ValidateMachineName(d.machine); err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	if d.node == "" {

@@ -10,13 +10,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"unbounded-cloud.io/agent/lib/api/manifests"
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/tests/kubeenv"
@@ -61,7 +59,7 @@ func getEnv(t testing.TB) *testEnv {
 // machine, as lib/kube's CSR flow would obtain it.
 func (e *testEnv) agentConfig(t testing.TB, machine string) *rest.Config {
 	t.Helper()
-	cfg := e.CertConfig(e.MintClientCert(t, v1alpha3.AgentUserName(machine), v1alpha3.AgentGroup))
+	cfg := e.CertConfig(e.MintClientCert(t, identity.AgentUserName(machine), identity.AgentGroup))
 	cfg.UserAgent = "unbounded-daemon-test"
 	// As lib/kube.Credentials sets them; client-go's default (5 QPS)
 	// would throttle back-to-back operations to 200 ms a request.
@@ -74,19 +72,7 @@ func (e *testEnv) agentConfig(t testing.TB, machine string) *rest.Config {
 func (e *testEnv) newMachine(t testing.TB) string {
 	t.Helper()
 	name := kubeenv.UniqueName(t, "dt")
-	ctx := context.Background()
-	for _, o := range manifests.MachineObjects(name, name) {
-		var err error
-		switch o := o.(type) {
-		case *rbacv1.ClusterRole:
-			_, err = e.kube.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRoleBinding:
-			_, err = e.kube.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-		}
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("per-machine RBAC for %s: %v", name, err)
-		}
-	}
+	e.GrantMachine(t, name, name)
 	return name
 }
 

@@ -33,6 +33,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/kube"
@@ -330,7 +331,7 @@ func (c *Check) readByToken(ctx context.Context) outcome {
 	}
 	// A token of another Machine authenticates too; the per-machine group
 	// in its auth-extra-groups says whose it is.
-	want := v1alpha3.BootstrapGroup(c.Machine)
+	want := identity.BootstrapGroup(c.Machine)
 	for _, g := range st.User.Groups {
 		if g == want {
 			return out

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/fence"
@@ -87,7 +88,7 @@ func (h *host) storeCert(t testing.TB, cn string, orgs []string, nb, na time.Tim
 
 // validCert stores the host's own certificate, valid for an hour.
 func (h *host) validCert(t testing.TB) {
-	h.storeCert(t, v1alpha3.AgentUserName(h.machine), []string{v1alpha3.AgentGroup}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
+	h.storeCert(t, identity.AgentUserName(h.machine), []string{identity.AgentGroup}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
 }
 
 func (h *host) check(budget time.Duration) *fence.Check {
@@ -251,7 +252,7 @@ func TestFenceRetriesAnUnreachableAPIServerUntilTheBudgetThenRefuses(t *testing.
 func TestFenceRefusesAtOnceWhenRBACForbidsTheRead(t *testing.T) {
 	h := newHost(t, nil)
 	// A valid certificate of an identity without rights on this Machine.
-	h.storeCert(t, v1alpha3.AgentUserName(clustertest.UniqueName("stranger")), []string{v1alpha3.AgentGroup},
+	h.storeCert(t, identity.AgentUserName(clustertest.UniqueName("stranger")), []string{identity.AgentGroup},
 		time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
 	const budget = 30 * time.Second
 	code, took := h.run(t, h.check(budget))
@@ -269,7 +270,7 @@ func TestFenceRefusesAtOnceWhenRBACForbidsTheRead(t *testing.T) {
 
 func TestFenceUsesTheTokenWhenTheStoredCertificateExpired(t *testing.T) {
 	h := newHost(t, nil)
-	h.storeCert(t, v1alpha3.AgentUserName(h.machine), []string{v1alpha3.AgentGroup},
+	h.storeCert(t, identity.AgentUserName(h.machine), []string{identity.AgentGroup},
 		time.Now().Add(-2*time.Hour), time.Now().Add(-time.Minute))
 	code, _ := h.run(t, h.check(5*time.Second))
 	if code != exitcode.OK {

@@ -28,6 +28,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/kube"
@@ -131,7 +132,7 @@ func TestCertificateExpiringDuringTheReadMovesOnlyTheNextReadToTheToken(t *testi
 				t.Error("token read made with the certificate")
 			}
 			return &authenticationv1.TokenReviewStatus{Authenticated: true,
-				User: authenticationv1.UserInfo{Groups: []string{v1alpha3.BootstrapGroup("w1")}}}, nil
+				User: authenticationv1.UserInfo{Groups: []string{identity.BootstrapGroup("w1")}}}, nil
 		},
 	}
 	c := &Check{Machine: "w1", AllocationUID: "uid-1", Budget: 2 * time.Minute, Credentials: cr,
@@ -196,7 +197,7 @@ func TestTokenOfAnotherMachineIsRefused(t *testing.T) {
 	api := &scriptedAPI{
 		review: func(*rest.Config) (*authenticationv1.TokenReviewStatus, error) {
 			return &authenticationv1.TokenReviewStatus{Authenticated: true, User: authenticationv1.UserInfo{
-				Username: "system:bootstrap:abcdef", Groups: []string{v1alpha3.BootstrapGroup("w2")}}}, nil
+				Username: "system:bootstrap:abcdef", Groups: []string{identity.BootstrapGroup("w2")}}}, nil
 		},
 	}
 	c := &Check{Machine: "w1", AllocationUID: "uid-1", Credentials: hostCredentials(t, time.Time{}), API: api, Log: quiet}

@@ -27,7 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 
-	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -109,7 +109,7 @@ func RenewAt(c *x509.Certificate) time.Time {
 type CertManager struct {
 	Store CertStore
 	// Machine is the Machine name; the certificate's CommonName is
-	// v1alpha3.AgentUserName(Machine), its Organization v1alpha3.AgentGroup.
+	// identity.AgentUserName(Machine), its Organization identity.AgentGroup.
 	Machine string
 	// Wait bounds the wait for approval and issuance; 0 means 15 minutes.
 	Wait time.Duration
@@ -176,7 +176,7 @@ func (m CertManager) log() *slog.Logger {
 // both. The key never leaves the host; it reaches the disk only together
 // with its certificate.
 func (m CertManager) request(ctx context.Context, rc rest.Interface) (*CertPair, error) {
-	if err := v1alpha3.ValidateMachineName(m.Machine); err != nil {
+	if err := identity.ValidateMachineName(m.Machine); err != nil {
 		return nil, err
 	}
 	rnd := m.Rand
@@ -193,8 +193,8 @@ func (m CertManager) request(ctx context.Context, rc rest.Interface) (*CertPair,
 	}
 	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 	csrDER, err := x509.CreateCertificateRequest(rnd, &x509.CertificateRequest{Subject: pkix.Name{
-		CommonName:   v1alpha3.AgentUserName(m.Machine),
-		Organization: []string{v1alpha3.AgentGroup},
+		CommonName:   identity.AgentUserName(m.Machine),
+		Organization: []string{identity.AgentGroup},
 	}}, key)
 	if err != nil {
 		return nil, fmt.Errorf("make CSR: %w", err)
@@ -215,7 +215,7 @@ func (m CertManager) request(ctx context.Context, rc rest.Interface) (*CertPair,
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: certificatesv1.CertificateSigningRequestSpec{
 			Request:    csrPEM,
-			SignerName: v1alpha3.AgentSignerName,
+			SignerName: identity.AgentSignerName,
 			Usages:     []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth},
 		},
 	}
@@ -239,8 +239,8 @@ func (m CertManager) request(ctx context.Context, rc rest.Interface) (*CertPair,
 	if err != nil {
 		return nil, fmt.Errorf("CSR %s: issued certificate does not match the key: %w", name, err)
 	}
-	if cn := issued.Leaf.Subject.CommonName; cn != v1alpha3.AgentUserName(m.Machine) {
-		return nil, fmt.Errorf("CSR %s: issued certificate is for %q, not %q", name, cn, v1alpha3.AgentUserName(m.Machine))
+	if cn := issued.Leaf.Subject.CommonName; cn != identity.AgentUserName(m.Machine) {
+		return nil, fmt.Errorf("CSR %s: issued certificate is for %q, not %q", name, cn, identity.AgentUserName(m.Machine))
 	}
 	if err := m.Store.Save(certPEM, keyPEM); err != nil {
 		return nil, fmt.Errorf("store certificate: %w", err)

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/kube/clustertest"
@@ -78,10 +79,10 @@ func (h *agentHost) approveNext(t *testing.T, seen map[string]bool) string {
 		}
 		for _, c := range l.Items {
 			if strings.HasPrefix(c.Name, prefix) && !seen[c.Name] {
-				if c.Spec.SignerName != v1alpha3.AgentSignerName {
+				if c.Spec.SignerName != identity.AgentSignerName {
 					t.Errorf("CSR %s signer %q", c.Name, c.Spec.SignerName)
 				}
-				if c.Spec.Username == "" || !strings.HasPrefix(c.Spec.Username, "system:bootstrap:") && c.Spec.Username != v1alpha3.AgentUserName(h.machine) {
+				if c.Spec.Username == "" || !strings.HasPrefix(c.Spec.Username, "system:bootstrap:") && c.Spec.Username != identity.AgentUserName(h.machine) {
 					t.Errorf("CSR %s requested by %q", c.Name, c.Spec.Username)
 				}
 				seen[c.Name] = true
@@ -128,8 +129,8 @@ func TestCSRFlowIssuesAClientCertificateStoredWith0600(t *testing.T) {
 	if csrName == "" {
 		t.FailNow()
 	}
-	if pair.Cert.Subject.CommonName != v1alpha3.AgentUserName(h.machine) ||
-		len(pair.Cert.Subject.Organization) != 1 || pair.Cert.Subject.Organization[0] != v1alpha3.AgentGroup {
+	if pair.Cert.Subject.CommonName != identity.AgentUserName(h.machine) ||
+		len(pair.Cert.Subject.Organization) != 1 || pair.Cert.Subject.Organization[0] != identity.AgentGroup {
 		t.Errorf("subject %v", pair.Cert.Subject)
 	}
 	ca, _ := os.ReadFile(h.env.CAFile())

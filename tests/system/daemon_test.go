@@ -12,15 +12,13 @@ import (
 	"testing"
 	"time"
 
-	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"unbounded-cloud.io/agent/lib/api/manifests"
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
@@ -124,24 +122,12 @@ func requireKube(t *testing.T) *kubeEnv {
 // lib/kube's CSR flow would have stored them.
 func (e *kubeEnv) agentCert(t *testing.T, machine string) (certPEM, keyPEM []byte) {
 	t.Helper()
-	return e.MintClientCert(t, v1alpha3.AgentUserName(machine), v1alpha3.AgentGroup)
+	return e.MintClientCert(t, identity.AgentUserName(machine), identity.AgentGroup)
 }
 
 func (e *kubeEnv) applyMachineRBAC(t *testing.T, machine string) {
 	t.Helper()
-	ctx := context.Background()
-	for _, o := range manifests.MachineObjects(machine, machine) {
-		var err error
-		switch o := o.(type) {
-		case *rbacv1.ClusterRole:
-			_, err = e.kube.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-		case *rbacv1.ClusterRoleBinding:
-			_, err = e.kube.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-		}
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("per-machine RBAC: %v", err)
-		}
-	}
+	e.GrantMachine(t, machine, machine)
 }
 
 func (e *kubeEnv) createOp(t *testing.T, machine string, typ v1alpha3.OperationType) *v1alpha3.MachineOperation {

@@ -24,19 +24,19 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"regexp"
 	"slices"
-	"strings"
+	"text/template"
 
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/validation"
-	"sigs.k8s.io/yaml"
-
-	api "unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/api/identity"
 )
 
-//go:embed crds/*.yaml rbac/base.yaml
+// This package renders YAML only and imports no Kubernetes package: the
+// operator CLI prints these manifests, and the API machinery would triple
+// its size (6 MB -> 16 MB). Callers that apply the objects with a client
+// decode them with lib/api/manifests/objects.
+
+//go:embed crds/*.yaml rbac/base.yaml rbac/machine.yaml.tmpl
 var files embed.FS
 
 // PartOfLabel is set on every object these manifests create, so that an
@@ -90,85 +90,29 @@ func All() ([]byte, error) {
 // name. See ForMachineNode.
 func ForMachine(machine string) ([]byte, error) { return ForMachineNode(machine, machine) }
 
+var machineTemplate = template.Must(template.ParseFS(files, "rbac/machine.yaml.tmpl"))
+
+// nodeNameRE is a DNS-1123 subdomain, the syntax of a Node name.
+var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
 // ForMachineNode returns the RBAC of one machine whose Node is named node,
-// as one multi-document YAML stream.
+// as one multi-document YAML stream: a ClusterRole for its own Machine
+// (read, and write its status), one for its own Node, and their bindings
+// (rbac/machine.yaml.tmpl says why each grant is there). The names are
+// validated first, so the template needs no quoting.
 func ForMachineNode(machine, node string) ([]byte, error) {
-	if err := api.ValidateMachineName(machine); err != nil {
+	if err := identity.ValidateMachineName(machine); err != nil {
 		return nil, err
 	}
-	if errs := validation.IsDNS1123Subdomain(node); len(errs) > 0 {
-		return nil, fmt.Errorf("machine %q: node name %q: %s", machine, node, strings.Join(errs, "; "))
+	if len(node) == 0 || len(node) > 253 || !nodeNameRE.MatchString(node) {
+		return nil, fmt.Errorf("machine %q: node name %q: must be a DNS-1123 subdomain (lower-case letters, digits, '-' and '.', at most 253)", machine, node)
 	}
-	objs := MachineObjects(machine, node)
 	var out bytes.Buffer
-	for _, o := range objs {
-		b, err := yaml.Marshal(o)
-		if err != nil {
-			return nil, fmt.Errorf("machine %q: %w", machine, err)
-		}
-		appendDocument(&out, b)
+	err := machineTemplate.Execute(&out, struct{ Machine, Node string }{machine, node})
+	if err != nil {
+		return nil, fmt.Errorf("machine %q: %w", machine, err)
 	}
 	return out.Bytes(), nil
-}
-
-// MachineObjects returns the per-machine RBAC objects (ClusterRoles, then
-// ClusterRoleBindings) for callers that apply them with a client rather than
-// as YAML. machine must be valid (api.ValidateMachineName).
-func MachineObjects(machine, node string) []runtime.Object {
-	meta := func(name string) metav1.ObjectMeta {
-		return metav1.ObjectMeta{Name: name, Labels: map[string]string{
-			PartOfLabel:      PartOfValue,
-			api.MachineLabel: machine,
-		}}
-	}
-	roleType := metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "ClusterRole"}
-	bindingType := metav1.TypeMeta{APIVersion: rbacv1.SchemeGroupVersion.String(), Kind: "ClusterRoleBinding"}
-	roleRef := func(name string) rbacv1.RoleRef {
-		return rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name}
-	}
-	certUser := rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: api.AgentUserName(machine)}
-	bootstrap := rbacv1.Subject{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: api.BootstrapGroup(machine)}
-
-	machineRole := &rbacv1.ClusterRole{
-		TypeMeta:   roleType,
-		ObjectMeta: meta(MachineRoleName(machine)),
-		Rules: []rbacv1.PolicyRule{
-			// list and watch are authorized by resourceNames when the
-			// request carries the field selector metadata.name=<machine>,
-			// which is how the daemon watches its own Machine.
-			{APIGroups: []string{api.GroupName}, Resources: []string{api.ResourceMachines}, ResourceNames: []string{machine}, Verbs: []string{"get", "list", "watch"}},
-			// Status only: no update of the Machine itself, whose spec
-			// holds the allocation binding and the fence flag.
-			{APIGroups: []string{api.GroupName}, Resources: []string{api.ResourceMachines + "/status"}, ResourceNames: []string{machine}, Verbs: []string{"get", "update", "patch"}},
-		},
-	}
-	nodeRole := &rbacv1.ClusterRole{
-		TypeMeta:   roleType,
-		ObjectMeta: meta(NodeRoleName(machine)),
-		Rules: []rbacv1.PolicyRule{
-			// get/list/watch to follow the Node (field selector
-			// metadata.name), patch to cordon, delete before a repave.
-			{APIGroups: []string{""}, Resources: []string{"nodes"}, ResourceNames: []string{node}, Verbs: []string{"get", "list", "watch", "patch", "delete"}},
-		},
-	}
-	return []runtime.Object{
-		machineRole,
-		nodeRole,
-		&rbacv1.ClusterRoleBinding{
-			TypeMeta:   bindingType,
-			ObjectMeta: meta(MachineRoleName(machine)),
-			RoleRef:    roleRef(MachineRoleName(machine)),
-			Subjects:   []rbacv1.Subject{bootstrap, certUser},
-		},
-		// The Node is the daemon's business; the bootstrap token never
-		// touches it (the kubelet registers the Node with its own identity).
-		&rbacv1.ClusterRoleBinding{
-			TypeMeta:   bindingType,
-			ObjectMeta: meta(NodeRoleName(machine)),
-			RoleRef:    roleRef(NodeRoleName(machine)),
-			Subjects:   []rbacv1.Subject{certUser},
-		},
-	}
 }
 
 // appendDocument writes doc as one or more YAML documents, each started by

@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/manifests"
 	api "unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/tests/kubeenv"
@@ -200,30 +201,6 @@ func waitAllowed(t *testing.T, c *caller, attrs authzv1.ResourceAttributes) {
 	}
 }
 
-// applyMachineRBAC creates ForMachine's objects for machine as the admin
-// and removes them when the test ends.
-func applyMachineRBAC(t *testing.T, admin kubernetes.Interface, machine string) {
-	t.Helper()
-	ctx := context.Background()
-	rb := admin.RbacV1()
-	for _, o := range manifests.MachineObjects(machine, machine) {
-		var err error
-		switch o := o.(type) {
-		case *rbacv1.ClusterRole:
-			_, err = rb.ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-			t.Cleanup(func() { _ = rb.ClusterRoles().Delete(context.Background(), o.Name, metav1.DeleteOptions{}) })
-		case *rbacv1.ClusterRoleBinding:
-			_, err = rb.ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-			t.Cleanup(func() { _ = rb.ClusterRoleBindings().Delete(context.Background(), o.Name, metav1.DeleteOptions{}) })
-		default:
-			t.Fatalf("unexpected object %T", o)
-		}
-		if err != nil {
-			t.Fatalf("apply RBAC of %s: %v", machine, err)
-		}
-	}
-}
-
 // fixture is two machines, A (the caller's) and B (another), each with its
 // RBAC, B's Machine, Node and operation, and A's Node and operation.
 type fixture struct {
@@ -241,7 +218,7 @@ func newFixture(t *testing.T, env *kubeenv.Env) *fixture {
 	f.admin = newCaller(t, "admin", env.RESTConfig())
 	requireCurrentBase(t, f.admin.kube)
 	for _, m := range []string{f.a, f.b} {
-		applyMachineRBAC(t, f.admin.kube, m)
+		env.GrantMachine(t, m, m)
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: m}}
 		if _, err := f.admin.kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -348,9 +325,9 @@ func TestBootstrapIdentityCanDoExactlyWhatIsGranted(t *testing.T) {
 	env := kubeenv.Get(t)
 	f := newFixture(t, env)
 	// The groups the provisioning side puts into the token Secret's
-	// auth-extra-groups (v1alpha3.BootstrapExtraGroups).
+	// auth-extra-groups (identity.BootstrapExtraGroups).
 	id, secret := kubeenv.RandomTokenID(t)
-	token := env.CreateBootstrapToken(t, id, secret, strings.Split(api.BootstrapExtraGroups(f.a), ",")...)
+	token := env.CreateBootstrapToken(t, id, secret, strings.Split(identity.BootstrapExtraGroups(f.a), ",")...)
 	c := newCaller(t, "bootstrap token of "+f.a, env.TokenConfig(token))
 	waitAllowed(t, c, authzv1.ResourceAttributes{Group: api.GroupName, Resource: api.ResourceMachines, Verb: "get", Name: f.a})
 
@@ -376,7 +353,7 @@ func TestCertificateIdentityCanDoExactlyWhatIsGranted(t *testing.T) {
 	env := kubeenv.Get(t)
 	f := newFixture(t, env)
 	// The subject lib/kube puts into the agent's CSR.
-	c := newCaller(t, api.AgentUserName(f.a), env.CertConfig(env.MintClientCert(t, api.AgentUserName(f.a), api.AgentGroup)))
+	c := newCaller(t, identity.AgentUserName(f.a), env.CertConfig(env.MintClientCert(t, identity.AgentUserName(f.a), identity.AgentGroup)))
 	waitAllowed(t, c, authzv1.ResourceAttributes{Group: api.GroupName, Resource: api.ResourceMachines, Verb: "get", Name: f.a})
 	waitAllowed(t, c, authzv1.ResourceAttributes{Resource: "nodes", Verb: "get", Name: f.a})
 
@@ -440,7 +417,7 @@ func TestCertificateIdentityCanDoExactlyWhatIsGranted(t *testing.T) {
 // newCSR makes a CSR for the agent certificate of machine, as lib/kube
 // does, with a fresh key.
 func newCSR(machine string) (*certv1.CertificateSigningRequest, error) {
-	pemReq, _, err := certRequest(api.AgentUserName(machine), api.AgentGroup)
+	pemReq, _, err := certRequest(identity.AgentUserName(machine), identity.AgentGroup)
 	if err != nil {
 		return nil, err
 	}
@@ -448,7 +425,7 @@ func newCSR(machine string) (*certv1.CertificateSigningRequest, error) {
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "unbounded-rbac-test-"},
 		Spec: certv1.CertificateSigningRequestSpec{
 			Request:    pemReq,
-			SignerName: api.AgentSignerName,
+			SignerName: identity.AgentSignerName,
 			Usages:     []certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth},
 		},
 	}, nil

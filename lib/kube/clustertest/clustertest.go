@@ -16,15 +16,11 @@ import (
 	"testing"
 	"time"
 
-	authorizationv1 "k8s.io/api/authorization/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"unbounded-cloud.io/agent/lib/api/manifests"
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/tests/kubeenv"
@@ -82,7 +78,7 @@ func UniqueName(prefix string) string {
 func (e *Env) BootstrapToken(t testing.TB, machine string) (token, handle string) {
 	t.Helper()
 	id, secret := kubeenv.RandomTokenID(t)
-	token = e.CreateBootstrapToken(t, id, secret, v1alpha3.BootstrapAgentsGroup, v1alpha3.BootstrapGroup(machine))
+	token = e.CreateBootstrapToken(t, id, secret, identity.BootstrapAgentsGroup, identity.BootstrapGroup(machine))
 	return token, token
 }
 
@@ -98,41 +94,7 @@ func (e *Env) RevokeToken(t testing.TB, handle string) {
 // --machine`), removed at the end of the test.
 func (e *Env) GrantMachine(t testing.TB, machine string) {
 	t.Helper()
-	kc := e.Client(t)
-	ctx := context.Background()
-	for _, o := range manifests.MachineObjects(machine, machine) {
-		var err error
-		switch o := o.(type) {
-		case *rbacv1.ClusterRole:
-			_, err = kc.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
-			t.Cleanup(func() { kc.RbacV1().ClusterRoles().Delete(ctx, o.Name, metav1.DeleteOptions{}) })
-		case *rbacv1.ClusterRoleBinding:
-			_, err = kc.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
-			t.Cleanup(func() { kc.RbacV1().ClusterRoleBindings().Delete(ctx, o.Name, metav1.DeleteOptions{}) })
-		default:
-			t.Fatalf("GrantMachine: unexpected object %T", o)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The authorizer learns about new bindings through an informer, a
-	// moment later; wait until both identities may read the Machine.
-	for _, id := range []authorizationv1.SubjectAccessReviewSpec{
-		{User: "system:bootstrap:probe", Groups: []string{v1alpha3.BootstrapGroup(machine)}},
-		{User: v1alpha3.AgentUserName(machine), Groups: []string{v1alpha3.AgentGroup}},
-	} {
-		id.ResourceAttributes = &authorizationv1.ResourceAttributes{Group: v1alpha3.GroupName,
-			Resource: v1alpha3.ResourceMachines, Verb: "get", Name: machine}
-		err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
-			r, err := kc.AuthorizationV1().SubjectAccessReviews().Create(ctx,
-				&authorizationv1.SubjectAccessReview{Spec: id}, metav1.CreateOptions{})
-			return err == nil && r.Status.Allowed, nil
-		})
-		if err != nil {
-			t.Fatalf("GrantMachine %s: RBAC not effective for %s within 10s", machine, id.User)
-		}
-	}
+	e.Env.GrantMachine(t, machine, machine)
 }
 
 // MintClientCert signs a client certificate for cn/orgs with the cluster CA

@@ -1,4 +1,8 @@
-package v1alpha3
+// Package identity names the identities an unbounded agent uses towards the
+// API server. It has no Kubernetes dependency, so that the small binaries
+// (the operator CLI printing RBAC manifests) can use it without linking the
+// API machinery.
+package identity
 
 import (
 	"fmt"
