@@ -31,6 +31,10 @@ if [ -z "$pkgs" ]; then
 	echo "no benchmarks found"
 	exit 0
 fi
+# The API server of the benchmarks gets the project's CRDs and RBAC.
+manifests=$(mktemp /tmp/unbounded-bench-manifests.XXXXXX)
+trap 'rm -f "$manifests"' EXIT
+bin/unbounded manifests >"$manifests" && export UNBOUNDED_TEST_MANIFESTS="$manifests"
 run() { go test -run '^$' -bench . -benchtime "${BENCHTIME:-1x}" -count 1 $pkgs; }
 if [ -x tests/kube/with-env.sh ]; then
 	export -f run
