@@ -51,3 +51,31 @@ func TestReadBootstrapTokenRechecksTheFile(t *testing.T) {
 		t.Errorf("malformed token accepted or quoted: %v", err)
 	}
 }
+
+// A URL with credentials is refused, and the refusal must not quote them:
+// the message goes to the journal and to `config check`'s output.
+func TestURLWithCredentialsIsRefusedWithoutQuotingThem(t *testing.T) {
+	sha := strings.Repeat("0", 64)
+	for name, edit := range map[string][2]string{
+		"api-server": {`api-server = "https://10.0.0.1:6443"`,
+			`api-server = "https://abcdef:0123456789abcdef@10.0.0.1:6443"`},
+		"base-url with a token as user": {`base-url = "https://artifacts.example.internal"`,
+			`base-url = "https://abcdef.0123456789abcdef@artifacts.example.internal"`},
+		"override url": {"[allocation]",
+			"[artifacts.overrides.kubelet]\nurl = \"https://mirror:0123456789abcdef@m.example/kubelet\"\nsha256 = \"" + sha + "\"\n[allocation]"},
+		"unparsable url": {`base-url = "https://artifacts.example.internal"`,
+			`base-url = "https://abcdef:0123456789abcdef@bad host/"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHost(t)
+			h.edit("/etc/unbounded/agent.toml", edit[0], edit[1])
+			_, errs := h.load() // fails the test if the token appears
+			if errs == nil {
+				t.Fatal("a URL with credentials was accepted")
+			}
+			if strings.Contains(errs.Error(), "0123456789abcdef") {
+				t.Errorf("error quotes the credentials: %v", errs)
+			}
+		})
+	}
+}

@@ -75,7 +75,7 @@ func (l *loader) validate(c *Config) {
 	if required(k("cluster", "api-server"), c.Cluster.APIServer) {
 		check(k("cluster", "api-server"), func() {
 			if msg := checkURL(c.Cluster.APIServer, "https"); msg != "" {
-				l.at(k("cluster", "api-server"), "must be an https:// URL, got %q%s", c.Cluster.APIServer, msg)
+				l.at(k("cluster", "api-server"), "must be an https:// URL, got %q%s", shownURL(c.Cluster.APIServer), msg)
 			}
 		})
 	}
@@ -123,7 +123,7 @@ func (l *loader) validate(c *Config) {
 			return
 		}
 		if msg := checkURL(c.Artifacts.BaseURL, "https", "http"); msg != "" {
-			l.at(k("artifacts", "base-url"), "must be an http:// or https:// URL, got %q%s", c.Artifacts.BaseURL, msg)
+			l.at(k("artifacts", "base-url"), "must be an http:// or https:// URL, got %q%s", shownURL(c.Artifacts.BaseURL), msg)
 		}
 	})
 	if required(k("artifacts", "offline-dir"), c.Artifacts.OfflineDir) {
@@ -139,7 +139,7 @@ func (l *loader) validate(c *Config) {
 			if o.URL == "" {
 				l.at(addKey(key, "url"), "required key is not set: an override names its URL")
 			} else if msg := checkURL(o.URL, "https", "http"); msg != "" {
-				l.at(addKey(key, "url"), "must be an http:// or https:// URL, got %q%s", o.URL, msg)
+				l.at(addKey(key, "url"), "must be an http:// or https:// URL, got %q%s", shownURL(o.URL), msg)
 			}
 			if !sha256RE.MatchString(o.SHA256) {
 				l.at(addKey(key, "sha256"), "must be the artifact's SHA-256, 64 hex digits, got %q", o.SHA256)
@@ -178,6 +178,29 @@ func (l *loader) validate(c *Config) {
 func contains(list []string, s string) bool { return slices.Contains(list, s) }
 
 func sortedStrings[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// shownURL is s as an error message may quote it: the userinfo before an
+// '@' in the authority (a password, or a token used as the user name) is
+// replaced. checkURL refuses such URLs, and the refusal goes to the journal
+// and to `config check`'s output, so it must not repeat the secret. It
+// works on the text, not on url.Parse, because a URL that does not parse
+// can hold credentials too.
+func shownURL(s string) string {
+	_, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		rest = s
+	}
+	authority := rest
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		authority = rest[:i]
+	}
+	at := strings.LastIndex(authority, "@")
+	if at < 0 {
+		return s
+	}
+	start := len(s) - len(rest)
+	return s[:start] + "[credentials not shown]" + s[start+at:]
+}
 
 // checkURL returns "" when s is an absolute URL with one of schemes and a
 // host, else the reason. The reason is quoted after the offending value, so
