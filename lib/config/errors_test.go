@@ -136,6 +136,11 @@ func TestLoadReportsEachErrorClassWithFileLineAndKey(t *testing.T) {
 		{"token file readable by all", func(h *host) {
 			os.Chmod(h.path("/etc/unbounded/bootstrap-token"), 0o644)
 		}, want{mainFile, 7, "cluster.bootstrap-token-file", "has mode 0644"}},
+		{"token file owned by another user", func(h *host) {
+			if err := os.Chown(h.path("/etc/unbounded/bootstrap-token"), os.Geteuid()+4242, -1); err != nil {
+				h.t.Skipf("cannot give the token file to another user (needs root): %v", err)
+			}
+		}, want{mainFile, 7, "cluster.bootstrap-token-file", "must be owned by uid"}},
 		{"token malformed", func(h *host) {
 			h.write("/etc/unbounded/bootstrap-token", "ABCDEF.0123456789abcdef\n", 0o600)
 		}, want{mainFile, 7, "cluster.bootstrap-token-file", "does not hold a bootstrap token of the form [a-z0-9]{6}.[a-z0-9]{16}"}},

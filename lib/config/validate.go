@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -288,7 +289,7 @@ func (l *loader) checkCA(c *Config, key toml.Key, p string) {
 }
 
 // checkToken checks the bootstrap token file: a regular file, 0600 or
-// stricter, holding one well-formed token. The token itself never enters a
+// stricter, owned by the agent's user, holding one well-formed token. The token itself never enters a
 // message.
 func (l *loader) checkToken(c *Config, key toml.Key, p string) {
 	if p == "" {
@@ -310,6 +311,12 @@ func (l *loader) checkToken(c *Config, key toml.Key, p string) {
 	}
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
 		l.at(key, "bootstrap token file %s has mode %04o; it holds a secret and must be 0600 or stricter", l.where(p), perm)
+		return
+	}
+	// Owned by the user the agent runs as (root on a host): a token file
+	// another user owns can be replaced by that user, whatever its mode.
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != uint32(os.Geteuid()) {
+		l.at(key, "bootstrap token file %s is owned by uid %d; it holds a secret and must be owned by uid %d (the agent's user, root on a host)", l.where(p), st.Uid, os.Geteuid())
 		return
 	}
 	if _, err := readToken(file); err != nil {
