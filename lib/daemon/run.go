@@ -47,6 +47,12 @@ var targets = map[v1alpha3.OperationType]target{
 	v1alpha3.OperationReboot:       {"reboot", ""},
 }
 
+// errOperationGone: the MachineOperation was deleted while the daemon
+// worked on it. Its status cannot be written any more, so the job is over
+// (a retry would fail the same way forever, and a retried job is resumed
+// before any other operation is started).
+var errOperationGone = errors.New("operation deleted")
+
 // run carries out one job in its own goroutine. It returns the operation's
 // final state; a job cut short by the daemon's context is "interrupted"
 // and left to the next serve (or the next process) to resume.
@@ -59,6 +65,13 @@ func (d *daemon) run(ctx context.Context, j *job, desired json.RawMessage) resul
 	}
 	if errors.Is(err, state.ErrOwned) {
 		r.err = err
+		return r
+	}
+	if errors.Is(err, errOperationGone) {
+		// Done, and not put back into the loop's view of the operations
+		// (the watch has removed it, or is about to).
+		d.log.Info("operation deleted while the daemon worked on it; dropping it", "uid", j.uid, "type", j.typ)
+		r.op = nil
 		return r
 	}
 	if err != nil {
@@ -344,6 +357,9 @@ func (d *daemon) setState(ctx context.Context, j *job, r *result, s v1alpha3.Ope
 		}
 		return err
 	})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("set operation %s to %s: %w", j.op.Name, s, errOperationGone)
+	}
 	if err != nil {
 		return fmt.Errorf("set operation %s to %s: %w", j.op.Name, s, err)
 	}
