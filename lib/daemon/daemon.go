@@ -184,10 +184,12 @@ type update struct {
 
 // job is one unit of work for a dispatch goroutine.
 type job struct {
-	op     *v1alpha3.MachineOperation // nil for the repave of a vanished Node
-	uid    string
-	typ    v1alpha3.OperationType
-	resume bool // the op was InProgress when this daemon process found it
+	op  *v1alpha3.MachineOperation // nil for the repave of a vanished Node
+	uid string
+	typ v1alpha3.OperationType
+	// resume: the op was InProgress when this daemon process found it, or
+	// this job's request was written (set by dispatch).
+	resume bool
 }
 
 type result struct {

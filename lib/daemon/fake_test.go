@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -25,6 +26,9 @@ type fakeSystemd struct {
 	onStart func(unit string)
 	reboots int
 	journal map[string][]string // unit -> lines of its last run
+	// stateErrs makes that many of the next UnitState calls fail, as a
+	// D-Bus call that times out does.
+	stateErrs int
 }
 
 type fakeUnit struct {
@@ -163,6 +167,10 @@ func (c fakeConn) StartUnit(ctx context.Context, name string) (string, error) {
 func (c fakeConn) UnitState(_ context.Context, name string) (UnitState, error) {
 	c.f.mu.Lock()
 	defer c.f.mu.Unlock()
+	if c.f.stateErrs > 0 {
+		c.f.stateErrs--
+		return UnitState{}, fmt.Errorf("read state of %s: %w", name, context.DeadlineExceeded)
+	}
 	return c.f.unit(name).st, nil
 }
 

@@ -144,6 +144,12 @@ func (d *daemon) dispatch(ctx context.Context, j *job, t target, desired json.Ra
 	if err := request.Write(d.p, t.concern, req); err != nil {
 		return d.finish(ctx, j, r, v1alpha3.OperationFailed, ReasonStartFailed, fmt.Sprintf("write request: %v", err))
 	}
+	// From here on the request names this job, and a retry or an
+	// interruption must resume it, never dispatch it again (which would
+	// start the unit a second time). An operation's job gets this from its
+	// InProgress state; the repave of a vanished Node has no operation and
+	// is handed back to the loop as this same job (see serve).
+	j.resume = true
 	what := t.unit
 	if j.typ == v1alpha3.OperationReboot {
 		what = "a host reboot"
