@@ -211,7 +211,9 @@ func str(v any) string {
 func journalctl(ctx context.Context, q JournalQuery) ([]string, error) {
 	args := []string{"--no-pager", "-q", "-o", "cat", "-n", fmt.Sprint(q.Lines)}
 	if !q.Since.IsZero() {
-		args = append(args, "--since", fmt.Sprintf("@%d", q.Since.Unix()))
+		// To the microsecond: whole seconds would take in the lines of a
+		// run that ended earlier in the same second.
+		args = append(args, "--since", fmt.Sprintf("@%d.%06d", q.Since.Unix(), q.Since.Nanosecond()/1000))
 	}
 	if q.Invocation != "" {
 		// The unit's own output carries _SYSTEMD_INVOCATION_ID; systemd's

@@ -104,11 +104,10 @@ func (d *daemon) runJob(ctx context.Context, j *job, desired json.RawMessage, r 
 // dispatch is the first start of a job: request file, InProgress, unit.
 func (d *daemon) dispatch(ctx context.Context, j *job, t target, desired json.RawMessage, r *result) error {
 	req := &request.Request{
-		UID:         j.uid,
-		Type:        string(j.typ),
-		Machine:     d.machine,
-		Unit:        t.unit,
-		RequestedAt: d.host.now().UTC(),
+		UID:     j.uid,
+		Type:    string(j.typ),
+		Machine: d.machine,
+		Unit:    t.unit,
 	}
 	if j.op != nil {
 		req.Operation = j.op.Name
@@ -139,6 +138,9 @@ func (d *daemon) dispatch(ctx context.Context, j *job, t target, desired json.Ra
 		}
 		req.PreviousInvocation = st.InvocationID
 	}
+	// Taken after any wait for a run started by hand: a restarted daemon
+	// reads the journal from this time on as this operation's run.
+	req.RequestedAt = d.host.now().UTC()
 	// The request is on disk before anything else happens: the unit reads
 	// it, and a restarted daemon finds in it what it had handed over.
 	if err := request.Write(d.p, t.concern, req); err != nil {
@@ -227,20 +229,28 @@ func (d *daemon) resume(ctx context.Context, j *job, t target, r *result) error 
 	case st.InvocationID != "" && st.InvocationID != req.PreviousInvocation:
 		d.log.Info("resuming: unit finished while the daemon was down", "unit", t.unit, "uid", j.uid)
 		return d.report(ctx, j, t, req, "", st, r)
+	case st.InvocationID == "":
+		// No invocation: either the unit never started (the daemon
+		// stopped between InProgress and StartUnit), or it ran,
+		// succeeded, and systemd unloaded it (garbage collection forgets
+		// a unit's invocation, and spares failed units). systemd's own
+		// journal messages about the unit since the request tell the two
+		// apart.
+		lines, err := d.host.journal(ctx, JournalQuery{Unit: t.unit, Since: req.RequestedAt, Lines: 1})
+		if err != nil {
+			return err
+		}
+		if len(lines) > 0 {
+			return d.finish(ctx, j, r, v1alpha3.OperationComplete, ReasonUnitSucceeded,
+				t.unit+" finished with success while the daemon was down")
+		}
 	}
-	// No new invocation: either the unit never started (the daemon
-	// stopped between InProgress and StartUnit), or it ran, succeeded,
-	// and systemd unloaded it (garbage collection forgets a unit's
-	// invocation, and spares failed units). systemd's own journal
-	// messages about the unit tell the two apart.
-	lines, err := d.host.journal(ctx, JournalQuery{Unit: t.unit, Since: req.RequestedAt, Lines: 1})
-	if err != nil {
-		return err
-	}
-	if len(lines) > 0 {
-		return d.finish(ctx, j, r, v1alpha3.OperationComplete, ReasonUnitSucceeded,
-			t.unit+" finished with success while the daemon was down")
-	}
+	// Still the invocation recorded in the request (a unit that stays
+	// loaded keeps its ID until the next start), or none and no journal
+	// line since the request: the unit has not run for this operation. The
+	// journal is not asked in the first case: it is matched by time, and
+	// the last lines of the run before (by hand, or for the previous
+	// operation) can come after RequestedAt.
 	d.log.Info("resuming: unit was never started for this operation; starting it", "unit", t.unit, "uid", j.uid)
 	jobResult, err := d.sd.StartUnit(ctx, t.unit)
 	if err != nil {

@@ -1,0 +1,75 @@
+package daemon
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/request"
+)
+
+// A daemon stopped between "InProgress" and StartUnit leaves a unit whose
+// InvocationID is still the one recorded in the request. That alone says
+// the unit has not run for the operation, whatever the journal holds for
+// the unit around the request's time (the journal is matched by time: the
+// last lines of the run before, by hand or for the previous operation, can
+// fall after RequestedAt).
+func TestInProgressOperationWhoseUnitKeptItsPreviousInvocationIsStarted(t *testing.T) {
+	f := newFixture(t)
+	requestedAt := time.Now().UTC()
+	f.fake.configure("unbounded-restart.service", func(u *fakeUnit) {
+		u.st = UnitState{ActiveState: "inactive", SubState: "dead", Result: "success", InvocationID: "0123456789abcdef0123456789abcdef"}
+		u.ranAt = requestedAt.Add(10 * time.Millisecond)
+	})
+	f.fake.journal["unbounded-restart.service"] = []string{"Finished unbounded-restart.service."}
+	op := f.env.createOp(t, f.machine, v1alpha3.OperationRestart)
+	if err := request.Write(f.opts.Paths, "restart", &request.Request{
+		Operation: op.Name, UID: string(op.UID), Type: "Restart", Machine: f.machine,
+		Unit: "unbounded-restart.service", RequestedAt: requestedAt, BootID: "boot-1",
+		PreviousInvocation: "0123456789abcdef0123456789abcdef",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	op.Status.State = v1alpha3.OperationInProgress
+	if _, err := f.env.ops.updateOpStatus(context.Background(), op); err != nil {
+		t.Fatal(err)
+	}
+
+	startDaemon(t, f.opts)
+	done := f.env.waitOp(t, op.Name, opTimeout)
+	if done.Status.State != v1alpha3.OperationComplete {
+		t.Fatalf("operation ended %s: %s", done.Status.State, done.Status.Message)
+	}
+	if n := f.fake.startCount("unbounded-restart.service"); n != 1 {
+		t.Fatalf("unbounded-restart.service started %d times, want 1 (reported %q without running it)", n, done.Status.Message)
+	}
+}
+
+// journalctl's --since is the request's time to the microsecond: whole
+// seconds would take in the lines of a run that ended earlier in the same
+// second, and call the operation's unit run when it never started.
+func TestJournalQuerySinceKeepsSubSecondPrecision(t *testing.T) {
+	dir := t.TempDir()
+	script := "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done\n"
+	if err := os.WriteFile(filepath.Join(dir, "journalctl"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	since := time.Unix(1700000000, 250_000_000)
+	args, err := journalctl(context.Background(), JournalQuery{Unit: "unbounded-restart.service", Since: since, Lines: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range args {
+		if a == "--since" && i+1 < len(args) {
+			if got := args[i+1]; got != "@1700000000.250000" {
+				t.Fatalf("--since %s, want @1700000000.250000", got)
+			}
+			return
+		}
+	}
+	t.Fatalf("no --since in %q", args)
+}
