@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/coreos/go-systemd/v22/unit"
@@ -28,18 +29,25 @@ func TestUnitFileCarriesTheDaemonContract(t *testing.T) {
 		got[k] = append(got[k], o.Value)
 	}
 	for key, want := range map[string]string{
-		"Service.Type":                     "notify",
-		"Service.ExecStart":                "/usr/libexec/unbounded/daemon",
-		"Service.Restart":                  "always",
-		"Service.SuccessExitStatus":        "69",
-		"Service.RestartPreventExitStatus": "69",
-		"Service.WatchdogSec":              "60s",
-		"Unit.OnFailure":                   "unbounded-recover@%n.service",
-		"Unit.Wants":                       "network-online.target",
-		"Unit.After":                       "unbounded-lifecycle.service",
+		"Service.Type":              "notify",
+		"Service.ExecStart":         "/usr/libexec/unbounded/daemon",
+		"Service.Restart":           "always",
+		"Service.SuccessExitStatus": "69",
+		"Service.WatchdogSec":       "60s",
+		"Unit.OnFailure":            "unbounded-recover@%n.service",
+		"Unit.Wants":                "network-online.target",
+		"Unit.After":                "unbounded-lifecycle.service",
 	} {
 		if !slices.Contains(got[key], want) {
 			t.Errorf("%s = %q, want it to contain %q", key, got[key], want)
+		}
+	}
+	// Neither "deferred" nor "configuration invalid" is restarted: a rerun
+	// would find the same owner or read the same file (exit codes table).
+	prevent := strings.Fields(strings.Join(got["Service.RestartPreventExitStatus"], " "))
+	for _, code := range []string{"69", "78"} {
+		if !slices.Contains(prevent, code) {
+			t.Errorf("Service.RestartPreventExitStatus = %q lacks %s", prevent, code)
 		}
 	}
 	if !slices.Contains(got["Unit.After"], "network-online.target") {
