@@ -100,7 +100,9 @@ func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn w
 
 // consume forwards one watch's events until it ends; it returns the last
 // resource version seen, whether the server said that version is gone,
-// and whether anything arrived at all.
+// and whether anything arrived at all. An error event is not progress: a
+// server that answers every watch with one is retried with the growing
+// delay, not in a tight loop.
 func (d *daemon) consume(ctx context.Context, k kind, w watch.Interface) (rv string, gone, got bool) {
 	for {
 		select {
@@ -110,7 +112,6 @@ func (d *daemon) consume(ctx context.Context, k kind, w watch.Interface) (rv str
 			if !ok {
 				return rv, false, got
 			}
-			got = true
 			switch ev.Type {
 			case watch.Error:
 				err := apierrors.FromObject(ev.Object)
@@ -120,10 +121,12 @@ func (d *daemon) consume(ctx context.Context, k kind, w watch.Interface) (rv str
 				d.log.Warn("watch error; re-watching", "kind", k, "error", err)
 				return rv, false, got
 			case watch.Bookmark:
+				got = true
 				if m, err := meta.Accessor(ev.Object); err == nil {
 					rv = m.GetResourceVersion()
 				}
 			case watch.Added, watch.Modified, watch.Deleted:
+				got = true
 				m, err := meta.Accessor(ev.Object)
 				if err != nil {
 					continue
