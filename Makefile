@@ -17,7 +17,7 @@ GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 # multicall executable (ARCHITECTURE section 3, size budget).
 BINARIES := bin/unbounded bin/unbounded-generator bin/unbounded-agent
 
-.PHONY: all build test bench packages demo clean FORCE
+.PHONY: all build test bench packages clean FORCE
 all: build
 build: $(BINARIES)
 
