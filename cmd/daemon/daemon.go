@@ -17,15 +17,17 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/daemon"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/logging"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
 type cli struct {
 	Root     string `help:"Resolve every host path under this directory (tests, offline roots)." default:"/" type:"path"`
-	LogLevel string `help:"Log level: debug, info, warn or error." default:"info" enum:"debug,info,warn,error"`
+	LogLevel string `help:"Log level: debug, info, warn or error (default: [daemon] log-level of the config, else info)." enum:",debug,info,warn,error" default:""`
 }
 
 // Main runs the daemon with args (without the program name) until SIGTERM
@@ -56,11 +58,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, host daem
 	if exited >= 0 { // --help
 		return exited
 	}
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(c.LogLevel))
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	paths := hostpaths.New(c.Root)
+	lvl := c.LogLevel
+	if lvl == "" {
+		// An invalid config is reported by daemon.Run (exit 78); here
+		// it only leaves the level at info.
+		if cfg, err := config.Load(paths); err == nil {
+			lvl = cfg.Daemon.LogLevel
+		}
+	}
+	level := slog.LevelInfo
+	_ = level.UnmarshalText([]byte(lvl))
+	log := logging.New(stderr, level)
 
-	err = daemon.Run(ctx, daemon.Options{Paths: hostpaths.New(c.Root), Host: host, Log: log})
+	err = daemon.Run(ctx, daemon.Options{Paths: paths, Host: host, Log: log})
 	if err != nil && !errors.Is(err, state.ErrOwned) {
 		// Deferred is not an error: systemd counts 69 as success, and
 		// the journal should not say otherwise.

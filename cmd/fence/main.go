@@ -19,6 +19,7 @@ import (
 	"unbounded-cloud.io/agent/lib/fence"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/lib/logging"
 )
 
 type cli struct {
@@ -47,7 +48,7 @@ func Main(args []string) int {
 		return exited
 	}
 
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log := logging.New(os.Stderr, slog.LevelInfo)
 	paths := hostpaths.New(c.Root)
 	cfg, err := config.Load(paths)
 	if err != nil {
@@ -57,7 +58,7 @@ func Main(args []string) int {
 		return exitcode.For(err)
 	}
 	if lvl, ok := levels[cfg.Daemon.LogLevel]; ok {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+		log = logging.New(os.Stderr, lvl)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
