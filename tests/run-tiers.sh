@@ -26,8 +26,10 @@ if make -s packages >"$out/packages.log" 2>&1; then
 	case $v in *-*) v="${v%%-*}~${v#*-}" ;; esac
 	deb=$(ls dist/unbounded-agent_"$v"_*.deb 2>/dev/null | head -1)
 	rpm=$(ls dist/unbounded-agent-"$v"-*.rpm 2>/dev/null | head -1)
-	[ -n "$deb" ] && export UNBOUNDED_TEST_DEB="$repo/$deb"
-	[ -n "$rpm" ] && export UNBOUNDED_TEST_RPM="$repo/$rpm"
+	# Copies: another `make packages` (a developer's, in the same tree)
+	# replaces dist/ while the tiers run.
+	[ -n "$deb" ] && cp "$deb" "$out/" && export UNBOUNDED_TEST_DEB="$out/$(basename "$deb")"
+	[ -n "$rpm" ] && cp "$rpm" "$out/" && export UNBOUNDED_TEST_RPM="$out/$(basename "$rpm")"
 	echo "deb: ${deb:-none}  rpm: ${rpm:-none}"
 else
 	echo "make packages FAILED:"; tail -30 "$out/packages.log"
