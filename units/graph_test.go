@@ -163,12 +163,18 @@ func TestUnitGraph(t *testing.T) {
 }
 
 // nodePlan is the generator's decision for a bootstrapped host in mode and
-// slot with the package (and so the fence unit) installed.
+// slot with the package (and so the fence unit) and the mode's supervising
+// units installed.
 func nodePlan(t *testing.T, mode, slot string) generator.Plan {
 	t.Helper()
+	var nodeUnits []string
+	for _, u := range generator.SupervisingUnits(mode, slot) {
+		nodeUnits = append(nodeUnits, hostpaths.UnitDirHost+"/"+u)
+	}
 	plan := generator.Decide(generator.Input{
 		Active:    &state.AppliedConfig{Slot: slot, Mode: mode},
 		FenceUnit: hostpaths.UnitDirHost + "/" + generator.FenceService,
+		NodeUnits: nodeUnits,
 	})
 	if plan.Problem != "" || len(plan.Files) == 0 {
 		t.Fatalf("mode %s slot %s: no node plan (%q)", mode, slot, plan.Problem)

@@ -46,8 +46,9 @@ const unitDir = "/usr/lib/systemd/system/"
 // fenceDropIn is the drop-in content the contract requires at its end.
 const fenceTail = "[Unit]\nRequires=unbounded-fence.service\nAfter=unbounded-fence.service\n"
 
-// host is a temporary root with a regular file standing in for /dev/kmsg
-// and the package's fence unit installed, as on a host with the package.
+// host is a temporary root with a regular file standing in for /dev/kmsg,
+// the package's fence unit and the supervising units of every mode
+// installed, as on a host with the package (and systemd-container).
 type host struct {
 	t testing.TB
 	p hostpaths.Paths
@@ -61,7 +62,43 @@ func newHost(t testing.TB) *host {
 	h := &host{t: t, p: hostpaths.New(root)}
 	h.write(hostpaths.KmsgHost, "")
 	h.installFence()
+	h.installNodeUnits()
 	return h
+}
+
+// nodeUnitFiles are the supervising units of every mode as they are
+// installed: systemd-nspawn@.service by systemd-container, the others by
+// the package. The generator only looks for them, so stand-ins do.
+var nodeUnitFiles = []string{
+	unitDir + "systemd-nspawn@.service",
+	unitDir + "unbounded-container@.service",
+	unitDir + "unbounded-containerd.service",
+	unitDir + "unbounded-kubelet.service",
+}
+
+func (h *host) installNodeUnits() {
+	h.t.Helper()
+	for _, f := range nodeUnitFiles {
+		h.write(f, "[Unit]\nDescription=Stand-in for "+filepath.Base(f)+" (generator test)\n[Service]\nExecStart=/bin/true\n")
+	}
+}
+
+// remove deletes an installed file under the root.
+func (h *host) remove(hostPath string) {
+	h.t.Helper()
+	if err := os.Remove(h.p.Join(hostPath)); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// mask masks unit as `systemctl mask` does: a link to /dev/null in
+// /etc/systemd/system.
+func (h *host) mask(unit string) {
+	h.t.Helper()
+	os.MkdirAll(h.p.Join(hostpaths.UnitDirEtcHost), 0o755)
+	if err := os.Symlink("/dev/null", h.p.Join(hostpaths.UnitDirEtcHost+"/"+unit)); err != nil {
+		h.t.Fatal(err)
+	}
 }
 
 // installFence installs the shipped unit file (units/), so that the test
@@ -360,6 +397,35 @@ func TestGeneratorContract(t *testing.T) {
 			os.MkdirAll(h.p.Join("/etc/systemd/system"), 0o755)
 			os.Symlink("/dev/null", h.p.Join("/etc/systemd/system/unbounded-fence.service"))
 		}, want: recoverOnly, kmsg: []string{"masked by /etc/systemd/system/unbounded-fence.service"}},
+		{name: "nspawn without systemd-nspawn@.service: no node, no daemon, recovery", setup: func(h *host) {
+			h.config()
+			h.applied("kube2", "nspawn")
+			h.remove(unitDir + "systemd-nspawn@.service")
+		}, want: recoverOnly, kmsg: []string{"mode nspawn", "systemd-nspawn@kube2.service (nor systemd-nspawn@.service) not in /etc/systemd/system, /run/systemd/system or /usr/lib/systemd/system", "node and daemon not started"}},
+		{name: "none without the kubelet unit: no node, no daemon, recovery", setup: func(h *host) {
+			h.applied("kube1", "none")
+			h.remove(unitDir + "unbounded-kubelet.service")
+		}, want: recoverOnly, kmsg: []string{"mode none", "no usable node unit: unbounded-kubelet.service not in /etc/systemd/system"}},
+		{name: "node unit masked by the operator: no node, no daemon, recovery", setup: func(h *host) {
+			h.applied("kube1", "container")
+			h.mask("unbounded-container@kube1.service")
+		}, want: recoverOnly, kmsg: []string{"mode container", "unbounded-container@kube1.service: masked by /etc/systemd/system/unbounded-container@kube1.service"}},
+		{name: "an instance file without its template starts the node", setup: func(h *host) {
+			h.applied("kube1", "nspawn")
+			h.remove(unitDir + "systemd-nspawn@.service")
+			h.write("/etc/systemd/system/systemd-nspawn@kube1.service", "[Service]\nExecStart=/bin/true\n")
+		}, want: nodeOutput("nspawn", "systemd-nspawn@kube1.service", "systemd-nspawn@.service")},
+		{name: "fence and node unit both missing: one line naming both", setup: func(h *host) {
+			h.applied("kube2", "none")
+			h.removeFence()
+			h.remove(unitDir + "unbounded-containerd.service")
+		}, want: recoverOnly, kmsg: []string{"no usable unbounded-fence.service", "mode none", "unbounded-containerd.service not in"}},
+		{name: "node units missing on a fresh host do not matter", setup: func(h *host) {
+			h.config()
+			for _, f := range nodeUnitFiles {
+				h.remove(f)
+			}
+		}, want: []string{wants("multi-user.target", "unbounded-bootstrap.service", "unbounded-bootstrap.service")}},
 		{name: "fence missing on a fresh host does not matter", setup: func(h *host) {
 			h.config()
 			h.removeFence()

@@ -19,25 +19,28 @@ import (
 //
 // flags: bit 0/1 give kube1/kube2 a matching sidecar (else none, or a
 // wrong one with bit 4/5), bit 2 writes the journal, bit 3 the config,
-// bit 6 installs the fence unit.
+// bit 6 installs the fence unit, bit 7 the supervising units of every mode
+// (templates where they are instances).
 func FuzzDecideFromState(f *testing.F) {
 	valid := func(slot, mode string) []byte {
 		return []byte(`{"slot":"` + slot + `","mode":"` + mode + `","machine":"m","agent-version":"0.1.0"}`)
 	}
-	f.Add(valid("kube1", "nspawn"), []byte(nil), []byte(nil), byte(0b100_0000|0b0001))
-	f.Add([]byte(nil), valid("kube2", "none"), []byte(nil), byte(0b100_0000|0b1010))
-	f.Add(valid("kube1", "container"), valid("kube2", "nspawn"), []byte(`{"running-slot":"kube2"}`), byte(0b100_0000|0b0111))
-	f.Add(valid("kube1", "nspawn"), valid("kube2", "nspawn"), []byte(`{"running-slot":"kube3"}`), byte(0b100_0000|0b0111))
-	f.Add(valid("kube1", "nspawn"), valid("kube2", "nspawn"), []byte("\x00garbage"), byte(0b100_0000|0b0111))
-	f.Add(valid("kube1", "nspawn"), valid("kube2", "nspawn"), []byte(nil), byte(0b100_0000|0b0011))
-	f.Add(valid("kube2", "nspawn"), []byte(nil), []byte(nil), byte(0b100_0000|0b0001))
-	f.Add(valid("kube1", "vm"), []byte(nil), []byte(nil), byte(0b100_0000|0b0001))
-	f.Add([]byte("\xff\xfe{"), []byte(nil), []byte(nil), byte(0b100_0000|0b0001))
-	f.Add([]byte(""), []byte(nil), []byte(nil), byte(0b100_0000|0b0001))
-	f.Add(valid("kube1", "nspawn"), []byte(nil), []byte(nil), byte(0b100_0000|0b10000))
-	f.Add([]byte(`{"slot":"kube1","mode":"nspawn"} {"x":1}`), []byte(nil), []byte(nil), byte(0b100_0000|0b0001))
-	f.Add([]byte(`{"slot":"kube1","mode":"none","config":{"a":[1,2,{"b":null}]}}`), []byte(nil), []byte(nil), byte(0b100_0000|0b1001))
+	f.Add(valid("kube1", "nspawn"), []byte(nil), []byte(nil), byte(0b1100_0000|0b0001))
+	f.Add([]byte(nil), valid("kube2", "none"), []byte(nil), byte(0b1100_0000|0b1010))
+	f.Add(valid("kube1", "container"), valid("kube2", "nspawn"), []byte(`{"running-slot":"kube2"}`), byte(0b1100_0000|0b0111))
+	f.Add(valid("kube1", "nspawn"), valid("kube2", "nspawn"), []byte(`{"running-slot":"kube3"}`), byte(0b1100_0000|0b0111))
+	f.Add(valid("kube1", "nspawn"), valid("kube2", "nspawn"), []byte("\x00garbage"), byte(0b1100_0000|0b0111))
+	f.Add(valid("kube1", "nspawn"), valid("kube2", "nspawn"), []byte(nil), byte(0b1100_0000|0b0011))
+	f.Add(valid("kube2", "nspawn"), []byte(nil), []byte(nil), byte(0b1100_0000|0b0001))
+	f.Add(valid("kube1", "vm"), []byte(nil), []byte(nil), byte(0b1100_0000|0b0001))
+	f.Add([]byte("\xff\xfe{"), []byte(nil), []byte(nil), byte(0b1100_0000|0b0001))
+	f.Add([]byte(""), []byte(nil), []byte(nil), byte(0b1100_0000|0b0001))
+	f.Add(valid("kube1", "nspawn"), []byte(nil), []byte(nil), byte(0b1100_0000|0b10000))
+	f.Add([]byte(`{"slot":"kube1","mode":"nspawn"} {"x":1}`), []byte(nil), []byte(nil), byte(0b1100_0000|0b0001))
+	f.Add([]byte(`{"slot":"kube1","mode":"none","config":{"a":[1,2,{"b":null}]}}`), []byte(nil), []byte(nil), byte(0b1100_0000|0b1001))
 	f.Add(valid("kube2", "container"), []byte(nil), []byte(nil), byte(0b1010))
+	f.Add(valid("kube1", "nspawn"), []byte(nil), []byte(nil), byte(0b100_0000|0b0001))
+	f.Add([]byte(nil), valid("kube2", "none"), []byte(nil), byte(0b1000_0000|0b0010))
 
 	f.Fuzz(func(t *testing.T, kube1, kube2, journal []byte, flags byte) {
 		root := t.TempDir()
@@ -69,6 +72,16 @@ func FuzzDecideFromState(f *testing.F) {
 			os.WriteFile(filepath.Join(p.UnitDir(), FenceService), []byte("[Service]\nType=oneshot\n"), 0o644)
 		}
 
+		nodeUnits := flags&128 != 0
+		if nodeUnits {
+			os.MkdirAll(p.UnitDir(), 0o755)
+			for _, m := range state.Modes {
+				for _, u := range SupervisingUnits(m, "kube1") {
+					os.WriteFile(filepath.Join(p.UnitDir(), template(u)), []byte("[Service]\nExecStart=/bin/true\n"), 0o644)
+				}
+			}
+		}
+
 		in := Host{}.Read(p)
 		plan := Decide(in)
 		hasNode, hasRecover := false, false
@@ -80,8 +93,8 @@ func FuzzDecideFromState(f *testing.F) {
 			hasRecover = hasRecover || strings.HasSuffix(l.Path, "/"+RecoverUnit)
 		}
 		trusted := in.Active != nil && in.ActiveErr == nil
-		if hasNode != (trusted && fenced) {
-			t.Fatalf("node units %v but trusted record %v, fence installed %v (input %+v)", hasNode, trusted, fenced, in)
+		if hasNode != (trusted && fenced && nodeUnits) {
+			t.Fatalf("node units %v but trusted record %v, fence installed %v, node units installed %v (input %+v)", hasNode, trusted, fenced, nodeUnits, in)
 		}
 		if (plan.Problem != "") != hasRecover {
 			t.Fatalf("problem %q but recovery pulled in %v", plan.Problem, hasRecover)

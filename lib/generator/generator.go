@@ -10,7 +10,8 @@
 // The generator must never fail the boot, so nothing here returns an error
 // to the caller: every problem becomes one line on /dev/kmsg and the safe
 // state (no node units, no daemon; recovery pulled in when the state is
-// corrupt or the fence unit is missing).
+// corrupt, or when the fence unit or a node unit of the active mode is
+// missing).
 //
 // The links of a bootstrapped host are Requires= dependencies
 // (unbounded-node.target.requires/, unbounded-mode-<mode>.target.requires/)
@@ -62,6 +63,15 @@ const (
 // unfenced; only a later explicit start would fail ("Unit not found").
 // A masked fence is treated the same: it would never run either.
 var ErrFenceMissing = errors.New("no usable " + FenceService)
+
+// ErrNodeUnitMissing is why a bootstrapped host gets the safe state when a
+// supervising unit of its mode is not installed (systemd-nspawn@.service
+// comes with systemd-container, which the package only Recommends): the
+// mode target's Requires= on it would be dropped at boot like the fence's
+// (see ErrFenceMissing), and unbounded-node.target would be reached with
+// nothing running, saying "the node is up" when it is not. A masked unit
+// is treated the same.
+var ErrNodeUnitMissing = errors.New("no usable node unit")
 
 // ModeTarget is the target of an isolation mode.
 func ModeTarget(mode string) string { return "unbounded-mode-" + mode + ".target" }
@@ -135,6 +145,13 @@ type Input struct {
 	// looks only on a host with a trusted applied config.
 	FenceUnit string
 	FenceErr  error
+	// NodeUnits are the unit files of the active slot's supervising
+	// units, one for each of SupervisingUnits, in that order, as found
+	// in the unit search directories under the root (an instance's own
+	// file or its template's). NodeUnitsErr names those that are
+	// missing or masked. As with FenceUnit, the zero value is "missing".
+	NodeUnits    []string
+	NodeUnitsErr error
 }
 
 // unitPath is where a shipped unit (or template) is installed; every link
@@ -202,14 +219,28 @@ func Decide(in Input) Plan {
 			return p
 		}
 		// The fence drop-in below makes every node unit Requires= the
-		// fence. Without the fence's unit that dependency points at
-		// nothing: fail closed rather than trust systemd to refuse.
+		// fence, and the mode target Requires= every node unit. A
+		// Requires= on a unit that is not installed points at nothing
+		// and systemd drops it at boot: fail closed rather than trust
+		// systemd to refuse. Both are checked so that one line names
+		// everything that is missing.
+		var missing []string
 		if in.FenceUnit == "" {
 			err := in.FenceErr
 			if err == nil {
 				err = ErrFenceMissing
 			}
-			p.Problem = fmt.Sprintf("node would start unfenced, node and daemon not started, recovery pulled in: %v", err)
+			missing = append(missing, fmt.Sprintf("node would start unfenced, node and daemon not started, recovery pulled in: %v", err))
+		}
+		if len(in.NodeUnits) != len(units) || in.NodeUnitsErr != nil {
+			err := in.NodeUnitsErr
+			if err == nil {
+				err = fmt.Errorf("%w: %s not looked for", ErrNodeUnitMissing, strings.Join(units, ", "))
+			}
+			missing = append(missing, fmt.Sprintf("mode %s would report the node up with nothing running, node and daemon not started, recovery pulled in: %v", a.Mode, err))
+		}
+		if len(missing) > 0 {
+			p.Problem = strings.Join(missing, "; and ")
 			p.Links = append(p.Links, wants("multi-user.target", RecoverUnit))
 			return p
 		}
@@ -314,8 +345,11 @@ func (h Host) Read(p hostpaths.Paths) Input {
 		return in
 	}
 	in.Active, in.ActiveErr = readActive(p)
-	if in.Active != nil && in.ActiveErr == nil {
+	if a := in.Active; a != nil && in.ActiveErr == nil {
 		in.FenceUnit, in.FenceErr = findFence(stat, p)
+		if units := SupervisingUnits(a.Mode, a.Slot); units != nil {
+			in.NodeUnits, in.NodeUnitsErr = findNodeUnits(stat, p, units)
+		}
 	}
 	if in.Active != nil || in.ActiveErr != nil {
 		return in
@@ -330,30 +364,81 @@ func (h Host) Read(p hostpaths.Paths) Input {
 	return in
 }
 
-// findFence returns the file systemd would load unbounded-fence.service
-// from: the first of the unit search directories (operator, runtime,
-// package) that has one, as systemd picks it. A masked unit (a link to
-// /dev/null or an empty file, systemd.unit(5)) and a stat error other than
-// "does not exist" are errors: either way no fence would run. These are at
-// most three stat calls, all of them on the boot path.
-func findFence(stat func(string) (fs.FileInfo, error), p hostpaths.Paths) (string, error) {
+// findUnit returns the file systemd would load unit name from: the first
+// of the unit search directories (operator, runtime, package) that has
+// one, as systemd picks it. ("", nil) means it is in none of them. A
+// masked unit (a link to /dev/null or an empty file, systemd.unit(5)), a
+// stat error other than "does not exist" and something other than a
+// regular file are errors: either way systemd would run nothing. These are
+// at most three stat calls, all of them on the boot path.
+func findUnit(stat func(string) (fs.FileInfo, error), p hostpaths.Paths, name string) (string, error) {
 	for _, dir := range p.UnitSearchDirs() {
-		f := filepath.Join(dir, FenceService)
+		f := filepath.Join(dir, name)
 		fi, err := stat(f)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			continue
 		case err != nil:
-			return "", fmt.Errorf("%w: %v", ErrFenceMissing, err)
+			return "", err
 		case fi.Mode()&fs.ModeCharDevice != 0 || (fi.Mode().IsRegular() && fi.Size() == 0):
-			return "", fmt.Errorf("%w: masked by %s", ErrFenceMissing, f)
+			return "", fmt.Errorf("masked by %s", f)
 		case !fi.Mode().IsRegular():
-			return "", fmt.Errorf("%w: %s is a %v, not a unit file", ErrFenceMissing, f, fi.Mode().Type())
+			return "", fmt.Errorf("%s is a %v, not a unit file", f, fi.Mode().Type())
 		}
 		return f, nil
 	}
-	return "", fmt.Errorf("%w: not in %s, %s or %s", ErrFenceMissing,
-		hostpaths.UnitDirEtcHost, hostpaths.UnitDirRunHost, hostpaths.UnitDirHost)
+	return "", nil
+}
+
+// searchDirs names the unit search directories for a report, as the host
+// sees them.
+const searchDirs = hostpaths.UnitDirEtcHost + ", " + hostpaths.UnitDirRunHost + " or " + hostpaths.UnitDirHost
+
+// findFence returns the fence's unit file (findUnit), or why there is no
+// usable one.
+func findFence(stat func(string) (fs.FileInfo, error), p hostpaths.Paths) (string, error) {
+	f, err := findUnit(stat, p, FenceService)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("%w: %v", ErrFenceMissing, err)
+	case f == "":
+		return "", fmt.Errorf("%w: not in %s", ErrFenceMissing, searchDirs)
+	}
+	return f, nil
+}
+
+// findNodeUnits returns the unit file of each of units, or an error naming
+// every one that is missing or masked. An instance (systemd-nspawn@kube1.
+// service) is loaded from its own file when one exists anywhere in the
+// search directories, else from its template (systemd-nspawn@.service),
+// as systemd resolves it; a masked instance file or, without one, a
+// masked template masks the instance. So an instance costs three more
+// stat calls than a plain unit when only its template is installed.
+func findNodeUnits(stat func(string) (fs.FileInfo, error), p hostpaths.Paths, units []string) ([]string, error) {
+	var files, notFound, unusable []string
+	for _, u := range units {
+		name := u
+		f, err := findUnit(stat, p, u)
+		if t := template(u); f == "" && err == nil && t != u {
+			name = u + " (nor " + t + ")"
+			f, err = findUnit(stat, p, t)
+		}
+		switch {
+		case err != nil:
+			unusable = append(unusable, u+": "+err.Error())
+		case f == "":
+			notFound = append(notFound, name)
+		default:
+			files = append(files, f)
+		}
+	}
+	if len(notFound) == 0 && len(unusable) == 0 {
+		return files, nil
+	}
+	if len(notFound) > 0 {
+		unusable = append([]string{strings.Join(notFound, ", ") + " not in " + searchDirs}, unusable...)
+	}
+	return nil, fmt.Errorf("%w: %s", ErrNodeUnitMissing, strings.Join(unusable, "; "))
 }
 
 // Run is one generator invocation: read, decide, write into normal (the

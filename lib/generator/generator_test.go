@@ -31,6 +31,17 @@ func linkSet(p Plan) []string {
 // fence is what Read finds on a host with the package installed.
 const fence = "/usr/lib/systemd/system/" + FenceService
 
+// installed is what Read finds for the supervising units of mode on a host
+// with the package (and systemd-container) installed: each unit's
+// template, or the unit itself, in the package directory.
+func installed(mode string) []string {
+	var files []string
+	for _, u := range SupervisingUnits(mode, "kube1") {
+		files = append(files, "/usr/lib/systemd/system/"+template(u))
+	}
+	return files
+}
+
 func TestDecideFollowsTheContractRulesInOrder(t *testing.T) {
 	nspawn2 := &state.AppliedConfig{Slot: "kube2", Mode: "nspawn"}
 	corrupt := errors.New("checksum mismatch")
@@ -50,7 +61,7 @@ func TestDecideFollowsTheContractRulesInOrder(t *testing.T) {
 		{name: "config that cannot be stat'ed starts nothing and reports", in: Input{ConfigErr: fs.ErrPermission},
 			problem: "cannot tell whether the config exists"},
 		{name: "ownership wins over an applied config and a config file",
-			in:    Input{Ownership: &state.Ownership{Owner: "reprovision", Unit: "unbounded-reprovision.service"}, Active: nspawn2, ConfigExists: true, FenceUnit: fence},
+			in:    Input{Ownership: &state.Ownership{Owner: "reprovision", Unit: "unbounded-reprovision.service"}, Active: nspawn2, ConfigExists: true, FenceUnit: fence, NodeUnits: installed("nspawn")},
 			links: []string{"multi-user.target.wants/unbounded-reprovision.service -> " + u + "unbounded-reprovision.service"}},
 		{name: "ownership of a template instance links the template",
 			in:    Input{Ownership: &state.Ownership{Owner: "reset", Unit: "unbounded-reset@keep.service"}},
@@ -73,7 +84,7 @@ func TestDecideFollowsTheContractRulesInOrder(t *testing.T) {
 			links:   recoverOnly,
 			problem: "checksum mismatch"},
 		{name: "nspawn kube2: multi-user wants node target and daemon, node target requires mode target requires the fenced machine",
-			in: Input{Active: nspawn2, ConfigExists: true, FenceUnit: fence},
+			in: Input{Active: nspawn2, ConfigExists: true, FenceUnit: fence, NodeUnits: installed("nspawn")},
 			links: []string{
 				"multi-user.target.wants/unbounded-daemon.service -> " + u + "unbounded-daemon.service",
 				"multi-user.target.wants/unbounded-node.target -> " + u + "unbounded-node.target",
@@ -82,7 +93,7 @@ func TestDecideFollowsTheContractRulesInOrder(t *testing.T) {
 			},
 			dropIns: []string{"systemd-nspawn@kube2.service.d/50-unbounded-fence.conf"}},
 		{name: "container kube1 requires the slot's container",
-			in: Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "container"}, FenceUnit: "/etc/systemd/system/" + FenceService},
+			in: Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "container"}, FenceUnit: "/etc/systemd/system/" + FenceService, NodeUnits: installed("container")},
 			links: []string{
 				"multi-user.target.wants/unbounded-daemon.service -> " + u + "unbounded-daemon.service",
 				"multi-user.target.wants/unbounded-node.target -> " + u + "unbounded-node.target",
@@ -91,7 +102,7 @@ func TestDecideFollowsTheContractRulesInOrder(t *testing.T) {
 			},
 			dropIns: []string{"unbounded-container@kube1.service.d/50-unbounded-fence.conf"}},
 		{name: "none mode requires and fences both runtime units",
-			in: Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "none"}, FenceUnit: fence},
+			in: Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "none"}, FenceUnit: fence, NodeUnits: installed("none")},
 			links: []string{
 				"multi-user.target.wants/unbounded-daemon.service -> " + u + "unbounded-daemon.service",
 				"multi-user.target.wants/unbounded-node.target -> " + u + "unbounded-node.target",
@@ -101,18 +112,35 @@ func TestDecideFollowsTheContractRulesInOrder(t *testing.T) {
 			},
 			dropIns: []string{"unbounded-containerd.service.d/50-unbounded-fence.conf", "unbounded-kubelet.service.d/50-unbounded-fence.conf"}},
 		{name: "trusted record without a fence unit starts no node and no daemon and pulls in recovery",
-			in:      Input{Active: nspawn2, ConfigExists: true, FenceErr: fmt.Errorf("%w: not in /etc/systemd/system, /run/systemd/system or /usr/lib/systemd/system", ErrFenceMissing)},
+			in:      Input{Active: nspawn2, ConfigExists: true, FenceErr: fmt.Errorf("%w: not in /etc/systemd/system, /run/systemd/system or /usr/lib/systemd/system", ErrFenceMissing), NodeUnits: installed("nspawn")},
 			links:   recoverOnly,
 			problem: "unfenced, node and daemon not started, recovery pulled in: no usable unbounded-fence.service: not in /etc/systemd/system"},
 		{name: "an Input that never looked for the fence fails closed",
-			in:      Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "none"}},
+			in:      Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "none"}, NodeUnits: installed("none")},
 			links:   recoverOnly,
 			problem: "no usable unbounded-fence.service"},
+		{name: "nspawn without systemd-nspawn@.service starts no node and no daemon and pulls in recovery",
+			in: Input{Active: nspawn2, ConfigExists: true, FenceUnit: fence,
+				NodeUnitsErr: fmt.Errorf("%w: systemd-nspawn@kube2.service (nor systemd-nspawn@.service) not in /etc/systemd/system, /run/systemd/system or /usr/lib/systemd/system", ErrNodeUnitMissing)},
+			links:   recoverOnly,
+			problem: "mode nspawn would report the node up with nothing running, node and daemon not started, recovery pulled in: no usable node unit: systemd-nspawn@kube2.service (nor systemd-nspawn@.service) not in"},
+		{name: "none with one of its two units found is not enough",
+			in:      Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "none"}, FenceUnit: fence, NodeUnits: installed("none")[:1]},
+			links:   recoverOnly,
+			problem: "mode none would report the node up with nothing running"},
+		{name: "an Input that never looked for the node units fails closed",
+			in:      Input{Active: &state.AppliedConfig{Slot: "kube2", Mode: "container"}, FenceUnit: fence},
+			links:   recoverOnly,
+			problem: "no usable node unit: unbounded-container@kube2.service not looked for"},
+		{name: "fence and node unit both missing are one problem naming both",
+			in:      Input{Active: nspawn2, FenceErr: ErrFenceMissing, NodeUnitsErr: fmt.Errorf("%w: systemd-nspawn@kube2.service: masked by /etc/systemd/system/systemd-nspawn@kube2.service", ErrNodeUnitMissing)},
+			links:   recoverOnly,
+			problem: "unfenced, node and daemon not started, recovery pulled in: no usable unbounded-fence.service; and mode nspawn would report the node up with nothing running, node and daemon not started, recovery pulled in: no usable node unit: systemd-nspawn@kube2.service: masked by"},
 		{name: "a missing fence does not matter on a fresh host",
 			in:    Input{ConfigExists: true, FenceErr: ErrFenceMissing},
 			links: []string{"multi-user.target.wants/unbounded-bootstrap.service -> " + u + "unbounded-bootstrap.service"}},
 		{name: "a mode lib/state should have rejected still pulls in recovery",
-			in:      Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "vm"}, FenceUnit: fence},
+			in:      Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "vm"}, FenceUnit: fence, NodeUnits: []string{"/usr/lib/systemd/system/vm.service"}},
 			links:   recoverOnly,
 			problem: `mode "vm"`},
 	} {
@@ -153,9 +181,18 @@ func TestReadStopsAtOwnershipAndAtActiveState(t *testing.T) {
 	want := []string{"own", "active",
 		"stat /x/etc/systemd/system/unbounded-fence.service",
 		"stat /x/run/systemd/system/unbounded-fence.service",
-		"stat /x/usr/lib/systemd/system/unbounded-fence.service"}
+		"stat /x/usr/lib/systemd/system/unbounded-fence.service",
+		"stat /x/etc/systemd/system/unbounded-containerd.service",
+		"stat /x/run/systemd/system/unbounded-containerd.service",
+		"stat /x/usr/lib/systemd/system/unbounded-containerd.service",
+		"stat /x/etc/systemd/system/unbounded-kubelet.service",
+		"stat /x/run/systemd/system/unbounded-kubelet.service",
+		"stat /x/usr/lib/systemd/system/unbounded-kubelet.service"}
 	if in.Active == nil || !reflect.DeepEqual(calls, want) {
-		t.Fatalf("input %+v, calls %q, want %q: on a bootstrapped host the fence is looked for, the config is not", in, calls, want)
+		t.Fatalf("input %+v, calls %q, want %q: on a bootstrapped host the fence and the node units are looked for, the config is not", in, calls, want)
+	}
+	if in.NodeUnits != nil || !errors.Is(in.NodeUnitsErr, ErrNodeUnitMissing) {
+		t.Fatalf("node units %q, %v; want missing", in.NodeUnits, in.NodeUnitsErr)
 	}
 	if in.FenceUnit != "" || !errors.Is(in.FenceErr, ErrFenceMissing) {
 		t.Fatalf("fence %q, %v; want missing", in.FenceUnit, in.FenceErr)
@@ -166,7 +203,7 @@ func TestReadStopsAtOwnershipAndAtActiveState(t *testing.T) {
 		calls = append(calls, "active")
 		return nil, state.ErrCorrupt
 	}
-	if in := h.Read(hostpaths.New("/x")); !reflect.DeepEqual(calls, []string{"own", "active"}) || in.FenceErr != nil {
+	if in := h.Read(hostpaths.New("/x")); !reflect.DeepEqual(calls, []string{"own", "active"}) || in.FenceErr != nil || in.NodeUnitsErr != nil {
 		t.Fatalf("corrupt state: calls %q, input %+v; nothing else matters, not even the fence", calls, in)
 	}
 }
@@ -243,6 +280,112 @@ func writeUnder(t *testing.T, p hostpaths.Paths, hostPath, content string) {
 	}
 	if err := os.WriteFile(f, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReadFindsTheNodeUnitsAsSystemdWouldLoadThem lays out the supervising
+// units under a real root, with the fence installed, and runs the read and
+// the decision: a node is planned exactly when every supervising unit of
+// the active mode would load, and otherwise the one problem names what is
+// missing and the mode.
+func TestReadFindsTheNodeUnitsAsSystemdWouldLoadThem(t *testing.T) {
+	const unitFile = "[Service]\nExecStart=/bin/true\n"
+	const etc, run, usr = "/etc/systemd/system/", "/run/systemd/system/", "/usr/lib/systemd/system/"
+	mask := func(p hostpaths.Paths, hostPath string) {
+		os.MkdirAll(filepath.Dir(p.Join(hostPath)), 0o755)
+		if err := os.Symlink("/dev/null", p.Join(hostPath)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name, mode string
+		setup      func(p hostpaths.Paths)
+		found      []string // host paths; nil for the safe state
+		problem    string
+	}{
+		{name: "nspawn with systemd-container's template", mode: "nspawn",
+			setup: func(p hostpaths.Paths) { writeUnder(t, p, usr+"systemd-nspawn@.service", unitFile) },
+			found: []string{usr + "systemd-nspawn@.service"}},
+		{name: "nspawn without systemd-nspawn@.service", mode: "nspawn",
+			setup:   func(p hostpaths.Paths) {},
+			problem: "mode nspawn would report the node up with nothing running, node and daemon not started, recovery pulled in: no usable node unit: systemd-nspawn@kube2.service (nor systemd-nspawn@.service) not in /etc/systemd/system, /run/systemd/system or /usr/lib/systemd/system"},
+		{name: "an instance file without its template is enough", mode: "nspawn",
+			setup: func(p hostpaths.Paths) { writeUnder(t, p, etc+"systemd-nspawn@kube2.service", unitFile) },
+			found: []string{etc + "systemd-nspawn@kube2.service"}},
+		{name: "an instance file in the package directory wins over the operator's template", mode: "container",
+			setup: func(p hostpaths.Paths) {
+				writeUnder(t, p, etc+"unbounded-container@.service", unitFile)
+				writeUnder(t, p, usr+"unbounded-container@kube2.service", unitFile)
+			},
+			found: []string{usr + "unbounded-container@kube2.service"}},
+		{name: "the other slot's instance file does not count", mode: "nspawn",
+			setup:   func(p hostpaths.Paths) { writeUnder(t, p, usr+"systemd-nspawn@kube1.service", unitFile) },
+			problem: "systemd-nspawn@kube2.service (nor systemd-nspawn@.service) not in"},
+		{name: "a masked instance over an installed template", mode: "nspawn",
+			setup: func(p hostpaths.Paths) {
+				writeUnder(t, p, usr+"systemd-nspawn@.service", unitFile)
+				mask(p, etc+"systemd-nspawn@kube2.service")
+			},
+			problem: "no usable node unit: systemd-nspawn@kube2.service: masked by /etc/systemd/system/systemd-nspawn@kube2.service"},
+		{name: "a masked template masks the instance", mode: "container",
+			setup: func(p hostpaths.Paths) {
+				writeUnder(t, p, usr+"unbounded-container@.service", unitFile)
+				writeUnder(t, p, run+"unbounded-container@.service", "")
+			},
+			problem: "mode container would report the node up with nothing running, node and daemon not started, recovery pulled in: no usable node unit: unbounded-container@kube2.service: masked by /run/systemd/system/unbounded-container@.service"},
+		{name: "none with both units", mode: "none",
+			setup: func(p hostpaths.Paths) {
+				writeUnder(t, p, usr+"unbounded-containerd.service", unitFile)
+				writeUnder(t, p, run+"unbounded-kubelet.service", unitFile)
+			},
+			found: []string{usr + "unbounded-containerd.service", run + "unbounded-kubelet.service"}},
+		{name: "none without the kubelet unit", mode: "none",
+			setup:   func(p hostpaths.Paths) { writeUnder(t, p, usr+"unbounded-containerd.service", unitFile) },
+			problem: "mode none would report the node up with nothing running, node and daemon not started, recovery pulled in: no usable node unit: unbounded-kubelet.service not in /etc/systemd/system, /run/systemd/system or /usr/lib/systemd/system"},
+		{name: "none without either unit names both once", mode: "none",
+			setup:   func(p hostpaths.Paths) {},
+			problem: "no usable node unit: unbounded-containerd.service, unbounded-kubelet.service not in /etc/systemd/system"},
+		{name: "none with a masked kubelet and no containerd names both", mode: "none",
+			setup: func(p hostpaths.Paths) {
+				writeUnder(t, p, usr+"unbounded-kubelet.service", unitFile)
+				mask(p, etc+"unbounded-kubelet.service")
+			},
+			problem: "no usable node unit: unbounded-containerd.service not in /etc/systemd/system, /run/systemd/system or /usr/lib/systemd/system; unbounded-kubelet.service: masked by /etc/systemd/system/unbounded-kubelet.service"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := hostpaths.New(t.TempDir())
+			writeUnder(t, p, fence, "[Service]\nType=oneshot\nExecStart=/bin/true\n")
+			tc.setup(p)
+			h := Host{ReadOwnership: func(hostpaths.Paths) (*state.Ownership, error) { return nil, nil },
+				ReadActive: func(hostpaths.Paths) (*state.AppliedConfig, error) {
+					return &state.AppliedConfig{Slot: "kube2", Mode: tc.mode}, nil
+				}}
+			in := h.Read(p)
+			var found []string
+			for _, f := range in.NodeUnits {
+				found = append(found, p.Rel(f))
+			}
+			if !reflect.DeepEqual(found, tc.found) {
+				t.Errorf("node units %q, want %q (error %v)", found, tc.found, in.NodeUnitsErr)
+			}
+			plan := Decide(in)
+			problem := strings.ReplaceAll(plan.Problem, p.Root, "")
+			if tc.found != nil {
+				if problem != "" || len(plan.Files) != len(tc.found) {
+					t.Errorf("plan %+v, want the node", plan)
+				}
+				return
+			}
+			if !errors.Is(in.NodeUnitsErr, ErrNodeUnitMissing) {
+				t.Errorf("error %v, want ErrNodeUnitMissing", in.NodeUnitsErr)
+			}
+			if !strings.Contains(problem, tc.problem) || strings.Contains(problem, FenceService) {
+				t.Errorf("problem %q, want one containing %q (and the fence is installed)", problem, tc.problem)
+			}
+			if got := linkSet(plan); len(plan.Files) != 0 || len(got) != 1 || !strings.Contains(got[0], RecoverUnit) {
+				t.Errorf("plan %q %+v, want recovery only", got, plan.Files)
+			}
+		})
 	}
 }
 
@@ -393,14 +536,15 @@ func TestWriteIsIdempotentAndConvergesAfterAStateChange(t *testing.T) {
 	others := []string{"multi-user.target.wants/other.service -> /usr/lib/systemd/system/other.service", "systemd-nspawn@kube1.service.d/10-other.conf: x"}
 
 	steps := []Input{
-		{Active: &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}, FenceUnit: fence},
-		{Active: &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}, FenceUnit: fence},
-		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "none"}, FenceUnit: fence},
-		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "none"}, FenceErr: ErrFenceMissing},
-		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "none"}, FenceUnit: fence},
+		{Active: &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}, FenceUnit: fence, NodeUnits: installed("nspawn")},
+		{Active: &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}, FenceUnit: fence, NodeUnits: installed("nspawn")},
+		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "none"}, FenceUnit: fence, NodeUnits: installed("none")},
+		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "none"}, FenceErr: ErrFenceMissing, NodeUnits: installed("none")},
+		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "none"}, FenceUnit: fence, NodeUnits: installed("none")},
+		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "none"}, FenceUnit: fence, NodeUnitsErr: ErrNodeUnitMissing},
 		{ActiveErr: state.ErrCorrupt},
 		{ConfigExists: true},
-		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "container"}, FenceUnit: fence},
+		{Active: &state.AppliedConfig{Slot: "kube2", Mode: "container"}, FenceUnit: fence, NodeUnits: installed("container")},
 		{},
 	}
 	for i, in := range steps {
@@ -418,7 +562,7 @@ func TestWriteIsIdempotentAndConvergesAfterAStateChange(t *testing.T) {
 
 func TestWriteReplacesAStaleLinkAndDropIn(t *testing.T) {
 	dir := t.TempDir()
-	p := Decide(Input{Active: &state.AppliedConfig{Slot: "kube2", Mode: "nspawn"}, FenceUnit: fence})
+	p := Decide(Input{Active: &state.AppliedConfig{Slot: "kube2", Mode: "nspawn"}, FenceUnit: fence, NodeUnits: installed("nspawn")})
 	os.MkdirAll(filepath.Join(dir, "unbounded-node.target.requires"), 0o755)
 	os.Symlink("/wrong", filepath.Join(dir, "unbounded-node.target.requires/unbounded-mode-nspawn.target"))
 	os.MkdirAll(filepath.Join(dir, "systemd-nspawn@kube2.service.d"), 0o755)
@@ -445,7 +589,7 @@ func TestWriteRemovesWantsLinksOfAnOlderGenerator(t *testing.T) {
 		os.MkdirAll(filepath.Join(dir, filepath.Dir(l)), 0o755)
 		os.Symlink("/usr/lib/systemd/system/x", filepath.Join(dir, l))
 	}
-	p := Decide(Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}, FenceUnit: fence})
+	p := Decide(Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}, FenceUnit: fence, NodeUnits: installed("nspawn")})
 	if err := Write(dir, p); err != nil {
 		t.Fatal(err)
 	}

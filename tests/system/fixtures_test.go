@@ -267,12 +267,11 @@ func wantFencedUnit(t *testing.T, m *harness.Machine, target, unit string) {
 	if a := m.UnitStrings(target, "After"); !slices.Contains(a, unit) {
 		t.Errorf("%s After = %v; want %s (Requires= without it would not fail the target)", target, a, unit)
 	}
-	s := m.UnitState(unit)
-	if s.LoadState != "loaded" {
-		// A unit the package does not ship yet is not-found: systemd
-		// records who wants it but loads no drop-in for it, so only
-		// the generator's files can be checked (wantGenerated does).
-		t.Logf("%s is %s: the fence dependency is checked in the generator's drop-in only", unit, s)
+	// The generator links a node unit only when it is installed: a
+	// not-found unit here would be a generator bug (systemd would drop
+	// the Requires= on it at boot and reach the target over nothing).
+	if s := m.UnitState(unit); s.LoadState != "loaded" {
+		t.Errorf("%s is %s; the generator must not require a unit that does not load", unit, s)
 		return
 	}
 	for _, prop := range []string{"Requires", "After"} {

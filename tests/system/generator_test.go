@@ -151,29 +151,85 @@ func wantNodeTargetRequires(t *testing.T, m *harness.Machine, modeTarget string)
 	}
 }
 
+// TestAppliedNoneConfigStartsHostStackBehindFence boots a host of mode
+// none with the package's own fence (no allocation configured: it allows)
+// and stand-ins for the runtime units, which the package does not ship
+// yet: the node target requires the mode target, which requires both
+// units, each fenced, and all of it is up.
 func TestAppliedNoneConfigStartsHostStackBehindFence(t *testing.T) {
 	t.Parallel()
 	m := harness.New(t, harness.Options{Package: true})
 	writeValidConfig(t, m)
 	writeApplied(t, m, "kube1", "none")
+	standInNoneUnits(t, m)
 	m.Start()
 
 	wantGenerated(t, m, noneOutput)
 	wantNodeTargetRequires(t, m, "unbounded-mode-none.target")
 	for _, u := range noneUnits {
+		if s := m.UnitState(u); s.LoadState != "loaded" {
+			t.Errorf("%s is %s; the scenario installed a stand-in", u, s)
+		}
 		wantFencedUnit(t, m, "unbounded-mode-none.target", u)
 	}
 	if k := generatorKmsg(m); len(k) != 0 {
 		t.Errorf("generator reported %q on a sound host", k)
 	}
-	// The package does not ship the runtime units yet. systemd (252)
-	// drops a Requires= on a unit that is not found from the boot
-	// transaction instead of failing the requiring target, so here the
-	// targets come up over nothing: reported, not asserted, until the
-	// units ship (TestNodeTargetIsActiveExactlyWhileTheFencedNodeStackIsUp
-	// covers this mode with stand-ins). The same behaviour is why the
-	// generator checks that the fence unit exists.
-	t.Logf("runtime units not shipped: unbounded-node.target is %s", isActive(m, "unbounded-node.target"))
+	for _, u := range append([]string{"unbounded-node.target", "unbounded-mode-none.target"}, noneUnits...) {
+		if a := isActive(m, u); a != "active" {
+			t.Errorf("systemctl is-active %s = %q; want active (fence allowed, units started)", u, a)
+		}
+	}
+	if s := m.UnitState(fenceUnit); s.ActiveState != "inactive" || s.Result != "success" {
+		t.Errorf("%s = %s; want inactive with result success (allowed: no allocation configured)", fenceUnit, s)
+	}
+}
+
+// TestNoneModeWithoutItsNodeUnitsBootsIntoSafeStateAndReportsToKmsg: the
+// package is installed, the host is bootstrapped in mode none, but the
+// runtime units are not installed (as today: a later issue ships them).
+// systemd would drop the mode target's Requires= on them at boot and reach
+// unbounded-node.target over nothing; the generator writes the safe state
+// instead and says which units are missing.
+func TestNoneModeWithoutItsNodeUnitsBootsIntoSafeStateAndReportsToKmsg(t *testing.T) {
+	t.Parallel()
+	m := harness.New(t, harness.Options{Package: true})
+	writeValidConfig(t, m)
+	writeApplied(t, m, "kube1", "none")
+	for _, u := range noneUnits {
+		for _, dir := range []string{unitDir, hostpaths.UnitDirEtcHost, hostpaths.UnitDirRunHost} {
+			if _, err := os.Lstat(path.Join(m.Root(), dir, u)); err == nil {
+				t.Fatalf("%s is installed in %s; the scenario is about a host without it", u, dir)
+			}
+		}
+	}
+	m.Start()
+
+	wantGenerated(t, m, map[string][]string{
+		"multi-user.target.wants/unbounded-recover@generator.service": link("unbounded-recover@.service"),
+	})
+	wantNoNodeUnits(t, m)
+	if a := isActive(m, "unbounded-mode-none.target"); a == "active" {
+		t.Errorf("systemctl is-active unbounded-mode-none.target = %q; nothing of the node runs", a)
+	}
+	if w := m.Wants("multi-user.target"); !slices.Contains(w, "unbounded-recover@generator.service") {
+		t.Errorf("multi-user.target Wants = %v; want unbounded-recover@generator.service", w)
+	}
+	k := generatorKmsg(m)
+	want := []string{"mode none", "node and daemon not started",
+		"unbounded-containerd.service, unbounded-kubelet.service not in /etc/systemd/system, /run/systemd/system or /usr/lib/systemd/system"}
+	if len(k) != 1 {
+		t.Fatalf("generator kmsg lines = %q; want one", k)
+	}
+	for _, w := range want {
+		if !strings.Contains(k[0], w) {
+			t.Errorf("generator kmsg line %q does not say %q", k[0], w)
+		}
+	}
+	if strings.Contains(k[0], fenceUnit) {
+		t.Errorf("generator kmsg line %q names the fence, which is installed", k[0])
+	}
+	t.Logf("kmsg: %q", k)
 }
 
 var noneUnits = []string{"unbounded-containerd.service", "unbounded-kubelet.service"}
@@ -201,18 +257,26 @@ const (
 
 func standInNoneNode(t *testing.T, m *harness.Machine) {
 	t.Helper()
-	for _, u := range noneUnits {
-		m.WriteFile("/etc/systemd/system/"+u, []byte(`[Unit]
-Description=Stand-in for `+u+` (system test)
-[Service]
-ExecStart=/bin/sleep infinity
-`), 0o644)
-	}
+	standInNoneUnits(t, m)
 	m.WriteFile("/etc/systemd/system/"+fenceUnit+".d/90-test-stand-in.conf", []byte(`# The system test's fence: allows unless `+fenceRefuseFlag+` exists.
 [Service]
 ExecStart=
 ExecStart=/bin/sh -c 'echo "`+fenceRunLine+`"; if test -e `+fenceRefuseFlag+`; then echo refused; exit 77; fi'
 `), 0o644)
+}
+
+// standInNoneUnits installs the none mode's runtime units in
+// /etc/systemd/system as long-running stand-ins: without them the
+// generator (rightly) keeps the node down.
+func standInNoneUnits(t *testing.T, m *harness.Machine) {
+	t.Helper()
+	for _, u := range noneUnits {
+		m.WriteFile(hostpaths.UnitDirEtcHost+"/"+u, []byte(`[Unit]
+Description=Stand-in for `+u+` (system test)
+[Service]
+ExecStart=/bin/sleep infinity
+`), 0o644)
+	}
 }
 
 func fenceRuns(t *testing.T, m *harness.Machine) int {
