@@ -157,11 +157,7 @@ func (d *daemon) listMachine(ctx context.Context) ([]any, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	var objs []any
-	for i := range out.Items {
-		objs = append(objs, &out.Items[i])
-	}
-	return objs, out.ResourceVersion, nil
+	return pointers(out.Items), out.ResourceVersion, nil
 }
 
 func (d *daemon) watchMachine(ctx context.Context, rv string) (watch.Interface, error) {
@@ -173,11 +169,7 @@ func (d *daemon) listNode(ctx context.Context) ([]any, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	var objs []any
-	for i := range out.Items {
-		objs = append(objs, &out.Items[i])
-	}
-	return objs, out.ResourceVersion, nil
+	return pointers(out.Items), out.ResourceVersion, nil
 }
 
 func (d *daemon) watchNode(ctx context.Context, rv string) (watch.Interface, error) {
@@ -189,13 +181,19 @@ func (d *daemon) listOps(ctx context.Context) ([]any, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	var objs []any
-	for i := range out.Items {
-		objs = append(objs, &out.Items[i])
-	}
-	return objs, out.ResourceVersion, nil
+	return pointers(out.Items), out.ResourceVersion, nil
 }
 
 func (d *daemon) watchOps(ctx context.Context, rv string) (watch.Interface, error) {
 	return d.cluster.watchOps(ctx, d.machine, rv)
+}
+
+// pointers returns a pointer to each item of a list, as the watch loop
+// handles objects.
+func pointers[T any](items []T) []any {
+	objs := make([]any, 0, len(items))
+	for i := range items {
+		objs = append(objs, &items[i])
+	}
+	return objs
 }
