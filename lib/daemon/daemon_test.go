@@ -47,6 +47,26 @@ func newFixture(t *testing.T) *fixture {
 	}
 }
 
+// leftInProgress is what a daemon killed after marking an operation
+// InProgress leaves behind: the operation InProgress and, when req is not
+// nil, its request file for concern (req's operation name and UID are
+// filled in).
+func (f *fixture) leftInProgress(t *testing.T, typ v1alpha3.OperationType, concern string, req *request.Request) *v1alpha3.MachineOperation {
+	t.Helper()
+	op := f.env.createOp(t, f.machine, typ)
+	if req != nil {
+		req.Operation, req.UID = op.Name, string(op.UID)
+		if err := request.Write(f.opts.Paths, concern, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	op.Status.State = v1alpha3.OperationInProgress
+	if _, err := f.env.ops.updateOpStatus(context.Background(), op); err != nil {
+		t.Fatal(err)
+	}
+	return op
+}
+
 // machineEvents returns the reasons of the Events recorded on the Machine.
 func (f *fixture) machineEvents(t *testing.T) []string {
 	t.Helper()
@@ -241,17 +261,10 @@ func TestOperationInProgressWhoseUnitNeverStartedIsStartedOnce(t *testing.T) {
 	f := newFixture(t)
 	// What a daemon killed between "InProgress" and StartUnit leaves: the
 	// request on disk, the operation InProgress, the unit never run.
-	op := f.env.createOp(t, f.machine, v1alpha3.OperationRestart)
-	if err := request.Write(f.opts.Paths, "restart", &request.Request{
-		Operation: op.Name, UID: string(op.UID), Type: "Restart", Machine: f.machine,
+	op := f.leftInProgress(t, v1alpha3.OperationRestart, "restart", &request.Request{
+		Type: "Restart", Machine: f.machine,
 		Unit: "unbounded-restart.service", RequestedAt: time.Now().UTC(), BootID: "boot-1",
-	}); err != nil {
-		t.Fatal(err)
-	}
-	op.Status.State = v1alpha3.OperationInProgress
-	if _, err := f.env.ops.updateOpStatus(context.Background(), op); err != nil {
-		t.Fatal(err)
-	}
+	})
 
 	startDaemon(t, f.opts)
 	done := f.env.waitOp(t, op.Name, opTimeout)
@@ -267,11 +280,7 @@ func TestOperationInProgressWithoutItsRequestIsFailedAsInterrupted(t *testing.T)
 	f := newFixture(t)
 	// After a reboot /run is empty: the request of an operation that was
 	// running is gone, and so is the unit's state.
-	op := f.env.createOp(t, f.machine, v1alpha3.OperationRepave)
-	op.Status.State = v1alpha3.OperationInProgress
-	if _, err := f.env.ops.updateOpStatus(context.Background(), op); err != nil {
-		t.Fatal(err)
-	}
+	op := f.leftInProgress(t, v1alpha3.OperationRepave, "", nil)
 	startDaemon(t, f.opts)
 	done := f.env.waitOp(t, op.Name, opTimeout)
 	if done.Status.State != v1alpha3.OperationFailed || done.Status.Reason != ReasonInterrupted {

@@ -25,18 +25,11 @@ func TestInProgressOperationWhoseUnitKeptItsPreviousInvocationIsStarted(t *testi
 		u.ranAt = requestedAt.Add(10 * time.Millisecond)
 	})
 	f.fake.journal["unbounded-restart.service"] = []string{"Finished unbounded-restart.service."}
-	op := f.env.createOp(t, f.machine, v1alpha3.OperationRestart)
-	if err := request.Write(f.opts.Paths, "restart", &request.Request{
-		Operation: op.Name, UID: string(op.UID), Type: "Restart", Machine: f.machine,
+	op := f.leftInProgress(t, v1alpha3.OperationRestart, "restart", &request.Request{
+		Type: "Restart", Machine: f.machine,
 		Unit: "unbounded-restart.service", RequestedAt: requestedAt, BootID: "boot-1",
 		PreviousInvocation: "0123456789abcdef0123456789abcdef",
-	}); err != nil {
-		t.Fatal(err)
-	}
-	op.Status.State = v1alpha3.OperationInProgress
-	if _, err := f.env.ops.updateOpStatus(context.Background(), op); err != nil {
-		t.Fatal(err)
-	}
+	})
 
 	startDaemon(t, f.opts)
 	done := f.env.waitOp(t, op.Name, opTimeout)
