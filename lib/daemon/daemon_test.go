@@ -127,7 +127,7 @@ func TestRepaveOperationWritesRequestThenStartsRepaveUnitAndCompletes(t *testing
 	if s.state != v1alpha3.OperationInProgress {
 		t.Errorf("operation state when the unit started = %q, want InProgress", s.state)
 	}
-	eventually(t, 5*time.Second, "events Dispatched and OperationComplete on the Machine", func() bool {
+	eventually(t, opTimeout, "events Dispatched and OperationComplete on the Machine", func() bool {
 		ev := strings.Join(f.machineEvents(t), ",")
 		return strings.Contains(ev, ReasonDispatched) && strings.Contains(ev, "OperationComplete")
 	})
@@ -178,7 +178,7 @@ func TestFailingUnitMarksOperationFailedWithResultAndJournalLines(t *testing.T) 
 			t.Errorf("message lacks %q:\n%s", want, done.Status.Message)
 		}
 	}
-	eventually(t, 5*time.Second, "event OperationFailed on the Machine", func() bool {
+	eventually(t, opTimeout, "event OperationFailed on the Machine", func() bool {
 		return strings.Contains(strings.Join(f.machineEvents(t), ","), "OperationFailed")
 	})
 }
@@ -234,7 +234,7 @@ func TestUnitThatFinishedWhileDaemonWasDownIsReportedNotStartedAgain(t *testing.
 			_ = first.stop(t)
 
 			close(hold)
-			eventually(t, 5*time.Second, "unit finished", func() bool {
+			eventually(t, opTimeout, "unit finished", func() bool {
 				st, _ := fakeConn{f.fake}.UnitState(context.Background(), "unbounded-repave.service")
 				return !st.Running()
 			})
@@ -338,7 +338,7 @@ func TestNodeThatWasReadyAndIsGoneIsRepavedOnce(t *testing.T) {
 	if err != nil || !strings.HasPrefix(req.UID, "node:") || req.Operation != "" {
 		t.Fatalf("repave request = %+v, %v; want a node: uid and no operation", req, err)
 	}
-	eventually(t, 5*time.Second, "events NodeGone and OperationComplete on the Machine", func() bool {
+	eventually(t, opTimeout, "events NodeGone and OperationComplete on the Machine", func() bool {
 		ev := strings.Join(f.machineEvents(t), ",")
 		return strings.Contains(ev, ReasonNodeGone) && strings.Contains(ev, "OperationComplete")
 	})

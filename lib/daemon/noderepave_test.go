@@ -34,7 +34,7 @@ func TestRepaveOfVanishedNodeRetriedAfterItsUnitRanIsNotStartedAgain(t *testing.
 	}
 	eventually(t, opTimeout, "repave started", func() bool { return f.fake.startCount("unbounded-repave.service") >= 1 })
 	// The retry comes 5s after the failed look.
-	eventually(t, 15*time.Second, "event OperationComplete on the Machine", func() bool {
+	eventually(t, opTimeout, "event OperationComplete on the Machine", func() bool {
 		return strings.Contains(strings.Join(f.machineEvents(t), ","), "OperationComplete")
 	})
 	time.Sleep(300 * time.Millisecond)
