@@ -22,7 +22,7 @@ type InPlaceJournal struct {
 // os.ErrNotExist.
 func ReadInPlaceJournal(p hostpaths.Paths) (*InPlaceJournal, error) {
 	file := p.Journal("isolation")
-	data, err := os.ReadFile(file)
+	data, err := readState(file, maxJournalSize)
 	if err != nil {
 		return nil, err
 	}

@@ -13,13 +13,50 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/regfile"
 )
 
-// ErrCorrupt means a state file exists but cannot be trusted: unreadable,
-// not the expected JSON, or its SHA-256 sidecar is missing or does not
-// match. Callers never silently accept it: the generator writes its safe
+// ErrCorrupt means a state file exists but cannot be trusted: not a
+// regular file, larger than its kind's limit, not the expected JSON, or its
+// SHA-256 sidecar is missing or does not match. Callers never silently accept it: the generator writes its safe
 // state, one-shots fail (exit 1) so that recovery starts.
 var ErrCorrupt = errors.New("corrupt state")
+
+// Limits on what a reader loads of each kind of state file. Every state
+// file is read through lib/regfile: only a regular file, never blocking, at
+// most its limit. The writers of this package never make a larger file, so
+// one over the limit is corrupt (ErrCorrupt), and the generator, which
+// reads at every boot, spends no more than one bounded read on it.
+const (
+	// MaxRecordSize bounds a record that embeds an effective config
+	// (applied configs, lib/request's requests). lib/config reads at most
+	// 1 MiB per file; a record is one merged config plus a few fields,
+	// and WriteApplied refuses to write more than this.
+	MaxRecordSize = 4 << 20
+	// maxSidecarSize bounds a SHA-256 sidecar: one sha256sum line is 64
+	// hex digits, two separators and a file name of at most NAME_MAX
+	// (255) bytes.
+	maxSidecarSize = 4 << 10
+	// maxOwnershipSize bounds the ownership record: an owner, a unit
+	// name (at most 255 bytes, systemd's limit), a PID and a time, with
+	// room for fields to come.
+	maxOwnershipSize = 64 << 10
+	// maxJournalSize bounds a journal: the step reached and what to undo,
+	// which names paths and units, not contents.
+	maxJournalSize = 1 << 20
+)
+
+// readState reads a state file of at most limit bytes through lib/regfile.
+// Something that is not a regular file, or is over the limit, is corrupt
+// state; a missing file stays an *fs.PathError (os.IsNotExist), and other
+// errors (permission denied) stay what they are: they are not corruption.
+func readState(file string, limit int64) ([]byte, error) {
+	data, err := regfile.Read(file, limit)
+	if errors.Is(err, regfile.ErrNotRegular) || errors.Is(err, regfile.ErrTooLarge) {
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return data, err
+}
 
 // Modes are the isolation modes (ARCHITECTURE section 2).
 var Modes = []string{"nspawn", "container", "none"}
@@ -92,11 +129,11 @@ func checksumMatches(sidecar, data []byte) error {
 
 // readPair reads file and its sidecar and checks them.
 func readPair(file, sidecar string) ([]byte, error) {
-	data, err := os.ReadFile(file)
+	data, err := readState(file, MaxRecordSize)
 	if err != nil {
 		return nil, err
 	}
-	sum, err := os.ReadFile(sidecar)
+	sum, err := readState(sidecar, maxSidecarSize)
 	if err != nil {
 		if os.IsNotExist(err) {
 			return nil, fmt.Errorf("%w: %s: checksum sidecar %s is missing", ErrCorrupt, file, sidecar)
@@ -123,8 +160,8 @@ func ReadVerified(file string) ([]byte, error) {
 	}
 	// Crash between the two final renames: the record is already the new
 	// one and only the staged sidecar is left to move.
-	if sum, err := os.ReadFile(hostpaths.Checksum(next)); err == nil {
-		if data, err := os.ReadFile(file); err == nil && checksumMatches(sum, data) == nil {
+	if sum, err := readState(hostpaths.Checksum(next), maxSidecarSize); err == nil {
+		if data, err := readState(file, MaxRecordSize); err == nil && checksumMatches(sum, data) == nil {
 			return data, nil
 		}
 	}
@@ -170,8 +207,8 @@ func finishPending(file string) error {
 		}
 		return SyncDir(filepath.Dir(file))
 	}
-	if sum, err := os.ReadFile(nextSide); err == nil {
-		data, rerr := os.ReadFile(file)
+	if sum, err := readState(nextSide, maxSidecarSize); err == nil {
+		data, rerr := readState(file, MaxRecordSize)
 		if rerr == nil && checksumMatches(sum, data) == nil {
 			if err := os.Rename(nextSide, hostpaths.Checksum(file)); err != nil {
 				return err
@@ -230,6 +267,10 @@ func WriteApplied(p hostpaths.Paths, a *AppliedConfig) error {
 	data, err := json.MarshalIndent(a, "", "  ")
 	if err != nil {
 		return err
+	}
+	if len(data)+1 > MaxRecordSize {
+		// Written, it would read as corrupt at the next boot.
+		return fmt.Errorf("applied config of %s would be %d bytes, more than the %d a reader accepts", a.Slot, len(data)+1, MaxRecordSize)
 	}
 	// 0600: the effective config names the token file and may carry
 	// cluster details an unprivileged user has no business reading.

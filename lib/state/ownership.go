@@ -34,7 +34,7 @@ type Ownership struct {
 // not owned. A record that cannot be decoded still means "owned": failing
 // closed keeps the node and daemon away from a host mid-installation.
 func ReadOwnership(p hostpaths.Paths) (*Ownership, error) {
-	data, err := os.ReadFile(p.Ownership())
+	data, err := readState(p.Ownership(), maxOwnershipSize)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
