@@ -32,6 +32,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
@@ -185,7 +186,14 @@ func Decide(in Input) Plan {
 	// or daemon started now would race a half-installed slot.
 	if in.Ownership != nil {
 		if in.OwnershipErr != nil {
-			p.Problem = fmt.Sprintf("ownership record unreadable, host treated as owned, nothing started: %v", in.OwnershipErr)
+			// Corrupt state like any other (not a regular file, too
+			// large, not a record): no node, no daemon, recovery. The
+			// host still reads as owned, so recovery, like every
+			// one-shot, cannot race an installation; it is pulled in
+			// so that a lock no installation can resume is looked at
+			// rather than left to idle the host.
+			p.Problem = fmt.Sprintf("ownership record unreadable, host treated as owned, node and daemon not started, recovery pulled in: %v", in.OwnershipErr)
+			p.Links = append(p.Links, wants("multi-user.target", RecoverUnit))
 			return p
 		}
 		u := in.Ownership.Unit
@@ -480,7 +488,11 @@ func (h Host) Report(p hostpaths.Paths, reason string) {
 	open := h.OpenKmsg
 	if open == nil {
 		open = func(path string) (io.WriteCloser, error) {
-			return os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+			// O_NONBLOCK: a FIFO in kmsg's place (a test root, a
+			// broken /dev) fails to open (ENXIO) instead of
+			// blocking until a reader comes; the report then goes to
+			// stderr. The kernel's /dev/kmsg never blocks a writer.
+			return os.OpenFile(path, os.O_WRONLY|os.O_APPEND|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 		}
 	}
 	if w, err := open(p.Kmsg()); err == nil {

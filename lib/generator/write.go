@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -154,7 +155,9 @@ func writeFile(path string, data []byte) error {
 	if !errors.Is(err, fs.ErrExist) {
 		return err
 	}
-	if cur, rerr := os.ReadFile(path); rerr == nil && bytes.Equal(cur, data) {
+	// Through regfile: whatever sits there (a FIFO left by hand in a
+	// directory that systemd did not empty) must not block the read.
+	if cur, rerr := regfile.Read(path, int64(len(data))); rerr == nil && bytes.Equal(cur, data) {
 		return nil
 	}
 	// Replace a stale file through rename, so that the file is never seen
