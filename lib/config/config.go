@@ -19,7 +19,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -31,6 +30,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/regfile"
 )
 
 // Reference is the commented reference configuration: every key, its
@@ -205,7 +205,9 @@ func (l *loader) files() []string {
 		}
 	}
 	dir := l.main + ".d"
-	entries, err := os.ReadDir(dir)
+	// regfile.ReadDir: a FIFO named agent.toml.d must not block the
+	// loader (and with it the fence and the daemon).
+	entries, err := regfile.ReadDir(dir)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		l.add(dir, 0, nil, fmt.Sprintf("cannot read drop-in directory: %v", err), err)
 	}
@@ -225,27 +227,14 @@ func (l *loader) files() []string {
 	return files
 }
 
+// readLimited reads a file named by the configuration (a config file, a
+// drop-in, the token file, the CA file) through lib/regfile: a regular
+// file (symlinks followed), opened without blocking, at most maxFileSize
+// bytes. A FIFO among the drop-ins would otherwise hang `unbounded config
+// check`, the fence and the daemon; a symlink to /dev/zero would never
+// end. Anything else is a config error naming the file.
 func readLimited(file string) ([]byte, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file (%s)", fi.Mode().Type())
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > maxFileSize {
-		return nil, fmt.Errorf("larger than %d bytes: not a config file", maxFileSize)
-	}
-	return data, nil
+	return regfile.Read(file, maxFileSize)
 }
 
 // parse decodes one file into a generic tree, reporting a syntax error at

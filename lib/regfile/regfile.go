@@ -25,6 +25,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
+	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -138,4 +141,25 @@ func ignoringEINTR(f func() error) error {
 			return err
 		}
 	}
+}
+
+// ReadDir lists the directory at path (symlinks followed), sorted by name
+// as os.ReadDir does. It opens with O_DIRECTORY, so a path that is not a
+// directory fails (ENOTDIR) without being opened: a FIFO where a drop-in
+// directory belongs would otherwise block os.ReadDir's open until a
+// writer comes.
+func ReadDir(path string) ([]fs.DirEntry, error) {
+	var fd int
+	err := ignoringEINTR(func() (err error) {
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		return err
+	})
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	ents, err := f.ReadDir(-1)
+	slices.SortFunc(ents, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
+	return ents, err
 }

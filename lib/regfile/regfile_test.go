@@ -148,3 +148,35 @@ func TestReadEnforcesTheLimitOnWhatIsRead(t *testing.T) {
 		t.Errorf("%s with a 16-byte limit: %v, want ErrTooLarge", proc, err)
 	}
 }
+
+func TestReadDirListsADirectoryAndRefusesAFIFOWithoutBlocking(t *testing.T) {
+	dir := t.TempDir()
+	d := filepath.Join(dir, "agent.toml.d")
+	os.Mkdir(d, 0o755)
+	for _, n := range []string{"20-b.toml", "10-a.toml"} {
+		os.WriteFile(filepath.Join(d, n), nil, 0o644)
+	}
+	link := filepath.Join(dir, "link.d")
+	os.Symlink(d, link)
+	for _, p := range []string{d, link} {
+		ents, err := ReadDir(p)
+		if err != nil || len(ents) != 2 || ents[0].Name() != "10-a.toml" || ents[1].Name() != "20-b.toml" {
+			t.Errorf("%s: %v, %v", p, ents, err)
+		}
+	}
+	if _, err := ReadDir(filepath.Join(dir, "missing")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("missing: %v", err)
+	}
+	fifo := filepath.Join(dir, "fifo.d")
+	unix.Mkfifo(fifo, 0o600)
+	done := make(chan error, 1)
+	go func() { _, err := ReadDir(fifo); done <- err }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, unix.ENOTDIR) || !strings.Contains(err.Error(), fifo) {
+			t.Errorf("FIFO: %v, want ENOTDIR naming it", err)
+		}
+	case <-time.After(hangDetector):
+		t.Fatalf("ReadDir of a FIFO did not return within %v", hangDetector)
+	}
+}
