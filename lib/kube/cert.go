@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"unbounded-cloud.io/agent/lib/api/identity"
+	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -57,7 +58,7 @@ type CertPair struct {
 // unreadable, not PEM, certificate and key that do not belong together) is
 // ErrNoCertificate with the detail; expiry is the caller's business.
 func (s CertStore) Load() (*CertPair, error) {
-	data, err := os.ReadFile(s.Path())
+	data, err := regfile.Read(s.Path(), maxCredentialFileSize)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoCertificate, err)
 	}

@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"time"
@@ -23,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 
+	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/version"
 )
 
@@ -58,10 +58,17 @@ func (Token) LogValue() slog.Value { return slog.StringValue("[redacted]") }
 // tokenRE is the Kubernetes bootstrap token format, id.secret.
 var tokenRE = regexp.MustCompile(`^[a-z0-9]{6}\.[a-z0-9]{16}$`)
 
+// maxCredentialFileSize bounds the token, CA and certificate files read
+// here (through lib/regfile: a regular file, opened without blocking, so
+// that a FIFO or a device in their place is an error, not a hang). It is
+// lib/config's limit for the token and CA files it checks, so that a file
+// `unbounded config check` accepted is read here too.
+const maxCredentialFileSize = 1 << 20
+
 // ReadToken reads a bootstrap token file (one line, "abcdef.0123456789abcdef").
 // The error names the file, never the content.
 func ReadToken(file string) (Token, error) {
-	b, err := os.ReadFile(file)
+	b, err := regfile.Read(file, maxCredentialFileSize)
 	if err != nil {
 		return "", fmt.Errorf("bootstrap token: %w", err)
 	}
@@ -92,7 +99,7 @@ func (c Credentials) base() (*rest.Config, error) {
 	if c.APIServer == "" {
 		return nil, errors.New("no API server configured")
 	}
-	ca, err := os.ReadFile(c.CAFile)
+	ca, err := regfile.Read(c.CAFile, maxCredentialFileSize)
 	if err != nil {
 		return nil, fmt.Errorf("cluster CA: %w", err)
 	}

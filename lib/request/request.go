@@ -18,10 +18,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -69,6 +69,10 @@ func Write(p hostpaths.Paths, concern string, r *Request) error {
 	if err != nil {
 		return err
 	}
+	if len(data)+1 > state.MaxRecordSize {
+		// Written, it would read as corrupt.
+		return fmt.Errorf("request for %s would be %d bytes, more than the %d a reader accepts", concern, len(data)+1, state.MaxRecordSize)
+	}
 	return state.WriteFileAtomic(p.Request(concern), append(data, '\n'), 0o644)
 }
 
@@ -77,7 +81,13 @@ func Write(p hostpaths.Paths, concern string, r *Request) error {
 // not a request wraps ErrCorrupt and names the file.
 func Read(p hostpaths.Paths, concern string) (*Request, error) {
 	file := p.Request(concern)
-	data, err := os.ReadFile(file)
+	// Through regfile, with the limit of a state record (a request
+	// carries a desired config): a FIFO or a device in its place must not
+	// block the one-shot, nor the daemon, which reads it too.
+	data, err := regfile.Read(file, state.MaxRecordSize)
+	if errors.Is(err, regfile.ErrNotRegular) || errors.Is(err, regfile.ErrTooLarge) {
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
 	if err != nil {
 		return nil, err
 	}
