@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -142,12 +143,11 @@ func readJournals(p hostpaths.Paths) []Journal {
 		if err == nil {
 			j.Updated = fi.ModTime().UTC()
 		}
-		if err == nil && !fi.Mode().IsRegular() {
-			err = errors.New("not a regular file")
-		}
 		var data []byte
 		if err == nil {
-			data, err = readAtMost(f, maxJournal)
+			// regfile: a FIFO or a device named *.json must not block
+			// status (the stat above does not open it).
+			data, err = regfile.Read(f, maxJournal)
 		}
 		if err == nil {
 			var rec map[string]any
@@ -167,22 +167,6 @@ func readJournals(p hostpaths.Paths) []Journal {
 		out = append(out, j)
 	}
 	return out
-}
-
-func readAtMost(f string, n int64) ([]byte, error) {
-	fd, err := os.Open(f)
-	if err != nil {
-		return nil, err
-	}
-	defer fd.Close()
-	data, err := io.ReadAll(io.LimitReader(fd, n+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > n {
-		return nil, fmt.Errorf("larger than %d bytes", n)
-	}
-	return data, nil
 }
 
 // Text writes the report for a terminal.
