@@ -62,6 +62,11 @@ func possibleDropIns() []string {
 // in the generator's own targets' .requires and .wants directories, and
 // fence drop-ins.
 //
+// Directories are listed and files compared through lib/regfile, so that
+// whatever a manual run or a test left in the output directory (a FIFO
+// where a .wants directory or a drop-in belongs) cannot block the
+// generator.
+//
 // Files are not fsynced: the output lives in /run (tmpfs), is rebuilt at
 // every boot and reload, and systemd reads it only after the generator
 // exited. Replacements still go through rename so that a reader never
@@ -89,7 +94,7 @@ func Write(dir string, plan Plan) error {
 			errs = append(errs, err)
 		}
 	}
-	if ents, err := os.ReadDir(filepath.Join(dir, multiUserWants)); err == nil {
+	if ents, err := regfile.ReadDir(filepath.Join(dir, multiUserWants)); err == nil {
 		for _, e := range ents {
 			if strings.HasPrefix(e.Name(), "unbounded-") && e.Type()&fs.ModeSymlink != 0 {
 				prune(multiUserWants + "/" + e.Name())
@@ -97,7 +102,7 @@ func Write(dir string, plan Plan) error {
 		}
 	}
 	for _, d := range ownedDepDirs() {
-		if ents, err := os.ReadDir(filepath.Join(dir, d)); err == nil {
+		if ents, err := regfile.ReadDir(filepath.Join(dir, d)); err == nil {
 			for _, e := range ents {
 				prune(d + "/" + e.Name())
 			}
