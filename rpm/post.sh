@@ -26,5 +26,9 @@ if [ "$1" -eq 1 ]; then
 fi
 if [ -d /run/systemd/system ]; then
 	systemctl daemon-reload || :
+	# /run/unbounded now rather than at the next boot (%tmpfiles_create).
+	if command -v systemd-tmpfiles >/dev/null; then
+		systemd-tmpfiles --create unbounded-agent.conf || :
+	fi
 fi
 exit 0

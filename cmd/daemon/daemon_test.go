@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +39,10 @@ func TestOwnedHostExits69WithNoOutput(t *testing.T) {
 		setup func(t *testing.T, p hostpaths.Paths)
 	}{
 		{"lock held", func(t *testing.T, p hostpaths.Paths) {
+			// /run/unbounded, as systemd-tmpfiles creates it at boot.
+			if err := os.MkdirAll(p.RunDir(), 0o755); err != nil {
+				t.Fatal(err)
+			}
 			lock, err := state.AcquireOwnership(p, "bootstrap", "unbounded-bootstrap.service")
 			if err != nil {
 				t.Fatal(err)

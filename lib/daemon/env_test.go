@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -202,10 +203,14 @@ func (w tWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// newRoot is a host root with an active nspawn node in slot kube1.
+// newRoot is a host root with an active nspawn node in slot kube1, and
+// /run/unbounded as systemd-tmpfiles creates it at boot.
 func newRoot(t testing.TB, machine string) hostpaths.Paths {
 	t.Helper()
 	p := hostpaths.New(t.TempDir())
+	if err := os.MkdirAll(p.RunDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	writeApplied(t, p, machine, "kube1")
 	return p
 }

@@ -64,7 +64,12 @@ type Request struct {
 // Write stores r as the request for concern, atomically (a one-shot that
 // starts at any moment reads the old request or the new one, never half).
 // Mode 0644: requests hold no secret, and `unbounded status` may show them.
+// The requests/ directory is created on first use, inside /run/unbounded,
+// which must exist (see state.RunDir).
 func Write(p hostpaths.Paths, concern string, r *Request) error {
+	if _, err := state.RunDir(p); err != nil {
+		return err
+	}
 	data, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err

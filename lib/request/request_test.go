@@ -13,8 +13,19 @@ import (
 	"unbounded-cloud.io/agent/lib/state"
 )
 
-func TestWrittenRequestReadsBackAtTheConcernsPath(t *testing.T) {
+// runRoot is a host root with /run/unbounded in place, as
+// systemd-tmpfiles creates it at boot.
+func runRoot(t *testing.T) hostpaths.Paths {
+	t.Helper()
 	p := hostpaths.New(t.TempDir())
+	if err := os.MkdirAll(p.RunDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestWrittenRequestReadsBackAtTheConcernsPath(t *testing.T) {
+	p := runRoot(t)
 	in := &Request{Operation: "op-1", UID: "u-1", Type: "Repave", Machine: "m1", Unit: "unbounded-repave.service",
 		RequestedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), PreviousInvocation: "abc",
 		Parameters: map[string]string{"k": "v"}, Desired: []byte(`{"isolation":{"mode":"nspawn"}}`)}
@@ -42,6 +53,20 @@ func compact(t *testing.T, b []byte) string {
 		t.Fatal(err)
 	}
 	return buf.String()
+}
+
+// /run/unbounded is the tmpfiles.d entry's to create, with its declared
+// mode: on a host without it the write fails, says where it comes from, and
+// creates nothing.
+func TestWriteWithoutRunDirFailsAndCreatesNothing(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	err := Write(p, "repave", &Request{UID: "u-1", Type: "Repave", Machine: "m1"})
+	if err == nil || !strings.Contains(err.Error(), state.TmpfilesConfHost) || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Write without %s = %v, want a not-exist error naming %s", p.RunDir(), err, state.TmpfilesConfHost)
+	}
+	if _, err := os.Lstat(p.RunDir()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Write created %s (%v); its mode and owner are the tmpfiles.d entry's", p.RunDir(), err)
+	}
 }
 
 func TestMissingRequestIsNotExist(t *testing.T) {

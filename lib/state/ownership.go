@@ -60,10 +60,11 @@ type Lock struct {
 // the lock, is ErrOwned. The process-level exclusion is an flock on a file
 // under /run/unbounded, released by the kernel when the holder dies.
 func AcquireOwnership(p hostpaths.Paths, owner, unit string) (*Lock, error) {
-	if err := os.MkdirAll(p.RunDir(), 0o755); err != nil {
+	run, err := RunDir(p)
+	if err != nil {
 		return nil, err
 	}
-	fd, err := unix.Open(filepath.Join(p.RunDir(), "ownership.lock"), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	fd, err := unix.Open(filepath.Join(run, "ownership.lock"), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open ownership lock: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -218,8 +219,19 @@ func TestReadActive(t *testing.T) {
 	}
 }
 
-func TestOwnershipExcludesOtherOwnersAndResumesOwn(t *testing.T) {
+// runRoot is a host root with /run/unbounded in place, as
+// systemd-tmpfiles creates it at boot.
+func runRoot(t *testing.T) hostpaths.Paths {
+	t.Helper()
 	p := hostpaths.New(t.TempDir())
+	if err := os.MkdirAll(p.RunDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestOwnershipExcludesOtherOwnersAndResumesOwn(t *testing.T) {
+	p := runRoot(t)
 	if o, err := ReadOwnership(p); o != nil || err != nil {
 		t.Fatalf("fresh: %v %v", o, err)
 	}
@@ -255,8 +267,33 @@ func TestOwnershipExcludesOtherOwnersAndResumesOwn(t *testing.T) {
 	}
 }
 
-func TestCorruptOwnershipFailsClosed(t *testing.T) {
+// /run/unbounded is the tmpfiles.d entry's to create: without it the lock
+// is not taken, the error says where the directory comes from, and neither
+// the directory nor an ownership record is created.
+func TestOwnershipWithoutRunDirFailsAndCreatesNothing(t *testing.T) {
 	p := hostpaths.New(t.TempDir())
+	_, err := AcquireOwnership(p, "bootstrap", "unbounded-bootstrap.service")
+	if err == nil || !strings.Contains(err.Error(), TmpfilesConfHost) || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("AcquireOwnership without %s = %v, want a not-exist error naming %s", p.RunDir(), err, TmpfilesConfHost)
+	}
+	for _, f := range []string{p.RunDir(), p.Ownership()} {
+		if _, err := os.Lstat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("AcquireOwnership created %s (%v)", f, err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(p.RunDir()), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p.RunDir(), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := AcquireOwnership(p, "bootstrap", ""); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Errorf("AcquireOwnership with a file at %s = %v, want \"not a directory\"", p.RunDir(), err)
+	}
+}
+
+func TestCorruptOwnershipFailsClosed(t *testing.T) {
+	p := runRoot(t)
 	WriteFileAtomic(p.Ownership(), []byte("garbage"), 0o644)
 	o, err := ReadOwnership(p)
 	if o == nil || !errors.Is(err, ErrCorrupt) {

@@ -109,6 +109,7 @@ func expected(t *testing.T, format string) contents {
 	file("/usr/bin/unbounded", 0o755)
 	file("/usr/lib/systemd/system-generators/unbounded-generator", 0o755)
 	file("/usr/lib/systemd/system-preset/80-unbounded.preset", 0o644)
+	file(tmpfilesConf, 0o644)
 	file("/usr/share/doc/unbounded-agent/copyright", 0o644)
 	dir("/usr/libexec/unbounded", 0o755)
 	dir("/etc/unbounded", 0o755)
@@ -519,6 +520,7 @@ func newRoot(t *testing.T, busybox string, systemdRunning bool) (string, fakeSys
 	for _, d := range []string{
 		"bin", "tmp", "var/tmp", "usr/bin", "usr/libexec", "usr/share/doc", "usr/share/licenses",
 		"usr/lib/systemd/system", "usr/lib/systemd/system-generators", "usr/lib/systemd/system-preset",
+		"usr/lib/tmpfiles.d",
 		"etc/systemd/system", "var/lib",
 	} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
