@@ -131,7 +131,7 @@ func TestEveryServiceMeetsItsExposureThreshold(t *testing.T) {
 
 // sandboxKeys are the [Service] settings of the units' sandboxes.
 var sandboxKeys = []string{
-	"CapabilityBoundingSet", "NoNewPrivileges", "PrivateUsers", "ProtectSystem", "ReadWritePaths",
+	"CapabilityBoundingSet", "NoNewPrivileges", "PrivateUsers", "ProtectSystem", "ReadWritePaths", "ReadOnlyPaths", "InaccessiblePaths",
 	"ProtectHome", "PrivateTmp", "PrivateMounts", "PrivateDevices", "DevicePolicy",
 	"ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs", "ProtectControlGroups",
 	"ProtectClock", "ProtectHostname", "ProtectProc", "ProcSubset", "RestrictNamespaces",

@@ -203,11 +203,19 @@ func TestDaemonCarriesOutOperationsWithRealSystemd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The unit's sandbox makes /run/unbounded writable, so it must exist
+	// before the daemon starts: the package's tmpfiles.d entry makes it at
+	// boot.
+	tmpfilesData, err := os.ReadFile(filepath.Join("..", "..", "deb", "unbounded-agent.tmpfiles"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := harness.New(t, harness.Options{
 		HostNetwork: true,
 		Files: []harness.File{
 			{Path: hostpaths.LibexecDirHost + "/unbounded-agent", Data: binData, Mode: 0o755},
 			{Path: hostpaths.UnitDirHost + "/" + daemonUnit, Data: unitData, Mode: 0o644},
+			{Path: state.TmpfilesConfHost, Data: tmpfilesData, Mode: 0o644},
 			{Path: "/etc/systemd/system/" + repaveUnit, Data: []byte(standInUnit), Mode: 0o644},
 			{Path: standInScript, Data: []byte(standIn), Mode: 0o755},
 			{Path: hostpaths.ConfigFileHost, Data: []byte(fmt.Sprintf(`machine = %q
@@ -249,6 +257,10 @@ kubernetes-version = "1.36.3"
 	if s := m.UnitState(daemonUnit); s.ActiveState != "active" {
 		t.Fatalf("%s is %s after start, want active (READY=1 sent)", daemonUnit, s)
 	}
+
+	t.Run("the daemon runs in its sandbox", func(t *testing.T) {
+		assertSandboxed(t, m, daemonUnit, hostpaths.HostRootHost, hostpaths.RunDirHost)
+	})
 
 	t.Run("operation completes when the unit succeeds", func(t *testing.T) {
 		setStandIn("0", "ok")
@@ -373,6 +385,10 @@ kubernetes-version = "1.36.3"
 			t.Fatalf("journal of the deferred start:\n%s", tail)
 		}
 	})
+
+	// Everything above ran in the unit's sandbox (sandbox_test.go).
+	assertNoSandboxDenials(t, m, daemonUnit)
+	assertNoSandboxDenials(t, m, repaveUnit)
 }
 
 func mib(kb int) float64 { return float64(kb) / 1024 }

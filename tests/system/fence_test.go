@@ -156,6 +156,8 @@ ExecStart=/bin/sleep infinity
 	if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != v1alpha3.ReasonAllowed {
 		t.Errorf("AllocationLaunchRefused after the allowed start = %+v, want False/Allowed", cond)
 	}
+	// Both checks ran in the unit's sandbox (sandbox_test.go).
+	assertNoSandboxDenials(t, m, fenceUnit)
 }
 
 func machineCondition(t *testing.T, env *kubeEnv, machine string) *metav1.Condition {
