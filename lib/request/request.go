@@ -67,9 +67,6 @@ type Request struct {
 // The requests/ directory is created on first use, inside /run/unbounded,
 // which must exist (see state.RunDir).
 func Write(p hostpaths.Paths, concern string, r *Request) error {
-	if _, err := state.RunDir(p); err != nil {
-		return err
-	}
 	data, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
@@ -77,6 +74,9 @@ func Write(p hostpaths.Paths, concern string, r *Request) error {
 	if len(data)+1 > state.MaxRecordSize {
 		// Written, it would read as corrupt.
 		return fmt.Errorf("request for %s would be %d bytes, more than the %d a reader accepts", concern, len(data)+1, state.MaxRecordSize)
+	}
+	if _, err := state.RunDir(p); err != nil {
+		return err
 	}
 	return state.WriteFileAtomic(p.Request(concern), append(data, '\n'), 0o644)
 }
