@@ -2,6 +2,7 @@ package packages_test
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -62,5 +63,56 @@ func TestTmpfilesEntryCreatesTheRunDir(t *testing.T) {
 	}
 	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o755 {
 		t.Fatalf("systemd-tmpfiles left /run/unbounded %v (%v), want 0755", fi.Mode(), err)
+	}
+}
+
+// TestInstallAppliesTheTmpfilesEntryWhereSystemdRuns: on a host where
+// systemd runs, the .deb's postinst and the rpm's %post create
+// /run/unbounded at once (systemd-tmpfiles --create with the entry's
+// name), so that the daemon can start before the next boot; on an image
+// being built (no systemd running) they leave it to the image's boot. The
+// scripts run chrooted in a scratch root whose systemd-tmpfiles logs its
+// calls.
+func TestInstallAppliesTheTmpfilesEntryWhereSystemdRuns(t *testing.T) {
+	requireRoot(t, "dpkg --root and rpm --root chroot into the scratch root to run the scripts")
+	for _, format := range []string{"deb", "rpm"} {
+		for _, running := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s systemd running=%v", format, running), func(t *testing.T) {
+				var pkg string
+				if format == "deb" {
+					pkg = packageFile(t, "UNBOUNDED_TEST_DEB")
+					requireTools(t, "dpkg", "dpkg-deb")
+				} else {
+					pkg = packageFile(t, "UNBOUNDED_TEST_RPM")
+					requireTools(t, "rpm")
+				}
+				busybox := staticBusybox(t)
+				t.Parallel()
+				root, _ := newRoot(t, busybox, running)
+				log := filepath.Join(root, "tmp/systemd-tmpfiles.log")
+				script := "#!/bin/sh\necho \"$*\" >>/tmp/systemd-tmpfiles.log\n"
+				if err := os.WriteFile(filepath.Join(root, "usr/bin/systemd-tmpfiles"), []byte(script), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if format == "deb" {
+					newDpkgDatabase(t, root)
+					run(t, nil, "dpkg", "--root="+root, "--force-depends", "-i", pkg)
+				} else {
+					run(t, nil, "rpm", "--root", root, "--define", "_dbpath /var/lib/rpm", "-i", "--nodeps", pkg)
+				}
+				b, err := os.ReadFile(log)
+				if err != nil && !errors.Is(err, fs.ErrNotExist) {
+					t.Fatal(err)
+				}
+				got := strings.TrimSpace(string(b))
+				want := ""
+				if running {
+					want = "--create " + filepath.Base(tmpfilesConf)
+				}
+				if got != want {
+					t.Errorf("systemd-tmpfiles calls at install: %q, want %q", got, want)
+				}
+			})
+		}
 	}
 }
