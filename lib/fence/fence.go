@@ -3,9 +3,12 @@
 // cluster whether this host may still run the node it was launched for.
 //
 // It fails closed. A clear "no" from the cluster (fenced, deleting, bound
-// to another allocation, 401, 403) refuses at once; reads that get no
+// to another allocation, 401, 403) refuses at once, and so does a server
+// whose TLS certificate the cluster CA does not verify; reads that get no
 // answer are retried with backoff until the retry budget is spent and then
-// refuse too. A refusal is final for this start (exit 77, which the unit
+// refuse too. A SIGTERM (the caller's context) ends the check at once with
+// one log line and a non-zero exit: the node does not start on a check
+// that did not finish. A refusal is final for this start (exit 77, which the unit
 // lists in RestartPreventExitStatus=): the node stays down until someone
 // starts it again, and the node unit, which Requires= the fence, does not
 // start.
@@ -18,6 +21,15 @@
 // token; switching inside a read would let a rejected certificate be
 // "rescued" by a token, or the reverse, and make the outcome depend on
 // which of two answers came last.
+//
+// Every "no" counts, whichever credential read it. The bootstrap token's
+// per-machine grant lets it read its Machine too, so the token path reads
+// the Machine after the TokenReview and judges it like the certificate path
+// does: a fenced, deleting or foreign-allocation Machine is a refusal even
+// though the token still authenticates. Only when RBAC does not let the
+// token read the Machine (403) does the TokenReview alone allow; such an
+// allow has not seen the allocation on the Machine, so it never clears a
+// refusal recorded there.
 package fence
 
 import (
@@ -25,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -53,7 +66,18 @@ const (
 	// ReasonMachineNotFound: the Machine does not exist, so it cannot bind
 	// this allocation.
 	ReasonMachineNotFound = "MachineNotFound"
+	// ReasonServerUntrusted: the API server's TLS certificate does not
+	// verify against the configured CA file (wrong CA, wrong name,
+	// expired). Not "unreachable": something answered, and it is not a
+	// server this host can trust.
+	ReasonServerUntrusted = "APIServerUntrusted"
 )
+
+// ErrInterrupted is returned when the caller's context ends (SIGTERM)
+// before the check decided. It matches exitcode.ErrTemporary (exit 75):
+// not the cluster's "no", so nothing is recorded on the Machine, and the
+// next start of the node checks anew; the node does not start on it.
+var ErrInterrupted = errors.New("fence check interrupted before a decision")
 
 // Refusal is a final "no". It matches exitcode.ErrRefused (exit 77).
 type Refusal struct {
@@ -175,13 +199,18 @@ type outcome struct {
 	refusal *Refusal
 	// noAnswer is set when the read got no decision; it is retried.
 	noAnswer error
-	// machine is the Machine as read (certificate path only), to spare a
-	// second read when clearing the condition.
+	// machine is the Machine as read and judged (by either credential).
+	// An allow with machine nil came from the TokenReview alone: it has
+	// not seen the allocation on the Machine and must not clear a refusal
+	// recorded there.
 	machine *v1alpha3.Machine
+	// unconfirmed says why an allow did not see the Machine.
+	unconfirmed string
 }
 
 // Run performs the check. It returns nil when the node may start, a
-// *Refusal (exitcode.ErrRefused) otherwise; the only other error is ctx's.
+// *Refusal (exitcode.ErrRefused) otherwise; the only other error is
+// ErrInterrupted, when ctx ends first.
 func (c *Check) Run(ctx context.Context) error {
 	start := c.now()
 	if c.AllocationUID == "" {
@@ -203,19 +232,27 @@ func (c *Check) Run(ctx context.Context) error {
 		rctx, cancel := context.WithTimeout(ctx, min(remaining, maxReadTime))
 		out := c.read(rctx)
 		cancel()
-		if err := ctx.Err(); err != nil {
-			return err
+		if ctx.Err() != nil {
+			return c.interrupted(ctx, attempt)
 		}
 		last = out
 		if out.noAnswer == nil {
 			if out.refusal != nil {
 				c.log().Error("allocation launch refused", "machine", c.Machine, "allocation", c.AllocationUID,
 					"via", out.via, "reason", out.refusal.Reason, "message", out.refusal.Message)
-				c.reportRefusal(ctx, out.refusal)
+				if out.refusal.Reason != ReasonServerUntrusted {
+					// Untrusted: the report would meet the same
+					// certificate; the log line above is the record.
+					c.reportRefusal(ctx, out.refusal)
+				}
 				return out.refusal
 			}
-			c.log().Info("allocation launch allowed", "machine", c.Machine, "allocation", c.AllocationUID,
-				"via", out.via, "took", c.now().Sub(start).Round(time.Millisecond))
+			args := []any{"machine", c.Machine, "allocation", c.AllocationUID,
+				"via", out.via, "took", c.now().Sub(start).Round(time.Millisecond)}
+			if out.machine == nil {
+				args = append(args, "unconfirmed", out.unconfirmed)
+			}
+			c.log().Info("allocation launch allowed", args...)
 			c.reportAllowed(ctx, out)
 			return nil
 		}
@@ -228,7 +265,7 @@ func (c *Check) Run(ctx context.Context) error {
 		c.log().Warn("no answer from the cluster; retrying", "attempt", attempt, "via", out.via,
 			"error", out.noAnswer.Error(), "retryIn", wait, "budgetLeft", deadline.Sub(c.now()).Round(time.Millisecond))
 		if err := c.sleep(ctx, wait); err != nil {
-			return err
+			return c.interrupted(ctx, attempt)
 		}
 		backoff = min(backoff*2, maxBackoff)
 	}
@@ -241,6 +278,24 @@ func (c *Check) Run(ctx context.Context) error {
 		"reason", r.Reason, "message", r.Message)
 	c.reportRefusal(ctx, r)
 	return r
+}
+
+// interrupted is the end of a check cut short by ctx (SIGTERM from
+// systemd: a stop, a shutdown, TimeoutStartSec): one line, no report on
+// the Machine (the cluster said nothing), and an error that keeps the node
+// down.
+func (c *Check) interrupted(ctx context.Context, attempts int) error {
+	cause := context.Cause(ctx)
+	c.log().Warn("fence check interrupted before a decision; node start not allowed",
+		"machine", c.Machine, "allocation", c.AllocationUID, "cause", cause.Error(), "reads", attempts)
+	return fmt.Errorf("%w (%w): %w", ErrInterrupted, exitcode.ErrTemporary, cause)
+}
+
+// untrusted is the refusal for a TLS trust failure.
+func (c *Check) untrusted(via path, err error) outcome {
+	return outcome{via: via, refusal: &Refusal{Reason: ReasonServerUntrusted,
+		Message: fmt.Sprintf("the API server %s presented a certificate that the cluster CA in %s does not verify (wrong CA file, or not the API server): %v",
+			c.Credentials.APIServer, c.Credentials.CAFile, err), Err: err}}
 }
 
 // read is one read with one credential, chosen before it starts.
@@ -262,6 +317,8 @@ func (c *Check) readByCertificate(ctx context.Context, cfg *rest.Config, notAfte
 	case err == nil:
 		out.refusal = c.judge(m)
 		return out
+	case kube.Untrusted(err):
+		return c.untrusted(viaCertificate, err)
 	case kube.NoAnswer(err):
 		out.noAnswer = err
 	case (apierrors.IsUnauthorized(err) || apierrors.IsForbidden(err)) && !c.now().Before(notAfter):
@@ -270,7 +327,7 @@ func (c *Check) readByCertificate(ctx context.Context, cfg *rest.Config, notAfte
 		// The next read uses the bootstrap token.
 		out.noAnswer = fmt.Errorf("client certificate expired during the read (%w); the next read uses the bootstrap token", err)
 	case apierrors.IsUnauthorized(err):
-		out.refusal = &Refusal{Reason: v1alpha3.ReasonForbidden, Message: "the API server rejected the client certificate (401)", Err: err}
+		out.refusal = &Refusal{Reason: v1alpha3.ReasonCertificateRejected, Message: "the API server rejected the client certificate (401)", Err: err}
 	case apierrors.IsForbidden(err):
 		out.refusal = &Refusal{Reason: v1alpha3.ReasonForbidden, Message: "the API server forbids reading Machine " + c.Machine + " (403): " + err.Error(), Err: err}
 	case apierrors.IsNotFound(err):
@@ -282,7 +339,7 @@ func (c *Check) readByCertificate(ctx context.Context, cfg *rest.Config, notAfte
 	return out
 }
 
-// judge decides on a Machine read with the certificate.
+// judge decides on a Machine, read with either credential.
 func (c *Check) judge(m *v1alpha3.Machine) *Refusal {
 	switch a := m.Spec.Allocation; {
 	case m.DeletionTimestamp != nil:
@@ -311,6 +368,8 @@ func (c *Check) readByToken(ctx context.Context) outcome {
 	st, err := c.api().ReviewToken(ctx, cfg)
 	switch {
 	case err == nil:
+	case kube.Untrusted(err):
+		return c.untrusted(viaToken, err)
 	case kube.NoAnswer(err):
 		out.noAnswer = err
 		return out
@@ -332,22 +391,54 @@ func (c *Check) readByToken(ctx context.Context) outcome {
 	// A token of another Machine authenticates too; the per-machine group
 	// in its auth-extra-groups says whose it is.
 	want := identity.BootstrapGroup(c.Machine)
-	for _, g := range st.User.Groups {
-		if g == want {
-			return out
-		}
+	if !slices.Contains(st.User.Groups, want) {
+		out.refusal = &Refusal{Reason: v1alpha3.ReasonAllocationMismatch,
+			Message: fmt.Sprintf("the bootstrap token authenticates as %s without group %s: it was not issued for Machine %s", st.User.Username, want, c.Machine)}
+		return out
 	}
-	out.refusal = &Refusal{Reason: v1alpha3.ReasonAllocationMismatch,
-		Message: fmt.Sprintf("the bootstrap token authenticates as %s without group %s: it was not issued for Machine %s", st.User.Username, want, c.Machine)}
+	return c.readMachineByToken(ctx, cfg)
+}
+
+// readMachineByToken reads the Machine with the bootstrap token once the
+// TokenReview said the token is this Machine's, and judges it as the
+// certificate path does: a token that still authenticates says nothing
+// about the fence flag, the deletion or the allocation binding, and the
+// per-machine RBAC lets the token read them.
+func (c *Check) readMachineByToken(ctx context.Context, cfg *rest.Config) outcome {
+	out := outcome{via: viaToken}
+	m, err := c.api().GetMachine(ctx, cfg, c.Machine)
+	switch {
+	case err == nil:
+		out.machine = m
+		out.refusal = c.judge(m)
+	case kube.Untrusted(err):
+		return c.untrusted(viaToken, err)
+	case kube.NoAnswer(err):
+		out.noAnswer = err
+	case apierrors.IsUnauthorized(err):
+		// Revoked between the TokenReview and this read.
+		out.refusal = &Refusal{Reason: v1alpha3.ReasonBootstrapTokenRejected, Message: "the API server rejected the bootstrap token (401): revoked or expired", Err: kube.TokenRejected(err)}
+	case apierrors.IsForbidden(err):
+		// RBAC without the per-machine grant for the bootstrap group: the
+		// TokenReview is all the token can tell. Allowed, unconfirmed.
+		out.unconfirmed = "the bootstrap token may not read Machine " + c.Machine + " (403), so the allocation was not checked on it"
+	case apierrors.IsNotFound(err):
+		out.refusal = &Refusal{Reason: ReasonMachineNotFound, Message: "Machine " + c.Machine + " does not exist, so it binds no allocation", Err: err}
+	default:
+		out.refusal = &Refusal{Reason: v1alpha3.ReasonForbidden, Message: "reading Machine " + c.Machine + " with the bootstrap token: " + err.Error(), Err: err}
+	}
 	return out
 }
 
 // reportRefusal sets AllocationLaunchRefused=True (and phase Refused) on the
-// Machine, best effort, with whichever credential works now. It is bounded
-// by ReportTimeout: the decision is made, a slow cluster must not hold the
-// unit longer.
+// Machine, best effort, with whichever credential works now: the
+// certificate first, then, when the server rejects or forbids it, the
+// bootstrap token. Writing a "no" with the other credential cannot start
+// the node, and it is how the admin learns that the certificate is
+// rejected. It is bounded by ReportTimeout: the decision is made, a slow
+// cluster must not hold the unit longer.
 func (c *Check) reportRefusal(ctx context.Context, r *Refusal) {
-	c.mutate(ctx, func(m *v1alpha3.Machine) bool {
+	c.mutate(ctx, true, func(m *v1alpha3.Machine) bool {
 		changed := meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
 			Type:               v1alpha3.ConditionAllocationLaunchRefused,
 			Status:             metav1.ConditionTrue,
@@ -363,15 +454,18 @@ func (c *Check) reportRefusal(ctx context.Context, r *Refusal) {
 	})
 }
 
-// reportAllowed clears AllocationLaunchRefused (False) when it is set. On
-// the certificate path the Machine was just read, so an allowed check that
-// has nothing to clear costs no second request.
+// reportAllowed clears AllocationLaunchRefused (False) when it is set, and
+// only after an allow that read the Machine and found the allocation bound
+// on it: a TokenReview alone does not clear a recorded refusal. The
+// Machine was just read, so an allowed check that has nothing to clear
+// costs no second request; the write judges the Machine it writes again,
+// so one fenced in between keeps its refusal.
 func (c *Check) reportAllowed(ctx context.Context, out outcome) {
-	if out.machine != nil && !meta.IsStatusConditionTrue(out.machine.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) {
+	if out.machine == nil || !meta.IsStatusConditionTrue(out.machine.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) {
 		return
 	}
-	c.mutate(ctx, func(m *v1alpha3.Machine) bool {
-		if !meta.IsStatusConditionTrue(m.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) {
+	c.mutate(ctx, false, func(m *v1alpha3.Machine) bool {
+		if !meta.IsStatusConditionTrue(m.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) || c.judge(m) != nil {
 			return false
 		}
 		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
@@ -389,24 +483,43 @@ func (c *Check) reportAllowed(ctx context.Context, out outcome) {
 	})
 }
 
-func (c *Check) mutate(ctx context.Context, f func(*v1alpha3.Machine) bool) {
+// mutate writes the Machine's status with the certificate while one is
+// usable, else with the bootstrap token. With orToken, a certificate that
+// the server rejects (401) or forbids (403) hands the write to the token.
+func (c *Check) mutate(ctx context.Context, orToken bool, f func(*v1alpha3.Machine) bool) {
 	timeout := c.ReportTimeout
 	if timeout <= 0 {
 		timeout = 3 * time.Second
 	}
 	// The budget's context may be spent already; the report gets its own
-	// short one (still cancelled with the caller's).
+	// short one. Not cancelled with the caller's either: the refusal is
+	// decided, and a SIGTERM now should not lose its record.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	cfg, _, err := c.Credentials.CertConfig(c.now())
-	if err != nil {
-		if cfg, err = c.Credentials.BootstrapConfig(); err != nil {
+	var cfgs []*rest.Config
+	cfg, _, certErr := c.Credentials.CertConfig(c.now())
+	if certErr == nil {
+		cfgs = append(cfgs, cfg)
+	}
+	if certErr != nil || orToken {
+		if cfg, err := c.Credentials.BootstrapConfig(); err == nil {
+			cfgs = append(cfgs, cfg)
+		} else if certErr != nil {
 			c.log().Warn("cannot report on the Machine: no usable credential", "error", err.Error())
 			return
 		}
 	}
-	if err := c.api().MutateStatus(ctx, cfg, c.Machine, f); err != nil {
+	for i, cfg := range cfgs {
+		err := c.api().MutateStatus(ctx, cfg, c.Machine, f)
+		if err == nil {
+			return
+		}
+		if i+1 < len(cfgs) && (apierrors.IsUnauthorized(err) || apierrors.IsForbidden(err)) {
+			c.log().Info("the client certificate may not report on the Machine; reporting with the bootstrap token", "machine", c.Machine, "error", err.Error())
+			continue
+		}
 		c.log().Warn("cannot report "+v1alpha3.ConditionAllocationLaunchRefused+" on the Machine", "machine", c.Machine, "error", err.Error())
+		return
 	}
 }
 

@@ -119,11 +119,17 @@ func TestNoAllocationAllowsWithoutAnyRequest(t *testing.T) {
 func TestCertificateExpiringDuringTheReadMovesOnlyTheNextReadToTheToken(t *testing.T) {
 	clock := &fakeClock{t: time.Now()}
 	cr := hostCredentials(t, clock.t.Add(30*time.Second))
+	certGets := 0
 	api := &scriptedAPI{
 		get: func(cfg *rest.Config) (*v1alpha3.Machine, error) {
-			if cfg.BearerToken != "" || len(cfg.CertData) == 0 {
-				t.Error("certificate read made with the token")
+			if cfg.BearerToken != "" {
+				// The token path reads the Machine after its TokenReview.
+				if len(cfg.CertData) != 0 {
+					t.Error("token read of the Machine made with the certificate too")
+				}
+				return boundMachine(), nil
 			}
+			certGets++
 			clock.t = clock.t.Add(time.Minute) // the certificate expires on the way
 			return nil, apierrors.NewUnauthorized("certificate has expired")
 		},
@@ -140,8 +146,8 @@ func TestCertificateExpiringDuringTheReadMovesOnlyTheNextReadToTheToken(t *testi
 	if err := c.Run(context.Background()); err != nil {
 		t.Fatalf("Run: %v, want allowed by the token on the second read", err)
 	}
-	if api.gets != 1 || api.reviews != 1 {
-		t.Errorf("gets=%d reviews=%d, want exactly one read with each credential", api.gets, api.reviews)
+	if certGets != 1 || api.reviews != 1 || api.gets != 2 {
+		t.Errorf("certificate gets=%d reviews=%d gets=%d, want one certificate read, then one token read (TokenReview and Machine)", certGets, api.reviews, api.gets)
 	}
 }
 
@@ -232,3 +238,66 @@ func TestJudgeRefusesDeletingUnboundMismatchedAndFenced(t *testing.T) {
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// mutatingAPI is scriptedAPI whose MutateStatus applies the mutation to a
+// Machine the test gives, as kube.Machines.MutateStatus does to the one it
+// reads.
+type mutatingAPI struct {
+	scriptedAPI
+	stored  *v1alpha3.Machine
+	changed bool
+}
+
+func (a *mutatingAPI) MutateStatus(_ context.Context, _ *rest.Config, _ string, f func(*v1alpha3.Machine) bool) error {
+	a.mutates++
+	m := a.stored.DeepCopy()
+	if f(m) {
+		a.stored, a.changed = m, true
+	}
+	return nil
+}
+
+func refusedEarlier(m *v1alpha3.Machine) *v1alpha3.Machine {
+	m.Status.Phase = v1alpha3.MachineRefused
+	m.Status.Conditions = []metav1.Condition{{Type: v1alpha3.ConditionAllocationLaunchRefused,
+		Status: metav1.ConditionTrue, Reason: v1alpha3.ReasonAllocationFenced, Message: "earlier"}}
+	return m
+}
+
+// An allow on the TokenReview alone (RBAC does not let the token read the
+// Machine) has not seen the allocation: the refusal recorded on the Machine
+// stays, and no write is even attempted. No API server lets the token write
+// a status it may not read, so this is the fence's own rule, tested here.
+func TestTokenOnlyAllowNeverClearsARecordedRefusal(t *testing.T) {
+	api := &mutatingAPI{stored: refusedEarlier(boundMachine())}
+	api.review = func(*rest.Config) (*authenticationv1.TokenReviewStatus, error) {
+		return &authenticationv1.TokenReviewStatus{Authenticated: true,
+			User: authenticationv1.UserInfo{Groups: []string{identity.BootstrapGroup("w1")}}}, nil
+	}
+	api.get = func(*rest.Config) (*v1alpha3.Machine, error) {
+		return nil, apierrors.NewForbidden(v1alpha3.Resource(v1alpha3.ResourceMachines), "w1", errors.New("RBAC"))
+	}
+	c := &Check{Machine: "w1", AllocationUID: "uid-1", Credentials: hostCredentials(t, time.Time{}), API: api, Log: quiet}
+	if err := c.Run(context.Background()); err != nil {
+		t.Fatalf("Run: %v, want allowed on the TokenReview", err)
+	}
+	if api.mutates != 0 || api.changed {
+		t.Errorf("%d status writes (changed %v) after an allow that did not read the Machine; want none", api.mutates, api.changed)
+	}
+}
+
+// The clearing write judges the Machine it writes: one fenced between the
+// read that allowed and the write keeps its refusal.
+func TestClearingWriteKeepsTheRefusalOfAMachineFencedSinceTheRead(t *testing.T) {
+	fenced := refusedEarlier(boundMachine())
+	fenced.Spec.Allocation.Fenced = true
+	api := &mutatingAPI{stored: fenced}
+	api.get = func(*rest.Config) (*v1alpha3.Machine, error) { return refusedEarlier(boundMachine()), nil }
+	c := &Check{Machine: "w1", AllocationUID: "uid-1", Credentials: hostCredentials(t, time.Now().Add(time.Hour)), API: api, Log: quiet}
+	if err := c.Run(context.Background()); err != nil {
+		t.Fatalf("Run: %v, want allowed by the read", err)
+	}
+	if api.mutates != 1 || api.changed {
+		t.Errorf("writes=%d changed=%v: the refusal of a Machine fenced since the read was cleared", api.mutates, api.changed)
+	}
+}

@@ -9,6 +9,7 @@
 package kube
 
 import (
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
@@ -167,6 +168,26 @@ func TokenRejected(err error) error {
 		return fmt.Errorf("%w: %w", ErrBootstrapTokenRejected, err)
 	}
 	return err
+}
+
+// Untrusted reports whether err is a TLS trust failure: the server's
+// certificate does not verify against the cluster CA (signed by another
+// authority, issued for another name, expired). It is not "no answer": a
+// retry meets the same certificate, and the operator has to fix the CA
+// file (or find out who is answering in the API server's place). NoAnswer
+// is true for it too (it is not an API status); callers that tell the two
+// apart ask Untrusted first.
+func Untrusted(err error) bool {
+	if err == nil {
+		return false
+	}
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+	)
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) || errors.As(err, &invalid)
 }
 
 // NoAnswer reports whether err means the cluster gave no decision: the

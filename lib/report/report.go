@@ -128,6 +128,12 @@ func (r *Reporter) report(ctx context.Context, st v1alpha3.BootstrapState, reaso
 			m.Status.Phase = v1alpha3.MachineFailed
 			m.Status.Bootstrap.Reason = reason
 		}
+		if meta.IsStatusConditionTrue(m.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) {
+			// A refusal recorded by the fence is cleared only by a fence
+			// check that read the allocation on this Machine; the
+			// bootstrap's progress must not paint over it.
+			m.Status.Phase = v1alpha3.MachineRefused
+		}
 		meta.SetStatusCondition(&m.Status.Conditions, cond)
 		m.Status.Agent = &v1alpha3.AgentStatus{Version: version.Version}
 		return true

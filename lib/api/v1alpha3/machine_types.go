@@ -88,6 +88,10 @@ const (
 	ReasonBootstrapTokenRejected = "BootstrapTokenRejected"
 	// ReasonForbidden: the cluster answered 403 to the fence's read.
 	ReasonForbidden = "Forbidden"
+	// ReasonCertificateRejected: the API server answered 401 to the fence's
+	// read with the client certificate (revoked CA, wrong signer). The
+	// fence records it with the bootstrap token when that still may write.
+	ReasonCertificateRejected = "CertificateRejected"
 	// ReasonClusterUnreachable: no answer within the fence's retry budget.
 	ReasonClusterUnreachable = "ClusterUnreachable"
 	// ReasonAllowed is used when the fence clears the condition.
