@@ -10,6 +10,14 @@
 // no polling, no lease. Bookmarks keep a watch that the server ends
 // resumable without a new list.
 //
+// Its Machine is registered by bootstrap (the only place that creates
+// one) and deleted by the cluster side when the host is retired. The
+// daemon never creates it: with no live Machine (none yet, deleted, or
+// deleting) it stops following the Node and the operations, starts and
+// resumes nothing, writes nothing to the cluster, logs that once, and keeps
+// only the watch of its Machine. The process stays up: see
+// followMachine for why it neither exits nor recreates the Machine.
+//
 // It is restartable at any point. The operation's status, the request file
 // (written before the unit starts, with the unit's previous InvocationID)
 // and the unit's own state together say, after a restart, whether a unit
@@ -28,12 +36,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
@@ -180,6 +188,9 @@ type update struct {
 	sync    bool
 	deleted bool
 	objs    []any
+	// gen is the following generation of a Node or operations watch; the
+	// loop drops updates of a generation it has stopped.
+	gen int
 }
 
 // job is one unit of work for a dispatch goroutine.
@@ -234,6 +245,17 @@ type daemon struct {
 	readyNode   types.UID // UID of the Node last seen Ready
 	nodeRepave  *job
 	statusRetry <-chan time.Time
+
+	// Following the Node and the operations while the Machine lives.
+	wg          *sync.WaitGroup    // serve's, for the follow goroutines
+	followStop  context.CancelFunc // nil while not following
+	followGen   int
+	machineSeen bool   // a live Machine was seen by this process
+	idleLogged  string // the idle state last logged, so it is logged once
+	// idle is read by the watch goroutines: while no Machine lives, the
+	// Machine watch's failures (RBAC removed with the Machine) are
+	// expected and logged at debug level.
+	idle atomic.Bool
 }
 
 func (d *daemon) machineUIDValue() types.UID {
@@ -248,10 +270,12 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	wg.Add(3)
+	// The Node and the operations are followed only while the Machine
+	// lives (followMachine starts and stops their watches).
+	d.wg = &wg
+	defer d.unfollow()
+	wg.Add(1)
 	go func() { defer wg.Done(); d.watchLoop(ctx, kindMachine, d.listMachine, d.watchMachine) }()
-	go func() { defer wg.Done(); d.watchLoop(ctx, kindNode, d.listNode, d.watchNode) }()
-	go func() { defer wg.Done(); d.watchLoop(ctx, kindOps, d.listOps, d.watchOps) }()
 
 	renewed := make(chan struct{})
 	if d.renew != nil {
@@ -291,7 +315,7 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 			}
 			if r.interrupted || r.retry {
 				delete(d.resumed, r.uid)
-				if r.job.op == nil && d.nodeRepave == nil {
+				if r.job.op == nil && d.nodeRepave == nil && d.followStop != nil {
 					d.nodeRepave = r.job
 				}
 				if r.interrupted {
@@ -320,6 +344,9 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 
 // apply takes one watch update into the loop's state.
 func (d *daemon) apply(ctx context.Context, u update) {
+	if u.kind != kindMachine && (d.followStop == nil || u.gen != d.followGen) {
+		return // from a watch stopped since
+	}
 	if u.sync && !d.synced[u.kind] {
 		d.synced[u.kind] = true
 		d.log.Debug("initial list done", "kind", u.kind)
@@ -361,8 +388,94 @@ func (d *daemon) apply(ctx context.Context, u update) {
 			d.machineUID = m.UID
 			d.mu.Unlock()
 		}
+		d.followMachine(ctx)
 		d.reportMachine(ctx)
 	}
+}
+
+// live reports whether the Machine exists and is not being deleted: the
+// only state in which the daemon acts on the host and reports.
+func (d *daemon) live() bool {
+	return d.machineObj != nil && d.machineObj.DeletionTimestamp == nil
+}
+
+// followMachine starts or stops following the Node and the operations as
+// the Machine comes and goes.
+//
+// A Machine that is deleted (or deleting) means the cluster side is
+// retiring the host: the daemon stops acting on it at once (no operation
+// is started or resumed; a unit already running finishes on its own, and
+// its operation still gets its outcome), writes nothing more to the
+// Machine, and does not recreate it: registering a Machine is bootstrap's
+// job, and a daemon that recreated it would undo the decommissioning.
+//
+// The process does not exit. systemd would restart it (Restart=always),
+// and a daemon that starts without a Machine has to wait anyway: bootstrap
+// has not registered it yet, or it was deleted while the daemon was down.
+// So "no Machine" is one idle state, whenever it begins: the unit stays
+// active, its STATUS says why it is idle, the only cost is the one watch
+// of the Machine (no requests beyond it), and if the Machine is registered
+// again the daemon follows it without a restart. A fleet operator retiring
+// a host deletes the Machine, then resets or discards the host; nothing on
+// the host fights either step, fails, or pages.
+func (d *daemon) followMachine(ctx context.Context) {
+	if d.live() {
+		d.idle.Store(false)
+		if d.followStop != nil {
+			return
+		}
+		switch {
+		case d.machineSeen:
+			d.log.Info("Machine registered again; following it", "uid", d.machineObj.UID)
+		case d.idleLogged != "":
+			d.log.Info("Machine registered; following it", "uid", d.machineObj.UID)
+		}
+		d.machineSeen, d.idleLogged = true, ""
+		_ = d.host.notify("STATUS=watching Machine " + d.machine)
+		d.followGen++
+		fctx, stop := context.WithCancel(context.WithValue(ctx, genKey{}, d.followGen))
+		d.followStop = stop
+		d.wg.Add(2)
+		go func() { defer d.wg.Done(); d.watchLoop(fctx, kindNode, d.listNode, d.watchNode) }()
+		go func() { defer d.wg.Done(); d.watchLoop(fctx, kindOps, d.listOps, d.watchOps) }()
+		return
+	}
+	if !d.synced[kindMachine] {
+		return // before the first list, "not seen" is not "absent"
+	}
+	d.idle.Store(true)
+	d.unfollow()
+	var why, status string
+	switch {
+	case d.machineObj != nil:
+		why = "Machine is being deleted: this host is being retired; the daemon no longer acts on it or reports to it"
+		status = "idle: Machine " + d.machine + " is being deleted (host retiring)"
+	case d.machineSeen:
+		why = "Machine was deleted: this host is being retired; the daemon no longer acts on it or reports to it, and does not recreate it"
+		status = "idle: Machine " + d.machine + " deleted (host retiring)"
+	default:
+		why = "Machine does not exist: nothing is done on this host until bootstrap registers it"
+		status = "idle: waiting for Machine " + d.machine + " to be registered"
+	}
+	if d.idleLogged == why {
+		return
+	}
+	d.idleLogged = why
+	d.log.Warn(why)
+	_ = d.host.notify("STATUS=" + status)
+}
+
+// unfollow stops the Node and operations watches and forgets what they
+// said, so that a Machine registered again starts from fresh lists.
+func (d *daemon) unfollow() {
+	if d.followStop == nil {
+		return
+	}
+	d.followStop()
+	d.followStop = nil
+	d.synced[kindNode], d.synced[kindOps] = false, false
+	d.ops = map[string]*v1alpha3.MachineOperation{}
+	d.readyNode, d.nodeRepave = "", nil
 }
 
 // olderRV reports whether a is an older resourceVersion than b. Resource
@@ -424,7 +537,7 @@ func nodeReady(n *corev1.Node) bool {
 func (d *daemon) step(ctx context.Context) error {
 	// The Machine first: a repave's request carries its spec as the
 	// desired config.
-	if d.inflight != "" || !d.synced[kindOps] || !d.synced[kindMachine] {
+	if d.inflight != "" || !d.live() || !d.synced[kindOps] || !d.synced[kindMachine] {
 		return nil
 	}
 	var pending, inProgress []*v1alpha3.MachineOperation
@@ -481,35 +594,17 @@ func oldest(ops []*v1alpha3.MachineOperation) *v1alpha3.MachineOperation {
 	})
 }
 
-// reportMachine registers the Machine when it does not exist and keeps the
-// part of its status that the daemon owns (agent version, isolation mode
-// and slot) current. It writes only when something differs, so that its
-// own write, coming back through the watch, ends the exchange.
+// reportMachine keeps the part of the Machine's status that the daemon
+// owns (agent version, isolation mode and slot) current. It writes only
+// when something differs, so that its own write, coming back through the
+// watch, ends the exchange. It never creates the Machine (bootstrap
+// registers it) and writes nothing to one that is being deleted.
 func (d *daemon) reportMachine(ctx context.Context) {
-	if !d.synced[kindMachine] && d.machineObj == nil {
-		// Before the first list, "not seen" is not "absent".
+	if !d.live() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	if d.machineObj == nil {
-		m := &v1alpha3.Machine{ObjectMeta: metav1.ObjectMeta{Name: d.machine}}
-		if d.active != nil {
-			m.Spec.Isolation.Mode = v1alpha3.IsolationMode(d.active.Mode)
-		}
-		created, err := d.cluster.machines.Create(ctx, m)
-		switch {
-		case err == nil:
-			d.log.Info("registered the Machine")
-			d.machineObj = created
-		case apierrors.IsAlreadyExists(err):
-			return // the watch brings it
-		default:
-			d.log.Warn("cannot register the Machine; retrying in 30s", "error", err)
-			d.statusRetry = time.After(30 * time.Second)
-			return
-		}
-	}
 	want := d.machineObj.DeepCopy()
 	want.Status.Agent = &v1alpha3.AgentStatus{Version: version.Version}
 	if d.active != nil {

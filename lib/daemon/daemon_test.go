@@ -132,7 +132,7 @@ func TestRepaveOperationWritesRequestThenStartsRepaveUnitAndCompletes(t *testing
 		return strings.Contains(ev, ReasonDispatched) && strings.Contains(ev, "OperationComplete")
 	})
 
-	// The daemon registered its Machine and reports itself in its status.
+	// The daemon reports itself in the status of the Machine bootstrap registered.
 	m, err := f.env.ops.machines.Get(context.Background(), f.machine)
 	if err != nil {
 		t.Fatalf("Machine not registered: %v", err)

@@ -69,12 +69,41 @@ func (e *testEnv) agentConfig(t testing.TB, machine string) *rest.Config {
 }
 
 // newMachine returns a unique machine name with its per-machine RBAC
-// applied (what `unbounded manifests --machine NAME` grants).
+// applied (what `unbounded manifests --machine NAME` grants) and its
+// Machine registered, as bootstrap leaves it: the daemon never creates it.
 func (e *testEnv) newMachine(t testing.TB) string {
+	t.Helper()
+	name := e.newUnregisteredMachine(t)
+	e.registerMachine(t, name)
+	return name
+}
+
+// newUnregisteredMachine is newMachine without the Machine.
+func (e *testEnv) newUnregisteredMachine(t testing.TB) string {
 	t.Helper()
 	name := kubeenv.UniqueName(t, "dt")
 	e.GrantMachine(t, name, name)
 	return name
+}
+
+// registerMachine creates the Machine name (isolation nspawn, as newRoot's
+// applied config) as bootstrap does, and deletes it when the test ends.
+func (e *testEnv) registerMachine(t testing.TB, name string, finalizers ...string) *v1alpha3.Machine {
+	t.Helper()
+	m := &v1alpha3.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, Finalizers: finalizers}}
+	m.Spec.Isolation.Mode = v1alpha3.IsolationNspawn
+	created, err := e.ops.machines.Create(context.Background(), m)
+	if err != nil {
+		t.Fatalf("register Machine %s: %v", name, err)
+	}
+	t.Cleanup(func() { _ = e.deleteMachine(name) })
+	return created
+}
+
+// deleteMachine deletes the Machine as the cluster side does when it
+// retires the host.
+func (e *testEnv) deleteMachine(name string) error {
+	return e.ops.ops.Delete().Resource(v1alpha3.ResourceMachines).Name(name).Do(context.Background()).Error()
 }
 
 // createOp creates a MachineOperation for machine as the cluster-side

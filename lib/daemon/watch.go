@@ -54,7 +54,7 @@ func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn w
 				backoff = forbiddenBackoff
 			}
 			if ctx.Err() == nil {
-				d.log.Warn("list failed; retrying", "kind", k, "error", err, "in", backoff)
+				d.logRetry(k, "list failed; retrying", "kind", k, "error", err, "in", backoff)
 			}
 			if !wait() {
 				return
@@ -71,7 +71,7 @@ func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn w
 					break
 				}
 				if ctx.Err() == nil {
-					d.log.Warn("watch failed; retrying", "kind", k, "error", err, "in", backoff)
+					d.logRetry(k, "watch failed; retrying", "kind", k, "error", err, "in", backoff)
 				}
 				if !wait() {
 					return
@@ -140,7 +140,24 @@ func (d *daemon) consume(ctx context.Context, k kind, w watch.Interface) (rv str
 	}
 }
 
+// logRetry logs a failed list or watch: a warning, except for the Machine's
+// own watch while no Machine lives, whose failures (the per-machine RBAC
+// goes with a retired Machine) are expected and logged at debug level, so
+// that a retired host's daemon stays quiet.
+func (d *daemon) logRetry(k kind, msg string, args ...any) {
+	if k == kindMachine && d.idle.Load() {
+		d.log.Debug(msg, args...)
+		return
+	}
+	d.log.Warn(msg, args...)
+}
+
+// genKey carries the following generation of a Node or operations watch
+// in its context (see followMachine); send stamps it on every update.
+type genKey struct{}
+
 func (d *daemon) send(ctx context.Context, u update) bool {
+	u.gen, _ = ctx.Value(genKey{}).(int)
 	select {
 	case d.updates <- u:
 		return true

@@ -194,6 +194,15 @@ func TestDaemonCarriesOutOperationsWithRealSystemd(t *testing.T) {
 
 	machine := kubeenv.UniqueName(t, "sys-daemon")
 	env.applyMachineRBAC(t, machine)
+	// Bootstrap registers the Machine; the daemon never creates it.
+	reg := &v1alpha3.Machine{ObjectMeta: metav1.ObjectMeta{Name: machine}}
+	reg.Spec.Isolation.Mode = v1alpha3.IsolationNspawn
+	if err := env.api.Post().Resource(v1alpha3.ResourceMachines).Body(reg).Do(context.Background()).Error(); err != nil {
+		t.Fatalf("register Machine: %v", err)
+	}
+	t.Cleanup(func() {
+		env.api.Delete().Resource(v1alpha3.ResourceMachines).Name(machine).Do(context.Background())
+	})
 
 	binData, err := os.ReadFile(bin)
 	if err != nil {
