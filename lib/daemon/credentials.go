@@ -70,10 +70,11 @@ func loadCredentials(p hostpaths.Paths, now time.Time) (*credentials, error) {
 }
 
 // run waits until the renewal point, obtains a certificate with cfg, and
-// closes done once it is stored. Failures are retried every 5 minutes:
+// calls done once it is stored. Failures are retried every 5 minutes:
 // the current credential keeps working meanwhile (a certificate until it
-// expires, after which the next start falls back to the token).
-func (r *renewal) run(ctx context.Context, d *daemon, cfg *rest.Config, done chan<- struct{}) {
+// expires, after which the next start falls back to the token). It runs
+// only while the Machine lives (see followMachine).
+func (r *renewal) run(ctx context.Context, d *daemon, cfg *rest.Config, done func()) {
 	if wait := r.at.Sub(d.host.now()); wait > 0 {
 		select {
 		case <-ctx.Done():
@@ -85,7 +86,7 @@ func (r *renewal) run(ctx context.Context, d *daemon, cfg *rest.Config, done cha
 	for {
 		_, err := r.manager.EnsureConfig(ctx, cfg)
 		if err == nil {
-			close(done)
+			done()
 			return
 		}
 		if ctx.Err() != nil {

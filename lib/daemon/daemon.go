@@ -247,7 +247,10 @@ type daemon struct {
 	statusRetry <-chan time.Time
 
 	// Following the Node and the operations while the Machine lives.
-	wg          *sync.WaitGroup    // serve's, for the follow goroutines
+	wg          *sync.WaitGroup // serve's, for the follow goroutines
+	cfg         *rest.Config    // serve's credential, for the renewal
+	renewed     chan struct{}   // closed (once) when a renewal stored a certificate
+	renewedOnce *sync.Once
 	followStop  context.CancelFunc // nil while not following
 	followGen   int
 	machineSeen bool   // a live Machine was seen by this process
@@ -270,18 +273,14 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	// The Node and the operations are followed only while the Machine
-	// lives (followMachine starts and stops their watches).
-	d.wg = &wg
+	// The Node and the operations are followed, and the certificate
+	// renewed, only while the Machine lives (followMachine starts and
+	// stops them).
+	renewed := make(chan struct{})
+	d.wg, d.cfg, d.renewed, d.renewedOnce = &wg, cfg, renewed, &sync.Once{}
 	defer d.unfollow()
 	wg.Add(1)
 	go func() { defer wg.Done(); d.watchLoop(ctx, kindMachine, d.listMachine, d.watchMachine) }()
-
-	renewed := make(chan struct{})
-	if d.renew != nil {
-		wg.Add(1)
-		go func() { defer wg.Done(); d.renew.run(ctx, d, cfg, renewed) }()
-	}
 
 	var tick <-chan time.Time
 	if iv, err := d.host.watchdog(); err != nil {
@@ -438,6 +437,15 @@ func (d *daemon) followMachine(ctx context.Context) {
 		d.wg.Add(2)
 		go func() { defer d.wg.Done(); d.watchLoop(fctx, kindNode, d.listNode, d.watchNode) }()
 		go func() { defer d.wg.Done(); d.watchLoop(fctx, kindOps, d.listOps, d.watchOps) }()
+		if d.renew != nil {
+			// A host being retired mints itself no new credential.
+			once, renewed, cfg := d.renewedOnce, d.renewed, d.cfg
+			d.wg.Add(1)
+			go func() {
+				defer d.wg.Done()
+				d.renew.run(fctx, d, cfg, func() { once.Do(func() { close(renewed) }) })
+			}()
+		}
 		return
 	}
 	if !d.synced[kindMachine] {

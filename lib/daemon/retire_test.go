@@ -7,15 +7,22 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/tests/kubeenv"
 )
 
 // quietPeriod is how long a test watches for something that must not
@@ -210,4 +217,62 @@ func TestDaemonStopsActingOnARetiredMachineAndNeverRecreatesIt(t *testing.T) {
 			t.Errorf("%q logged %d times, want once", s, n)
 		}
 	}
+}
+
+// A daemon on its bootstrap token requests its client certificate in the
+// background, but only while its Machine lives: a host not registered yet,
+// or being retired, mints itself no new credential.
+func TestDaemonRequestsNoCertificateWithoutALiveMachine(t *testing.T) {
+	env := getEnv(t)
+	machine := env.newUnregisteredMachine(t)
+	id, secret := kubeenv.RandomTokenID(t)
+	token := env.CreateBootstrapToken(t, id, secret, identity.BootstrapAgentsGroup, identity.BootstrapGroup(machine))
+	p := newRoot(t, machine)
+	for path, f := range map[string]struct {
+		data string
+		mode os.FileMode
+	}{
+		"/etc/unbounded/ca.crt":          {string(env.CAPEM(t)), 0o644},
+		"/etc/unbounded/bootstrap-token": {token + "\n", 0o600},
+		hostpaths.ConfigFileHost: {fmt.Sprintf("machine = %q\nmode = \"nspawn\"\n[cluster]\napi-server = %q\nkubernetes-version = \"1.36.3\"\n",
+			machine, env.Host()), 0o644},
+	} {
+		full := p.Join(path)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(f.data), f.mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	csrs := func() []string {
+		list, err := env.kube.CertificatesV1().CertificateSigningRequests().List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, c := range list.Items {
+			if strings.HasPrefix(c.Name, "unbounded-agent-"+machine+"-") {
+				names = append(names, c.Name)
+			}
+		}
+		return names
+	}
+	t.Cleanup(func() {
+		for _, n := range csrs() {
+			_ = env.kube.CertificatesV1().CertificateSigningRequests().Delete(context.Background(), n, metav1.DeleteOptions{})
+		}
+	})
+	f := &fixture{env: env, machine: machine, fake: newFakeSystemd()}
+	f.opts = Options{Paths: p, Host: f.fake.host(), PollInterval: 20 * time.Millisecond}
+	rec := record(t, f)
+	startDaemon(t, f.opts)
+
+	logSoon(t, rec, "Machine does not exist")
+	time.Sleep(quietPeriod) // a request has no signal of its own
+	if n := csrs(); len(n) > 0 {
+		t.Fatalf("CSRs %v requested while the Machine does not exist", n)
+	}
+	env.registerMachine(t, machine)
+	eventually(t, opTimeout, "a CSR once the Machine is registered", func() bool { return len(csrs()) > 0 })
 }
