@@ -423,8 +423,10 @@ func (d *daemon) followMachine(ctx context.Context) {
 		if d.followStop != nil {
 			return
 		}
+		// (Not idle before: the first list, or a restart of the watches
+		// with a renewed certificate; nothing to say.)
 		switch {
-		case d.machineSeen:
+		case d.idleLogged != "" && d.machineSeen:
 			d.log.Info("Machine registered again; following it", "uid", d.machineObj.UID)
 		case d.idleLogged != "":
 			d.log.Info("Machine registered; following it", "uid", d.machineObj.UID)
