@@ -1,7 +1,8 @@
 // Package fence is the unbounded-fence one-shot: the allocation launch
 // check run by unbounded-fence.service before every start of the node
 // stack. The logic is in lib/fence; this is flags, config, one call, and the
-// exit code (0 allowed, 77 refused, 78 config invalid).
+// exit code (0 allowed, 75 interrupted by a signal before a decision, 77
+// refused, 78 config invalid).
 package fence
 
 import (
@@ -33,7 +34,7 @@ func Main(args []string) int {
 	exited := -1
 	parser, err := kong.New(&c,
 		kong.Name("fence"),
-		kong.Description("Check with the cluster that this host may still start the node of its allocation. Exit 0: allowed; 77: refused (final); 78: configuration invalid."),
+		kong.Description("Check with the cluster that this host may still start the node of its allocation. Exit 0: allowed; 75: interrupted (SIGTERM) before a decision; 77: refused (final); 78: configuration invalid."),
 		kong.Exit(func(code int) { exited = code }),
 		kong.Writers(os.Stdout, os.Stderr))
 	if err != nil {
