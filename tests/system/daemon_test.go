@@ -130,6 +130,21 @@ func (e *kubeEnv) applyMachineRBAC(t *testing.T, machine string) {
 	e.GrantMachine(t, machine, machine)
 }
 
+// registerMachine creates the Machine (isolation nspawn) as bootstrap does:
+// the daemon never creates it, and acts only while it lives. It is deleted
+// when the test ends.
+func (e *kubeEnv) registerMachine(t *testing.T, machine string) {
+	t.Helper()
+	reg := &v1alpha3.Machine{ObjectMeta: metav1.ObjectMeta{Name: machine}}
+	reg.Spec.Isolation.Mode = v1alpha3.IsolationNspawn
+	if err := e.api.Post().Resource(v1alpha3.ResourceMachines).Body(reg).Do(context.Background()).Error(); err != nil {
+		t.Fatalf("register Machine %s: %v", machine, err)
+	}
+	t.Cleanup(func() {
+		e.api.Delete().Resource(v1alpha3.ResourceMachines).Name(machine).Do(context.Background())
+	})
+}
+
 func (e *kubeEnv) createOp(t *testing.T, machine string, typ v1alpha3.OperationType) *v1alpha3.MachineOperation {
 	t.Helper()
 	in := &v1alpha3.MachineOperation{
@@ -194,15 +209,7 @@ func TestDaemonCarriesOutOperationsWithRealSystemd(t *testing.T) {
 
 	machine := kubeenv.UniqueName(t, "sys-daemon")
 	env.applyMachineRBAC(t, machine)
-	// Bootstrap registers the Machine; the daemon never creates it.
-	reg := &v1alpha3.Machine{ObjectMeta: metav1.ObjectMeta{Name: machine}}
-	reg.Spec.Isolation.Mode = v1alpha3.IsolationNspawn
-	if err := env.api.Post().Resource(v1alpha3.ResourceMachines).Body(reg).Do(context.Background()).Error(); err != nil {
-		t.Fatalf("register Machine: %v", err)
-	}
-	t.Cleanup(func() {
-		env.api.Delete().Resource(v1alpha3.ResourceMachines).Name(machine).Do(context.Background())
-	})
+	env.registerMachine(t, machine)
 
 	binData, err := os.ReadFile(bin)
 	if err != nil {
