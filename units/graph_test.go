@@ -11,6 +11,8 @@ import (
 	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // docPrefixes are the accepted Documentation= forms; the project's own
@@ -257,7 +259,7 @@ func TestGeneratedFenceDropInMakesTheNodeUnitRequireTheFence(t *testing.T) {
 	p := hostpaths.New(tree)
 	template := filepath.Join(p.UnitDir(), "systemd-nspawn@.service")
 	if _, err := os.Stat(template); err != nil {
-		t.Skipf("systemd-nspawn@.service is not installed on this host (apt-get install systemd-container): %v", err)
+		tiers.Skip(t, tiers.Lint, "systemd-nspawn@.service is not installed on this host (apt-get install systemd-container): %v", err)
 	}
 	if err := state.WriteApplied(p, &state.AppliedConfig{Slot: "kube2", Mode: "nspawn", AppliedAt: time.Now()}); err != nil {
 		t.Fatal(err)
