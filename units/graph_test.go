@@ -158,7 +158,8 @@ func TestUnitGraph(t *testing.T) {
 				r.check(t, parseUnit(t, name, name))
 			}
 			if n == 0 {
-				t.Logf("no shipped unit yet: the rule applies as soon as one lands")
+				// Checked nothing: a skip, not a pass.
+				t.Skip("no shipped unit yet: the rule applies as soon as one lands")
 			}
 		})
 	}
@@ -297,6 +298,6 @@ func TestGeneratedFenceDropInMakesTheNodeUnitRequireTheFence(t *testing.T) {
 		provideExecutables(t, tree, merged)
 		verify(t, analyze, tree, node)
 	} else {
-		t.Log("systemd-analyze is missing: the merged unit was checked by the Go parser only")
+		tiers.Skip(t, tiers.Lint, "systemd-analyze is missing: the merged unit was checked by the Go parser only")
 	}
 }
