@@ -134,6 +134,13 @@ func newCSR(t *testing.T, cn string, orgs ...string) (csrPEM, keyPEM []byte) {
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 }
 
+// signerChance is how long an unapproved CSR is left to a signer that
+// might sign it anyway. The signer acts on the CSR's watch event, a
+// loopback round trip; half a second leaves room for a loaded 2-core
+// machine, and a wrongly signing signer would do it on every run, so a
+// rare slow run cannot hide the bug for long.
+const signerChance = 500 * time.Millisecond
+
 func TestApprovedAPIServerClientCSRIsSignedAndItsCertificateAuthenticates(t *testing.T) {
 	t.Parallel()
 	env := Get(t)
@@ -157,8 +164,9 @@ func TestApprovedAPIServerClientCSRIsSignedAndItsCertificateAuthenticates(t *tes
 	}
 	t.Cleanup(func() { csrs.Delete(context.Background(), name, metav1.DeleteOptions{}) })
 
-	// The signer must wait for approval: give it time to do wrong.
-	time.Sleep(500 * time.Millisecond)
+	// The signer must wait for approval: give it time to do wrong. Only a
+	// quiet period can show that it did not sign.
+	time.Sleep(signerChance)
 	got, err := csrs.Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
