@@ -20,8 +20,8 @@ export GOFLAGS=${GOFLAGS:-}
 # coordinator can report its own deadline as a failure ("context deadline
 # exceeded", no crasher) when the workers are starved at the end of the
 # window (golang/go#75804, fixed in go1.27). A count cannot race a clock.
-# 0.5 to 9 s per target on 2 cores. A duration (FUZZTIME=10m) still works
-# for a long run by hand, with that race.
+# A duration (FUZZTIME=10m) still works for a long run by hand, with that
+# race.
 FUZZTIME=${FUZZTIME:-3000x}
 
 log() { printf '\n== %s ==\n' "$*"; }

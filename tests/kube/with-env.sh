@@ -66,7 +66,7 @@ skip_run() {
 }
 
 # Build. Always ask go: with a warm build cache it only relinks when a
-# source changed, and it leaves an up-to-date binary alone (about 1 s).
+# source changed, and it leaves an up-to-date binary alone.
 # -buildvcs=false: VCS stamps would relink it at every commit.
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version"
 ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36"

@@ -138,7 +138,7 @@ func TestKubeTestenvAppliesManifestsBeforeReadyAndStopsOnSIGTERM(t *testing.T) {
 	}
 
 	// Warmed up: the first watch is not refused with 429, and the first
-	// create does not wait the 2 s a fresh CRD's storage takes.
+	// create does not wait for a fresh CRD's storage (seconds, unwarmed).
 	w, err := widgets.Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Errorf("first watch of the new resource: %v", err)
