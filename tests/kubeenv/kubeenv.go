@@ -8,7 +8,9 @@
 // with UniqueName, and never rely on a cluster-wide list being empty.
 //
 // Without the environment, Get skips the test with a line starting
-// "kubeenv:", which tests/tiersum counts in the kubernetes tier.
+// "kubeenv:", which tests/tiersum counts in the kubernetes tier; where the
+// kube tier is required (UNBOUNDED_TEST_REQUIRED, see tests/tiers) it
+// fails the test with that line instead.
 package kubeenv
 
 import (
