@@ -31,7 +31,7 @@ const (
 // The tiers of ARCHITECTURE section 9 that `make test` runs, by the names
 // EnvRequired and tests/tiersum use.
 const (
-	Unit     = "unit"     // tier 1: go test of every package
+	Unit     = "unit"     // tier 1: go test of every package (root, go on PATH)
 	Lint     = "lint"     // tier 2: systemd-analyze over the units
 	Packages = "packages" // tier 3: .deb and .rpm into scratch roots
 	Kube     = "kube"     // tier 4: the real API server of tests/kube
