@@ -35,9 +35,27 @@ fi
 manifests=$(mktemp /tmp/unbounded-bench-manifests.XXXXXX)
 trap 'rm -f "$manifests"' EXIT
 bin/unbounded manifests >"$manifests" && export UNBOUNDED_TEST_MANIFESTS="$manifests"
-run() { go test -run '^$' -bench . -benchtime "${BENCHTIME:-1x}" -count 1 $pkgs; }
+# testenv_cost: what tests/kube/README.md quotes about the test API server
+# (with-env.sh itself prints "kube-testenv: ready in N ms" when it starts).
+testenv_cost() {
+	[ -n "${UNBOUNDED_TEST_KUBEDIR:-}" ] || return 0
+	echo "== test API server (tests/kube) =="
+	mb "${UNBOUNDED_TEST_KUBE_BIN:-bin/kube-testenv} (stripped)" "$(stat -c %s "${UNBOUNDED_TEST_KUBE_BIN:-bin/kube-testenv}")"
+	# Its process is the one started with --dir $UNBOUNDED_TEST_KUBEDIR.
+	local p
+	for p in /proc/[0-9]*; do
+		if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q -- "--dir $UNBOUNDED_TEST_KUBEDIR"; then
+			awk -v n="kube-testenv RSS after the benchmarks" '/^VmRSS:/ { printf "%-60s %8.2f MB\n", n, $2 / 1024 }' "$p/status"
+			break
+		fi
+	done
+}
+run() {
+	go test -run '^$' -bench . -benchtime "${BENCHTIME:-1x}" -count 1 $pkgs
+	testenv_cost
+}
 if [ -x tests/kube/with-env.sh ]; then
-	export -f run
+	export -f run testenv_cost mb
 	export pkgs
 	tests/kube/with-env.sh bash -c run
 else

@@ -2,7 +2,10 @@
 # `make test`: runs every test tier of ARCHITECTURE section 9 that this
 # machine supports, then prints which tiers ran and which skipped, and why
 # (tests/tiersum). A tier that cannot run here skips with a reason; it never
-# passes silently. Exit status: non-zero if any test or package failed.
+# passes silently. Exit status: non-zero if any test or package failed, any
+# go test exited non-zero, tests/kube/with-env.sh failed, or a tier named in
+# UNBOUNDED_TEST_REQUIRED (see tests/tiers; .ci/run sets it) skipped or ran
+# no test.
 #
 # Preparation that a tier needs (the cached Debian rootfs, the packages, the
 # API server) is done here; when it cannot be done the reason is exported
@@ -17,11 +20,21 @@ export GOFLAGS=${GOFLAGS:-}
 # coordinator can report its own deadline as a failure ("context deadline
 # exceeded", no crasher) when the workers are starved at the end of the
 # window (golang/go#75804, fixed in go1.27). A count cannot race a clock.
-# 0.5 to 9 s per target on 2 cores. A duration (FUZZTIME=10m) still works
-# for a long run by hand, with that race.
+# A duration (FUZZTIME=10m) still works for a long run by hand, with that
+# race.
 FUZZTIME=${FUZZTIME:-3000x}
 
 log() { printf '\n== %s ==\n' "$*"; }
+
+# The required tiers, checked before the long run: a misspelt name fails
+# here, not after an hour.
+if ! required=$(go run ./tests/tiersum -required); then
+	echo "run-tiers: bad UNBOUNDED_TEST_REQUIRED (see above)" >&2
+	exit 2
+fi
+echo "required tiers: ${required:-none}"
+# is_required TIER: TIER must run (it is in the list tiersum printed).
+is_required() { case ",$required," in *,"$1",*) return 0 ;; esac; return 1; }
 
 # Packages (tier 3 and the system tier install them).
 log "building packages"
@@ -45,13 +58,16 @@ fi
 # The cached Debian rootfs for the system tier.
 if [ -x tests/system/rootfs.sh ]; then
 	log "system test rootfs"
+	# Where the system tier is required, its tests fail instead of skipping.
+	verb=skip
+	is_required system && verb="FAIL (required)"
 	if [ "$(id -u)" != 0 ]; then
-		echo "not root: the system tier will skip"
+		echo "not root: the system tier will $verb"
 	elif rootfs=$(tests/system/rootfs.sh 2>"$out/rootfs.log" | tail -1) && [ -d "$rootfs" ]; then
 		export UNBOUNDED_TEST_ROOTFS="$rootfs"
 		echo "rootfs: $rootfs"
 	else
-		echo "rootfs build failed (the system tier will skip):"; tail -20 "$out/rootfs.log"
+		echo "rootfs build failed (the system tier will $verb):"; tail -20 "$out/rootfs.log"
 	fi
 fi
 
@@ -63,15 +79,21 @@ else
 fi
 
 # Every tier runs with one real API server up (started once per run).
+# Each go test's exit status goes to $out/status ("TIER STATUS" lines):
+# the summary must agree with it. inner itself exits 0 once every tier has
+# run, so a non-zero status from with-env.sh is with-env.sh's own failure.
 inner() {
 	local pkgs
-	pkgs=$(go list ./... | grep -v -e '/tests/system' -e '/tests/packages' -e '/units$' -e '/tests/tiersum$')
+	pkgs=$(go list ./... | grep -v -e '/tests/system' -e '/tests/packages' -e '/units$')
 	log "tier 1 (unit) and tier 4 (kubernetes)"
 	go test -count=1 -json -timeout 15m $pkgs >"$out/unit.json" 2>"$out/unit.err"
+	echo "unit $?" >>"$out/status"
 	log "tier 2 (unit lint)"
 	go test -count=1 -json -timeout 10m ./units/... >"$out/lint.json" 2>"$out/lint.err"
+	echo "lint $?" >>"$out/status"
 	log "tier 3 (packages)"
 	go test -count=1 -json -timeout 10m ./tests/packages/... >"$out/packages.json" 2>"$out/packages.err"
+	echo "packages $?" >>"$out/status"
 	log "tier 7 (fuzzing, -fuzztime $FUZZTIME per target)"
 	: >"$out/fuzz.json"
 	local f pkg name
@@ -79,24 +101,42 @@ inner() {
 		pkg=./$(dirname "$f")
 		name=${name#func }; name=${name%%(*}
 		go test -json -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "$pkg" >>"$out/fuzz.json" 2>>"$out/fuzz.err"
+		echo "fuzz:$name $?" >>"$out/status"
 	done < <(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*(' lib cmd generators 2>/dev/null | sort -u)
 	log "tier 5 (system: real systemd in nspawn)"
 	go test -count=1 -json -timeout 30m ./tests/system/... >"$out/system.json" 2>"$out/system.err"
+	echo "system $?" >>"$out/status"
+	return 0
 }
 export -f inner log
 export out FUZZTIME
+: >"$out/status"
 if [ -x tests/kube/with-env.sh ]; then
 	log "starting the test API server (tests/kube)"
 	tests/kube/with-env.sh bash -c inner
+	envrc=$?
 else
 	UNBOUNDED_TEST_KUBE_SKIP="tests/kube/with-env.sh is missing" bash -c inner
+	envrc=$?
 fi
 
 for f in "$out"/*.err; do
 	[ -s "$f" ] && { echo "--- $(basename "$f")"; tail -40 "$f"; }
 done
 rc=0
+if [ "$envrc" -ne 0 ]; then
+	# 3: the kube tier is required and the API server could not be built
+	# or started (its log is above); 130/143: interrupted. The tiers did
+	# not run (or not all of them): there is nothing to summarize.
+	echo "tests/kube/with-env.sh exited $envrc: the test tiers did not run (completed: $(cut -d' ' -f1 "$out/status" | tr '\n' ' '))"
+	exit 1
+fi
 go run ./tests/tiersum unit="$out/unit.json" lint="$out/lint.json" packages="$out/packages.json" \
 	system="$out/system.json" fuzz="$out/fuzz.json" || rc=1
+bad=$(awk '$2 != 0' "$out/status")
+if [ -n "$bad" ]; then
+	echo "go test exited non-zero (tier status): $(echo $bad)"
+	rc=1
+fi
 [ -n "${packages_failed:-}" ] && { echo "make packages failed"; rc=1; }
 exit $rc

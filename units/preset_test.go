@@ -14,6 +14,8 @@ import (
 
 	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // presetRule is one line of a preset file.
@@ -114,7 +116,7 @@ func writeStub(t *testing.T, unitDir string, s stubUnit) {
 func TestPresetAllEnablesOnlyWhatThePresetSays(t *testing.T) {
 	systemctl, err := exec.LookPath("systemctl")
 	if err != nil {
-		t.Skip("systemctl is not installed: preset-all needs systemd's own preset logic")
+		tiers.Skip(t, tiers.Lint, "systemctl is not installed: preset-all needs systemd's own preset logic")
 	}
 	rules := readPresets(t)
 	// The package's files only: over a copy of the host's whole unit

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // verifyFailures are the stderr fragments of systemd-analyze verify that
@@ -25,7 +27,7 @@ func requireSystemdAnalyze(t *testing.T) string {
 	t.Helper()
 	path, ok := lookSystemdAnalyze()
 	if !ok {
-		t.Skip("systemd-analyze is not installed (apt-get install systemd): unit lint needs systemd's own parser")
+		tiers.Skip(t, tiers.Lint, "systemd-analyze is not installed (apt-get install systemd): unit lint needs systemd's own parser")
 	}
 	return path
 }

@@ -1,7 +1,8 @@
 // Command unbounded-agent is the one executable of every concern that talks
-// to the cluster. Linking client-go costs ~25 MB per binary; one multicall
-// executable keeps the whole installation within the 40 MB budget
-// (ARCHITECTURE section 3) while each concern keeps its own package
+// to the cluster. client-go is the bulk of a binary that links it; one
+// multicall executable keeps the whole installation within the 40 MB budget
+// of ARCHITECTURE section 3 (`make bench` prints the sum, "installed
+// binaries total") while each concern keeps its own package
 // (cmd/<concern>) and its own name on the host: the package installs
 // /usr/libexec/unbounded/<concern> as a symlink to this binary, and units
 // start the concern by that name, as torcx does with torcx-generator.

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // want describes one expected error: the host path of the file it names,
@@ -138,7 +140,7 @@ func TestLoadReportsEachErrorClassWithFileLineAndKey(t *testing.T) {
 		}, want{mainFile, 7, "cluster.bootstrap-token-file", "has mode 0644"}},
 		{"token file owned by another user", func(h *host) {
 			if err := os.Chown(h.path("/etc/unbounded/bootstrap-token"), os.Geteuid()+4242, -1); err != nil {
-				h.t.Skipf("cannot give the token file to another user (needs root): %v", err)
+				tiers.Skip(h.t, tiers.Unit, "cannot give the token file to another user (needs root): %v", err)
 			}
 		}, want{mainFile, 7, "cluster.bootstrap-token-file", "must be owned by uid"}},
 		{"token malformed", func(h *host) {

@@ -359,6 +359,7 @@ func (d *daemon) apply(ctx context.Context, u update) {
 			op := o.(*v1alpha3.MachineOperation)
 			if u.deleted {
 				delete(d.ops, op.Name)
+				d.log.Debug("operation deleted from the cluster", "name", op.Name)
 				continue
 			}
 			if cur, ok := d.ops[op.Name]; ok && cur.UID == op.UID && olderRV(op.ResourceVersion, cur.ResourceVersion) {

@@ -198,8 +198,9 @@ func TestDaemonRestartedMidOperationWaitsForTheUnitAndNeverStartsItAgain(t *test
 		t.Fatalf("after the daemon stopped mid-run the operation is %q, want InProgress", s)
 	}
 
+	logs := f.recordLogs(t)
 	startDaemon(t, f.opts)
-	time.Sleep(500 * time.Millisecond) // the second daemon has looked at it
+	waitLogged(t, logs, 1, "resuming: unit still runs for this operation", "uid="+string(op.UID))
 	if s := f.env.getOp(t, op.Name).Status.State; s != v1alpha3.OperationInProgress {
 		t.Fatalf("while the unit still runs the operation is %q, want InProgress", s)
 	}
@@ -342,10 +343,9 @@ func TestNodeThatWasReadyAndIsGoneIsRepavedOnce(t *testing.T) {
 		ev := strings.Join(f.machineEvents(t), ",")
 		return strings.Contains(ev, ReasonNodeGone) && strings.Contains(ev, "OperationComplete")
 	})
-	time.Sleep(300 * time.Millisecond)
 	_ = first.stop(t)
 	startDaemon(t, f.opts)
-	time.Sleep(time.Second)
+	f.settled(t)
 	if n := f.fake.startCount("unbounded-repave.service"); n != 1 {
 		t.Fatalf("unbounded-repave.service started %d times, want 1", n)
 	}
@@ -356,6 +356,7 @@ func TestNodeDeletedByARunningRepaveIsNotRepavedAgain(t *testing.T) {
 	f.env.createReadyNode(t, f.machine)
 	hold := make(chan struct{})
 	f.fake.configure("unbounded-repave.service", func(u *fakeUnit) { u.hold = hold })
+	logs := f.recordLogs(t)
 	startDaemon(t, f.opts)
 	eventually(t, opTimeout, "daemon saw its Node", func() bool {
 		m, err := f.env.ops.machines.Get(context.Background(), f.machine)
@@ -367,10 +368,10 @@ func TestNodeDeletedByARunningRepaveIsNotRepavedAgain(t *testing.T) {
 	if err := f.env.kube.CoreV1().Nodes().Delete(context.Background(), f.machine, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	waitLogged(t, logs, 1, "Node deleted while a unit runs; not a loss")
 	close(hold)
 	f.env.waitOp(t, op.Name, opTimeout)
-	time.Sleep(500 * time.Millisecond)
+	f.settled(t)
 	if n := f.fake.startCount("unbounded-repave.service"); n != 1 {
 		t.Fatalf("unbounded-repave.service started %d times, want 1", n)
 	}
@@ -438,6 +439,20 @@ func countRequests(cfg *rest.Config) (*rest.Config, *countingTransport) {
 	return cfg, ct
 }
 
+// Idleness can only be shown by a quiet period: no event marks "the
+// daemon did not send a request".
+const (
+	// idleSettle lets the daemon's own status write come back to it
+	// through the Machine watch: one round trip to a loopback API server,
+	// with room for a loaded 2-core CI machine.
+	idleSettle = time.Second
+	// idleWindow is many times the shortest period the daemon polls at
+	// (PollInterval, 20 ms in these tests) and longer than a scheduling
+	// stall on a loaded 2-core machine. (The Machine status is retried
+	// after 30 s, but only after a failed write.)
+	idleWindow = 3 * time.Second
+)
+
 func TestIdleDaemonSendsNoRequestsBeyondItsThreeWatches(t *testing.T) {
 	f := newFixture(t)
 	f.env.createReadyNode(t, f.machine)
@@ -448,9 +463,9 @@ func TestIdleDaemonSendsNoRequestsBeyondItsThreeWatches(t *testing.T) {
 		m, err := f.env.ops.machines.Get(context.Background(), f.machine)
 		return err == nil && m.Status.NodeName == f.machine && m.Status.Agent != nil
 	})
-	time.Sleep(time.Second) // the status write comes back through the watch
+	time.Sleep(idleSettle)
 	n := ct.count()
-	time.Sleep(3 * time.Second)
+	time.Sleep(idleWindow)
 	if extra := ct.since(n); len(extra) > 0 {
 		t.Fatalf("idle daemon sent %d requests: %v", len(extra), extra)
 	}

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -37,7 +36,7 @@ func TestRepaveOfVanishedNodeRetriedAfterItsUnitRanIsNotStartedAgain(t *testing.
 	eventually(t, opTimeout, "event OperationComplete on the Machine", func() bool {
 		return strings.Contains(strings.Join(f.machineEvents(t), ","), "OperationComplete")
 	})
-	time.Sleep(300 * time.Millisecond)
+	f.settled(t)
 	if n := f.fake.startCount("unbounded-repave.service"); n != 1 {
 		t.Fatalf("unbounded-repave.service started %d times, want 1", n)
 	}

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"testing"
-	"time"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 )
@@ -15,6 +14,7 @@ func TestOperationDeletedWhileItsUnitRunsDoesNotBlockLaterOperations(t *testing.
 	f := newFixture(t)
 	hold := make(chan struct{})
 	f.fake.configure("unbounded-restart.service", func(u *fakeUnit) { u.hold = hold })
+	logs := f.recordLogs(t)
 	startDaemon(t, f.opts)
 
 	first := f.env.createOp(t, f.machine, v1alpha3.OperationRestart)
@@ -23,7 +23,8 @@ func TestOperationDeletedWhileItsUnitRunsDoesNotBlockLaterOperations(t *testing.
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // the deletion reaches the daemon's watch
+	// The daemon's own view loses the operation before its unit ends.
+	waitLogged(t, logs, 1, "operation deleted from the cluster", "name="+first.Name)
 	close(hold)
 
 	second := f.env.createOp(t, f.machine, v1alpha3.OperationRepave)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // Mount tables as the kernel writes them, trimmed to the cgroup lines.
@@ -111,7 +113,7 @@ func TestCheckSaysWhichModesAHostCanRunAndWhyNot(t *testing.T) {
 // nspawn with the hierarchy the kernel really has, whatever that is.
 func TestZeroHostReadsTheRealMountTable(t *testing.T) {
 	if _, err := os.Stat("/proc/self/mountinfo"); err != nil {
-		t.Skip("no /proc/self/mountinfo: not Linux")
+		tiers.Skip(t, tiers.Unit, "no /proc/self/mountinfo: not Linux")
 	}
 	s := Host{}.Check("nspawn")
 	data, _ := os.ReadFile("/proc/self/mountinfo")

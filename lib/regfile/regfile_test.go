@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // hangDetector bounds each Read in these tests. It detects a Read that
@@ -139,7 +141,7 @@ func TestReadEnforcesTheLimitOnWhatIsRead(t *testing.T) {
 	const proc = "/proc/self/status"
 	full, err := read(t, proc, 1<<20)
 	if err != nil {
-		t.Skipf("no %s to read (no /proc mounted?): %v", proc, err)
+		tiers.Skip(t, tiers.Unit, "no %s to read (no /proc mounted?): %v", proc, err)
 	}
 	if !bytes.Contains(full, []byte("Pid:")) {
 		t.Fatalf("%s read as %q", proc, full)

@@ -12,8 +12,11 @@
 #
 # Input:
 #   UNBOUNDED_TEST_MANIFESTS       optional file of manifests applied before READY
-#   UNBOUNDED_TEST_KUBE_REQUIRED=1 fail (exit 3) instead of skipping when the
-#                                  environment cannot be built or started
+#   UNBOUNDED_TEST_REQUIRED        comma-separated tiers that must run (tests/tiers);
+#                                  with "kube" in it, fail (exit 3) without running
+#                                  CMD instead of skipping when the environment
+#                                  cannot be built or started
+#   UNBOUNDED_TEST_KUBE_REQUIRED=1 the older spelling of "kube" in the above
 #   KUBE_TESTENV_BIN               binary to build and run (default <repo>/bin/kube-testenv)
 set -uo pipefail
 
@@ -37,13 +40,23 @@ loud() {
 	} >&2
 }
 
+# kube_required: the kube tier must run (the same rule as tests/tiers).
+kube_required() {
+	[ "${UNBOUNDED_TEST_KUBE_REQUIRED:-}" = 1 ] && return 0
+	# Spaces around the names are allowed, as tests/tiers allows them.
+	case ",$(printf '%s' "${UNBOUNDED_TEST_REQUIRED:-}" | tr -d ' \t')," in
+	*,kube,* | *,kubernetes,*) return 0 ;;
+	esac
+	return 1
+}
+
 # skip_run REASON CMD [ARGS...]: run CMD without the environment, telling
 # the tests why.
 skip_run() {
 	local reason=$1
 	shift
-	if [ "${UNBOUNDED_TEST_KUBE_REQUIRED:-}" = 1 ]; then
-		loud "$reason (UNBOUNDED_TEST_KUBE_REQUIRED=1: not running the tests)"
+	if kube_required; then
+		loud "$reason (the kube tier is required: not running the tests)"
 		exit 3
 	fi
 	loud "$reason; Kubernetes tests will skip"
@@ -53,7 +66,7 @@ skip_run() {
 }
 
 # Build. Always ask go: with a warm build cache it only relinks when a
-# source changed, and it leaves an up-to-date binary alone (about 1 s).
+# source changed, and it leaves an up-to-date binary alone.
 # -buildvcs=false: VCS stamps would relink it at every commit.
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version"
 ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36"

@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // These tests start a second kube-testenv of their own (the binary
@@ -39,7 +41,7 @@ func startTestenv(t *testing.T, args ...string) *testenvProcess {
 	Get(t) // the same skip reasons as every Kubernetes test
 	bin := os.Getenv(envBin)
 	if bin == "" {
-		t.Skipf("kubeenv: %s is not set: run under tests/kube/with-env.sh", envBin)
+		tiers.Skip(t, tiers.Kube, "kubeenv: %s is not set: run under tests/kube/with-env.sh", envBin)
 	}
 	p := &testenvProcess{stderr: &bytes.Buffer{}, lines: make(chan string, 16), exited: make(chan error, 1)}
 	p.cmd = exec.Command(bin, args...)
@@ -136,7 +138,7 @@ func TestKubeTestenvAppliesManifestsBeforeReadyAndStopsOnSIGTERM(t *testing.T) {
 	}
 
 	// Warmed up: the first watch is not refused with 429, and the first
-	// create does not wait the 2 s a fresh CRD's storage takes.
+	// create does not wait for a fresh CRD's storage (seconds, unwarmed).
 	w, err := widgets.Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Errorf("first watch of the new resource: %v", err)

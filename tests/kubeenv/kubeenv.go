@@ -8,7 +8,9 @@
 // with UniqueName, and never rely on a cluster-wide list being empty.
 //
 // Without the environment, Get skips the test with a line starting
-// "kubeenv:", which tests/tiersum counts in the kubernetes tier.
+// "kubeenv:", which tests/tiersum counts in the kubernetes tier; where the
+// kube tier is required (UNBOUNDED_TEST_REQUIRED, see tests/tiers) it
+// fails the test with that line instead.
 package kubeenv
 
 import (
@@ -43,6 +45,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/keyutil"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // The environment variables with-env.sh exports.
@@ -78,16 +82,17 @@ var (
 )
 
 // Get returns the environment, or skips the test with the reason there is
-// none. A kubeconfig that is set but unusable fails the test: that is a
-// broken environment, not a missing one.
+// none; when the kube tier is required (tests/tiers) it fails the test
+// with that reason instead. A kubeconfig that is set but unusable fails the
+// test: that is a broken environment, not a missing one.
 func Get(t testing.TB) *Env {
 	t.Helper()
 	if reason := os.Getenv(EnvSkip); reason != "" {
-		t.Skipf("kubeenv: no test API server: %s", reason)
+		tiers.Skip(t, tiers.Kube, "kubeenv: no test API server: %s", reason)
 	}
 	path := os.Getenv(EnvKubeconfig)
 	if path == "" {
-		t.Skip("kubeenv: no test API server: run under `make test` (tests/kube/with-env.sh)")
+		tiers.Skip(t, tiers.Kube, "kubeenv: no test API server: run under `make test` (tests/kube/with-env.sh)")
 	}
 	once.Do(func() { shared, loadErr = load(path) })
 	if loadErr != nil {

@@ -26,6 +26,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 func whoAmI(t *testing.T, cfg *rest.Config) (*authenticationv1.SelfSubjectReview, error) {
@@ -132,6 +134,13 @@ func newCSR(t *testing.T, cn string, orgs ...string) (csrPEM, keyPEM []byte) {
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 }
 
+// signerChance is how long an unapproved CSR is left to a signer that
+// might sign it anyway. The signer acts on the CSR's watch event, a
+// loopback round trip; half a second leaves room for a loaded 2-core
+// machine, and a wrongly signing signer would do it on every run, so a
+// rare slow run cannot hide the bug for long.
+const signerChance = 500 * time.Millisecond
+
 func TestApprovedAPIServerClientCSRIsSignedAndItsCertificateAuthenticates(t *testing.T) {
 	t.Parallel()
 	env := Get(t)
@@ -155,8 +164,9 @@ func TestApprovedAPIServerClientCSRIsSignedAndItsCertificateAuthenticates(t *tes
 	}
 	t.Cleanup(func() { csrs.Delete(context.Background(), name, metav1.DeleteOptions{}) })
 
-	// The signer must wait for approval: give it time to do wrong.
-	time.Sleep(500 * time.Millisecond)
+	// The signer must wait for approval: give it time to do wrong. Only a
+	// quiet period can show that it did not sign.
+	time.Sleep(signerChance)
 	got, err := csrs.Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -314,14 +324,18 @@ func TestUniqueNameIsAFreshDNSLabel(t *testing.T) {
 
 func TestGetSkipsWithTheReasonWhenTheEnvironmentIsMissing(t *testing.T) {
 	for _, tc := range []struct {
-		name, kubeconfig, skip, want string
+		name, kubeconfig, skip, required, want string
+		fatal                                  bool
 	}{
-		{"unset", "", "", "run under `make test`"},
-		{"could not start", "/nonexistent/kubeconfig", "cannot build kube-testenv: boom", "cannot build kube-testenv: boom"},
+		{"unset", "", "", "", "run under `make test`", false},
+		{"could not start", "/nonexistent/kubeconfig", "cannot build kube-testenv: boom", "system", "cannot build kube-testenv: boom", false},
+		{"required", "", "cannot build kube-testenv: boom", "system,kube", "the kube tier is required", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(EnvKubeconfig, tc.kubeconfig)
 			t.Setenv(EnvSkip, tc.skip)
+			t.Setenv(tiers.EnvRequired, tc.required)
+			t.Setenv(tiers.EnvKubeRequired, "")
 			rec := &skipRecorder{TB: t}
 			done := make(chan struct{})
 			go func() {
@@ -329,19 +343,19 @@ func TestGetSkipsWithTheReasonWhenTheEnvironmentIsMissing(t *testing.T) {
 				Get(rec)
 			}()
 			<-done
-			if !rec.skipped || !strings.HasPrefix(rec.msg, "kubeenv: ") || !strings.Contains(rec.msg, tc.want) {
-				t.Errorf("Get: skipped=%v msg=%q, want a skip starting \"kubeenv: \" containing %q", rec.skipped, rec.msg, tc.want)
+			if rec.skipped == tc.fatal || rec.fatal != tc.fatal || !strings.Contains(rec.msg, "kubeenv: ") || !strings.Contains(rec.msg, tc.want) {
+				t.Errorf("Get: skipped=%v fatal=%v msg=%q, want fatal=%v with \"kubeenv: \" and %q", rec.skipped, rec.fatal, rec.msg, tc.fatal, tc.want)
 			}
 		})
 	}
 }
 
-// skipRecorder records a skip instead of skipping; Skip ends the calling
-// goroutine as the testing package's does.
+// skipRecorder records a skip or a fatal instead of ending the test; both
+// end the calling goroutine as the testing package's do.
 type skipRecorder struct {
 	testing.TB
-	skipped bool
-	msg     string
+	skipped, fatal bool
+	msg            string
 }
 
 func (r *skipRecorder) Skip(args ...any) {
@@ -351,6 +365,11 @@ func (r *skipRecorder) Skip(args ...any) {
 
 func (r *skipRecorder) Skipf(format string, args ...any) {
 	r.skipped, r.msg = true, fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+func (r *skipRecorder) Fatalf(format string, args ...any) {
+	r.fatal, r.msg = true, fmt.Sprintf(format, args...)
 	runtime.Goexit()
 }
 

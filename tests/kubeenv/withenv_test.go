@@ -8,11 +8,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // with-env.sh must never let the Kubernetes tests pass silently when it
 // cannot give them an API server: it runs the command with the reason in
-// UNBOUNDED_TEST_KUBE_SKIP (or, with UNBOUNDED_TEST_KUBE_REQUIRED=1, fails).
+// UNBOUNDED_TEST_KUBE_SKIP (or, when the kube tier is required, fails).
+// The tests clear both switches (CI sets them) unless they test them.
 
 func runWithEnv(t *testing.T, env []string) (stdout, stderr string, code int) {
 	t.Helper()
@@ -36,7 +39,7 @@ func TestWithEnvRunsTheCommandWithASkipReasonWhenItCannotBuild(t *testing.T) {
 	t.Parallel()
 	// No go on PATH: the build cannot even start.
 	env := []string{"PATH=/usr/bin:/bin", "KUBE_TESTENV_BIN=" + filepath.Join(t.TempDir(), "kube-testenv"),
-		"UNBOUNDED_TEST_KUBECONFIG=/stale/kubeconfig", "UNBOUNDED_TEST_KUBE_REQUIRED="}
+		"UNBOUNDED_TEST_KUBECONFIG=/stale/kubeconfig", "UNBOUNDED_TEST_KUBE_REQUIRED=", "UNBOUNDED_TEST_REQUIRED=system,packages"}
 	if _, err := exec.LookPath("/usr/bin/go"); err == nil {
 		t.Skip("go is in /usr/bin: cannot take it off PATH")
 	}
@@ -54,13 +57,22 @@ func TestWithEnvRunsTheCommandWithASkipReasonWhenItCannotBuild(t *testing.T) {
 
 func TestWithEnvFailsWithoutRunningTheCommandWhenTheEnvironmentIsRequired(t *testing.T) {
 	t.Parallel()
-	env := []string{"PATH=/usr/bin:/bin", "KUBE_TESTENV_BIN=" + filepath.Join(t.TempDir(), "kube-testenv"), "UNBOUNDED_TEST_KUBE_REQUIRED=1"}
 	if _, err := exec.LookPath("/usr/bin/go"); err == nil {
 		t.Skip("go is in /usr/bin: cannot take it off PATH")
 	}
-	stdout, stderr, code := runWithEnv(t, env)
-	if code != 3 || stdout != "" {
-		t.Errorf("exit status %d, stdout %q; want 3 and the command not run\nstderr:\n%s", code, stdout, stderr)
+	for _, required := range [][]string{
+		{"UNBOUNDED_TEST_REQUIRED=system,kube", "UNBOUNDED_TEST_KUBE_REQUIRED="},
+		{"UNBOUNDED_TEST_REQUIRED= packages , kubernetes", "UNBOUNDED_TEST_KUBE_REQUIRED="},
+		{"UNBOUNDED_TEST_REQUIRED=", "UNBOUNDED_TEST_KUBE_REQUIRED=1"}, // the older switch
+	} {
+		env := append([]string{"PATH=/usr/bin:/bin", "KUBE_TESTENV_BIN=" + filepath.Join(t.TempDir(), "kube-testenv")}, required...)
+		stdout, stderr, code := runWithEnv(t, env)
+		if code != 3 || stdout != "" {
+			t.Errorf("%v: exit status %d, stdout %q; want 3 and the command not run\nstderr:\n%s", required, code, stdout, stderr)
+		}
+		if !strings.Contains(stderr, "the kube tier is required") {
+			t.Errorf("%v: stderr does not say why it stopped:\n%s", required, stderr)
+		}
 	}
 }
 
@@ -70,13 +82,13 @@ func TestWithEnvSkipsWithTheLogTailWhenTheEnvironmentCannotStart(t *testing.T) {
 	// a no-op; elsewhere it would be a cold build of Kubernetes.
 	bin := os.Getenv(envBin)
 	if bin == "" {
-		t.Skipf("kubeenv: %s is not set: run under tests/kube/with-env.sh", envBin)
+		tiers.Skip(t, tiers.Kube, "kubeenv: %s is not set: run under tests/kube/with-env.sh", envBin)
 	}
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	if err := os.WriteFile(bad, []byte("apiVersion: v1\nkind: ConfigMap\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	stdout, stderr, code := runWithEnv(t, []string{"KUBE_TESTENV_BIN=" + bin, "UNBOUNDED_TEST_MANIFESTS=" + bad, "UNBOUNDED_TEST_KUBE_REQUIRED="})
+	stdout, stderr, code := runWithEnv(t, []string{"KUBE_TESTENV_BIN=" + bin, "UNBOUNDED_TEST_MANIFESTS=" + bad, "UNBOUNDED_TEST_KUBE_REQUIRED=", "UNBOUNDED_TEST_REQUIRED="})
 	if code != 7 {
 		t.Errorf("exit status %d, want the command's 7\nstderr:\n%s", code, stderr)
 	}

@@ -29,6 +29,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // entry is one path a package installs, as the file system sees it.
@@ -173,10 +175,10 @@ func packageFile(t *testing.T, env string) string {
 	t.Helper()
 	p := os.Getenv(env)
 	if p == "" {
-		t.Skipf("%s is not set: build the packages with `make packages` and point it at the result (make test does)", env)
+		tiers.Skip(t, tiers.Packages, "%s is not set: build the packages with `make packages` and point it at the result (make test does)", env)
 	}
 	if _, err := os.Stat(p); err != nil {
-		t.Skipf("%s=%s: %v", env, p, err)
+		tiers.Skip(t, tiers.Packages, "%s=%s: %v", env, p, err)
 	}
 	return p
 }
@@ -184,7 +186,7 @@ func packageFile(t *testing.T, env string) string {
 func requireRoot(t *testing.T, why string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skipf("needs root: %s", why)
+		tiers.Skip(t, tiers.Packages, "needs root: %s", why)
 	}
 }
 
@@ -192,7 +194,7 @@ func requireTools(t *testing.T, names ...string) {
 	t.Helper()
 	for _, n := range names {
 		if _, err := exec.LookPath(n); err != nil {
-			t.Skipf("%s is not installed (apt-get install dpkg rpm lintian busybox-static)", n)
+			tiers.Skip(t, tiers.Packages, "%s is not installed (apt-get install dpkg rpm lintian busybox-static)", n)
 		}
 	}
 }
@@ -204,16 +206,16 @@ func staticBusybox(t *testing.T) string {
 	t.Helper()
 	p, err := exec.LookPath("busybox")
 	if err != nil {
-		t.Skip("busybox is not installed: apt-get install busybox-static (its sh runs the scripts inside the scratch root)")
+		tiers.Skip(t, tiers.Packages, "busybox is not installed: apt-get install busybox-static (its sh runs the scripts inside the scratch root)")
 	}
 	f, err := elf.Open(p)
 	if err != nil {
-		t.Skipf("busybox at %s: %v", p, err)
+		tiers.Skip(t, tiers.Packages, "busybox at %s: %v", p, err)
 	}
 	defer f.Close()
 	for _, prog := range f.Progs {
 		if prog.Type == elf.PT_INTERP {
-			t.Skipf("busybox at %s is dynamically linked: install busybox-static", p)
+			tiers.Skip(t, tiers.Packages, "busybox at %s is dynamically linked: install busybox-static", p)
 		}
 	}
 	return p
@@ -532,7 +534,7 @@ func newRoot(t *testing.T, busybox string, systemdRunning bool) (string, fakeSys
 		t.Fatal(err)
 	}
 	if err := syscall.Mknod(filepath.Join(root, "dev/null"), syscall.S_IFCHR|0o666, 1<<8|3); err != nil {
-		t.Skipf("cannot make /dev/null in the scratch root %s: %v", root, err)
+		tiers.Skip(t, tiers.Packages, "cannot make /dev/null in the scratch root %s: %v", root, err)
 	}
 	if systemdRunning {
 		if err := os.MkdirAll(filepath.Join(root, "run/systemd/system"), 0o755); err != nil {

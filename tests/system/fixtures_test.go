@@ -1,17 +1,10 @@
 package system_test
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"io/fs"
 	"maps"
-	"math/big"
 	"os"
 	"path"
 	"slices"
@@ -22,6 +15,7 @@ import (
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/tests/fixtures"
 	"unbounded-cloud.io/agent/tests/system/harness"
 )
 
@@ -60,35 +54,13 @@ cluster-dns = "10.96.0.10"
 retry-budget = "1s"
 `), 0o644)
 	m.WriteFile(tokenFile, []byte("abcdef.0123456789abcdef\n"), 0o600)
-	m.WriteFile(caFile, selfSignedCA(t), 0o644)
+	m.WriteFile(caFile, fixtures.CA(t), 0o644)
 	// The scenario is about a valid config: prove it with the agent's own
 	// loader, over the machine's root as `unbounded config check --root`
 	// would read it.
 	if _, err := config.Load(hostpaths.New(m.Root())); err != nil {
 		t.Fatalf("the fixture config is not valid: %v", err)
 	}
-}
-
-func selfSignedCA(t *testing.T) []byte {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "unbounded system test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
 // writeAllocation adds a config drop-in saying the host was launched for

@@ -2,7 +2,7 @@
 # rootfs.sh builds (once) the Debian bookworm root file system that the
 # system tests boot with systemd-nspawn, and prints its path.
 #
-# Why cached: debootstrap takes ~40 s and ~250 MB; every test boots the same
+# Why cached: debootstrap downloads and unpacks a whole Debian; every test boots the same
 # tree read-only under a per-test copy-on-write layer, so one build serves
 # every run until the recipe below changes.
 #
@@ -70,7 +70,7 @@ start=$(date +%s)
 log "debootstrap $suite into $tmp (once; cached at $final)"
 debootstrap --variant="$variant" --include="$include" "$suite" "$tmp" "$mirror" >&2
 
-# Package caches and lists are ~90 MB the tests never read.
+# Package caches and lists: the tests never read them.
 rm -rf "$tmp"/var/cache/apt/archives/*.deb "$tmp"/var/lib/apt/lists/*
 # Every machine booted from this tree must get its own machine id, as every
 # host of a fleet has (journald, machined and the node stack key on it):

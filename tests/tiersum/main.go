@@ -2,24 +2,42 @@
 // prints what `make test` promises: for every tier, how many tests passed,
 // failed and skipped, and why each skip happened. A tier that skipped is
 // never reported as passed. The last line is the plain
-// "N passed, N failed, N skipped" total; the exit status is 1 if any test or
-// package failed.
+// "N passed, N failed, N skipped" total.
 //
 // Usage: tiersum TIER=FILE.json [TIER=FILE.json ...]
+//
+//	tiersum -required   prints the required tiers, or fails on a bad switch
+//
+// Tests are counted where they end: a test with subtests counts as its
+// subtests (a parent whose subtests all skipped is so many skips, not a
+// pass), plus itself if it failed or skipped on its own.
 //
 // A test that used the shared Kubernetes test environment logs a line
 // starting "kubeenv:"; such tests are counted in the "kubernetes" tier
 // whatever package they live in.
+//
+// The tiers named in UNBOUNDED_TEST_REQUIRED (see tests/tiers; "kube" is
+// the "kubernetes" tier) must run: one that skipped every test or ran none
+// fails the summary.
+//
+// Exit status: 1 if any test or package failed or a required tier did not
+// run, 2 for bad usage.
 package main
 
 import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
+
+// kubeTier is the tier that counts the tests which used the API server.
+const kubeTier = "kubernetes"
 
 type event struct {
 	Action  string
@@ -32,59 +50,113 @@ type tally struct {
 	passed, failed, skipped int
 	reasons                 map[string]int
 	failures                []string
-	ran                     bool
 }
 
 func newTally() *tally { return &tally{reasons: map[string]int{}} }
 
+// status is what a tier did, as printed.
+func (t *tally) status() string {
+	switch {
+	case t.failed > 0:
+		return "FAILED"
+	case t.passed == 0 && t.skipped > 0:
+		return "SKIPPED"
+	case t.passed == 0:
+		return "NO TESTS"
+	case t.skipped > 0:
+		return "ran (some skipped)"
+	}
+	return "ran"
+}
+
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: tiersum TIER=FILE.json ...")
+	required, err := tiers.FromEnv()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tiersum:", err)
 		os.Exit(2)
 	}
+	if len(os.Args) == 2 && os.Args[1] == "-required" {
+		// For tests/run-tiers.sh: check the switch before an hour of
+		// tests, and say which tiers must run.
+		names := make([]string, 0, len(required))
+		for n := range required {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		fmt.Println(strings.Join(names, ","))
+		return
+	}
+	os.Exit(run(os.Args[1:], required, os.Stdout, os.Stderr))
+}
+
+// requiredName maps a tier as tiersum names it to its name in
+// UNBOUNDED_TEST_REQUIRED.
+func requiredName(tier string) string {
+	if tier == kubeTier {
+		return tiers.Kube
+	}
+	return tier
+}
+
+// run summarizes the streams named by args (TIER=FILE) and returns the exit
+// status.
+func run(args []string, required map[string]bool, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: tiersum TIER=FILE.json ...")
+		return 2
+	}
 	var order []string
-	tiers := map[string]*tally{}
+	all := map[string]*tally{}
 	get := func(name string) *tally {
-		if t, ok := tiers[name]; ok {
+		if name == tiers.Kube {
+			name = kubeTier
+		}
+		if t, ok := all[name]; ok {
 			return t
 		}
 		t := newTally()
-		tiers[name] = t
+		all[name] = t
 		order = append(order, name)
 		return t
 	}
-	for _, arg := range os.Args[1:] {
+	for _, arg := range args {
 		name, file, ok := strings.Cut(arg, "=")
 		if !ok {
-			fmt.Fprintf(os.Stderr, "tiersum: %q is not TIER=FILE\n", arg)
-			os.Exit(2)
+			fmt.Fprintf(stderr, "tiersum: %q is not TIER=FILE\n", arg)
+			return 2
 		}
 		get(name)
-		if err := read(file, name, get); err != nil {
-			fmt.Fprintf(os.Stderr, "tiersum: %s: %v\n", file, err)
+		if err := read(stdout, file, name, get); err != nil {
+			fmt.Fprintf(stderr, "tiersum: %s: %v\n", file, err)
 			get(name).failures = append(get(name).failures, "(test output unreadable: "+err.Error()+")")
 			get(name).failed++
 		}
 	}
+	// A required tier with no stream and no test still gets a line: it
+	// did not run.
+	req := make([]string, 0, len(required))
+	for r := range required {
+		req = append(req, r)
+	}
+	sort.Strings(req)
+	for _, r := range req {
+		get(r)
+	}
+
 	var p, f, s int
-	fmt.Println()
-	fmt.Println("== test tiers ==")
+	var missing []string
+	fmt.Fprintln(stdout)
+	fmt.Fprintln(stdout, "== test tiers ==")
 	for _, name := range order {
-		t := tiers[name]
-		status := "ran"
-		switch {
-		case t.failed > 0:
-			status = "FAILED"
-		case t.passed == 0 && t.skipped > 0:
-			status = "SKIPPED"
-		case t.passed == 0:
-			status = "NO TESTS"
-		case t.skipped > 0:
-			status = "ran (some skipped)"
+		t := all[name]
+		status := t.status()
+		if required[requiredName(name)] && (status == "SKIPPED" || status == "NO TESTS") {
+			missing = append(missing, fmt.Sprintf("%s (%s)", name, strings.ToLower(status)))
+			status += " (REQUIRED)"
 		}
-		fmt.Printf("%-12s %-20s %d passed, %d failed, %d skipped\n", name, status, t.passed, t.failed, t.skipped)
+		fmt.Fprintf(stdout, "%-12s %-20s %d passed, %d failed, %d skipped\n", name, status, t.passed, t.failed, t.skipped)
 		for _, fl := range t.failures {
-			fmt.Printf("    FAIL %s\n", fl)
+			fmt.Fprintf(stdout, "    FAIL %s\n", fl)
 		}
 		reasons := make([]string, 0, len(t.reasons))
 		for r := range t.reasons {
@@ -92,77 +164,150 @@ func main() {
 		}
 		sort.Strings(reasons)
 		for _, r := range reasons {
-			fmt.Printf("    skip x%d: %s\n", t.reasons[r], r)
+			fmt.Fprintf(stdout, "    skip x%d: %s\n", t.reasons[r], r)
 		}
 		p, f, s = p+t.passed, f+t.failed, s+t.skipped
 	}
-	fmt.Printf("%d passed, %d failed, %d skipped\n", p, f, s)
+	fmt.Fprintf(stdout, "%d passed, %d failed, %d skipped\n", p, f, s)
+	rc := 0
 	if f > 0 {
-		os.Exit(1)
+		rc = 1
 	}
+	if len(missing) > 0 {
+		fmt.Fprintf(stdout, "required tiers that did not run (%s): %s\n", tiers.EnvRequired, strings.Join(missing, ", "))
+		rc = 1
+	}
+	return rc
+}
+
+// result is a test's end: its action (pass, fail, skip) and its output.
+type result struct {
+	test   string
+	action string
+	out    []string
+	kube   bool // it logged "kubeenv:"
 }
 
 // read tallies one go test -json stream into tier (or "kubernetes" for
 // tests that used the API server).
-func read(file, tier string, get func(string) *tally) error {
+func read(w io.Writer, file, tier string, get func(string) *tally) error {
 	fh, err := os.Open(file)
 	if err != nil {
 		return err
 	}
 	defer fh.Close()
-	out := map[string][]string{} // package/test -> output lines
-	kube := map[string]bool{}
-	testFailed := map[string]bool{} // package -> a test in it failed
+	type pkgState struct {
+		tests  map[string]*result
+		ended  []*result // in the order they ended
+		out    []string  // the package's own output
+		failed bool      // the package failed
+	}
+	var pkgOrder []string
+	pkgs := map[string]*pkgState{}
+	pkg := func(name string) *pkgState {
+		ps, ok := pkgs[name]
+		if !ok {
+			ps = &pkgState{tests: map[string]*result{}}
+			pkgs[name] = ps
+			pkgOrder = append(pkgOrder, name)
+		}
+		return ps
+	}
 	sc := bufio.NewScanner(fh)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
-		line := sc.Bytes()
 		var e event
-		if json.Unmarshal(line, &e) != nil {
+		if json.Unmarshal(sc.Bytes(), &e) != nil {
 			continue // go test prints build errors as plain text
 		}
-		key := e.Package + "." + e.Test
+		ps := pkg(e.Package)
+		if e.Test == "" {
+			switch e.Action {
+			case "output":
+				ps.out = append(ps.out, e.Output)
+			case "fail":
+				ps.failed = true
+			}
+			continue
+		}
+		r, ok := ps.tests[e.Test]
+		if !ok {
+			r = &result{test: e.Test}
+			ps.tests[e.Test] = r
+		}
 		switch e.Action {
 		case "output":
-			out[key] = append(out[key], e.Output)
-			if e.Test != "" {
-				if strings.Contains(e.Output, "kubeenv:") {
-					kube[key] = true
-				}
+			r.out = append(r.out, e.Output)
+			if strings.Contains(e.Output, "kubeenv:") {
+				r.kube = true
 			}
 		case "pass", "fail", "skip":
-			if e.Test == "" {
-				if e.Action == "fail" && !testFailed[e.Package] {
-					printFailure(e.Package, out[e.Package+"."])
-					// A package that failed without a failing test: a
-					// build error, a panic in TestMain or a timeout.
-					get(tier).failed++
-					get(tier).failures = append(get(tier).failures, e.Package+" (package failed)")
+			r.action = e.Action
+			ps.ended = append(ps.ended, r)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+
+	for _, name := range pkgOrder {
+		ps := pkgs[name]
+		// ancestors and descendants of a test, by name.
+		hasChild := map[string]bool{}
+		childFailed := map[string]bool{}
+		childKube := map[string]bool{}
+		for t, r := range ps.tests {
+			for i := strings.LastIndex(t, "/"); i > 0; i = strings.LastIndex(t[:i], "/") {
+				hasChild[t[:i]] = true
+				if r.action == "fail" {
+					childFailed[t[:i]] = true
 				}
-				continue
+				if r.kube {
+					childKube[t[:i]] = true
+				}
 			}
-			if strings.Contains(e.Test, "/") {
-				continue // subtests count through their parent
+		}
+		ancestorKube := func(t string) bool {
+			for i := strings.LastIndex(t, "/"); i > 0; i = strings.LastIndex(t[:i], "/") {
+				if r := ps.tests[t[:i]]; r != nil && r.kube {
+					return true
+				}
+			}
+			return false
+		}
+		anyFailed := false
+		for _, r := range ps.ended {
+			parent := hasChild[r.test]
+			if parent && (r.action == "pass" || (r.action == "fail" && childFailed[r.test])) {
+				continue // its subtests are counted
 			}
 			t := get(tier)
-			if kube[key] {
-				t = get("kubernetes")
+			if r.kube || ancestorKube(r.test) || (parent && childKube[r.test]) {
+				t = get(kubeTier)
 			}
-			switch e.Action {
+			full := name + " " + r.test
+			switch r.action {
 			case "pass":
 				t.passed++
 			case "fail":
-				testFailed[e.Package] = true
-				printFailure(e.Package+" "+e.Test, out[key])
+				anyFailed = true
+				printFailure(w, full, r.out)
 				t.failed++
-				t.failures = append(t.failures, e.Package+" "+e.Test)
+				t.failures = append(t.failures, full)
 			case "skip":
 				t.skipped++
-				t.reasons[skipReason(out[key])]++
+				t.reasons[skipReason(r.out)]++
 			}
 		}
+		if ps.failed && !anyFailed {
+			// A package that failed without a failing test: a build
+			// error, a panic in TestMain or a timeout.
+			printFailure(w, name, ps.out)
+			get(tier).failed++
+			get(tier).failures = append(get(tier).failures, name+" (package failed)")
+		}
 	}
-	return sc.Err()
+	return nil
 }
 
 // skipReason picks the message a test gave to t.Skip.
@@ -184,14 +329,14 @@ func skipReason(lines []string) string {
 
 // printFailure shows the end of a failed test's output, so that a CI log
 // says why without the raw JSON.
-func printFailure(name string, lines []string) {
+func printFailure(w io.Writer, name string, lines []string) {
 	const keep = 80
-	fmt.Printf("\n--- FAIL: %s\n", name)
+	fmt.Fprintf(w, "\n--- FAIL: %s\n", name)
 	if len(lines) > keep {
-		fmt.Printf("    ... (%d lines cut)\n", len(lines)-keep)
+		fmt.Fprintf(w, "    ... (%d lines cut)\n", len(lines)-keep)
 		lines = lines[len(lines)-keep:]
 	}
 	for _, l := range lines {
-		fmt.Print("    ", l)
+		fmt.Fprint(w, "    ", l)
 	}
 }

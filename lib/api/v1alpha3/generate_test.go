@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // generateArgs returns the controller-gen arguments of this package's
@@ -51,7 +53,7 @@ var offlineMarkers = []string{"dial tcp", "no such host", "GOPROXY=off", "module
 
 func TestGeneratedFilesAreCurrent(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("no go command on PATH: cannot run controller-gen")
+		tiers.Skip(t, tiers.Unit, "no go command on PATH: cannot run controller-gen")
 	}
 	dir := t.TempDir()
 	modfile, args := generateArgs(t, dir)
@@ -60,7 +62,7 @@ func TestGeneratedFilesAreCurrent(t *testing.T) {
 	if err != nil {
 		for _, m := range offlineMarkers {
 			if bytes.Contains(out, []byte(m)) {
-				t.Skipf("controller-gen cannot be built offline (%s): %s", m, out)
+				tiers.Skip(t, tiers.Unit, "controller-gen cannot be built offline (%s): %s", m, out)
 			}
 		}
 		t.Fatalf("controller-gen %s: %v\n%s", strings.Join(args, " "), err, out)

@@ -43,6 +43,8 @@ import (
 
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
 	"golang.org/x/sys/unix"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // Environment variables the harness reads.
@@ -118,32 +120,33 @@ type Machine struct {
 }
 
 // Require skips t unless the host can boot machines: root, systemd-nspawn,
-// nsenter and the cached rootfs; with pkg, also the .deb. It returns the
+// nsenter and the cached rootfs; with pkg, also the .deb. Where the system
+// tier is required (tests/tiers) it fails t instead. It returns the
 // rootfs and the .deb path.
 func Require(t testing.TB, pkg bool) (rootfs, deb string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("system tests need root (systemd-nspawn, overlay mounts, cgroups)")
+		tiers.Skip(t, tiers.System, "system tests need root (systemd-nspawn, overlay mounts, cgroups)")
 	}
 	for _, bin := range []string{"systemd-nspawn", "nsenter"} {
 		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("system tests need %s on PATH (apt-get install systemd-container util-linux)", bin)
+			tiers.Skip(t, tiers.System, "system tests need %s on PATH (apt-get install systemd-container util-linux)", bin)
 		}
 	}
 	rootfs = os.Getenv(EnvRootfs)
 	if rootfs == "" {
-		t.Skipf("%s is not set: build the rootfs with tests/system/rootfs.sh and export its output", EnvRootfs)
+		tiers.Skip(t, tiers.System, "%s is not set: build the rootfs with tests/system/rootfs.sh and export its output", EnvRootfs)
 	}
 	if _, err := os.Stat(filepath.Join(rootfs, "usr/lib/systemd/systemd")); err != nil {
-		t.Skipf("%s=%s is not a systemd rootfs (%v): rebuild it with tests/system/rootfs.sh", EnvRootfs, rootfs, err)
+		tiers.Skip(t, tiers.System, "%s=%s is not a systemd rootfs (%v): rebuild it with tests/system/rootfs.sh", EnvRootfs, rootfs, err)
 	}
 	if pkg {
 		deb = os.Getenv(EnvDeb)
 		if deb == "" {
-			t.Skipf("%s is not set: build the package with `make packages` and export dist/unbounded-agent_*.deb", EnvDeb)
+			tiers.Skip(t, tiers.System, "%s is not set: build the package with `make packages` and export dist/unbounded-agent_*.deb", EnvDeb)
 		}
 		if _, err := os.Stat(deb); err != nil {
-			t.Skipf("%s=%s: %v (run `make packages`)", EnvDeb, deb, err)
+			tiers.Skip(t, tiers.System, "%s=%s: %v (run `make packages`)", EnvDeb, deb, err)
 		}
 	}
 	return rootfs, deb
