@@ -206,9 +206,27 @@ func str(v any) string {
 	return s
 }
 
+// journalOutputWait bounds how long journalctl waits for a finished
+// unit's own output to reach the journal. systemd's messages about the unit
+// ("Failed with result ...") come over the native protocol and can be in
+// the journal before journald has read the last lines the unit's process
+// wrote to its stdout stream, even after the unit is dead (seen under
+// real systemd in tests/system: the report held systemd's lines but not
+// the unit's own). `journalctl --sync` is the barrier journald offers (it
+// answers only after what is queued has been processed); this bound is the
+// fallback for a journald that refuses it or a unit that printed nothing,
+// short enough not to delay the report of a failure noticeably.
+const journalOutputWait = 2 * time.Second
+
+// journalOutputPoll is the step of that wait.
+const journalOutputPoll = 100 * time.Millisecond
+
 // journalctl reads the journal through journalctl: the journal's own C
 // library (sdjournal) needs cgo, and the agent is built CGO_ENABLED=0.
 func journalctl(ctx context.Context, q JournalQuery) ([]string, error) {
+	if q.Invocation != "" {
+		awaitUnitOutput(ctx, q.Invocation)
+	}
 	args := []string{"--no-pager", "-q", "-o", "cat", "-n", fmt.Sprint(q.Lines)}
 	if !q.Since.IsZero() {
 		// To the microsecond: whole seconds would take in the lines of a
@@ -239,4 +257,26 @@ func journalctl(ctx context.Context, q JournalQuery) ([]string, error) {
 		return nil, nil
 	}
 	return strings.Split(text, "\n"), nil
+}
+
+// awaitUnitOutput returns once the journal holds a line the unit's own
+// process wrote in the invocation, or after journalOutputWait. Errors are
+// not reported here: the read that follows reports its own.
+func awaitUnitOutput(ctx context.Context, invocation string) {
+	// Best effort: without the privilege to ask, the poll below still
+	// bounds the wait.
+	_ = exec.CommandContext(ctx, "journalctl", "--sync").Run()
+	deadline := time.Now().Add(journalOutputWait)
+	for {
+		out, err := exec.CommandContext(ctx, "journalctl", "--no-pager", "-q", "-o", "cat", "-n", "1",
+			"_SYSTEMD_INVOCATION_ID="+invocation).Output()
+		if err != nil || len(bytes.TrimSpace(out)) > 0 || !time.Now().Before(deadline) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(journalOutputPoll):
+		}
+	}
 }
