@@ -39,11 +39,14 @@ type Env struct {
 }
 
 type cli struct {
-	Version           versionCmd   `cmd:"" help:"Print the agent version."`
-	Config            configCmd    `cmd:"" help:"Validate and show the operator configuration."`
-	SupportsIsolation supportsCmd  `cmd:"" name:"supports-isolation" help:"Exit 0 if this build can operate MODE (nspawn, container, none) on this host, else say why not."`
-	Status            statusCmd    `cmd:"" help:"One-screen summary of the node: mode, slot, applied configs, ownership, journals."`
-	Manifests         manifestsCmd `cmd:"" help:"Print the CRDs and RBAC the cluster needs, for kubectl apply -f -."`
+	// VersionFlag is --version, the flag every operator tries first; the
+	// version command stays for --json.
+	VersionFlag       kong.VersionFlag `name:"version" help:"Print the agent version and exit."`
+	Version           versionCmd       `cmd:"" help:"Print the agent version."`
+	Config            configCmd        `cmd:"" help:"Validate and show the operator configuration."`
+	SupportsIsolation supportsCmd      `cmd:"" name:"supports-isolation" help:"Exit 0 if this build can operate MODE (nspawn, container, none) on this host, else say why not."`
+	Status            statusCmd        `cmd:"" help:"One-screen summary of the node: mode, slot, applied configs, ownership, journals."`
+	Manifests         manifestsCmd     `cmd:"" help:"Print the CRDs and RBAC the cluster needs, for kubectl apply -f -."`
 }
 
 // rootFlag is --root, shared by the commands that read host state.
@@ -83,6 +86,7 @@ func Main(args []string, env Env) (code int) {
 		kong.Exit(func(code int) { panic(exitPanic(code)) }),
 		kong.UsageOnError(),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.Vars{"version": "unbounded " + version.Version},
 	)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "unbounded: %v\n", err)

@@ -169,6 +169,10 @@ func TestVersionPrintsTextAndJSON(t *testing.T) {
 	if r := run(t, Env{}, "version"); r.code != 0 || !strings.HasPrefix(r.stdout, "unbounded ") {
 		t.Errorf("version: %+v", r)
 	}
+	// --version says the same as the command, and exits 0.
+	if r, v := run(t, Env{}, "--version"), run(t, Env{}, "version"); r.code != 0 || r.stdout != v.stdout {
+		t.Errorf("--version: %+v, want %q", r, v.stdout)
+	}
 	r := run(t, Env{}, "version", "--json")
 	var v map[string]string
 	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || v["version"] == "" {
@@ -417,8 +421,10 @@ func TestBuiltBinaryExitCodesAndVersionStamp(t *testing.T) {
 		}
 		return 0, string(out)
 	}
-	if code, out := exit("version"); code != 0 || out != "unbounded 9.8.7-test\n" {
-		t.Errorf("version: %d %q", code, out)
+	for _, arg := range []string{"version", "--version"} {
+		if code, out := exit(arg); code != 0 || out != "unbounded 9.8.7-test\n" {
+			t.Errorf("%s: %d %q", arg, code, out)
+		}
 	}
 	if code, out := exit("config", "check", "--root", root); code != 0 || strings.Contains(out, token) {
 		t.Errorf("config check: %d\n%s", code, out)
