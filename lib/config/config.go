@@ -222,7 +222,7 @@ func (l *loader) files() []string {
 		files = append(files, filepath.Join(dir, name))
 	}
 	if len(files) == 0 && len(l.errs) == 0 {
-		l.add(l.main, 0, nil, "no such file, and no drop-ins in "+dir, fs.ErrNotExist)
+		l.add(l.main, 0, nil, "no such file, and no drop-ins in "+dir+"; "+noConfigHint, fs.ErrNotExist)
 	}
 	return files
 }
