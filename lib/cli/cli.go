@@ -241,10 +241,10 @@ func (s *statusCmd) Run(env *Env) error {
 		enc := json.NewEncoder(env.Stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(r); err != nil {
-			return err
+			return fmt.Errorf("writing the status: %w", err)
 		}
-	} else {
-		r.Text(env.Stdout)
+	} else if err := r.Text(env.Stdout); err != nil {
+		return fmt.Errorf("writing the status: %w", err)
 	}
 	if r.State == status.Corrupt {
 		return silentError{errCorrupt}

@@ -275,9 +275,84 @@ func TestStatusOnAFreshHost(t *testing.T) {
 	if a := got["applied"].([]any); len(a) != 0 {
 		t.Errorf("applied on a fresh host: %v", a)
 	}
+	if c := got["config"].(map[string]any); c["present"] != false || c["file"] != "/etc/unbounded/agent.toml" {
+		t.Errorf("config on a fresh host: %v", c)
+	}
+	if nb := got["next-boot"].(map[string]any); nb["action"] != "nothing" {
+		t.Errorf("next boot on a fresh host without config: %v", nb)
+	}
 	text := run(t, Env{}, "status", "--root", root)
-	if !strings.Contains(text.stdout, "state:       not bootstrapped") {
-		t.Errorf("text:\n%s", text.stdout)
+	for _, want := range []string{
+		"state:       not bootstrapped",
+		"config:      none: no /etc/unbounded/agent.toml",
+		"next boot:   nothing starts: no /etc/unbounded/agent.toml; the package stays idle until one is in place",
+	} {
+		if !strings.Contains(text.stdout, want) {
+			t.Errorf("text lacks %q:\n%s", want, text.stdout)
+		}
+	}
+}
+
+// With a config in place, a fresh host says the next boot bootstraps, and
+// whether the config would load.
+func TestStatusOnAFreshHostWithAConfigSaysBootstrap(t *testing.T) {
+	root, p := newRoot(t)
+	got, r := statusJSON(t, root)
+	c := got["config"].(map[string]any)
+	nb := got["next-boot"].(map[string]any)
+	if r.code != 0 || c["present"] != true || c["valid"] != true || nb["action"] != "bootstrap" ||
+		!reflect.DeepEqual(nb["units"], []any{"unbounded-bootstrap.service"}) {
+		t.Errorf("fresh host with config: exit %d, config %v, next boot %v", r.code, c, nb)
+	}
+	write(t, p.ConfigFile(), agentTOML+"colour = 1\n", 0o644)
+	text := run(t, Env{}, "status", "--root", root)
+	for _, want := range []string{
+		"config:      /etc/unbounded/agent.toml (invalid, 1 problem: see unbounded config check)",
+		"next boot:   bootstrap: /etc/unbounded/agent.toml is in place",
+	} {
+		if !strings.Contains(text.stdout, want) {
+			t.Errorf("text lacks %q:\n%s", want, text.stdout)
+		}
+	}
+}
+
+// A bootstrapped host starts its slot's node only when the fence and the
+// mode's node unit are installed; otherwise status says it gets the safe
+// state, as the generator decides.
+func TestStatusSaysWhichNodeTheNextBootStarts(t *testing.T) {
+	root, p := newRoot(t)
+	bootstrap(t, p, "kube2", "nspawn")
+	got, _ := statusJSON(t, root)
+	if nb := got["next-boot"].(map[string]any); nb["action"] != "safe-state" || !strings.Contains(nb["reason"].(string), "unfenced") {
+		t.Errorf("without units: next boot %v", nb)
+	}
+	for _, u := range []string{"unbounded-fence.service", "systemd-nspawn@.service"} {
+		write(t, p.Join("/usr/lib/systemd/system/"+u), "[Unit]\n", 0o644)
+	}
+	got, _ = statusJSON(t, root)
+	if nb := got["next-boot"].(map[string]any); nb["action"] != "start-node" ||
+		!reflect.DeepEqual(nb["units"], []any{"unbounded-node.target", "unbounded-daemon.service"}) {
+		t.Errorf("with units: next boot %v", nb)
+	}
+	text := run(t, Env{}, "status", "--root", root)
+	if want := "next boot:   start the node: mode nspawn in slot kube2, behind the allocation fence, and the daemon"; !strings.Contains(text.stdout, want) {
+		t.Errorf("text lacks %q:\n%s", want, text.stdout)
+	}
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("no space left on device") }
+
+// A status that did not reach its reader does not exit 0.
+func TestStatusFailsWhenItCannotWriteItsOutput(t *testing.T) {
+	root := t.TempDir()
+	for _, args := range [][]string{{"status", "--root", root}, {"status", "--json", "--root", root}} {
+		var errb bytes.Buffer
+		code := Main(args, Env{Stdout: failingWriter{}, Stderr: &errb})
+		if code == 0 || !strings.Contains(errb.String(), "writing the status: no space left on device") {
+			t.Errorf("%v: exit %d, stderr %q", args, code, errb.String())
+		}
 	}
 }
 
@@ -435,6 +510,19 @@ func TestBuiltBinaryExitCodesAndVersionStamp(t *testing.T) {
 	}
 	if code, _ := exit("supports-isolation", "vm"); code != Usage {
 		t.Errorf("usage error: %d", code)
+	}
+	// Output to a full disk: the write error reaches the exit code.
+	if full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0); err == nil {
+		cmd := exec.Command(bin, "status", "--root", root)
+		cmd.Stdout = full
+		err := cmd.Run()
+		full.Close()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Errorf("status > /dev/full: %v, want exit 1", err)
+		}
+	} else {
+		t.Logf("no /dev/full (%v): the write failure is checked in-process only", err)
 	}
 }
 
