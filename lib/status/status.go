@@ -2,9 +2,9 @@
 // local state only: applied configs, ownership record, legacy root and
 // journals, whether a configuration is in place, and what the next boot
 // will start (decided by lib/generator's own Read and Decide, so that
-// status and the generator cannot disagree). It reads; it never repairs, never takes a lock and never
-// panics on a broken file, because an operator runs it exactly when
-// something is broken.
+// status and the generator cannot disagree). It reads; it never repairs,
+// never takes a lock and never panics on a broken file, because an
+// operator runs it exactly when something is broken.
 package status
 
 import (
