@@ -23,6 +23,7 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/privilege"
 	"unbounded-cloud.io/agent/lib/status"
 	"unbounded-cloud.io/agent/lib/version"
 )
@@ -31,6 +32,13 @@ import (
 // shell convention; not one of the one-shots' codes, which a command line
 // error never reaches).
 const Usage = 2
+
+// Description is the CLI's summary in --help and in unbounded(1); it
+// documents the exit codes.
+const Description = "Operator command of unbounded-agent. It reads the host; units change it.\n\n" +
+	"Exit status: 0 done; 1 failed (status: the state is corrupt; supports-isolation: not supported); " +
+	"2 the command line does not parse; 4 needs root (run without root, the command cannot read what only root may: " +
+	"the host root /var/lib/unbounded, the bootstrap token); 78 configuration invalid."
 
 // Env is what commands write to and probe. The zero Host is the real host.
 type Env struct {
@@ -81,7 +89,7 @@ func Main(args []string, env Env) (code int) {
 	var c cli
 	parser, err := kong.New(&c,
 		kong.Name("unbounded"),
-		kong.Description("Operator command of unbounded-agent. It reads the host; units change it."),
+		kong.Description(Description),
 		kong.Writers(env.Stdout, env.Stderr),
 		kong.Exit(func(code int) { panic(exitPanic(code)) }),
 		kong.UsageOnError(),
@@ -236,6 +244,11 @@ type statusCmd struct {
 var errCorrupt = errors.New("state corrupt")
 
 func (s *statusCmd) Run(env *Env) error {
+	// Without root the host root reads as "permission denied", which
+	// the report would show as corrupt state and an unknown owner.
+	if err := privilege.Check(s.paths().HostRoot()); err != nil {
+		return err
+	}
 	r := status.Gather(s.paths())
 	if s.JSON {
 		enc := json.NewEncoder(env.Stdout)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/state"
@@ -572,5 +573,124 @@ func TestCLILinksNoKubernetesClientOrAPITypes(t *testing.T) {
 			strings.HasPrefix(dep, "k8s.io/apimachinery/pkg/apis/meta") {
 			t.Errorf("cmd/unbounded links %s", dep)
 		}
+	}
+}
+
+// asNobody runs bin with args as the unprivileged user nobody (65534) and
+// returns its exit code, stdout and stderr. It skips when the test does not
+// run as root (only root can switch users) or setpriv is missing.
+func asNobody(t *testing.T, bin string, args ...string) (int, string, string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run the commands as nobody with setpriv")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("setpriv (util-linux) is not installed")
+	}
+	cmd := exec.Command(setpriv, append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", "--", bin}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		return ee.ExitCode(), out.String(), errb.String()
+	case err != nil:
+		t.Fatalf("setpriv %s: %v", bin, err)
+	}
+	return 0, out.String(), errb.String()
+}
+
+// openUp makes dir and its parents up to (not including) /tmp traversable
+// by every user: t.TempDir makes them 0700.
+func openUp(t *testing.T, dir string) {
+	t.Helper()
+	for d := dir; d != "/" && d != os.TempDir() && d != "."; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Without root, every command that reads what only root may read says so
+// in one line and exits 4; those that do not need root work. The host tree
+// is what the package and bootstrap leave: /var/lib/unbounded 0700 with an
+// applied config, the token 0600, both owned by root.
+func TestCommandsRunWithoutRootSayTheyNeedRoot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary; skipped with -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run the commands as nobody with setpriv")
+	}
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go toolchain on PATH to build cmd/unbounded")
+	}
+	binDir := t.TempDir()
+	bin := filepath.Join(binDir, "unbounded")
+	build := exec.Command(gobin, "build", "-trimpath", "-o", bin, "unbounded-cloud.io/agent/cmd/unbounded")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	openUp(t, binDir)
+	root, p := newRoot(t)
+	bootstrap(t, p, "kube1", "nspawn")
+	if err := os.Chmod(p.HostRoot(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	openUp(t, root)
+	for _, d := range []string{"/etc", "/etc/unbounded", "/var", "/var/lib"} {
+		os.Chmod(p.Join(d), 0o755)
+	}
+
+	for _, args := range [][]string{{"status"}, {"status", "--json"}, {"config", "check"}} {
+		args = append(args, "--root", root)
+		// As root: no "needs root" (the fixture is a sound host).
+		if r := run(t, Env{}, args...); r.code == exitcode.NeedsRoot || strings.Contains(r.stderr, "needs root") {
+			t.Fatalf("as root, %v: exit %d, %s", args, r.code, r.stderr)
+		}
+		code, stdout, stderr := asNobody(t, bin, args...)
+		if code != exitcode.NeedsRoot || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "unbounded: needs root: ") ||
+			!strings.HasSuffix(stderr, "; run it as root\n") || stdout != "" {
+			t.Errorf("as nobody, %v: exit %d, want %d and one line; stdout %q, stderr %q", args, code, exitcode.NeedsRoot, stdout, stderr)
+		}
+		for _, false_ := range []string{"corrupt", "owned by uid", "unknown", "invalid"} {
+			if strings.Contains(stdout+stderr, false_) {
+				t.Errorf("as nobody, %v says %q: %s%s", args, false_, stdout, stderr)
+			}
+		}
+	}
+	// Next to a real problem the token is listed as unchecked, and the
+	// configuration is invalid whoever checks it.
+	write(t, p.ConfigFile(), agentTOML+"colour = 1\n", 0o644)
+	code, _, stderr := asNobody(t, bin, "config", "check", "--root", root)
+	if code != exitcode.ConfigInvalid || !strings.Contains(stderr, "colour: unknown key") ||
+		!strings.Contains(stderr, "/etc/unbounded/bootstrap-token (under root "+root+"): not checked: only root may read it (run the check as root)") ||
+		strings.Contains(stderr, "owned by uid") {
+		t.Errorf("as nobody, invalid config: exit %d, stderr %s", code, stderr)
+	}
+	write(t, p.ConfigFile(), agentTOML, 0o644)
+	// Commands that need no root work without it.
+	for _, args := range [][]string{{"--version"}, {"version"}, {"manifests"}, {"config", "check", "--reference"}, {"--help"}} {
+		if code, _, stderr := asNobody(t, bin, args...); code != 0 {
+			t.Errorf("as nobody, %v: exit %d, %s", args, code, stderr)
+		}
+	}
+	// A tree the user owns is checked without root, token included.
+	own, _ := newRoot(t)
+	openUp(t, own)
+	if err := filepath.WalkDir(own, func(path string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, 65534, 65534)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := asNobody(t, bin, "config", "check", "-q", "--root", own); code != 0 {
+		t.Errorf("as nobody on its own tree: exit %d, %s", code, stderr)
 	}
 }

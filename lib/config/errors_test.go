@@ -354,3 +354,4 @@ func TestNoConfigPointsAtTheReferenceAndTheExample(t *testing.T) {
 		}
 	}
 }
+
