@@ -55,6 +55,7 @@ type cli struct {
 	SupportsIsolation supportsCmd      `cmd:"" name:"supports-isolation" help:"Exit 0 if this build can operate MODE (nspawn, container, none) on this host, else say why not."`
 	Status            statusCmd        `cmd:"" help:"One-screen summary of the node: mode, slot, applied configs, ownership, journals."`
 	Manifests         manifestsCmd     `cmd:"" help:"Print the CRDs and RBAC the cluster needs, for kubectl apply -f -."`
+	Completion        completionCmd    `cmd:"" help:"Print the completion script for SHELL (bash, zsh, fish). The packages install them; this is for a shell or a host without them."`
 }
 
 // rootFlag is --root, shared by the commands that read host state.
@@ -87,14 +88,9 @@ func Main(args []string, env Env) (code int) {
 		}
 	}()
 	var c cli
-	parser, err := kong.New(&c,
-		kong.Name("unbounded"),
-		kong.Description(Description),
+	parser, err := newParser(&c,
 		kong.Writers(env.Stdout, env.Stderr),
 		kong.Exit(func(code int) { panic(exitPanic(code)) }),
-		kong.UsageOnError(),
-		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-		kong.Vars{"version": "unbounded " + version.Version},
 	)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "unbounded: %v\n", err)
@@ -114,6 +110,29 @@ func Main(args []string, env Env) (code int) {
 		fmt.Fprintf(env.Stderr, "unbounded: %v\n", err)
 	}
 	return exitcode.For(err)
+}
+
+// newParser is the kong parser of the command line, the one model that
+// --help, the completion scripts and the man page are made from.
+func newParser(c *cli, options ...kong.Option) (*kong.Kong, error) {
+	return kong.New(c, append([]kong.Option{
+		kong.Name("unbounded"),
+		kong.Description(Description),
+		kong.UsageOnError(),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.Vars{"version": "unbounded " + version.Version},
+	}, options...)...)
+}
+
+// Model is the command line's model (commands, flags, arguments), for the
+// completion scripts and the man page.
+func Model() *kong.Application {
+	var c cli
+	parser, err := newParser(&c)
+	if err != nil {
+		panic(err) // the grammar is fixed at build time; TestHelpExitsZero fails first
+	}
+	return parser.Model
 }
 
 // silentError is an outcome the command has already explained on its own
