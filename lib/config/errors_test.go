@@ -354,4 +354,3 @@ func TestNoConfigPointsAtTheReferenceAndTheExample(t *testing.T) {
 		}
 	}
 }
-
