@@ -2,7 +2,10 @@ module unbounded-cloud.io/agent/tools
 
 go 1.26.0
 
-tool github.com/goreleaser/nfpm/v2/cmd/nfpm
+tool (
+	github.com/cpuguy83/go-md2man/v2
+	github.com/goreleaser/nfpm/v2/cmd/nfpm
+)
 
 require (
 	dario.cat/mergo v1.0.2 // indirect

@@ -33,12 +33,30 @@ import (
 // error never reaches).
 const Usage = 2
 
-// Description is the CLI's summary in --help and in unbounded(1); it
-// documents the exit codes.
-const Description = "Operator command of unbounded-agent. It reads the host; units change it.\n\n" +
-	"Exit status: 0 done; 1 failed (status: the state is corrupt; supports-isolation: not supported); " +
-	"2 the command line does not parse; 4 needs root (run without root, the command cannot read what only root may: " +
-	"the host root /var/lib/unbounded, the bootstrap token); 78 configuration invalid."
+// Summary is what the CLI is, in --help and in unbounded(1).
+const Summary = "Operator command of unbounded-agent. It reads the host; units change it."
+
+// ExitCodes are the exit codes of every command, in --help and in
+// unbounded(1).
+var ExitCodes = []struct {
+	Code    int
+	Meaning string
+}{
+	{exitcode.OK, "done"},
+	{exitcode.Failed, "failed (status: the state is corrupt; supports-isolation: the mode is not supported)"},
+	{Usage, "the command line does not parse"},
+	{exitcode.NeedsRoot, "needs root: run without root, the command cannot read what only root may (the host root /var/lib/unbounded, the bootstrap token)"},
+	{exitcode.ConfigInvalid, "the configuration is invalid"},
+}
+
+// Description is the CLI's --help text after the usage line.
+var Description = func() string {
+	var codes []string
+	for _, c := range ExitCodes {
+		codes = append(codes, fmt.Sprintf("%d %s", c.Code, c.Meaning))
+	}
+	return Summary + "\n\nExit status: " + strings.Join(codes, "; ") + "."
+}()
 
 // Env is what commands write to and probe. The zero Host is the real host.
 type Env struct {
@@ -56,6 +74,7 @@ type cli struct {
 	Status            statusCmd        `cmd:"" help:"One-screen summary of the node: mode, slot, applied configs, ownership, journals."`
 	Manifests         manifestsCmd     `cmd:"" help:"Print the CRDs and RBAC the cluster needs, for kubectl apply -f -."`
 	Completion        completionCmd    `cmd:"" help:"Print the completion script for SHELL (bash, zsh, fish). The packages install them; this is for a shell or a host without them."`
+	Man               manCmd           `cmd:"" name:"__man" hidden:"" help:"Write a man page as markdown (for the build)."`
 }
 
 // rootFlag is --root, shared by the commands that read host state.
