@@ -38,6 +38,10 @@ for b in bin/unbounded bin/unbounded-generator ${CONCERNS:+bin/unbounded-agent};
 done
 [ -z "$missing" ] || die "missing binaries:$missing (run make build first)"
 [ -f units/80-unbounded.preset ] || die "units/80-unbounded.preset is missing"
+# Man pages and completion scripts (`make docs`), named in deb/nfpm.yaml.
+for d in unbounded.1.gz unbounded-agent.toml.5.gz unbounded.bash _unbounded unbounded.fish; do
+	[ -s "bin/doc/$d" ] || die "bin/doc/$d is missing (run make docs first)"
+done
 
 if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
 	SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null) || die "SOURCE_DATE_EPOCH is not set and git log failed"

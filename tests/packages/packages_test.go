@@ -99,6 +99,17 @@ func concerns(t *testing.T, root string) []string {
 	return strings.Fields(string(m[1]))
 }
 
+// manPages are the man pages both packages ship (make docs).
+var manPages = []string{"/usr/share/man/man1/unbounded.1.gz", "/usr/share/man/man5/unbounded-agent.toml.5.gz"}
+
+// completions are the completion scripts of each format, in the places
+// bash-completion, zsh and fish look (zsh: Debian's vendor-completions,
+// Fedora's site-functions).
+var completions = map[string][]string{
+	"deb": {"/usr/share/bash-completion/completions/unbounded", "/usr/share/zsh/vendor-completions/_unbounded", "/usr/share/fish/vendor_completions.d/unbounded.fish"},
+	"rpm": {"/usr/share/bash-completion/completions/unbounded", "/usr/share/zsh/site-functions/_unbounded", "/usr/share/fish/vendor_completions.d/unbounded.fish"},
+}
+
 // expected computes what the package of format ("deb" or "rpm") must hold
 // from the tree it was built from.
 func expected(t *testing.T, format string) contents {
@@ -118,6 +129,12 @@ func expected(t *testing.T, format string) contents {
 	dir("/etc/unbounded/agent.toml.d", 0o755)
 	dir("/var/lib/unbounded", 0o700)
 	dir("/usr/share/doc/unbounded-agent", 0o755)
+	for _, p := range manPages {
+		file(p, 0o644)
+	}
+	for _, p := range completions[format] {
+		file(p, 0o644)
+	}
 	switch format {
 	case "deb":
 		file("/usr/share/doc/unbounded-agent/changelog.gz", 0o644)
@@ -524,6 +541,9 @@ func newRoot(t *testing.T, busybox string, systemdRunning bool) (string, fakeSys
 		"usr/lib/systemd/system", "usr/lib/systemd/system-generators", "usr/lib/systemd/system-preset",
 		"usr/lib/tmpfiles.d",
 		"etc/systemd/system", "var/lib",
+		// Owned by the base system and the shells, not by this package.
+		"usr/share/man/man1", "usr/share/man/man5", "usr/share/bash-completion/completions",
+		"usr/share/zsh/vendor-completions", "usr/share/zsh/site-functions", "usr/share/fish/vendor_completions.d",
 	} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			t.Fatal(err)
@@ -855,6 +875,9 @@ func TestDebHasNoLintianErrors(t *testing.T) {
 		case strings.HasPrefix(line, "E: "):
 			errors++
 			t.Errorf("lintian: %s", line)
+		case strings.Contains(line, " no-manual-page "):
+			// Fixed for good: the man pages ship.
+			t.Errorf("lintian: %s", line)
 		case strings.HasPrefix(line, "W: "), strings.HasPrefix(line, "I: "),
 			strings.HasPrefix(line, "P: "), strings.HasPrefix(line, "X: "):
 			t.Logf("lintian: %s", line)
@@ -891,6 +914,103 @@ func TestEveryProgramAUnitStartsIsPackaged(t *testing.T) {
 			if _, ok := want.entries[prog]; !ok {
 				t.Errorf("%s:%d starts %s, which the package does not hold (a concern of the multicall executable goes on the CONCERNS line of deb/build-packages.sh)", src, i+1, prog)
 			}
+		}
+	}
+}
+
+// extractDeb unpacks the .deb's files into a new directory (no scripts).
+func extractDeb(t *testing.T, deb string) string {
+	t.Helper()
+	requireTools(t, "dpkg-deb")
+	dir := t.TempDir()
+	run(t, nil, "dpkg-deb", "-x", deb, dir)
+	return dir
+}
+
+// extractRPM installs the .rpm's files into a new root without its
+// scriptlets or dependencies: rpm2cpio's cpio archive needs cpio, which
+// Debian does not install by default; rpm itself is needed anyway.
+func extractRPM(t *testing.T, rpm string) string {
+	t.Helper()
+	requireRoot(t, "rpm --root installs files owned by root")
+	requireTools(t, "rpm")
+	dir := t.TempDir()
+	run(t, nil, "rpm", "--root", dir, "--define", "_dbpath /var/lib/rpm", "-i", "--nodeps", "--noscripts", rpm)
+	return dir
+}
+
+// packageTrees are the files of each package that the test can get at.
+func packageTrees(t *testing.T) map[string]string {
+	t.Helper()
+	trees := map[string]string{}
+	if deb := os.Getenv("UNBOUNDED_TEST_DEB"); deb != "" {
+		trees["deb"] = extractDeb(t, deb)
+	}
+	if rpm := os.Getenv("UNBOUNDED_TEST_RPM"); rpm != "" {
+		trees["rpm"] = extractRPM(t, rpm)
+	}
+	if len(trees) == 0 {
+		t.Skip("UNBOUNDED_TEST_DEB and UNBOUNDED_TEST_RPM are not set: build the packages with `make packages` (make test does)")
+	}
+	return trees
+}
+
+// Both packages ship unbounded(1) and unbounded-agent.toml(5); man renders
+// them without a warning, and their NAME line is what whatis/apropos read.
+func TestManPagesAreShippedAndRender(t *testing.T) {
+	requireTools(t, "man")
+	for format, tree := range packageTrees(t) {
+		for _, page := range manPages {
+			f := filepath.Join(tree, page)
+			cmd := exec.Command("man", "--warnings", "-l", f)
+			cmd.Env = append(os.Environ(), "LC_ALL=C.UTF-8", "MANWIDTH=80", "MAN_KEEP_FORMATTING=0")
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Run(); err != nil || stderr.Len() > 0 {
+				t.Errorf("%s: man -l %s: %v\n%s", format, page, err, stderr.String())
+				continue
+			}
+			// man formats for a terminal (bold and underline by
+			// overstriking) even into a pipe: keep the letters.
+			// Justified lines have runs of blanks: compare words.
+			text := regexp.MustCompile(".\x08").ReplaceAllString(stdout.String(), "")
+			text = strings.Join(strings.Fields(text), " ")
+			var want []string
+			switch filepath.Base(page) {
+			case "unbounded.1.gz":
+				want = []string{"unbounded - operator command of unbounded-agent", "config check", "supports-isolation MODE", "EXIT STATUS", "needs root"}
+			case "unbounded-agent.toml.5.gz":
+				want = []string{"unbounded-agent.toml - configuration of unbounded-agent", "api-server (required)", "retry-budget = \"2m\"", "[allocation]"}
+			}
+			for _, w := range want {
+				if !strings.Contains(text, w) {
+					t.Errorf("%s: %s as man renders it lacks %q:\n%s", format, page, w, text)
+				}
+			}
+		}
+	}
+}
+
+// The packaged completion scripts complete a subcommand in their shell;
+// zsh and fish (when installed) at least parse theirs.
+func TestPackagedCompletionCompletes(t *testing.T) {
+	requireTools(t, "bash")
+	for format, tree := range packageTrees(t) {
+		files := completions[format]
+		out := run(t, nil, "bash", "-c", `source "$1"; COMP_WORDS=(unbounded con); COMP_CWORD=1; _unbounded; echo "${COMPREPLY[*]}"`, "_", filepath.Join(tree, files[0]))
+		if strings.TrimSpace(out) != "config" {
+			t.Errorf("%s: bash completes \"unbounded con\" to %q, want config", format, out)
+		}
+		out = run(t, nil, "bash", "-c", `source "$1"; COMP_WORDS=(unbounded supports-isolation ""); COMP_CWORD=2; _unbounded; echo "${COMPREPLY[*]}"`, "_", filepath.Join(tree, files[0]))
+		if strings.TrimSpace(out) != "nspawn container none" {
+			t.Errorf("%s: bash completes \"unbounded supports-isolation \" to %q", format, out)
+		}
+		for _, sh := range []struct{ shell, flag, file string }{{"zsh", "-n", files[1]}, {"fish", "--no-execute", files[2]}} {
+			if _, err := exec.LookPath(sh.shell); err != nil {
+				t.Logf("%s is not installed: its completion is not parsed here (lib/cli runs it where it is)", sh.shell)
+				continue
+			}
+			run(t, nil, sh.shell, sh.flag, filepath.Join(tree, sh.file))
 		}
 	}
 }
