@@ -107,7 +107,10 @@ config=$work/nfpm.yaml
 		done
 	fi
 	if [ -f lib/config/reference.toml ]; then
-		printf '  - src: lib/config/reference.toml\n    dst: /usr/share/doc/unbounded-agent/agent.toml.example\n    file_info: {mode: 0644}\n'
+		# Once per format: `type: doc` (documentation in the .rpm) keeps
+		# an entry out of the .deb.
+		printf '  - src: lib/config/reference.toml\n    dst: /usr/share/doc/unbounded-agent/agent.toml.example\n    packager: deb\n    file_info: {mode: 0644}\n'
+		printf '  - src: lib/config/reference.toml\n    dst: /usr/share/doc/unbounded-agent/agent.toml.example\n    type: doc\n    file_info: {mode: 0644}\n'
 	fi
 	printf '  - src: %s\n    dst: /usr/share/doc/unbounded-agent/changelog.gz\n    packager: deb\n    file_info: {mode: 0644}\n' "$work/changelog.gz"
 } >"$config"

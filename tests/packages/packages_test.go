@@ -123,7 +123,6 @@ func expected(t *testing.T, format string) contents {
 	file("/usr/lib/systemd/system-generators/unbounded-generator", 0o755)
 	file("/usr/lib/systemd/system-preset/80-unbounded.preset", 0o644)
 	file(tmpfilesConf, 0o644)
-	file("/usr/share/doc/unbounded-agent/copyright", 0o644)
 	dir("/usr/libexec/unbounded", 0o755)
 	dir("/etc/unbounded", 0o755)
 	dir("/etc/unbounded/agent.toml.d", 0o755)
@@ -137,6 +136,9 @@ func expected(t *testing.T, format string) contents {
 	}
 	switch format {
 	case "deb":
+		// Debian's copyright file stays out of the .rpm, which has the
+		// license text instead.
+		file("/usr/share/doc/unbounded-agent/copyright", 0o644)
 		file("/usr/share/doc/unbounded-agent/changelog.gz", 0o644)
 		file("/usr/share/lintian/overrides/unbounded-agent", 0o644)
 	case "rpm":
@@ -577,6 +579,14 @@ func newRoot(t *testing.T, busybox string, systemdRunning bool) (string, fakeSys
 	if err := os.WriteFile(filepath.Join(root, "usr/bin/systemctl"), []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// deb-systemd-invoke is Perl, which the scratch root has not: this one
+	// passes its call on to systemctl, as the real one does when
+	// policy-rc.d allows it (TestDebPrermHonoursPolicyRcD runs the real
+	// one).
+	invoke := "#!/bin/sh\nexec systemctl \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(root, "usr/bin/deb-systemd-invoke"), []byte(invoke), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	return root, fakeSystemctl{log: filepath.Join(root, "tmp/systemctl.log")}
 }
 
@@ -875,8 +885,9 @@ func TestDebHasNoLintianErrors(t *testing.T) {
 		case strings.HasPrefix(line, "E: "):
 			errors++
 			t.Errorf("lintian: %s", line)
-		case strings.Contains(line, " no-manual-page "):
-			// Fixed for good: the man pages ship.
+		case strings.Contains(line, " no-manual-page "), strings.Contains(line, "maintainer-script-calls-systemctl [prerm"):
+			// Fixed for good: the man pages ship, and prerm stops
+			// units through deb-systemd-invoke.
 			t.Errorf("lintian: %s", line)
 		case strings.HasPrefix(line, "W: "), strings.HasPrefix(line, "I: "),
 			strings.HasPrefix(line, "P: "), strings.HasPrefix(line, "X: "):
@@ -1012,5 +1023,86 @@ func TestPackagedCompletionCompletes(t *testing.T) {
 			}
 			run(t, nil, sh.shell, sh.flag, filepath.Join(tree, sh.file))
 		}
+	}
+}
+
+// The .rpm says that its %post needs systemd (Requires(post): rpm orders
+// the transaction by it; nfpm cannot write Requires(preun), see
+// deb/nfpm.yaml), marks the man
+// pages and the example config as documentation (rpm -qd lists them, and
+// --excludedocs leaves them out), and ships the license text, not Debian's
+// copyright file.
+func TestRPMDeclaresScriptletDependenciesAndDocs(t *testing.T) {
+	rpm := packageFile(t, "UNBOUNDED_TEST_RPM")
+	requireTools(t, "rpm")
+	t.Parallel()
+
+	deps := strings.Split(run(t, nil, "rpm", "-qp", "--qf", `[%{REQUIREFLAGS:deptype} %{REQUIRENAME}\n]`, rpm), "\n")
+	for _, want := range []string{"post systemd", "manual systemd"} {
+		if !slices.Contains(deps, want) {
+			t.Errorf("rpm requires lack %q: %q", want, deps)
+		}
+	}
+	docs := strings.Split(strings.TrimSpace(run(t, nil, "rpm", "-qpd", rpm)), "\n")
+	for _, want := range append(slices.Clone(manPages), "/usr/share/doc/unbounded-agent/agent.toml.example") {
+		if !slices.Contains(docs, want) {
+			t.Errorf("rpm -qpd does not list %s: %q", want, docs)
+		}
+	}
+	if licenses := run(t, nil, "rpm", "-qpL", rpm); !strings.Contains(licenses, "/usr/share/licenses/unbounded-agent/LICENSE") {
+		t.Errorf("rpm -qpL: %q", licenses)
+	}
+	if files := run(t, nil, "rpm", "-qpl", rpm); strings.Contains(files, "/copyright") {
+		t.Errorf("the rpm ships Debian's copyright file:\n%s", files)
+	}
+}
+
+// TestDebPrermHonoursPolicyRcD runs the .deb's prerm with the real
+// deb-systemd-invoke, as dpkg does on a host where systemd runs: it stops
+// the package's units, unless policy-rc.d says no (101), as image builders
+// and containers set it. The host is left alone: the run is in a private
+// mount namespace where /run (for /run/systemd/system), /usr/sbin (for
+// policy-rc.d) and the unit directory are fresh tmpfs, and systemctl is a
+// fake that logs its calls.
+func TestDebPrermHonoursPolicyRcD(t *testing.T) {
+	deb := packageFile(t, "UNBOUNDED_TEST_DEB")
+	requireRoot(t, "mounts in a private mount namespace")
+	requireTools(t, "dpkg-deb", "unshare", "deb-systemd-invoke", "perl")
+	t.Parallel()
+
+	control := t.TempDir()
+	run(t, nil, "dpkg-deb", "-e", deb, control)
+	want := expected(t, "deb")
+	fakeDir := t.TempDir()
+	log := filepath.Join(fakeDir, "log")
+	if err := os.WriteFile(filepath.Join(fakeDir, "systemctl"), []byte("#!/bin/sh\necho \"$*\" >>"+log+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var units []string
+	for dst := range want.unitSources {
+		units = append(units, filepath.Base(dst))
+	}
+	for _, policy := range []int{0, 101} {
+		t.Run(fmt.Sprintf("policy-rc.d exits %d", policy), func(t *testing.T) {
+			_ = os.Remove(log)
+			script := fmt.Sprintf(`set -e
+mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/system
+mount -t tmpfs tmpfs /usr/sbin
+printf '#!/bin/sh\nexit %d\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
+mount -t tmpfs tmpfs /usr/lib/systemd/system
+for u in %s; do : >"/usr/lib/systemd/system/$u"; done
+PATH=%s:$PATH sh %s remove
+`, policy, strings.Join(units, " "), fakeDir, filepath.Join(control, "prerm"))
+			cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script)
+			cmd.Env = append(os.Environ(), "DPKG_ROOT=")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("prerm remove: %v\n%s", err, out)
+			}
+			var stop []string
+			if policy == 0 {
+				stop = call(nil, "stop", want.stopNames)
+			}
+			assertCalls(t, "prerm remove", fakeSystemctl{log: log}.calls(t), stop)
+		})
 	}
 }
