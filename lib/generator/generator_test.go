@@ -645,7 +645,7 @@ func TestExplainNamesTheActionOfThePlan(t *testing.T) {
 		{"owned, resumed", Input{Ownership: &state.Ownership{Owner: "reprovision", Unit: "unbounded-reprovision.service"}}, ActionResume,
 			[]string{"unbounded-reprovision.service"}, `the installation "reprovision" owns the host: unbounded-reprovision.service is resumed`},
 		{"owned, no unit", Input{Ownership: &state.Ownership{Owner: "bootstrap"}}, ActionNothing, nil, `"bootstrap" owns the host and names no unit`},
-		{"owned, unreadable", Input{Ownership: &state.Ownership{Owner: "unknown"}, OwnershipErr: state.ErrCorrupt}, ActionNothing, nil, "nothing starts: ownership record unreadable"},
+		{"owned, unreadable", Input{Ownership: &state.Ownership{Owner: "unknown"}, OwnershipErr: state.ErrCorrupt}, ActionSafeState, []string{RecoverUnit}, "safe state: ownership record unreadable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			nb := Explain(root, tc.in, Decide(tc.in))
