@@ -288,6 +288,9 @@ func (s *statusCmd) Run(env *Env) error {
 		return err
 	}
 	r := status.Gather(s.paths())
+	if err := r.NeedsRoot(); err != nil {
+		return err
+	}
 	if s.JSON {
 		enc := json.NewEncoder(env.Stdout)
 		enc.SetIndent("", "  ")

@@ -606,6 +606,9 @@ func asNobody(t *testing.T, bin string, args ...string) (int, string, string) {
 // by every user: t.TempDir makes them 0700.
 func openUp(t *testing.T, dir string) {
 	t.Helper()
+	if fi, err := os.Stat(os.TempDir()); err != nil || fi.Mode().Perm()&0o001 == 0 {
+		t.Skipf("the temporary directory %s is not open to other users (TMPDIR): nobody could not reach the test files", os.TempDir())
+	}
 	for d := dir; d != "/" && d != os.TempDir() && d != "."; d = filepath.Dir(d) {
 		if err := os.Chmod(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -673,6 +676,16 @@ func TestCommandsRunWithoutRootSayTheyNeedRoot(t *testing.T) {
 		t.Errorf("as nobody, invalid config: exit %d, stderr %s", code, stderr)
 	}
 	write(t, p.ConfigFile(), agentTOML, 0o644)
+	// A host without a host root yet (a fresh install) still has a
+	// token only root may read: status says it needs root rather than
+	// call the configuration invalid.
+	if err := os.RemoveAll(p.HostRoot()); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := asNobody(t, bin, "status", "--root", root)
+	if code != exitcode.NeedsRoot || stdout != "" || !strings.Contains(stderr, "unbounded: needs root: /etc/unbounded/bootstrap-token (under root "+root+") is readable only by root") {
+		t.Errorf("as nobody, status on a fresh host: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
 	// Commands that need no root work without it.
 	for _, args := range [][]string{{"--version"}, {"version"}, {"manifests"}, {"config", "check", "--reference"}, {"--help"}} {
 		if code, _, stderr := asNobody(t, bin, args...); code != 0 {

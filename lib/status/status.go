@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/regfile"
@@ -70,7 +71,14 @@ type Config struct {
 	// Problems lists them otherwise.
 	Valid    bool     `json:"valid"`
 	Problems []string `json:"problems,omitempty"`
+	// needsRoot is why the configuration could not be checked: only
+	// root may read a file of it (lib/privilege). The report is then
+	// not to be shown: it would call the configuration invalid.
+	needsRoot error
 }
+
+// NeedsRoot returns why the report could not be made without root, or nil.
+func (r Report) NeedsRoot() error { return r.Config.needsRoot }
 
 // Applied is one slot's applied config record.
 type Applied struct {
@@ -163,6 +171,8 @@ func gatherConfig(p hostpaths.Paths) Config {
 	switch es := config.AsErrors(err); {
 	case err == nil:
 		c.Valid = true
+	case errors.Is(err, exitcode.ErrNeedsRoot):
+		c.needsRoot = err
 	case es != nil:
 		for _, e := range es {
 			c.Problems = append(c.Problems, e.Error())
