@@ -17,7 +17,7 @@ GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 # multicall executable (ARCHITECTURE section 3, size budget).
 BINARIES := bin/unbounded bin/unbounded-generator bin/unbounded-agent
 
-.PHONY: all build test bench packages clean FORCE
+.PHONY: all build docs test bench packages clean FORCE
 all: build
 build: $(BINARIES)
 
@@ -28,7 +28,31 @@ bin/unbounded-generator: FORCE
 bin/unbounded-agent: FORCE
 	$(GOBUILD) -o $@ ./cmd/unbounded-agent
 
-packages: build
+# Man pages and shell completion scripts, made from the CLI's own models
+# (its kong command line, lib/config/reference.toml: lib/cli/man.go and
+# completion.go) by `go run` for the build machine, so that a build for
+# another PKG_ARCH makes them too; go-md2man (tools/go.mod) turns the
+# markdown into roff, gzip -9n as Debian policy asks (no name, no time:
+# reproducible). The packages install bin/doc/.
+DOCS := bin/doc/unbounded.1.gz bin/doc/unbounded-agent.toml.5.gz \
+	bin/doc/unbounded.bash bin/doc/_unbounded bin/doc/unbounded.fish
+# The CLI built for this machine, whatever PKG_ARCH the packages are for.
+DOCGEN := bin/doc/.unbounded-for-build
+MD2MAN := $(GO) tool -modfile=tools/go.mod go-md2man
+docs: $(DOCS)
+$(DOCGEN): FORCE
+	@mkdir -p $(@D)
+	CGO_ENABLED=0 $(GO) build -ldflags '-X unbounded-cloud.io/agent/lib/version.Version=$(VERSION)' -o $@ ./cmd/unbounded
+bin/doc/%.gz: $(DOCGEN)
+	set -o pipefail; $(DOCGEN) __man $* | $(MD2MAN) | gzip -9n >$@.tmp && mv $@.tmp $@
+bin/doc/unbounded.bash: $(DOCGEN)
+	$(DOCGEN) completion bash >$@.tmp && mv $@.tmp $@
+bin/doc/_unbounded: $(DOCGEN)
+	$(DOCGEN) completion zsh >$@.tmp && mv $@.tmp $@
+bin/doc/unbounded.fish: $(DOCGEN)
+	$(DOCGEN) completion fish >$@.tmp && mv $@.tmp $@
+
+packages: build docs
 	VERSION='$(VERSION)' PKG_ARCH='$(PKG_ARCH)' deb/build-packages.sh
 
 test: build

@@ -38,6 +38,10 @@ for b in bin/unbounded bin/unbounded-generator ${CONCERNS:+bin/unbounded-agent};
 done
 [ -z "$missing" ] || die "missing binaries:$missing (run make build first)"
 [ -f units/80-unbounded.preset ] || die "units/80-unbounded.preset is missing"
+# Man pages and completion scripts (`make docs`), named in deb/nfpm.yaml.
+for d in unbounded.1.gz unbounded-agent.toml.5.gz unbounded.bash _unbounded unbounded.fish; do
+	[ -s "bin/doc/$d" ] || die "bin/doc/$d is missing (run make docs first)"
+done
 
 if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
 	SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null) || die "SOURCE_DATE_EPOCH is not set and git log failed"
@@ -103,7 +107,10 @@ config=$work/nfpm.yaml
 		done
 	fi
 	if [ -f lib/config/reference.toml ]; then
-		printf '  - src: lib/config/reference.toml\n    dst: /usr/share/doc/unbounded-agent/agent.toml.example\n    file_info: {mode: 0644}\n'
+		# Once per format: `type: doc` (documentation in the .rpm) keeps
+		# an entry out of the .deb.
+		printf '  - src: lib/config/reference.toml\n    dst: /usr/share/doc/unbounded-agent/agent.toml.example\n    packager: deb\n    file_info: {mode: 0644}\n'
+		printf '  - src: lib/config/reference.toml\n    dst: /usr/share/doc/unbounded-agent/agent.toml.example\n    type: doc\n    file_info: {mode: 0644}\n'
 	fi
 	printf '  - src: %s\n    dst: /usr/share/doc/unbounded-agent/changelog.gz\n    packager: deb\n    file_info: {mode: 0644}\n' "$work/changelog.gz"
 } >"$config"

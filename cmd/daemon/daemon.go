@@ -22,6 +22,7 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/logging"
+	"unbounded-cloud.io/agent/lib/privilege"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -59,6 +60,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, host daem
 		return exited
 	}
 	paths := hostpaths.New(c.Root)
+	// Run by hand without root, the host root reads as "permission
+	// denied", which the daemon would take for a host owned by an
+	// unknown installation (69, silent): say it needs root (exit 4).
+	if err := privilege.Check(paths.HostRoot()); err != nil {
+		fmt.Fprintln(stderr, "daemon:", err)
+		return exitcode.For(err)
+	}
 	lvl := c.LogLevel
 	if lvl == "" {
 		// An invalid config is reported by daemon.Run (exit 78); here

@@ -7,6 +7,7 @@ package fence
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/logging"
+	"unbounded-cloud.io/agent/lib/privilege"
 )
 
 type cli struct {
@@ -51,7 +53,18 @@ func Main(args []string) int {
 
 	log := logging.New(os.Stderr, slog.LevelInfo)
 	paths := hostpaths.New(c.Root)
-	cfg, err := config.Load(paths)
+	// Run by hand without root, the host root (certificates) and the
+	// bootstrap token are unreadable: say that in one line (exit 4)
+	// rather than refuse for a reason the host does not have.
+	err = privilege.Check(paths.HostRoot())
+	var cfg *config.Config
+	if err == nil {
+		cfg, err = config.Load(paths)
+	}
+	if errors.Is(err, exitcode.ErrNeedsRoot) {
+		fmt.Fprintln(os.Stderr, "fence:", err)
+		return exitcode.For(err)
+	}
 	if err != nil {
 		// Fail closed: without a config the fence cannot know the
 		// allocation, so the node does not start (78, no restart).

@@ -16,42 +16,72 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 
 	"unbounded-cloud.io/agent/cmd/daemon"
 	"unbounded-cloud.io/agent/cmd/fence"
+	"unbounded-cloud.io/agent/lib/version"
 )
 
-// concerns maps a concern's name to its Main. One line per concern.
-var concerns = map[string]func(args []string) int{
-	"daemon": daemon.Main,
-	"fence":  fence.Main,
+// concerns maps a concern's name to its Main and a one-line summary for
+// --help. One line per concern.
+var concerns = map[string]struct {
+	main func(args []string) int
+	help string
+}{
+	"daemon": {daemon.Main, "watch this host's Machine and operations and carry them out (unbounded-daemon.service)"},
+	"fence":  {fence.Main, "check with the cluster that the node may start (unbounded-fence.service)"},
 }
 
 func main() {
-	os.Exit(run(os.Args))
+	os.Exit(run(os.Args, os.Stdout, os.Stderr))
 }
 
-// run dispatches argv and returns the exit code.
-func run(argv []string) int {
+// run dispatches argv and returns the exit code. Help and version go to
+// stdout and exit 0, as every other command's do; a missing or unknown
+// concern is a usage error (2, the shell convention, which no concern
+// returns for anything else).
+func run(argv []string, stdout, stderr io.Writer) int {
 	name := filepath.Base(argv[0])
 	args := argv[1:]
-	if main, ok := concerns[name]; ok {
-		return main(args)
+	if c, ok := concerns[name]; ok {
+		return c.main(args)
 	}
 	if len(args) > 0 {
-		if main, ok := concerns[args[0]]; ok {
-			return main(args[1:])
+		if c, ok := concerns[args[0]]; ok {
+			return c.main(args[1:])
 		}
+		switch args[0] {
+		case "-h", "--help", "help":
+			usage(stdout)
+			return 0
+		case "--version", "version":
+			fmt.Fprintf(stdout, "unbounded-agent %s\n", version.Version)
+			return 0
+		}
+		fmt.Fprintf(stderr, "unbounded-agent: unknown concern %q\n", args[0])
 	}
+	usage(stderr)
+	return usageExit
+}
+
+// usageExit is the exit code of a command line that names no concern.
+const usageExit = 2
+
+func usage(w io.Writer) {
 	names := make([]string, 0, len(concerns))
 	for n := range concerns {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	fmt.Fprintf(os.Stderr, "usage: unbounded-agent CONCERN [ARGS...], or start it as one of its names\nconcerns: %s\n", strings.Join(names, ", "))
-	return 1
+	fmt.Fprint(w, "Usage: unbounded-agent CONCERN [ARGS...]\n\n"+
+		"The one executable of the agent's concerns that talk to the cluster. Units\n"+
+		"start each concern by its own name, /usr/libexec/unbounded/CONCERN (a link\n"+
+		"to this executable); `unbounded-agent CONCERN --help` shows its flags.\n\nConcerns:\n")
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-8s %s\n", n, concerns[n].help)
+	}
 }

@@ -23,6 +23,7 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/privilege"
 	"unbounded-cloud.io/agent/lib/status"
 	"unbounded-cloud.io/agent/lib/version"
 )
@@ -32,6 +33,31 @@ import (
 // error never reaches).
 const Usage = 2
 
+// Summary is what the CLI is, in --help and in unbounded(1).
+const Summary = "Operator command of unbounded-agent. It reads the host; units change it."
+
+// ExitCodes are the exit codes of every command, in --help and in
+// unbounded(1).
+var ExitCodes = []struct {
+	Code    int
+	Meaning string
+}{
+	{exitcode.OK, "done"},
+	{exitcode.Failed, "failed (status: the state is corrupt; supports-isolation: the mode is not supported)"},
+	{Usage, "the command line does not parse"},
+	{exitcode.NeedsRoot, "needs root: run without root, the command cannot read what only root may (the host root /var/lib/unbounded, the bootstrap token)"},
+	{exitcode.ConfigInvalid, "the configuration is invalid"},
+}
+
+// Description is the CLI's --help text after the usage line.
+var Description = func() string {
+	var codes []string
+	for _, c := range ExitCodes {
+		codes = append(codes, fmt.Sprintf("%d %s", c.Code, c.Meaning))
+	}
+	return Summary + "\n\nExit status: " + strings.Join(codes, "; ") + "."
+}()
+
 // Env is what commands write to and probe. The zero Host is the real host.
 type Env struct {
 	Stdout, Stderr io.Writer
@@ -39,11 +65,16 @@ type Env struct {
 }
 
 type cli struct {
-	Version           versionCmd   `cmd:"" help:"Print the agent version."`
-	Config            configCmd    `cmd:"" help:"Validate and show the operator configuration."`
-	SupportsIsolation supportsCmd  `cmd:"" name:"supports-isolation" help:"Exit 0 if this build can operate MODE (nspawn, container, none) on this host, else say why not."`
-	Status            statusCmd    `cmd:"" help:"One-screen summary of the node: mode, slot, applied configs, ownership, journals."`
-	Manifests         manifestsCmd `cmd:"" help:"Print the CRDs and RBAC the cluster needs, for kubectl apply -f -."`
+	// VersionFlag is --version, the flag every operator tries first; the
+	// version command stays for --json.
+	VersionFlag       kong.VersionFlag `name:"version" help:"Print the agent version and exit."`
+	Version           versionCmd       `cmd:"" help:"Print the agent version."`
+	Config            configCmd        `cmd:"" help:"Validate and show the operator configuration."`
+	SupportsIsolation supportsCmd      `cmd:"" name:"supports-isolation" help:"Exit 0 if this build can operate MODE (nspawn, container, none) on this host, else say why not."`
+	Status            statusCmd        `cmd:"" help:"One-screen summary of the node: mode, slot, applied configs, ownership, journals."`
+	Manifests         manifestsCmd     `cmd:"" help:"Print the CRDs and RBAC the cluster needs, for kubectl apply -f -."`
+	Completion        completionCmd    `cmd:"" help:"Print the completion script for SHELL (bash, zsh, fish). The packages install them; this is for a shell or a host without them."`
+	Man               manCmd           `cmd:"" name:"__man" hidden:"" help:"Write a man page as markdown (for the build)."`
 }
 
 // rootFlag is --root, shared by the commands that read host state.
@@ -76,13 +107,9 @@ func Main(args []string, env Env) (code int) {
 		}
 	}()
 	var c cli
-	parser, err := kong.New(&c,
-		kong.Name("unbounded"),
-		kong.Description("Operator command of unbounded-agent. It reads the host; units change it."),
+	parser, err := newParser(&c,
 		kong.Writers(env.Stdout, env.Stderr),
 		kong.Exit(func(code int) { panic(exitPanic(code)) }),
-		kong.UsageOnError(),
-		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
 	)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "unbounded: %v\n", err)
@@ -102,6 +129,29 @@ func Main(args []string, env Env) (code int) {
 		fmt.Fprintf(env.Stderr, "unbounded: %v\n", err)
 	}
 	return exitcode.For(err)
+}
+
+// newParser is the kong parser of the command line, the one model that
+// --help, the completion scripts and the man page are made from.
+func newParser(c *cli, options ...kong.Option) (*kong.Kong, error) {
+	return kong.New(c, append([]kong.Option{
+		kong.Name("unbounded"),
+		kong.Description(Description),
+		kong.UsageOnError(),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.Vars{"version": "unbounded " + version.Version},
+	}, options...)...)
+}
+
+// Model is the command line's model (commands, flags, arguments), for the
+// completion scripts and the man page.
+func Model() *kong.Application {
+	var c cli
+	parser, err := newParser(&c)
+	if err != nil {
+		panic(err) // the grammar is fixed at build time; TestHelpExitsZero fails first
+	}
+	return parser.Model
 }
 
 // silentError is an outcome the command has already explained on its own
@@ -232,15 +282,23 @@ type statusCmd struct {
 var errCorrupt = errors.New("state corrupt")
 
 func (s *statusCmd) Run(env *Env) error {
+	// Without root the host root reads as "permission denied", which
+	// the report would show as corrupt state and an unknown owner.
+	if err := privilege.Check(s.paths().HostRoot()); err != nil {
+		return err
+	}
 	r := status.Gather(s.paths())
+	if err := r.NeedsRoot(); err != nil {
+		return err
+	}
 	if s.JSON {
 		enc := json.NewEncoder(env.Stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(r); err != nil {
-			return err
+			return fmt.Errorf("writing the status: %w", err)
 		}
-	} else {
-		r.Text(env.Stdout)
+	} else if err := r.Text(env.Stdout); err != nil {
+		return fmt.Errorf("writing the status: %w", err)
 	}
 	if r.State == status.Corrupt {
 		return silentError{errCorrupt}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/state"
@@ -169,6 +170,10 @@ func TestVersionPrintsTextAndJSON(t *testing.T) {
 	if r := run(t, Env{}, "version"); r.code != 0 || !strings.HasPrefix(r.stdout, "unbounded ") {
 		t.Errorf("version: %+v", r)
 	}
+	// --version says the same as the command, and exits 0.
+	if r, v := run(t, Env{}, "--version"), run(t, Env{}, "version"); r.code != 0 || r.stdout != v.stdout {
+		t.Errorf("--version: %+v, want %q", r, v.stdout)
+	}
 	r := run(t, Env{}, "version", "--json")
 	var v map[string]string
 	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || v["version"] == "" {
@@ -271,9 +276,84 @@ func TestStatusOnAFreshHost(t *testing.T) {
 	if a := got["applied"].([]any); len(a) != 0 {
 		t.Errorf("applied on a fresh host: %v", a)
 	}
+	if c := got["config"].(map[string]any); c["present"] != false || c["file"] != "/etc/unbounded/agent.toml" {
+		t.Errorf("config on a fresh host: %v", c)
+	}
+	if nb := got["next-boot"].(map[string]any); nb["action"] != "nothing" {
+		t.Errorf("next boot on a fresh host without config: %v", nb)
+	}
 	text := run(t, Env{}, "status", "--root", root)
-	if !strings.Contains(text.stdout, "state:       not bootstrapped") {
-		t.Errorf("text:\n%s", text.stdout)
+	for _, want := range []string{
+		"state:       not bootstrapped",
+		"config:      none: no /etc/unbounded/agent.toml",
+		"next boot:   nothing starts: no /etc/unbounded/agent.toml; the package stays idle until one is in place",
+	} {
+		if !strings.Contains(text.stdout, want) {
+			t.Errorf("text lacks %q:\n%s", want, text.stdout)
+		}
+	}
+}
+
+// With a config in place, a fresh host says the next boot bootstraps, and
+// whether the config would load.
+func TestStatusOnAFreshHostWithAConfigSaysBootstrap(t *testing.T) {
+	root, p := newRoot(t)
+	got, r := statusJSON(t, root)
+	c := got["config"].(map[string]any)
+	nb := got["next-boot"].(map[string]any)
+	if r.code != 0 || c["present"] != true || c["valid"] != true || nb["action"] != "bootstrap" ||
+		!reflect.DeepEqual(nb["units"], []any{"unbounded-bootstrap.service"}) {
+		t.Errorf("fresh host with config: exit %d, config %v, next boot %v", r.code, c, nb)
+	}
+	write(t, p.ConfigFile(), agentTOML+"colour = 1\n", 0o644)
+	text := run(t, Env{}, "status", "--root", root)
+	for _, want := range []string{
+		"config:      /etc/unbounded/agent.toml (invalid, 1 problem: see unbounded config check)",
+		"next boot:   bootstrap: /etc/unbounded/agent.toml is in place",
+	} {
+		if !strings.Contains(text.stdout, want) {
+			t.Errorf("text lacks %q:\n%s", want, text.stdout)
+		}
+	}
+}
+
+// A bootstrapped host starts its slot's node only when the fence and the
+// mode's node unit are installed; otherwise status says it gets the safe
+// state, as the generator decides.
+func TestStatusSaysWhichNodeTheNextBootStarts(t *testing.T) {
+	root, p := newRoot(t)
+	bootstrap(t, p, "kube2", "nspawn")
+	got, _ := statusJSON(t, root)
+	if nb := got["next-boot"].(map[string]any); nb["action"] != "safe-state" || !strings.Contains(nb["reason"].(string), "unfenced") {
+		t.Errorf("without units: next boot %v", nb)
+	}
+	for _, u := range []string{"unbounded-fence.service", "systemd-nspawn@.service"} {
+		write(t, p.Join("/usr/lib/systemd/system/"+u), "[Unit]\n", 0o644)
+	}
+	got, _ = statusJSON(t, root)
+	if nb := got["next-boot"].(map[string]any); nb["action"] != "start-node" ||
+		!reflect.DeepEqual(nb["units"], []any{"unbounded-node.target", "unbounded-daemon.service"}) {
+		t.Errorf("with units: next boot %v", nb)
+	}
+	text := run(t, Env{}, "status", "--root", root)
+	if want := "next boot:   start the node: mode nspawn in slot kube2, behind the allocation fence, and the daemon"; !strings.Contains(text.stdout, want) {
+		t.Errorf("text lacks %q:\n%s", want, text.stdout)
+	}
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("no space left on device") }
+
+// A status that did not reach its reader does not exit 0.
+func TestStatusFailsWhenItCannotWriteItsOutput(t *testing.T) {
+	root := t.TempDir()
+	for _, args := range [][]string{{"status", "--root", root}, {"status", "--json", "--root", root}} {
+		var errb bytes.Buffer
+		code := Main(args, Env{Stdout: failingWriter{}, Stderr: &errb})
+		if code == 0 || !strings.Contains(errb.String(), "writing the status: no space left on device") {
+			t.Errorf("%v: exit %d, stderr %q", args, code, errb.String())
+		}
 	}
 }
 
@@ -417,8 +497,10 @@ func TestBuiltBinaryExitCodesAndVersionStamp(t *testing.T) {
 		}
 		return 0, string(out)
 	}
-	if code, out := exit("version"); code != 0 || out != "unbounded 9.8.7-test\n" {
-		t.Errorf("version: %d %q", code, out)
+	for _, arg := range []string{"version", "--version"} {
+		if code, out := exit(arg); code != 0 || out != "unbounded 9.8.7-test\n" {
+			t.Errorf("%s: %d %q", arg, code, out)
+		}
 	}
 	if code, out := exit("config", "check", "--root", root); code != 0 || strings.Contains(out, token) {
 		t.Errorf("config check: %d\n%s", code, out)
@@ -429,6 +511,19 @@ func TestBuiltBinaryExitCodesAndVersionStamp(t *testing.T) {
 	}
 	if code, _ := exit("supports-isolation", "vm"); code != Usage {
 		t.Errorf("usage error: %d", code)
+	}
+	// Output to a full disk: the write error reaches the exit code.
+	if full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0); err == nil {
+		cmd := exec.Command(bin, "status", "--root", root)
+		cmd.Stdout = full
+		err := cmd.Run()
+		full.Close()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Errorf("status > /dev/full: %v, want exit 1", err)
+		}
+	} else {
+		t.Logf("no /dev/full (%v): the write failure is checked in-process only", err)
 	}
 }
 
@@ -478,5 +573,137 @@ func TestCLILinksNoKubernetesClientOrAPITypes(t *testing.T) {
 			strings.HasPrefix(dep, "k8s.io/apimachinery/pkg/apis/meta") {
 			t.Errorf("cmd/unbounded links %s", dep)
 		}
+	}
+}
+
+// asNobody runs bin with args as the unprivileged user nobody (65534) and
+// returns its exit code, stdout and stderr. It skips when the test does not
+// run as root (only root can switch users) or setpriv is missing.
+func asNobody(t *testing.T, bin string, args ...string) (int, string, string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run the commands as nobody with setpriv")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("setpriv (util-linux) is not installed")
+	}
+	cmd := exec.Command(setpriv, append([]string{"--reuid=65534", "--regid=65534", "--clear-groups", "--", bin}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err = cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		return ee.ExitCode(), out.String(), errb.String()
+	case err != nil:
+		t.Fatalf("setpriv %s: %v", bin, err)
+	}
+	return 0, out.String(), errb.String()
+}
+
+// openUp makes dir and its parents up to (not including) /tmp traversable
+// by every user: t.TempDir makes them 0700.
+func openUp(t *testing.T, dir string) {
+	t.Helper()
+	if fi, err := os.Stat(os.TempDir()); err != nil || fi.Mode().Perm()&0o001 == 0 {
+		t.Skipf("the temporary directory %s is not open to other users (TMPDIR): nobody could not reach the test files", os.TempDir())
+	}
+	for d := dir; d != "/" && d != os.TempDir() && d != "."; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Without root, every command that reads what only root may read says so
+// in one line and exits 4; those that do not need root work. The host tree
+// is what the package and bootstrap leave: /var/lib/unbounded 0700 with an
+// applied config, the token 0600, both owned by root.
+func TestCommandsRunWithoutRootSayTheyNeedRoot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary; skipped with -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run the commands as nobody with setpriv")
+	}
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go toolchain on PATH to build cmd/unbounded")
+	}
+	binDir := t.TempDir()
+	bin := filepath.Join(binDir, "unbounded")
+	build := exec.Command(gobin, "build", "-trimpath", "-o", bin, "unbounded-cloud.io/agent/cmd/unbounded")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	openUp(t, binDir)
+	root, p := newRoot(t)
+	bootstrap(t, p, "kube1", "nspawn")
+	if err := os.Chmod(p.HostRoot(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	openUp(t, root)
+	for _, d := range []string{"/etc", "/etc/unbounded", "/var", "/var/lib"} {
+		os.Chmod(p.Join(d), 0o755)
+	}
+
+	for _, args := range [][]string{{"status"}, {"status", "--json"}, {"config", "check"}} {
+		args = append(args, "--root", root)
+		// As root: no "needs root" (the fixture is a sound host).
+		if r := run(t, Env{}, args...); r.code == exitcode.NeedsRoot || strings.Contains(r.stderr, "needs root") {
+			t.Fatalf("as root, %v: exit %d, %s", args, r.code, r.stderr)
+		}
+		code, stdout, stderr := asNobody(t, bin, args...)
+		if code != exitcode.NeedsRoot || strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "unbounded: needs root: ") ||
+			!strings.HasSuffix(stderr, "; run it as root\n") || stdout != "" {
+			t.Errorf("as nobody, %v: exit %d, want %d and one line; stdout %q, stderr %q", args, code, exitcode.NeedsRoot, stdout, stderr)
+		}
+		for _, false_ := range []string{"corrupt", "owned by uid", "unknown", "invalid"} {
+			if strings.Contains(stdout+stderr, false_) {
+				t.Errorf("as nobody, %v says %q: %s%s", args, false_, stdout, stderr)
+			}
+		}
+	}
+	// Next to a real problem the token is listed as unchecked, and the
+	// configuration is invalid whoever checks it.
+	write(t, p.ConfigFile(), agentTOML+"colour = 1\n", 0o644)
+	code, _, stderr := asNobody(t, bin, "config", "check", "--root", root)
+	if code != exitcode.ConfigInvalid || !strings.Contains(stderr, "colour: unknown key") ||
+		!strings.Contains(stderr, "/etc/unbounded/bootstrap-token (under root "+root+"): not checked: only root may read it (run the check as root)") ||
+		strings.Contains(stderr, "owned by uid") {
+		t.Errorf("as nobody, invalid config: exit %d, stderr %s", code, stderr)
+	}
+	write(t, p.ConfigFile(), agentTOML, 0o644)
+	// A host without a host root yet (a fresh install) still has a
+	// token only root may read: status says it needs root rather than
+	// call the configuration invalid.
+	if err := os.RemoveAll(p.HostRoot()); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := asNobody(t, bin, "status", "--root", root)
+	if code != exitcode.NeedsRoot || stdout != "" || !strings.Contains(stderr, "unbounded: needs root: /etc/unbounded/bootstrap-token (under root "+root+") is readable only by root") {
+		t.Errorf("as nobody, status on a fresh host: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	// Commands that need no root work without it.
+	for _, args := range [][]string{{"--version"}, {"version"}, {"manifests"}, {"config", "check", "--reference"}, {"--help"}} {
+		if code, _, stderr := asNobody(t, bin, args...); code != 0 {
+			t.Errorf("as nobody, %v: exit %d, %s", args, code, stderr)
+		}
+	}
+	// A tree the user owns is checked without root, token included.
+	own, _ := newRoot(t)
+	openUp(t, own)
+	if err := filepath.WalkDir(own, func(path string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, 65534, 65534)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := asNobody(t, bin, "config", "check", "-q", "--root", own); code != 0 {
+		t.Errorf("as nobody on its own tree: exit %d, %s", code, stderr)
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/privilege"
 	"unbounded-cloud.io/agent/lib/regfile"
 )
 
@@ -164,6 +165,9 @@ type loader struct {
 	// skip them so a problem is reported once.
 	broken map[string]bool
 	errs   Errors
+	// rootOnly are the files that could not be read because only root
+	// may read them and the process is not root (see needsRoot).
+	rootOnly []*privilege.Error
 }
 
 func (l *loader) add(file string, line int, key toml.Key, msg string, err error) {
@@ -208,7 +212,7 @@ func (l *loader) files() []string {
 	// regfile.ReadDir: a FIFO named agent.toml.d must not block the
 	// loader (and with it the fence and the daemon).
 	entries, err := regfile.ReadDir(dir)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err != nil && !errors.Is(err, fs.ErrNotExist) && !l.needsRoot(dir, err) {
 		l.add(dir, 0, nil, fmt.Sprintf("cannot read drop-in directory: %v", err), err)
 	}
 	var dropins []string
@@ -222,7 +226,7 @@ func (l *loader) files() []string {
 		files = append(files, filepath.Join(dir, name))
 	}
 	if len(files) == 0 && len(l.errs) == 0 {
-		l.add(l.main, 0, nil, "no such file, and no drop-ins in "+dir, fs.ErrNotExist)
+		l.add(l.main, 0, nil, "no such file, and no drop-ins in "+dir+"; "+noConfigHint, fs.ErrNotExist)
 	}
 	return files
 }
@@ -263,6 +267,10 @@ func (l *loader) load() (*Config, error) {
 	incomplete := len(files) == 0 || len(l.errs) > 0
 	for _, file := range files {
 		data, err := readLimited(file)
+		if err != nil && l.needsRoot(file, err) {
+			incomplete = true
+			continue
+		}
 		if err != nil {
 			msg := err.Error()
 			var pe *fs.PathError
@@ -312,6 +320,21 @@ func (l *loader) load() (*Config, error) {
 	// not set" when the file that sets it has a syntax error).
 	if !incomplete {
 		l.validate(cfg)
+	}
+	return l.result(cfg)
+}
+
+// result is the outcome of a load. What could not be read for want of
+// root decides it only when nothing else is wrong: then the error is the
+// *privilege.Error (exit 4, "run it as root"); next to real problems it is
+// listed as unchecked, and the configuration is invalid (78) whoever runs
+// the check.
+func (l *loader) result(cfg *Config) (*Config, error) {
+	if len(l.errs) == 0 && len(l.rootOnly) > 0 {
+		return nil, l.rootOnly[0]
+	}
+	for _, e := range l.rootOnly {
+		l.add(e.Path, 0, nil, "not checked: only root may read it (run the check as root)", nil)
 	}
 	if len(l.errs) > 0 {
 		return nil, l.errs

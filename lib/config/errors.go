@@ -8,6 +8,14 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 )
 
+// ExampleFile is where the packages install the reference configuration
+// as a file to copy (deb/build-packages.sh); tests/packages checks it is
+// there.
+const ExampleFile = "/usr/share/doc/unbounded-agent/agent.toml.example"
+
+// noConfigHint ends the "no config" error: where an operator starts one.
+const noConfigHint = "start from `unbounded config check --reference` (every key with its default) or a copy of " + ExampleFile
+
 // Error is one problem with the configuration, located as precisely as the
 // loader can: the file the offending value came from (the drop-in, when a
 // drop-in set it), the line of its key (0 when unknown, for example a

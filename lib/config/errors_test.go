@@ -291,3 +291,66 @@ func TestLoadErrorsNeverQuoteTheTokenEvenWhenMalformed(t *testing.T) {
 		t.Errorf("error quotes the token file's content: %v", errs)
 	}
 }
+
+// An unknown key says what the operator most likely meant, and the error
+// still names file, line and key.
+func TestUnknownKeyHints(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		setup      func(h *host)
+		line       int
+		key, exact string
+	}{
+		{"misspelt key in a section", func(h *host) {
+			h.edit(mainFile, "[cluster]\n", "[cluster]\napi-servr = \"https://x\"\n")
+		}, 5, "cluster.api-servr", `unknown key; did you mean "api-server"?`},
+		{"misspelt top-level key", func(h *host) {
+			h.edit(mainFile, "mode = \"nspawn\"\n", "mode = \"nspawn\"\nmachin = \"x\"\n")
+		}, 3, "machin", `unknown key; did you mean "machine"?`},
+		{"section key at the top level", func(h *host) {
+			h.edit(mainFile, "mode = \"nspawn\"\n", "mode = \"nspawn\"\nlog-level = \"debug\"\n")
+		}, 3, "log-level", "unknown key: log-level belongs in [daemon]"},
+		{"top-level key below a section header", func(h *host) {
+			h.edit(mainFile, "[allocation]\n", "[allocation]\nmode = \"none\"\n")
+		}, 19, "allocation.mode", "unknown key: mode belongs at the top level (above the first [section] header)"},
+		{"key of another section", func(h *host) {
+			h.edit(mainFile, "[allocation]\n", "[allocation]\nretry-budget = \"1m\"\n")
+		}, 19, "allocation.retry-budget", "unknown key: retry-budget belongs in [fence]"},
+		{"misspelt key of another section", func(h *host) {
+			h.edit(mainFile, "mode = \"nspawn\"\n", "mode = \"nspawn\"\ncluster-dsn = \"10.96.0.10\"\n")
+		}, 3, "cluster-dsn", "unknown key; did you mean cluster.cluster-dns (in [cluster])?"},
+		{"nothing near", func(h *host) {
+			h.edit(mainFile, "mode = \"nspawn\"\n", "mode = \"nspawn\"\ncolour = 1\n")
+		}, 3, "colour", "unknown key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHost(t)
+			tc.setup(h)
+			_, errs := h.load()
+			for _, e := range errs {
+				if e.Key == tc.key {
+					if e.File != h.path(mainFile) || e.Line != tc.line || e.Msg != tc.exact {
+						t.Errorf("got %s:%d: %s: %q, want line %d and %q", e.File, e.Line, e.Key, e.Msg, tc.line, tc.exact)
+					}
+					return
+				}
+			}
+			t.Errorf("no error for %s among:\n%v", tc.key, errs)
+		})
+	}
+}
+
+// "No config" says where to start one.
+func TestNoConfigPointsAtTheReferenceAndTheExample(t *testing.T) {
+	h := newHost(t)
+	os.Remove(h.path(mainFile))
+	_, errs := h.load()
+	if len(errs) != 1 {
+		t.Fatalf("want one error, got %v", errs)
+	}
+	for _, want := range []string{"no such file", "unbounded config check --reference", "/usr/share/doc/unbounded-agent/agent.toml.example"} {
+		if !strings.Contains(errs[0].Error(), want) {
+			t.Errorf("%q lacks %q", errs[0].Error(), want)
+		}
+	}
+}

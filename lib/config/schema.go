@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/agnivade/levenshtein"
 )
 
 // The loader decodes each file into a generic tree first and checks that
@@ -116,7 +117,7 @@ func checkTree(v any, t reflect.Type, key toml.Key, bad func(toml.Key, string)) 
 			sub := addKey(key, k)
 			f, ok := fieldByKey(t, k)
 			if !ok {
-				bad(sub, "unknown key")
+				bad(sub, unknownKey(t, key, k))
 				continue
 			}
 			checkTree(m[k], f.Type, sub, bad)
@@ -202,4 +203,107 @@ func withArticle(s string) string {
 		return "an " + s
 	}
 	return "a " + s
+}
+
+// unknownKey is the message for key k, unknown in the table at path table
+// (of type t). It says what the operator most likely meant, in this order:
+//
+//   - k is a key of another table. The usual cause is TOML itself: every
+//     key below a [section] header belongs to that section, so a top-level
+//     key written after [cluster] reads as cluster.machine, and
+//     api-server written above [cluster] reads as a top-level key.
+//   - k is a misspelling of a key of this table ("did you mean").
+//   - k is a misspelling of a key of another table.
+func unknownKey(t reflect.Type, table toml.Key, k string) string {
+	const msg = "unknown key"
+	if t.Kind() != reflect.Struct {
+		return msg
+	}
+	var elsewhere []string
+	for _, s := range sections() {
+		if s.path.String() == table.String() {
+			continue
+		}
+		if _, ok := fieldByKey(s.typ, k); ok {
+			elsewhere = append(elsewhere, s.name())
+		}
+	}
+	if len(elsewhere) > 0 {
+		return fmt.Sprintf("%s: %s belongs %s", msg, k, strings.Join(elsewhere, " or "))
+	}
+	if near := closest(k, tomlKeys(t)); near != "" {
+		return fmt.Sprintf("%s; did you mean %q?", msg, near)
+	}
+	var all []string
+	full := map[string]string{}
+	for _, s := range sections() {
+		if s.path.String() == table.String() {
+			continue
+		}
+		for _, name := range tomlKeys(s.typ) {
+			all = append(all, name)
+			if _, dup := full[name]; !dup {
+				full[name] = addKey(s.path, name).String() + " (" + s.name() + ")"
+			}
+		}
+	}
+	if near := closest(k, all); near != "" {
+		return fmt.Sprintf("%s; did you mean %s?", msg, full[near])
+	}
+	return msg
+}
+
+// section is a table of the configuration with a fixed set of keys: the
+// top level or one of its [sections]. Tables of free-form keys
+// (node.labels, artifacts.overrides) are not sections.
+type section struct {
+	path toml.Key
+	typ  reflect.Type
+}
+
+func (s section) name() string {
+	if len(s.path) == 0 {
+		return "at the top level (above the first [section] header)"
+	}
+	return "in [" + s.path.String() + "]"
+}
+
+func sections() []section {
+	out := []section{{nil, configType}}
+	for i := range configType.NumField() {
+		f := configType.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		if name == "" || name == "-" || f.Type.Kind() != reflect.Struct || reflect.PointerTo(f.Type).Implements(textUnmarshaler) {
+			continue
+		}
+		out = append(out, section{toml.Key{name}, f.Type})
+	}
+	return out
+}
+
+// tomlKeys are the keys a struct type accepts, in declaration order.
+func tomlKeys(t reflect.Type) []string {
+	var keys []string
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("toml"), ",")
+		if name != "" && name != "-" {
+			keys = append(keys, name)
+		}
+	}
+	return keys
+}
+
+// closest returns the candidate nearest to k by edit distance, when it is
+// near enough to be a typo: at most one edit in three characters and never
+// more than three ("api-servr" -> "api-server", but "colour" suggests
+// nothing). Ties go to the first candidate, so messages are stable.
+func closest(k string, candidates []string) string {
+	limit := min(3, max(1, len(k)/3))
+	best, bestD := "", limit+1
+	for _, c := range candidates {
+		if d := levenshtein.ComputeDistance(k, c); d < bestD {
+			best, bestD = c, d
+		}
+	}
+	return best
 }

@@ -39,7 +39,7 @@ func (s Secret) Format(f fmt.State, verb rune) { f.Write([]byte(redacted)) }
 func readToken(file string) (Secret, error) {
 	data, err := readLimited(file)
 	if err != nil {
-		return Secret{}, errors.New(describe(err))
+		return Secret{}, describedError{err}
 	}
 	tok := string(bytes.TrimSpace(data))
 	if tok == "" {
@@ -63,3 +63,10 @@ func (c *Config) ReadBootstrapToken() (Secret, error) {
 	}
 	return s, nil
 }
+
+// describedError says err in the loader's words (describe: "no such
+// file", not the path again) and keeps it for errors.Is.
+type describedError struct{ err error }
+
+func (d describedError) Error() string { return describe(d.err) }
+func (d describedError) Unwrap() error { return d.err }

@@ -19,6 +19,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"unbounded-cloud.io/agent/lib/privilege"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -258,6 +259,9 @@ func (l *loader) checkCA(c *Config, key toml.Key, p string) {
 		return
 	}
 	data, err := readLimited(l.paths.Join(p))
+	if err != nil && l.needsRoot(l.where(p), err) {
+		return
+	}
 	if err != nil {
 		l.at(key, "cannot read CA file %s: %s", l.where(p), describe(err))
 		return
@@ -315,13 +319,28 @@ func (l *loader) checkToken(c *Config, key toml.Key, p string) {
 	}
 	// Owned by the user the agent runs as (root on a host): a token file
 	// another user owns can be replaced by that user, whatever its mode.
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != uint32(os.Geteuid()) {
+	// Checked without root, a token file root owns is what a host has:
+	// the check then only lacks the right to read it (needsRoot below),
+	// which is no problem of the file.
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != uint32(os.Geteuid()) && (st.Uid != 0 || privilege.IsRoot()) {
 		l.at(key, "bootstrap token file %s is owned by uid %d; it holds a secret and must be owned by uid %d (the agent's user, root on a host)", l.where(p), st.Uid, os.Geteuid())
 		return
 	}
-	if _, err := readToken(file); err != nil {
+	if _, err := readToken(file); err != nil && !l.needsRoot(l.where(p), err) {
 		l.at(key, "bootstrap token file %s: %v", l.where(p), err)
 	}
+}
+
+// needsRoot records that what could not be read is root's alone and the
+// process is not root (lib/privilege), and reports whether err was that.
+// Such a file is not checked, and it is not reported as a problem of the
+// configuration: running as root is what is missing.
+func (l *loader) needsRoot(what string, err error) bool {
+	e := privilege.FromErr(what, err)
+	if e != nil {
+		l.rootOnly = append(l.rootOnly, e)
+	}
+	return e != nil
 }
 
 func describe(err error) string {

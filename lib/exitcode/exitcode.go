@@ -16,6 +16,12 @@ const (
 	// OK: done. The unit is active (or inactive, for a oneshot) and nothing
 	// follows.
 	OK = 0
+	// NeedsRoot: run without root, the command cannot read what only root
+	// may (the host root /var/lib/unbounded, the bootstrap token). It is
+	// the "insufficient privilege" code of LSB init actions and systemd
+	// (EXIT_NOPERMISSION); sysexits' EX_NOPERM is 77, which is the fence's
+	// refusal here. Units run as root and never see it.
+	NeedsRoot = 4
 	// Failed: the run failed. Every agent unit carries
 	// OnFailure=unbounded-recover@%n.service, so recovery starts.
 	Failed = 1
@@ -43,6 +49,9 @@ var (
 	ErrTemporary = errors.New("temporary failure")
 	// ErrRefused marks a final refusal by the allocation fence (exit 77).
 	ErrRefused = errors.New("refused by the allocation fence")
+	// ErrNeedsRoot marks an error that only running as root avoids (exit
+	// 4); lib/privilege makes them.
+	ErrNeedsRoot = errors.New("needs root")
 	// ErrConfigInvalid marks an invalid configuration (exit 78).
 	// lib/config's *Error and Errors match it with errors.Is, so that this
 	// package does not link the config parser into every binary.
@@ -50,13 +59,16 @@ var (
 )
 
 // For returns the exit code for the outcome err of a run. The order
-// matters: ownership is checked first because a deferred run must stay
+// matters: "needs root" comes first because a run that could not read its
+// state decided nothing; ownership next because a deferred run must stay
 // silent and successful whatever else went wrong on the way; a refusal is
 // final and wins over "temporary".
 func For(err error) int {
 	switch {
 	case err == nil:
 		return OK
+	case errors.Is(err, ErrNeedsRoot):
+		return NeedsRoot
 	case errors.Is(err, state.ErrOwned):
 		return Deferred
 	case errors.Is(err, ErrConfigInvalid):

@@ -21,7 +21,9 @@ func TestForMapsEachErrorClassToItsUnitContractCode(t *testing.T) {
 		{"invalid config", fmt.Errorf("load: %w", ErrConfigInvalid), 78},
 		{"anything else fails", errors.New("disk full"), 1},
 		{"refusal wins over temporary", fmt.Errorf("%w after %w", ErrRefused, ErrTemporary), 77},
-		{"ownership wins over everything", errors.Join(ErrTemporary, state.ErrOwned), 69},
+		{"ownership wins over everything but needs root", errors.Join(ErrTemporary, state.ErrOwned, ErrRefused, ErrConfigInvalid), 69},
+		{"needs root", fmt.Errorf("read state: %w", ErrNeedsRoot), 4},
+		{"needs root wins: nothing was decided", errors.Join(state.ErrOwned, ErrConfigInvalid, ErrNeedsRoot), 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := For(tc.err); got != tc.want {

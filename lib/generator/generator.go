@@ -31,6 +31,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -519,4 +520,63 @@ func oneLine(s string) string {
 		b.WriteRune(c)
 	}
 	return b.String()
+}
+
+// What the next boot does, as NextBoot.Action.
+const (
+	ActionBootstrap = "bootstrap"
+	ActionStartNode = "start-node"
+	ActionResume    = "resume-installation"
+	ActionNothing   = "nothing"
+	ActionSafeState = "safe-state"
+)
+
+// NextBoot says what plan, decided from in, makes systemd start at the next
+// boot or daemon-reload, for `unbounded status`. It reads the plan rather
+// than the state, so that it can never disagree with what the generator
+// does.
+type NextBoot struct {
+	// Action is one of the Action constants.
+	Action string `json:"action"`
+	// Units are what multi-user.target is made to want.
+	Units []string `json:"units"`
+	// Reason says it in words; paths are as the host sees them.
+	Reason string `json:"reason"`
+}
+
+// Explain turns a plan (Decide(in)) into a NextBoot. p is the root the
+// state was read under, stripped from paths in the reason.
+func Explain(p hostpaths.Paths, in Input, plan Plan) NextBoot {
+	nb := NextBoot{Units: []string{}}
+	for _, l := range plan.Links {
+		if dir, unit, ok := strings.Cut(l.Path, "/"); ok && dir == multiUserWants {
+			nb.Units = append(nb.Units, unit)
+		}
+	}
+	has := func(u string) bool { return slices.Contains(nb.Units, u) }
+	switch {
+	case has(RecoverUnit):
+		nb.Action, nb.Reason = ActionSafeState, "safe state: "+plan.Problem
+	case in.Ownership != nil && len(nb.Units) > 0:
+		nb.Action = ActionResume
+		nb.Reason = fmt.Sprintf("the installation %q owns the host: %s is resumed, nothing else starts", in.Ownership.Owner, nb.Units[0])
+	case in.Ownership != nil && plan.Problem != "":
+		nb.Action, nb.Reason = ActionNothing, "nothing starts: "+plan.Problem
+	case in.Ownership != nil:
+		nb.Action = ActionNothing
+		nb.Reason = fmt.Sprintf("nothing starts: the installation %q owns the host and names no unit to resume", in.Ownership.Owner)
+	case has(NodeTarget) && in.Active != nil:
+		nb.Action = ActionStartNode
+		nb.Reason = fmt.Sprintf("start the node: mode %s in slot %s, behind the allocation fence, and the daemon", in.Active.Mode, in.Active.Slot)
+	case has(BootstrapService):
+		nb.Action, nb.Reason = ActionBootstrap, "bootstrap: "+hostpaths.ConfigFileHost+" is in place"
+	case plan.Problem != "":
+		nb.Action, nb.Reason = ActionNothing, "nothing starts: "+plan.Problem
+	default:
+		nb.Action, nb.Reason = ActionNothing, "nothing starts: no "+hostpaths.ConfigFileHost+"; the package stays idle until one is in place"
+	}
+	if p.Root != "" && p.Root != "/" {
+		nb.Reason = strings.ReplaceAll(nb.Reason, filepath.Clean(p.Root), "")
+	}
+	return nb
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -619,5 +620,48 @@ func TestValidUnitName(t *testing.T) {
 		if got := validUnitName(name); got != want {
 			t.Errorf("validUnitName(%q) = %v, want %v", name, got, want)
 		}
+	}
+}
+
+// Explain says, for every kind of state, the action the plan carries out.
+func TestExplainNamesTheActionOfThePlan(t *testing.T) {
+	root := hostpaths.New("/tmp/r")
+	nspawn2 := &state.AppliedConfig{Slot: "kube2", Mode: "nspawn"}
+	for _, tc := range []struct {
+		name   string
+		in     Input
+		action string
+		units  []string
+		reason string
+	}{
+		{"fresh host without config", Input{}, ActionNothing, nil, "no /etc/unbounded/agent.toml; the package stays idle"},
+		{"fresh host with config", Input{ConfigExists: true}, ActionBootstrap, []string{BootstrapService}, "bootstrap: /etc/unbounded/agent.toml is in place"},
+		{"config not stat'able", Input{ConfigErr: fmt.Errorf("stat /tmp/r/etc/unbounded/agent.toml: %w", fs.ErrPermission)}, ActionNothing, nil,
+			"nothing starts: cannot tell whether the config exists, bootstrap not started: stat /etc/unbounded/agent.toml: permission denied"},
+		{"bootstrapped", Input{Active: nspawn2, FenceUnit: fence, NodeUnits: installed("nspawn")}, ActionStartNode,
+			[]string{NodeTarget, DaemonService}, "start the node: mode nspawn in slot kube2"},
+		{"corrupt", Input{ActiveErr: errors.New("checksum mismatch")}, ActionSafeState, []string{RecoverUnit}, "safe state: applied state not trusted"},
+		{"no fence", Input{Active: nspawn2, NodeUnits: installed("nspawn")}, ActionSafeState, []string{RecoverUnit}, "node would start unfenced"},
+		{"owned, resumed", Input{Ownership: &state.Ownership{Owner: "reprovision", Unit: "unbounded-reprovision.service"}}, ActionResume,
+			[]string{"unbounded-reprovision.service"}, `the installation "reprovision" owns the host: unbounded-reprovision.service is resumed`},
+		{"owned, no unit", Input{Ownership: &state.Ownership{Owner: "bootstrap"}}, ActionNothing, nil, `"bootstrap" owns the host and names no unit`},
+		{"owned, unreadable", Input{Ownership: &state.Ownership{Owner: "unknown"}, OwnershipErr: state.ErrCorrupt}, ActionSafeState, []string{RecoverUnit}, "safe state: ownership record unreadable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nb := Explain(root, tc.in, Decide(tc.in))
+			units := nb.Units
+			if len(units) == 0 {
+				units = nil
+			}
+			sort.Strings(units)
+			want := slices.Clone(tc.units)
+			sort.Strings(want)
+			if nb.Action != tc.action || !reflect.DeepEqual(units, want) || !strings.Contains(nb.Reason, tc.reason) {
+				t.Errorf("got %+v, want action %s units %v reason containing %q", nb, tc.action, want, tc.reason)
+			}
+			if strings.Contains(nb.Reason, "/tmp/r") {
+				t.Errorf("reason shows the test root: %q", nb.Reason)
+			}
+		})
 	}
 }

@@ -1,8 +1,10 @@
 // Package status gathers the one-screen summary of `unbounded status` from
 // local state only: applied configs, ownership record, legacy root and
-// journals. It reads; it never repairs, never takes a lock and never
-// panics on a broken file, because an operator runs it exactly when
-// something is broken.
+// journals, whether a configuration is in place, and what the next boot
+// will start (decided by lib/generator's own Read and Decide, so that
+// status and the generator cannot disagree). It reads; it never repairs,
+// never takes a lock and never panics on a broken file, because an
+// operator runs it exactly when something is broken.
 package status
 
 import (
@@ -17,6 +19,9 @@ import (
 	"strings"
 	"time"
 
+	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/state"
@@ -48,7 +53,32 @@ type Report struct {
 	Legacy Legacy `json:"legacy"`
 	// Journals are the multi-step operations' journals.
 	Journals []Journal `json:"journals"`
+	// Config is the operator configuration: present, and valid.
+	Config Config `json:"config"`
+	// NextBoot is what the generator makes systemd start at the next boot
+	// (or daemon-reload), decided by the generator's own code.
+	NextBoot generator.NextBoot `json:"next-boot"`
 }
+
+// Config says whether the operator configuration is in place and valid.
+type Config struct {
+	// File is the main file, as the host sees it.
+	File string `json:"file"`
+	// Present: the main file exists (what the generator looks at to
+	// bootstrap a fresh host).
+	Present bool `json:"present"`
+	// Valid: the main file and its drop-ins load without a problem;
+	// Problems lists them otherwise.
+	Valid    bool     `json:"valid"`
+	Problems []string `json:"problems,omitempty"`
+	// needsRoot is why the configuration could not be checked: only
+	// root may read a file of it (lib/privilege). The report is then
+	// not to be shown: it would call the configuration invalid.
+	needsRoot error
+}
+
+// NeedsRoot returns why the report could not be made without root, or nil.
+func (r Report) NeedsRoot() error { return r.Config.needsRoot }
 
 // Applied is one slot's applied config record.
 type Applied struct {
@@ -126,7 +156,31 @@ func Gather(p hostpaths.Paths) Report {
 	r.Legacy = Legacy{Detected: l.Found(), AppliedConfigs: l.AppliedConfigs, Binary: l.Binary, Unit: l.Unit}
 
 	r.Journals = readJournals(p)
+
+	in := generator.Host{}.Read(p)
+	r.NextBoot = generator.Explain(p, in, generator.Decide(in))
+	r.Config = gatherConfig(p)
 	return r
+}
+
+func gatherConfig(p hostpaths.Paths) Config {
+	c := Config{File: hostpaths.ConfigFileHost}
+	_, err := os.Stat(p.ConfigFile())
+	c.Present = err == nil
+	_, err = config.Load(p)
+	switch es := config.AsErrors(err); {
+	case err == nil:
+		c.Valid = true
+	case errors.Is(err, exitcode.ErrNeedsRoot):
+		c.needsRoot = err
+	case es != nil:
+		for _, e := range es {
+			c.Problems = append(c.Problems, e.Error())
+		}
+	default:
+		c.Problems = []string{err.Error()}
+	}
+	return c
 }
 
 // maxJournal bounds what is read of one journal: status shows a step name,
@@ -169,10 +223,23 @@ func readJournals(p hostpaths.Paths) []Journal {
 	return out
 }
 
-// Text writes the report for a terminal.
-func (r Report) Text(w io.Writer) {
+// Text writes the report for a terminal. It returns the first write error:
+// a status that did not reach its reader must not exit 0.
+func (r Report) Text(out io.Writer) error {
+	w := &errWriter{w: out}
 	row := func(k, format string, args ...any) { fmt.Fprintf(w, "%-12s %s\n", k+":", fmt.Sprintf(format, args...)) }
 	row("state", "%s", r.Message)
+	switch c := r.Config; {
+	case !c.Present && c.Valid:
+		row("config", "%s absent, drop-ins only (valid)", c.File)
+	case !c.Present:
+		row("config", "none: no %s", c.File)
+	case c.Valid:
+		row("config", "%s (valid)", c.File)
+	default:
+		row("config", "%s (invalid, %d %s: see unbounded config check)", c.File, len(c.Problems), plural(len(c.Problems), "problem", "problems"))
+	}
+	row("next boot", "%s", r.NextBoot.Reason)
 	if r.Mode != "" {
 		row("mode", "%s", r.Mode)
 		row("active slot", "%s", r.ActiveSlot)
@@ -237,6 +304,29 @@ func (r Report) Text(w io.Writer) {
 			row("journal", "%s: step %s, updated %s", j.Operation, orNone(j.Step), j.Updated.Format(time.RFC3339))
 		}
 	}
+	return w.err
+}
+
+// errWriter keeps the first write error and writes nothing after it.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(b []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(b)
+	e.err = err
+	return n, err
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 func orNone(s string) string {

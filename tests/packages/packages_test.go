@@ -99,6 +99,17 @@ func concerns(t *testing.T, root string) []string {
 	return strings.Fields(string(m[1]))
 }
 
+// manPages are the man pages both packages ship (make docs).
+var manPages = []string{"/usr/share/man/man1/unbounded.1.gz", "/usr/share/man/man5/unbounded-agent.toml.5.gz"}
+
+// completions are the completion scripts of each format, in the places
+// bash-completion, zsh and fish look (zsh: Debian's vendor-completions,
+// Fedora's site-functions).
+var completions = map[string][]string{
+	"deb": {"/usr/share/bash-completion/completions/unbounded", "/usr/share/zsh/vendor-completions/_unbounded", "/usr/share/fish/vendor_completions.d/unbounded.fish"},
+	"rpm": {"/usr/share/bash-completion/completions/unbounded", "/usr/share/zsh/site-functions/_unbounded", "/usr/share/fish/vendor_completions.d/unbounded.fish"},
+}
+
 // expected computes what the package of format ("deb" or "rpm") must hold
 // from the tree it was built from.
 func expected(t *testing.T, format string) contents {
@@ -112,14 +123,22 @@ func expected(t *testing.T, format string) contents {
 	file("/usr/lib/systemd/system-generators/unbounded-generator", 0o755)
 	file("/usr/lib/systemd/system-preset/80-unbounded.preset", 0o644)
 	file(tmpfilesConf, 0o644)
-	file("/usr/share/doc/unbounded-agent/copyright", 0o644)
 	dir("/usr/libexec/unbounded", 0o755)
 	dir("/etc/unbounded", 0o755)
 	dir("/etc/unbounded/agent.toml.d", 0o755)
 	dir("/var/lib/unbounded", 0o700)
 	dir("/usr/share/doc/unbounded-agent", 0o755)
+	for _, p := range manPages {
+		file(p, 0o644)
+	}
+	for _, p := range completions[format] {
+		file(p, 0o644)
+	}
 	switch format {
 	case "deb":
+		// Debian's copyright file stays out of the .rpm, which has the
+		// license text instead.
+		file("/usr/share/doc/unbounded-agent/copyright", 0o644)
 		file("/usr/share/doc/unbounded-agent/changelog.gz", 0o644)
 		file("/usr/share/lintian/overrides/unbounded-agent", 0o644)
 	case "rpm":
@@ -524,6 +543,9 @@ func newRoot(t *testing.T, busybox string, systemdRunning bool) (string, fakeSys
 		"usr/lib/systemd/system", "usr/lib/systemd/system-generators", "usr/lib/systemd/system-preset",
 		"usr/lib/tmpfiles.d",
 		"etc/systemd/system", "var/lib",
+		// Owned by the base system and the shells, not by this package.
+		"usr/share/man/man1", "usr/share/man/man5", "usr/share/bash-completion/completions",
+		"usr/share/zsh/vendor-completions", "usr/share/zsh/site-functions", "usr/share/fish/vendor_completions.d",
 	} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			t.Fatal(err)
@@ -555,6 +577,14 @@ func newRoot(t *testing.T, busybox string, systemdRunning bool) (string, fakeSys
 	}
 	script := "#!/bin/sh\necho \"$*\" >>/tmp/systemctl.log\n"
 	if err := os.WriteFile(filepath.Join(root, "usr/bin/systemctl"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// deb-systemd-invoke is Perl, which the scratch root has not: this one
+	// passes its call on to systemctl, as the real one does when
+	// policy-rc.d allows it (TestDebPrermHonoursPolicyRcD runs the real
+	// one).
+	invoke := "#!/bin/sh\nexec systemctl \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(root, "usr/bin/deb-systemd-invoke"), []byte(invoke), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	return root, fakeSystemctl{log: filepath.Join(root, "tmp/systemctl.log")}
@@ -855,6 +885,10 @@ func TestDebHasNoLintianErrors(t *testing.T) {
 		case strings.HasPrefix(line, "E: "):
 			errors++
 			t.Errorf("lintian: %s", line)
+		case strings.Contains(line, " no-manual-page "), strings.Contains(line, "maintainer-script-calls-systemctl [prerm"):
+			// Fixed for good: the man pages ship, and prerm stops
+			// units through deb-systemd-invoke.
+			t.Errorf("lintian: %s", line)
 		case strings.HasPrefix(line, "W: "), strings.HasPrefix(line, "I: "),
 			strings.HasPrefix(line, "P: "), strings.HasPrefix(line, "X: "):
 			t.Logf("lintian: %s", line)
@@ -892,5 +926,183 @@ func TestEveryProgramAUnitStartsIsPackaged(t *testing.T) {
 				t.Errorf("%s:%d starts %s, which the package does not hold (a concern of the multicall executable goes on the CONCERNS line of deb/build-packages.sh)", src, i+1, prog)
 			}
 		}
+	}
+}
+
+// extractDeb unpacks the .deb's files into a new directory (no scripts).
+func extractDeb(t *testing.T, deb string) string {
+	t.Helper()
+	requireTools(t, "dpkg-deb")
+	dir := t.TempDir()
+	run(t, nil, "dpkg-deb", "-x", deb, dir)
+	return dir
+}
+
+// extractRPM installs the .rpm's files into a new root without its
+// scriptlets or dependencies: rpm2cpio's cpio archive needs cpio, which
+// Debian does not install by default; rpm itself is needed anyway.
+func extractRPM(t *testing.T, rpm string) string {
+	t.Helper()
+	requireRoot(t, "rpm --root installs files owned by root")
+	requireTools(t, "rpm")
+	dir := t.TempDir()
+	run(t, nil, "rpm", "--root", dir, "--define", "_dbpath /var/lib/rpm", "-i", "--nodeps", "--noscripts", rpm)
+	return dir
+}
+
+// packageTrees are the files of each package that the test can get at.
+func packageTrees(t *testing.T) map[string]string {
+	t.Helper()
+	trees := map[string]string{}
+	if deb := os.Getenv("UNBOUNDED_TEST_DEB"); deb != "" {
+		trees["deb"] = extractDeb(t, deb)
+	}
+	if rpm := os.Getenv("UNBOUNDED_TEST_RPM"); rpm != "" {
+		trees["rpm"] = extractRPM(t, rpm)
+	}
+	if len(trees) == 0 {
+		t.Skip("UNBOUNDED_TEST_DEB and UNBOUNDED_TEST_RPM are not set: build the packages with `make packages` (make test does)")
+	}
+	return trees
+}
+
+// Both packages ship unbounded(1) and unbounded-agent.toml(5); man renders
+// them without a warning, and their NAME line is what whatis/apropos read.
+func TestManPagesAreShippedAndRender(t *testing.T) {
+	requireTools(t, "man")
+	for format, tree := range packageTrees(t) {
+		for _, page := range manPages {
+			f := filepath.Join(tree, page)
+			cmd := exec.Command("man", "--warnings", "-l", f)
+			cmd.Env = append(os.Environ(), "LC_ALL=C.UTF-8", "MANWIDTH=80", "MAN_KEEP_FORMATTING=0")
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Run(); err != nil || stderr.Len() > 0 {
+				t.Errorf("%s: man -l %s: %v\n%s", format, page, err, stderr.String())
+				continue
+			}
+			// man formats for a terminal (bold and underline by
+			// overstriking) even into a pipe: keep the letters.
+			// Justified lines have runs of blanks: compare words.
+			text := regexp.MustCompile(".\x08").ReplaceAllString(stdout.String(), "")
+			text = strings.Join(strings.Fields(text), " ")
+			var want []string
+			switch filepath.Base(page) {
+			case "unbounded.1.gz":
+				want = []string{"unbounded - operator command of unbounded-agent", "config check", "supports-isolation MODE", "EXIT STATUS", "needs root"}
+			case "unbounded-agent.toml.5.gz":
+				want = []string{"unbounded-agent.toml - configuration of unbounded-agent", "api-server (required)", "retry-budget = \"2m\"", "[allocation]"}
+			}
+			for _, w := range want {
+				if !strings.Contains(text, w) {
+					t.Errorf("%s: %s as man renders it lacks %q:\n%s", format, page, w, text)
+				}
+			}
+		}
+	}
+}
+
+// The packaged completion scripts complete a subcommand in their shell;
+// zsh and fish (when installed) at least parse theirs.
+func TestPackagedCompletionCompletes(t *testing.T) {
+	requireTools(t, "bash")
+	for format, tree := range packageTrees(t) {
+		files := completions[format]
+		out := run(t, nil, "bash", "-c", `source "$1"; COMP_WORDS=(unbounded con); COMP_CWORD=1; _unbounded; echo "${COMPREPLY[*]}"`, "_", filepath.Join(tree, files[0]))
+		if strings.TrimSpace(out) != "config" {
+			t.Errorf("%s: bash completes \"unbounded con\" to %q, want config", format, out)
+		}
+		out = run(t, nil, "bash", "-c", `source "$1"; COMP_WORDS=(unbounded supports-isolation ""); COMP_CWORD=2; _unbounded; echo "${COMPREPLY[*]}"`, "_", filepath.Join(tree, files[0]))
+		if strings.TrimSpace(out) != "nspawn container none" {
+			t.Errorf("%s: bash completes \"unbounded supports-isolation \" to %q", format, out)
+		}
+		for _, sh := range []struct{ shell, flag, file string }{{"zsh", "-n", files[1]}, {"fish", "--no-execute", files[2]}} {
+			if _, err := exec.LookPath(sh.shell); err != nil {
+				t.Logf("%s is not installed: its completion is not parsed here (lib/cli runs it where it is)", sh.shell)
+				continue
+			}
+			run(t, nil, sh.shell, sh.flag, filepath.Join(tree, sh.file))
+		}
+	}
+}
+
+// The .rpm says that its %post needs systemd (Requires(post): rpm orders
+// the transaction by it; nfpm cannot write Requires(preun), see
+// deb/nfpm.yaml), marks the man
+// pages and the example config as documentation (rpm -qd lists them, and
+// --excludedocs leaves them out), and ships the license text, not Debian's
+// copyright file.
+func TestRPMDeclaresScriptletDependenciesAndDocs(t *testing.T) {
+	rpm := packageFile(t, "UNBOUNDED_TEST_RPM")
+	requireTools(t, "rpm")
+	t.Parallel()
+
+	deps := strings.Split(run(t, nil, "rpm", "-qp", "--qf", `[%{REQUIREFLAGS:deptype} %{REQUIRENAME}\n]`, rpm), "\n")
+	for _, want := range []string{"post systemd", "manual systemd"} {
+		if !slices.Contains(deps, want) {
+			t.Errorf("rpm requires lack %q: %q", want, deps)
+		}
+	}
+	docs := strings.Split(strings.TrimSpace(run(t, nil, "rpm", "-qpd", rpm)), "\n")
+	for _, want := range append(slices.Clone(manPages), "/usr/share/doc/unbounded-agent/agent.toml.example") {
+		if !slices.Contains(docs, want) {
+			t.Errorf("rpm -qpd does not list %s: %q", want, docs)
+		}
+	}
+	if licenses := run(t, nil, "rpm", "-qpL", rpm); !strings.Contains(licenses, "/usr/share/licenses/unbounded-agent/LICENSE") {
+		t.Errorf("rpm -qpL: %q", licenses)
+	}
+	if files := run(t, nil, "rpm", "-qpl", rpm); strings.Contains(files, "/copyright") {
+		t.Errorf("the rpm ships Debian's copyright file:\n%s", files)
+	}
+}
+
+// TestDebPrermHonoursPolicyRcD runs the .deb's prerm with the real
+// deb-systemd-invoke, as dpkg does on a host where systemd runs: it stops
+// the package's units, unless policy-rc.d says no (101), as image builders
+// and containers set it. The host is left alone: the run is in a private
+// mount namespace where /run (for /run/systemd/system), /usr/sbin (for
+// policy-rc.d) and the unit directory are fresh tmpfs, and systemctl is a
+// fake that logs its calls.
+func TestDebPrermHonoursPolicyRcD(t *testing.T) {
+	deb := packageFile(t, "UNBOUNDED_TEST_DEB")
+	requireRoot(t, "mounts in a private mount namespace")
+	requireTools(t, "dpkg-deb", "unshare", "deb-systemd-invoke", "perl")
+	t.Parallel()
+
+	control := t.TempDir()
+	run(t, nil, "dpkg-deb", "-e", deb, control)
+	want := expected(t, "deb")
+	fakeDir := t.TempDir()
+	log := filepath.Join(fakeDir, "log")
+	if err := os.WriteFile(filepath.Join(fakeDir, "systemctl"), []byte("#!/bin/sh\necho \"$*\" >>"+log+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var units []string
+	for dst := range want.unitSources {
+		units = append(units, filepath.Base(dst))
+	}
+	for _, policy := range []int{0, 101} {
+		t.Run(fmt.Sprintf("policy-rc.d exits %d", policy), func(t *testing.T) {
+			_ = os.Remove(log)
+			script := fmt.Sprintf(`set -e
+mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/system
+mount -t tmpfs tmpfs /usr/sbin
+printf '#!/bin/sh\nexit %d\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
+mount -t tmpfs tmpfs /usr/lib/systemd/system
+for u in %s; do : >"/usr/lib/systemd/system/$u"; done
+PATH=%s:$PATH sh %s remove
+`, policy, strings.Join(units, " "), fakeDir, filepath.Join(control, "prerm"))
+			cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script)
+			cmd.Env = append(os.Environ(), "DPKG_ROOT=")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("prerm remove: %v\n%s", err, out)
+			}
+			var stop []string
+			if policy == 0 {
+				stop = call(nil, "stop", want.stopNames)
+			}
+			assertCalls(t, "prerm remove", fakeSystemctl{log: log}.calls(t), stop)
+		})
 	}
 }
