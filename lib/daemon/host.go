@@ -48,6 +48,9 @@ type UnitState struct {
 	// InvocationID changes at every start; "" when the unit has not run
 	// since it was loaded.
 	InvocationID string
+	// StartedAt is when the unit's last run began (InactiveExitTimestamp);
+	// zero when it has not run since it was loaded.
+	StartedAt time.Time
 }
 
 // Running reports whether the unit is in a transition (a oneshot stays in
@@ -70,6 +73,15 @@ type JournalQuery struct {
 	Unit string
 	// Invocation limits the lines to one run of the unit when not empty.
 	Invocation string
+	// StartedAt is when that run began, when known. journalctl then
+	// selects the unit's lines since then instead of matching the
+	// invocation ID: journald attaches _SYSTEMD_INVOCATION_ID to a line
+	// of the unit's stdout only if it can still read it from the unit's
+	// cgroup, which a short-lived process may have left already (seen
+	// under real systemd in tests/system: a failed oneshot's own lines
+	// carried _SYSTEMD_UNIT but no invocation ID, and the report held
+	// only systemd's lines about the unit).
+	StartedAt time.Time
 	// Since limits the lines to those logged at or after it when not zero.
 	Since time.Time
 	// Lines is how many of the last lines to return.
@@ -177,6 +189,9 @@ func (s *dbusSystemd) UnitState(ctx context.Context, unit string) (UnitState, er
 	if id, ok := u["InvocationID"].([]byte); ok && len(id) > 0 && !bytes.Equal(id, make([]byte, len(id))) {
 		st.InvocationID = hex.EncodeToString(id)
 	}
+	if us, ok := u["InactiveExitTimestamp"].(uint64); ok && us > 0 {
+		st.StartedAt = time.UnixMicro(int64(us))
+	}
 	if strings.HasSuffix(unit, ".service") {
 		svc, err := s.conn.GetUnitTypePropertiesContext(ctx, unit, "Service")
 		if err != nil {
@@ -210,12 +225,10 @@ func str(v any) string {
 // unit's own output to reach the journal. systemd's messages about the unit
 // ("Failed with result ...") come over the native protocol and can be in
 // the journal before journald has read the last lines the unit's process
-// wrote to its stdout stream, even after the unit is dead (seen under
-// real systemd in tests/system: the report held systemd's lines but not
-// the unit's own). `journalctl --sync` is the barrier journald offers (it
-// answers only after what is queued has been processed); this bound is the
-// fallback for a journald that refuses it or a unit that printed nothing,
-// short enough not to delay the report of a failure noticeably.
+// wrote to its stdout stream. `journalctl --sync` is the barrier journald
+// offers (it answers once what is queued has been processed); this bound
+// is the fallback for a journald that refuses it or a unit that printed
+// nothing, short enough not to delay the report of a failure noticeably.
 const journalOutputWait = 2 * time.Second
 
 // journalOutputPoll is the step of that wait.
@@ -224,14 +237,17 @@ const journalOutputPoll = 100 * time.Millisecond
 // journalctl reads the journal through journalctl: the journal's own C
 // library (sdjournal) needs cgo, and the agent is built CGO_ENABLED=0.
 func journalctl(ctx context.Context, q JournalQuery) ([]string, error) {
-	if q.Invocation != "" {
-		awaitUnitOutput(ctx, q.Invocation)
+	if !q.StartedAt.IsZero() {
+		// One run of the unit: every line about it or from it since it
+		// began (see JournalQuery.StartedAt), once its own output is in.
+		awaitUnitOutput(ctx, q.Unit, q.StartedAt)
+		q.Since, q.Invocation = q.StartedAt, ""
 	}
 	args := []string{"--no-pager", "-q", "-o", "cat", "-n", fmt.Sprint(q.Lines)}
 	if !q.Since.IsZero() {
 		// To the microsecond: whole seconds would take in the lines of a
 		// run that ended earlier in the same second.
-		args = append(args, "--since", fmt.Sprintf("@%d.%06d", q.Since.Unix(), q.Since.Nanosecond()/1000))
+		args = append(args, "--since", journalTime(q.Since))
 	}
 	if q.Invocation != "" {
 		// The unit's own output carries _SYSTEMD_INVOCATION_ID; systemd's
@@ -259,17 +275,23 @@ func journalctl(ctx context.Context, q JournalQuery) ([]string, error) {
 	return strings.Split(text, "\n"), nil
 }
 
-// awaitUnitOutput returns once the journal holds a line the unit's own
-// process wrote in the invocation, or after journalOutputWait. Errors are
-// not reported here: the read that follows reports its own.
-func awaitUnitOutput(ctx context.Context, invocation string) {
+// journalTime is a --since argument to the microsecond.
+func journalTime(t time.Time) string {
+	return fmt.Sprintf("@%d.%06d", t.Unix(), t.Nanosecond()/1000)
+}
+
+// awaitUnitOutput returns once the journal holds a line that the unit's own
+// processes wrote since since (_SYSTEMD_UNIT: systemd's lines about the
+// unit carry UNIT= instead), or after journalOutputWait. Errors are not
+// reported here: the read that follows reports its own.
+func awaitUnitOutput(ctx context.Context, unit string, since time.Time) {
 	// Best effort: without the privilege to ask, the poll below still
 	// bounds the wait.
 	_ = exec.CommandContext(ctx, "journalctl", "--sync").Run()
 	deadline := time.Now().Add(journalOutputWait)
 	for {
 		out, err := exec.CommandContext(ctx, "journalctl", "--no-pager", "-q", "-o", "cat", "-n", "1",
-			"_SYSTEMD_INVOCATION_ID="+invocation).Output()
+			"--since", journalTime(since), "_SYSTEMD_UNIT="+unit).Output()
 		if err != nil || len(bytes.TrimSpace(out)) > 0 || !time.Now().Before(deadline) {
 			return
 		}

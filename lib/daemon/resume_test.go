@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,4 +66,34 @@ func TestJournalQuerySinceKeepsSubSecondPrecision(t *testing.T) {
 		}
 	}
 	t.Fatalf("no --since in %q", args)
+}
+
+// A finished run is read by its unit and start time, not by its invocation
+// ID: journald leaves _SYSTEMD_INVOCATION_ID off the stdout lines of a
+// process whose cgroup is already gone, and the report would lose exactly
+// the lines that say why the unit failed.
+func TestJournalQueryOfARunSelectsTheUnitSinceItStarted(t *testing.T) {
+	dir := t.TempDir()
+	script := "#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done\n"
+	if err := os.WriteFile(filepath.Join(dir, "journalctl"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	started := time.Unix(1700000000, 125_000_000)
+	args, err := journalctl(context.Background(), JournalQuery{
+		Unit: "unbounded-repave.service", Invocation: "0123456789abcdef0123456789abcdef",
+		StartedAt: started, Lines: 20,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(args, " ")
+	for _, want := range []string{"--since @1700000000.125000", "-u unbounded-repave.service"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("journalctl %s: lacks %q", got, want)
+		}
+	}
+	if strings.Contains(got, "INVOCATION_ID") {
+		t.Errorf("journalctl %s: matches the invocation ID, which the unit's own lines may lack", got)
+	}
 }

@@ -299,7 +299,7 @@ func (d *daemon) report(ctx context.Context, j *job, t target, req *request.Requ
 		fmt.Fprintf(&b, " job %s,", jobResult)
 	}
 	fmt.Fprintf(&b, " result %s, exit status %d", orUnknown(st.Result), st.ExecMainStatus)
-	q := JournalQuery{Unit: t.unit, Invocation: st.InvocationID, Lines: JournalLines}
+	q := JournalQuery{Unit: t.unit, Invocation: st.InvocationID, StartedAt: st.StartedAt, Lines: JournalLines}
 	if q.Invocation == "" {
 		q.Since = req.RequestedAt
 	}
