@@ -235,15 +235,15 @@ func TestPrepareMakesThePlanTrueAndRecordsWhatItReplaced(t *testing.T) {
 		got[c.Kind+" "+c.Name] = v
 	}
 	want := map[string]string{
-		"module overlay":                            "",
-		"file " + hostpaths.ModulesLoadFileHost:     "",
-		"sysctl net.ipv4.ip_forward":                "0",
+		"module overlay":                             "",
+		"file " + hostpaths.ModulesLoadFileHost:      "",
+		"sysctl net.ipv4.ip_forward":                 "0",
 		"sysctl net.bridge.bridge-nf-call-iptables":  "0",
 		"sysctl net.bridge.bridge-nf-call-ip6tables": "0",
-		"file " + hostpaths.SysctlFileHost:          "",
-		"swap /dev/vda2":                            "-2",
-		"swap /var/swap file":                       "5",
-		"mask swap.target":                          "",
+		"file " + hostpaths.SysctlFileHost:           "",
+		"swap /dev/vda2":                             "-2",
+		"swap /var/swap file":                        "5",
+		"mask swap.target":                           "",
 	}
 	if !maps.Equal(got, want) {
 		t.Errorf("record:\n%v\nwant\n%v", got, want)
