@@ -19,15 +19,16 @@
 //     pin, or the offline sums file). A cache entry that does not verify
 //     is fetched again, never an error.
 //  2. the offline directory ([artifacts] offline-dir): offline-dir/<path>,
-//     where <path> is the artifact's [artifacts.urls] template expanded.
+//     where <path> is the artifact's [artifacts] <name>-path template
+//     expanded.
 //  3. the network: the override URL ([artifacts.overrides.<name>] url), or
 //     base-url/<path>.
 //
 // Where each expected SHA-256 comes from, and what that trust means: a
 // pinned sum ([artifacts.checksums.<name>], or the override's sha256) is
 // trusted as the config file is (root-owned, in /etc); without one, the
-// sums file ([artifacts] checksums-file, sha256sum's format, paths as in
-// [artifacts.urls]) next to the files: offline-dir/SHA256SUMS for an
+// sums file ([artifacts] checksums-file, sha256sum's format, paths as the
+// <name>-path keys give them) next to the files: offline-dir/SHA256SUMS for an
 // offline file, base-url/SHA256SUMS for a download. A sums file from the
 // mirror proves the file is the one the mirror meant (no corruption, no
 // truncation, no wrong version, no bad resume), not that the mirror is
@@ -145,7 +146,7 @@ type Artifact struct {
 	Name    string // kubelet, containerd, runc, cni-plugins, crictl
 	Version string // without a leading "v"
 	// Path is the file's path under base-url and offline-dir (its
-	// [artifacts.urls] template expanded), slash-separated, relative.
+	// [artifacts] <name>-path template expanded), slash-separated, relative.
 	// Its last element names the file in the cache.
 	Path string
 	// URL, when set, is where it is downloaded from instead of

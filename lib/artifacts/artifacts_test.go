@@ -696,12 +696,10 @@ func TestFromConfigExpandsTemplatesAndAppliesPinsAndOverrides(t *testing.T) {
 	cfg.Cluster.KubernetesVersion = "v1.36.3"
 	cfg.Artifacts = config.Artifacts{
 		ContainerdVersion: "1.6.20", RuncVersion: "1.1.5", CNIPluginsVersion: "1.1.1",
-		Checksums: map[string]string{"runc": strings.ToUpper(sumOf([]byte("r")))},
-		Overrides: map[string]config.Override{"containerd": {URL: "https://m.example/c.tgz", SHA256: sumOf([]byte("c"))}},
-		URLs: config.ArtifactURLs{
-			Kubelet: "kubelet/v{version}/linux-{arch}/kubelet", Containerd: "containerd/{name}-{version}.tgz",
-			Runc: "runc/runc.{arch}", CNIPlugins: "cni/{version}.tgz", Crictl: "crictl/{version}",
-		},
+		Checksums:   map[string]string{"runc": strings.ToUpper(sumOf([]byte("r")))},
+		Overrides:   map[string]config.Override{"containerd": {URL: "https://m.example/c.tgz", SHA256: sumOf([]byte("c"))}},
+		KubeletPath: "kubelet/v{version}/linux-{arch}/kubelet", ContainerdPath: "containerd/{name}-{version}.tgz",
+		RuncPath: "runc/runc.{arch}", CNIPluginsPath: "cni/{version}.tgz", CrictlPath: "crictl/{version}",
 	}
 	as := FromConfig(cfg, "arm64")
 	want := []Artifact{

@@ -39,20 +39,21 @@ func (c *Config) ArtifactVersion(name string) string {
 	return strings.TrimPrefix(v, "v")
 }
 
-// ArtifactURLTemplate is the URL template of artifact name ("" for an
+// ArtifactURLTemplate is the URL template of artifact name (its
+// [artifacts] <name>-path key) ("" for an
 // unknown name).
 func (c *Config) ArtifactURLTemplate(name string) string {
 	switch name {
 	case "kubelet":
-		return c.Artifacts.URLs.Kubelet
+		return c.Artifacts.KubeletPath
 	case "containerd":
-		return c.Artifacts.URLs.Containerd
+		return c.Artifacts.ContainerdPath
 	case "runc":
-		return c.Artifacts.URLs.Runc
+		return c.Artifacts.RuncPath
 	case "cni-plugins":
-		return c.Artifacts.URLs.CNIPlugins
+		return c.Artifacts.CNIPluginsPath
 	case "crictl":
-		return c.Artifacts.URLs.Crictl
+		return c.Artifacts.CrictlPath
 	}
 	return ""
 }
@@ -125,7 +126,7 @@ func (l *loader) validateArtifacts(c *Config) {
 		})
 	}
 	for _, name := range ArtifactNames {
-		key := k("artifacts", "urls", name)
+		key := k("artifacts", name+"-path")
 		check(key, func() {
 			t := c.ArtifactURLTemplate(name)
 			for _, ph := range placeholderRE.FindAllString(t, -1) {

@@ -39,15 +39,15 @@ func TestArtifactKeysDefaultToDebianBookwormAndTheUpstreamLayout(t *testing.T) {
 	}
 }
 
-func TestArtifactURLTemplateDropinKeepsTheOtherTemplates(t *testing.T) {
+func TestArtifactPathDropinKeepsTheOtherPaths(t *testing.T) {
 	h := newHost(t)
-	h.write(dropinDir+"/10-urls.toml", "[artifacts.urls]\nrunc = \"bin/{name}-{version}\"\n", 0o644)
+	h.write(dropinDir+"/10-urls.toml", "[artifacts]\nrunc-path = \"bin/{name}-{version}\"\n", 0o644)
 	cfg, errs := h.load()
 	if errs != nil {
 		t.Fatalf("valid drop-in rejected:\n%v", errs)
 	}
-	if cfg.Artifacts.URLs.Runc != "bin/{name}-{version}" || !strings.HasPrefix(cfg.Artifacts.URLs.Kubelet, "kubelet/") {
-		t.Errorf("urls after a drop-in setting one: %+v", cfg.Artifacts.URLs)
+	if cfg.Artifacts.RuncPath != "bin/{name}-{version}" || !strings.HasPrefix(cfg.Artifacts.KubeletPath, "kubelet/") {
+		t.Errorf("paths after a drop-in setting one: %+v", cfg.Artifacts)
 	}
 }
 
@@ -64,23 +64,23 @@ func TestArtifactKeysReportFileLineAndKey(t *testing.T) {
 			h.edit(mainFile, "base-url = \"https://artifacts.example.internal\"\n", "base-url = \"https://artifacts.example.internal\"\ncrictl-version = \"1.28\"\n")
 		}, want{mainFile, 17, "artifacts.crictl-version", `got "1.28"`}},
 		{"unknown placeholder", func(h *host) {
-			h.edit(mainFile, "[allocation]", "[artifacts.urls]\nkubelet = \"k/{os}/kubelet\"\n[allocation]")
-		}, want{mainFile, 19, "artifacts.urls.kubelet", "unknown placeholder {os}"}},
+			h.edit(mainFile, "base-url = \"https://artifacts.example.internal\"\n", "base-url = \"https://artifacts.example.internal\"\nkubelet-path = \"k/{os}/kubelet\"\n")
+		}, want{mainFile, 17, "artifacts.kubelet-path", "unknown placeholder {os}"}},
 		{"template is a whole URL", func(h *host) {
-			h.edit(mainFile, "[allocation]", "[artifacts.urls]\nrunc = \"https://x.example/runc\"\n[allocation]")
-		}, want{mainFile, 19, "artifacts.urls.runc", "artifacts.overrides.<name>.url"}},
+			h.edit(mainFile, "base-url = \"https://artifacts.example.internal\"\n", "base-url = \"https://artifacts.example.internal\"\nrunc-path = \"https://x.example/runc\"\n")
+		}, want{mainFile, 17, "artifacts.runc-path", "artifacts.overrides.<name>.url"}},
 		{"template leaves offline-dir", func(h *host) {
-			h.edit(mainFile, "[allocation]", "[artifacts.urls]\nrunc = \"../runc\"\n[allocation]")
-		}, want{mainFile, 19, "artifacts.urls.runc", "no .."}},
+			h.edit(mainFile, "base-url = \"https://artifacts.example.internal\"\n", "base-url = \"https://artifacts.example.internal\"\nrunc-path = \"../runc\"\n")
+		}, want{mainFile, 17, "artifacts.runc-path", "no .."}},
 		{"template absolute", func(h *host) {
-			h.edit(mainFile, "[allocation]", "[artifacts.urls]\nrunc = \"/runc\"\n[allocation]")
-		}, want{mainFile, 19, "artifacts.urls.runc", "not start with /"}},
+			h.edit(mainFile, "base-url = \"https://artifacts.example.internal\"\n", "base-url = \"https://artifacts.example.internal\"\nrunc-path = \"/runc\"\n")
+		}, want{mainFile, 17, "artifacts.runc-path", "not start with /"}},
 		{"template names a directory", func(h *host) {
-			h.edit(mainFile, "[allocation]", "[artifacts.urls]\nrunc = \"runc/{version}/\"\n[allocation]")
-		}, want{mainFile, 19, "artifacts.urls.runc", "must name a file"}},
+			h.edit(mainFile, "base-url = \"https://artifacts.example.internal\"\n", "base-url = \"https://artifacts.example.internal\"\nrunc-path = \"runc/{version}/\"\n")
+		}, want{mainFile, 17, "artifacts.runc-path", "must name a file"}},
 		{"template unbalanced brace", func(h *host) {
-			h.edit(mainFile, "[allocation]", "[artifacts.urls]\nrunc = \"runc/{version\"\n[allocation]")
-		}, want{mainFile, 19, "artifacts.urls.runc", "unbalanced brace"}},
+			h.edit(mainFile, "base-url = \"https://artifacts.example.internal\"\n", "base-url = \"https://artifacts.example.internal\"\nrunc-path = \"runc/{version\"\n")
+		}, want{mainFile, 17, "artifacts.runc-path", "unbalanced brace"}},
 		{"pinned checksum of an unknown artifact", func(h *host) {
 			h.edit(mainFile, "[allocation]", "[artifacts.checksums]\nkublet = \""+testSum+"\"\n[allocation]")
 		}, want{mainFile, 19, "artifacts.checksums.kublet", `unknown artifact "kublet"`}},

@@ -75,7 +75,9 @@ type Node struct {
 
 // Artifacts says where the node stack comes from: which versions, at
 // which URLs, checked against which SHA-256 (lib/artifacts fetches them;
-// artifacts.go here validates these keys).
+// artifacts.go here validates these keys). The per-artifact keys are flat
+// (<name>-version, <name>-path), not sub-tables, so that a drop-in that
+// sets one keeps the others ([artifacts] merges key by key).
 type Artifacts struct {
 	BaseURL           string              `toml:"base-url"`
 	OfflineDir        string              `toml:"offline-dir"`
@@ -83,21 +85,14 @@ type Artifacts struct {
 	RuncVersion       string              `toml:"runc-version"`
 	CNIPluginsVersion string              `toml:"cni-plugins-version"`
 	CrictlVersion     string              `toml:"crictl-version"`
+	KubeletPath       string              `toml:"kubelet-path"`
+	ContainerdPath    string              `toml:"containerd-path"`
+	RuncPath          string              `toml:"runc-path"`
+	CNIPluginsPath    string              `toml:"cni-plugins-path"`
+	CrictlPath        string              `toml:"crictl-path"`
 	ChecksumsFile     string              `toml:"checksums-file"`
 	Checksums         map[string]string   `toml:"checksums"`
 	Overrides         map[string]Override `toml:"overrides"`
-	URLs              ArtifactURLs        `toml:"urls"`
-}
-
-// ArtifactURLs are the URL templates of each artifact, relative to
-// base-url (and to offline-dir). A struct, not a map, so that a drop-in
-// that sets one template keeps the others (sections merge key by key).
-type ArtifactURLs struct {
-	Kubelet    string `toml:"kubelet"`
-	Containerd string `toml:"containerd"`
-	Runc       string `toml:"runc"`
-	CNIPlugins string `toml:"cni-plugins"`
-	Crictl     string `toml:"crictl"`
 }
 
 // Override is the source of one artifact, replacing base-url for it.

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // The real-kernel test runs Prepare and Undo in a child process (this test
@@ -104,11 +105,11 @@ func netnsHelper() error {
 
 func TestPrepareAndUndoRealSysctlsInANetworkNamespace(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace and writes /proc/sys in it")
+		tiers.Skip(t, tiers.Unit, "needs root: creates a network namespace and writes /proc/sys in it")
 	}
 	parentNS, err := os.Readlink("/proc/self/ns/net")
 	if err != nil {
-		t.Skipf("no /proc/self/ns/net: %v", err)
+		tiers.Skip(t, tiers.Unit, "no /proc/self/ns/net: %v", err)
 	}
 	parentForward := readReal("net.ipv4.ip_forward")
 
@@ -119,7 +120,7 @@ func TestPrepareAndUndoRealSysctlsInANetworkNamespace(t *testing.T) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil && errors.Is(err, syscall.EPERM) {
-		t.Skipf("cannot create a network namespace here: %v", err)
+		tiers.Skip(t, tiers.Unit, "cannot create a network namespace here: %v", err)
 	}
 	if err != nil {
 		t.Fatalf("helper: %v\n%s", err, stderr.String())
