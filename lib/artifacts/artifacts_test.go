@@ -87,6 +87,13 @@ func (m *mirror) serve(w http.ResponseWriter, r *http.Request) {
 	http.ServeContent(w, r, name, time.Unix(0, 0), bytes.NewReader(data))
 }
 
+// setHandle sets handle under the lock the server reads it with.
+func (m *mirror) setHandle(h func(n int, w http.ResponseWriter, r *http.Request) bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.handle = h
+}
+
 // requests returns the requests for path p (not the sums file).
 func (m *mirror) requests(p string) []*http.Request {
 	m.mu.Lock()
@@ -151,13 +158,13 @@ func TestFetchResumesACutDownloadWithARangeRequest(t *testing.T) {
 	data := payload(1 << 20)
 	m := newMirror(t, map[string][]byte{testPath: data})
 	const cut = 300_000
-	m.handle = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	m.setHandle(func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if r.URL.Path == "/"+testPath && len(m.requests(testPath)) == 1 {
 			cutAfter(w, data, cut)
 			return true
 		}
 		return false
-	}
+	})
 	f := fetcher(t, m.srv.URL)
 	res, err := f.Fetch(context.Background(), kubelet())
 	if err != nil {
@@ -182,13 +189,13 @@ func TestFetchResumesACutDownloadWithARangeRequest(t *testing.T) {
 func TestFetchRetriesA500AndSucceeds(t *testing.T) {
 	data := payload(4096)
 	m := newMirror(t, map[string][]byte{testPath: data})
-	m.handle = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	m.setHandle(func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if r.URL.Path == "/"+testPath && len(m.requests(testPath)) == 1 {
 			http.Error(w, "mirror restarting", http.StatusInternalServerError)
 			return true
 		}
 		return false
-	}
+	})
 	res, err := fetcher(t, m.srv.URL).Fetch(context.Background(), kubelet())
 	if err != nil {
 		t.Fatalf("a 500 then the file: %v", err)
@@ -201,13 +208,13 @@ func TestFetchRetriesA500AndSucceeds(t *testing.T) {
 
 func TestFetchGivesUpAfterBoundedTriesWithExit75(t *testing.T) {
 	m := newMirror(t, map[string][]byte{testPath: payload(10)})
-	m.handle = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	m.setHandle(func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if r.URL.Path == "/"+testPath {
 			http.Error(w, "overloaded", http.StatusServiceUnavailable)
 			return true
 		}
 		return false
-	}
+	})
 	f := fetcher(t, m.srv.URL)
 	_, err := f.Fetch(context.Background(), kubelet())
 	if !errors.Is(err, ErrUnavailable) || exitcode.For(err) != exitcode.TempFail {
@@ -364,10 +371,10 @@ func TestFetchClassifiesFinalHTTPAnswers(t *testing.T) {
 	} {
 		t.Run(http.StatusText(tc.status), func(t *testing.T) {
 			m := newMirror(t, nil)
-			m.handle = func(n int, w http.ResponseWriter, r *http.Request) bool {
+			m.setHandle(func(n int, w http.ResponseWriter, r *http.Request) bool {
 				w.WriteHeader(tc.status)
 				return true
-			}
+			})
 			f := fetcher(t, m.srv.URL)
 			a := kubelet()
 			a.Pinned = sumOf([]byte("x"))
@@ -387,13 +394,13 @@ func TestFetchRetriesTimeoutAndTooManyRequests(t *testing.T) {
 		t.Run(http.StatusText(status), func(t *testing.T) {
 			data := payload(100)
 			m := newMirror(t, map[string][]byte{testPath: data})
-			m.handle = func(n int, w http.ResponseWriter, r *http.Request) bool {
+			m.setHandle(func(n int, w http.ResponseWriter, r *http.Request) bool {
 				if n == 1 {
 					w.WriteHeader(status)
 					return true
 				}
 				return false
-			}
+			})
 			a := kubelet()
 			a.Pinned = sumOf(data)
 			if _, err := fetcher(t, m.srv.URL).Fetch(context.Background(), a); err != nil {
@@ -505,7 +512,7 @@ func TestFetchDownloadsWholeWhenAResumedPartIsOfAnotherFile(t *testing.T) {
 func TestFetchServerIgnoringRangeRewritesThePart(t *testing.T) {
 	data := payload(50_000)
 	m := newMirror(t, map[string][]byte{testPath: data})
-	m.handle = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	m.setHandle(func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if r.URL.Path != "/"+testPath {
 			return false
 		}
@@ -515,7 +522,7 @@ func TestFetchServerIgnoringRangeRewritesThePart(t *testing.T) {
 		}
 		w.Write(data) // 200 with everything, whatever the Range
 		return true
-	}
+	})
 	res, err := fetcher(t, m.srv.URL).Fetch(context.Background(), kubelet())
 	if err != nil {
 		t.Fatal(err)
@@ -528,7 +535,7 @@ func TestFetchStalledTransferIsCutAndResumed(t *testing.T) {
 	m := newMirror(t, map[string][]byte{testPath: data})
 	release := make(chan struct{})
 	defer close(release)
-	m.handle = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	m.setHandle(func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if r.URL.Path == "/"+testPath && len(m.requests(testPath)) == 1 {
 			w.Header().Set("Content-Length", fmt.Sprint(len(data)))
 			w.Write(data[:5000])
@@ -540,7 +547,7 @@ func TestFetchStalledTransferIsCutAndResumed(t *testing.T) {
 			return true
 		}
 		return false
-	}
+	})
 	f := fetcher(t, m.srv.URL)
 	f.StallTimeout = 200 * time.Millisecond
 	res, err := f.Fetch(context.Background(), kubelet())
@@ -555,10 +562,10 @@ func TestFetchStalledTransferIsCutAndResumed(t *testing.T) {
 
 func TestFetchStopsAtOnceWhenTheContextEnds(t *testing.T) {
 	m := newMirror(t, nil)
-	m.handle = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	m.setHandle(func(n int, w http.ResponseWriter, r *http.Request) bool {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return true
-	}
+	})
 	f := fetcher(t, m.srv.URL)
 	f.Attempts = 100
 	f.Backoff = time.Hour
@@ -606,12 +613,12 @@ func TestFetchWithoutASumLineIsRefusedBeforeDownloading(t *testing.T) {
 func TestFetchOverrideURLWithItsPinNeedsNoSumsFile(t *testing.T) {
 	data := payload(700)
 	m := newMirror(t, map[string][]byte{"elsewhere/kubelet-custom": data})
-	m.handle = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	m.setHandle(func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if r.URL.Path == "/SHA256SUMS" {
 			t.Errorf("the sums file was read for a pinned override")
 		}
 		return false
-	}
+	})
 	f := fetcher(t, "https://mirror.invalid")
 	a := kubelet()
 	a.URL = m.srv.URL + "/elsewhere/kubelet-custom"
@@ -628,13 +635,13 @@ func TestFetchOverrideURLWithItsPinNeedsNoSumsFile(t *testing.T) {
 func TestFetchAllPrefersAFinalErrorOverATemporaryOne(t *testing.T) {
 	good := payload(100)
 	m := newMirror(t, map[string][]byte{testPath: append([]byte("tampered"), good...)})
-	m.handle = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	m.setHandle(func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if strings.HasPrefix(r.URL.Path, "/runc/") {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return true
 		}
 		return false
-	}
+	})
 	f := fetcher(t, m.srv.URL)
 	k := kubelet()
 	k.Pinned = sumOf(good)

@@ -50,7 +50,7 @@ func TestDownloadKilledMidBodyLeavesNoFileUnderTheFinalNameAndResumes(t *testing
 	sent := make(chan struct{})
 	release := make(chan struct{})
 	defer close(release)
-	m.handle = func(n int, w http.ResponseWriter, r *http.Request) bool {
+	m.setHandle(func(n int, w http.ResponseWriter, r *http.Request) bool {
 		if len(m.requests(testPath)) != 1 {
 			return false // the resume, in this process
 		}
@@ -63,7 +63,7 @@ func TestDownloadKilledMidBodyLeavesNoFileUnderTheFinalNameAndResumes(t *testing
 		case <-r.Context().Done():
 		}
 		return true
-	}
+	})
 	root := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"=1", "HELPER_ROOT="+root, "HELPER_URL="+m.srv.URL, "HELPER_SUM="+sumOf(data))
