@@ -602,7 +602,7 @@ func TestFetchRefusesAnOversizedBody(t *testing.T) {
 func TestFetchWithoutASumLineIsRefusedBeforeDownloading(t *testing.T) {
 	m := newMirror(t, map[string][]byte{"other/file": []byte("x")})
 	_, err := fetcher(t, m.srv.URL).Fetch(context.Background(), kubelet())
-	if !errors.Is(err, ErrNoChecksum) || !strings.Contains(err.Error(), testPath) {
+	if !errors.Is(err, ErrNoChecksum) || !strings.Contains(err.Error(), testPath) || !strings.Contains(err.Error(), "is kubelet 1.36.3 on the mirror?") {
 		t.Fatalf("want ErrNoChecksum naming %s, got %v", testPath, err)
 	}
 	if n := len(m.requests(testPath)); n != 0 {

@@ -327,7 +327,9 @@ func (f *Fetcher) noChecksum(a Artifact, where, from string) error {
 	if where == "network" {
 		base = strings.TrimSuffix(f.BaseURL, "/")
 	}
-	return classify(ErrNoChecksum, nil, "artifact %s (%s): no SHA-256: not pinned in [artifacts.checksums], and %s/%s has no line for %s", a, from, base, f.ChecksumsFile, a.Path)
+	// The usual cause is a version the mirror does not have (a typo in
+	// kubernetes-version): say so, not only which line is missing.
+	return classify(ErrNoChecksum, nil, "artifact %s (%s): no SHA-256: not pinned in [artifacts.checksums], and %s/%s has no line for %s (is %s %s on the mirror?)", a, from, base, f.ChecksumsFile, a.Path, a.Name, a.Version)
 }
 
 // hashFile returns the SHA-256 of a regular file.
