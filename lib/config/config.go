@@ -73,11 +73,26 @@ type Node struct {
 	Taints []string          `toml:"taints"`
 }
 
-// Artifacts says where the node stack comes from.
+// Artifacts says where the node stack comes from: which versions, at
+// which URLs, checked against which SHA-256 (lib/artifacts fetches them;
+// artifacts.go here validates these keys). The per-artifact keys are flat
+// (<name>-version, <name>-path), not sub-tables, so that a drop-in that
+// sets one keeps the others ([artifacts] merges key by key).
 type Artifacts struct {
-	BaseURL    string              `toml:"base-url"`
-	OfflineDir string              `toml:"offline-dir"`
-	Overrides  map[string]Override `toml:"overrides"`
+	BaseURL           string              `toml:"base-url"`
+	OfflineDir        string              `toml:"offline-dir"`
+	ContainerdVersion string              `toml:"containerd-version"`
+	RuncVersion       string              `toml:"runc-version"`
+	CNIPluginsVersion string              `toml:"cni-plugins-version"`
+	CrictlVersion     string              `toml:"crictl-version"`
+	KubeletPath       string              `toml:"kubelet-path"`
+	ContainerdPath    string              `toml:"containerd-path"`
+	RuncPath          string              `toml:"runc-path"`
+	CNIPluginsPath    string              `toml:"cni-plugins-path"`
+	CrictlPath        string              `toml:"crictl-path"`
+	ChecksumsFile     string              `toml:"checksums-file"`
+	Checksums         map[string]string   `toml:"checksums"`
+	Overrides         map[string]Override `toml:"overrides"`
 }
 
 // Override is the source of one artifact, replacing base-url for it.

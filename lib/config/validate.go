@@ -137,6 +137,8 @@ func (l *loader) validate(c *Config) {
 			key := k("artifacts", "overrides", name)
 			if !artifactRE.MatchString(name) {
 				l.at(key, "artifact name %q must be lowercase letters, digits and '-'", name)
+			} else if !contains(ArtifactNames, name) {
+				l.at(key, "unknown artifact %q; the artifacts are %s", name, strings.Join(ArtifactNames, ", "))
 			}
 			if o.URL == "" {
 				l.at(addKey(key, "url"), "required key is not set: an override names its URL")
@@ -148,6 +150,8 @@ func (l *loader) validate(c *Config) {
 			}
 		}
 	})
+
+	l.validateArtifacts(c)
 
 	check(k("allocation", "uid"), func() {
 		if c.Allocation.UID != "" && !uuidRE.MatchString(c.Allocation.UID) {

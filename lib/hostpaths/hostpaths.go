@@ -84,6 +84,16 @@ const (
 	VersionsDirHost     = "/opt/unbounded/versions"
 	KmsgHost            = "/dev/kmsg"
 
+	// Host preparation (lib/hostprep): the files it owns, and the kernel
+	// interfaces it reads and writes.
+	ModulesLoadFileHost = "/etc/modules-load.d/unbounded.conf"
+	SysctlFileHost      = "/etc/sysctl.d/90-unbounded.conf"
+	ProcSysHost         = "/proc/sys"
+	ProcSwapsHost       = "/proc/swaps"
+	ProcFilesystemsHost = "/proc/filesystems"
+	SysModuleHost       = "/sys/module"
+	DevNullHost         = "/dev/null"
+
 	// Legacy root of hosts installed by the older agent.
 	LegacyStateDirHost = "/etc/unbounded/agent"
 	LegacyBinaryHost   = "/usr/local/bin/unbounded-agent"
@@ -129,6 +139,14 @@ func (p Paths) UpgradeStagingDir() string { return filepath.Join(p.HostRoot(), "
 
 // OfflineDir is the default directory of pre-staged artifact archives.
 func (p Paths) OfflineDir() string { return filepath.Join(p.HostRoot(), "offline") }
+
+// ArtifactsDir is the cache of verified node stack artifacts
+// (lib/artifacts): <name>/<version>/<file>, each with a .sha256 sidecar.
+func (p Paths) ArtifactsDir() string { return filepath.Join(p.HostRoot(), "artifacts") }
+
+// HostPrepRecord is the record of the host preparation (lib/hostprep):
+// every change made, with what it replaced, for reset to undo.
+func (p Paths) HostPrepRecord() string { return filepath.Join(p.HostRoot(), "hostprep.json") }
 
 // ReprovisionDir survives the reset that the reprovision handoff performs.
 func (p Paths) ReprovisionDir() string { return p.Join(ReprovisionDirHost) }
