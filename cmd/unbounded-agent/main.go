@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"unbounded-cloud.io/agent/cmd/bootstrap"
 	"unbounded-cloud.io/agent/cmd/daemon"
 	"unbounded-cloud.io/agent/cmd/fence"
 	"unbounded-cloud.io/agent/lib/version"
@@ -32,8 +33,9 @@ var concerns = map[string]struct {
 	main func(args []string) int
 	help string
 }{
-	"daemon": {daemon.Main, "watch this host's Machine and operations and carry them out (unbounded-daemon.service)"},
-	"fence":  {fence.Main, "check with the cluster that the node may start (unbounded-fence.service)"},
+	"bootstrap": {bootstrap.Main, "first boot: turn this host into a Ready node of the cluster (unbounded-bootstrap.service)"},
+	"daemon":    {daemon.Main, "watch this host's Machine and operations and carry them out (unbounded-daemon.service)"},
+	"fence":     {fence.Main, "check with the cluster that the node may start (unbounded-fence.service)"},
 }
 
 func main() {

@@ -1,0 +1,80 @@
+// Package bootstrap is the unbounded-bootstrap one-shot: the first boot of
+// a host, run by unbounded-bootstrap.service. The logic is in
+// lib/bootstrap; this is flags, one call, and the exit code: 0 bootstrapped
+// (or handed over), 1 failed, 69 another installation owns the host, 75
+// temporary (the unit retries), 77 refused by the allocation fence, 78
+// configuration invalid.
+package bootstrap
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/alecthomas/kong"
+
+	"unbounded-cloud.io/agent/lib/bootstrap"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/logging"
+	"unbounded-cloud.io/agent/lib/privilege"
+)
+
+type cli struct {
+	Root         string        `help:"Resolve every host path under this directory (tests, offline roots)." default:"/" type:"path"`
+	ReadyTimeout time.Duration `help:"How long to wait for the Node to be Ready once the node stack is started." default:"10m"`
+}
+
+// Main runs bootstrap with args (without the program name) and returns the
+// exit code.
+func Main(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return run(ctx, args, os.Stdout, os.Stderr)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var c cli
+	exited := -1
+	parser, err := kong.New(&c,
+		kong.Name("bootstrap"),
+		kong.Description("First boot: prepare the host, fetch the node stack, build slot kube1, run the fence, start the node, wait until its Node is Ready, record the applied config, then start unbounded-node.target and the daemon. A host bootstrapped already is only handed over. Exit 0: done; 1: failed; 69: another installation owns the host; 75: temporary (retried); 77: refused by the allocation fence; 78: configuration invalid."),
+		kong.Exit(func(code int) { exited = code }),
+		kong.Writers(stdout, stderr))
+	if err != nil {
+		fmt.Fprintln(stderr, "bootstrap:", err)
+		return exitcode.Failed
+	}
+	if _, err := parser.Parse(args); err != nil {
+		fmt.Fprintln(stderr, "bootstrap:", err)
+		return exitcode.Failed
+	}
+	if exited >= 0 { // --help
+		return exited
+	}
+	paths := hostpaths.New(c.Root)
+	if err := privilege.Check(paths.HostRoot()); err != nil {
+		fmt.Fprintln(stderr, "bootstrap:", err)
+		return exitcode.For(err)
+	}
+	log := logging.New(stderr, slog.LevelInfo)
+	b := &bootstrap.Bootstrap{Paths: paths, ReadyTimeout: c.ReadyTimeout, Log: log}
+	err = b.Run(ctx)
+	code := exitcode.For(err)
+	switch code {
+	case exitcode.OK, exitcode.Deferred:
+		// Deferred is not a failure and says nothing (ARCHITECTURE
+		// section 6).
+	case exitcode.ConfigInvalid:
+		// The config's errors name the file, line and key.
+		fmt.Fprintln(stderr, "bootstrap: configuration invalid; nothing was changed on the host:", err)
+	default:
+		log.Error("bootstrap: "+err.Error(), "exit", code)
+	}
+	return code
+}

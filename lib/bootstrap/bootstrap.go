@@ -1,0 +1,763 @@
+// Package bootstrap is the first boot of a host (unbounded-bootstrap.service,
+// ARCHITECTURE section 6): from /etc/unbounded/agent.toml to a Ready Node,
+// its applied config recorded, the node target and the daemon started.
+//
+// Phases, in order; each one is journaled in
+// /var/lib/unbounded/journal/bootstrap.json once done (lib/state, atomic,
+// with a SHA-256 sidecar), shown as STATUS= in `systemctl status`, and
+// followed by a crash point "bootstrap/after-<phase>" (lib/crashpoint):
+//
+//	config     load and validate the config (exit 78 on an error; the host
+//	           is not touched), report Running on the Machine (creating
+//	           it when absent: bootstrap is the only place that registers
+//	           a Machine, lib/report)
+//	hostprep   kernel modules, sysctls, swap off (lib/hostprep; recorded
+//	           so that reset undoes exactly that)
+//	artifacts  kubelet, containerd, runc, CNI plugins, verified
+//	           (lib/artifacts; 75 for what a retry can fix, else 1)
+//	slot       the mode builds slot kube1 (lib/modes: Prepare)
+//	fence      unbounded-fence.service started and waited for: the
+//	           generator writes no fence drop-in while an installation
+//	           owns the host, so bootstrap runs the check itself (77 when
+//	           refused: no node runs)
+//	start      the mode starts the slot's supervising unit(s)
+//	ready      bounded wait for the supervising unit(s) active, kubelet's
+//	           healthz, and the Node registered and Ready; the timeout
+//	           error says what was still missing
+//	record     the slot's applied config, only now that the node is
+//	           healthy; Succeeded (with the Bootstrapped condition) on the
+//	           Machine
+//
+// Then the ownership lock, held since the start, is released and the
+// node is handed over to systemd: daemon-reload (the generator now sees
+// the applied config and wires the node target, the mode target and the
+// fence drop-in), unbounded-node.target started WITHOUT waiting (it is
+// ordered After= this unit, so its job runs when bootstrap exits), and
+// unbounded-daemon.service started last (it exits 69 while the host is
+// owned, hence after the release).
+//
+// Every phase is idempotent and the journal records the config it was
+// done for: a rerun after a crash, a reboot or an exit 75 skips what is
+// done for the same config and redoes the rest. A host found already
+// bootstrapped (an applied config exists: a separate /var the generator
+// saw unmounted, or a crash between the record and the hand-over) is
+// handed over again, never bootstrapped twice.
+//
+// A final failure reports Failed with a reason on the Machine, stops a
+// node it started (no node runs without a record), releases the lock and
+// exits 1 (77, 78); the journal stays, so the next start resumes. A
+// temporary failure (75) makes the unit retry; each retry waits longer
+// (Backoff) before it works again.
+package bootstrap
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/artifacts"
+	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/crashpoint"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/generator"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/hostprep"
+	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/none"
+	"unbounded-cloud.io/agent/lib/modes/nspawn"
+	"unbounded-cloud.io/agent/lib/report"
+	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/units"
+	"unbounded-cloud.io/agent/lib/version"
+)
+
+// Operation is the owner name of the ownership lock and the journal's name.
+const Operation = "bootstrap"
+
+// Unit is the unit that runs bootstrap; the ownership record names it, so
+// that the generator resumes it after a reboot mid-bootstrap.
+const Unit = generator.BootstrapService
+
+// FirstSlot is the slot a first boot prepares.
+const FirstSlot = "kube1"
+
+// Phases, in order.
+const (
+	PhaseConfig    = "config"
+	PhaseHostPrep  = "hostprep"
+	PhaseArtifacts = "artifacts"
+	PhaseSlot      = "slot"
+	PhaseFence     = "fence"
+	PhaseStart     = "start"
+	PhaseReady     = "ready"
+	PhaseRecord    = "record"
+)
+
+// Phases lists the phases in the order they run.
+var Phases = []string{PhaseConfig, PhaseHostPrep, PhaseArtifacts, PhaseSlot, PhaseFence, PhaseStart, PhaseReady, PhaseRecord}
+
+// CrashPoints are bootstrap's own named crash points, in the order a run
+// reaches them ("bootstrap/after-<phase>" for each phase, then the hand
+// over); lib/hostprep's ("hostprep/...") are reached inside the hostprep
+// phase.
+var CrashPoints = func() []string {
+	var out []string
+	out = append(out, "bootstrap/after-lock")
+	for _, p := range Phases {
+		out = append(out, "bootstrap/after-"+p)
+	}
+	return append(out, "bootstrap/after-release", "bootstrap/after-reload")
+}()
+
+// DefaultReadyTimeout bounds the wait for a Ready Node. A kubelet's TLS
+// bootstrap, its first sync and the CNI's readiness take tens of seconds
+// on a healthy host; ten minutes also covers a pull of the pause image
+// over a slow link, and ends a wait that will not succeed.
+const DefaultReadyTimeout = 10 * time.Minute
+
+// DefaultBackoff is the delay before the second try after an exit 75; it
+// doubles with each further temporary failure, up to MaxBackoff. The unit
+// adds its own RestartSec= to it.
+const (
+	DefaultBackoff = 10 * time.Second
+	MaxBackoff     = 5 * time.Minute
+)
+
+// Journal is what bootstrap keeps between runs.
+type Journal struct {
+	// Input is the SHA-256 of everything the phases are built from (the
+	// effective config, the CA and the bootstrap token): a phase done for
+	// another input is done again.
+	Input string   `json:"input"`
+	Mode  string   `json:"mode"`
+	Slot  string   `json:"slot"`
+	Done  []string `json:"done"`
+	// TempFailures counts the runs in a row that ended with exit 75, and
+	// LastTempFailure says when the last one did: the next run waits
+	// Backoff before it retries.
+	TempFailures    int       `json:"temp-failures,omitempty"`
+	LastTempFailure time.Time `json:"last-temp-failure,omitzero"`
+	LastError       string    `json:"last-error,omitempty"`
+}
+
+func (j *Journal) done(phase string) bool { return slices.Contains(j.Done, phase) }
+
+// Reporter is the bootstrap status on the Machine (lib/report's Reporter).
+type Reporter interface {
+	Running(ctx context.Context) error
+	Succeeded(ctx context.Context) error
+	Failed(ctx context.Context, reason, message string) error
+}
+
+// Probe looks at the started node. Each field's zero value is the real
+// host.
+type Probe struct {
+	// Healthz answers nil when kubelet's healthz says ok; nil is GET
+	// KubeletHealthz.
+	Healthz func(ctx context.Context) error
+	// Node reads the Node as the API server has it; nil reads it with the
+	// kubelet's own client certificate (see NodeReader).
+	Node func(ctx context.Context) (NodeStatus, error)
+}
+
+// Bootstrap runs the first boot on one host. The zero value of every field
+// but Paths is the real host; tests replace them.
+type Bootstrap struct {
+	Paths hostpaths.Paths
+	// Mode returns the isolation mode named by the config; nil: the real
+	// nspawn or none mode.
+	Mode func(name string) (modes.Mode, error)
+	// Systemd connects to the service manager; nil: the system bus.
+	Systemd func(ctx context.Context) (units.Manager, error)
+	// HostPrep prepares the host; nil: lib/hostprep on the real host.
+	HostPrep func(ctx context.Context) error
+	// Fetch fetches the verified artifacts; nil: lib/artifacts with the
+	// config's [artifacts].
+	Fetch func(ctx context.Context, cfg *config.Config) ([]artifacts.Result, error)
+	// Reporter reports on the Machine; nil: lib/report with the config's
+	// credentials.
+	Reporter func(cfg *config.Config) Reporter
+	// Probe looks at the started node.
+	Probe func(cfg *config.Config, mode, slot string) Probe
+	// ReadyTimeout bounds the ready phase; 0 is DefaultReadyTimeout.
+	ReadyTimeout time.Duration
+	// PollInterval is the ready phase's poll period; 0 is 2 s.
+	PollInterval time.Duration
+	// Backoff is the first retry delay after an exit 75; 0 is
+	// DefaultBackoff, negative is none.
+	Backoff time.Duration
+	// Notify sends an sd_notify state ("STATUS=..."); nil: sd_notify.
+	Notify func(state string)
+	// CrashPoint is called at each named crash point; nil: crashpoint.Hit.
+	CrashPoint func(name string)
+	Clock      func() time.Time
+	Log        *slog.Logger
+}
+
+func (b *Bootstrap) log() *slog.Logger {
+	if b.Log != nil {
+		return b.Log
+	}
+	return slog.Default()
+}
+
+func (b *Bootstrap) now() time.Time {
+	if b.Clock != nil {
+		return b.Clock()
+	}
+	return time.Now()
+}
+
+func (b *Bootstrap) crash(name string) {
+	if b.CrashPoint != nil {
+		b.CrashPoint(name)
+		return
+	}
+	crashpoint.Hit(name)
+}
+
+// status shows what bootstrap does now in `systemctl status` (STATUS=)
+// and in the journal.
+func (b *Bootstrap) status(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	b.log().Info(msg)
+	b.notifyOnly("STATUS=" + msg)
+}
+
+func notify(state string) { sddaemon.SdNotify(false, state) }
+
+func (b *Bootstrap) systemd(ctx context.Context) (units.Manager, error) {
+	if b.Systemd != nil {
+		return b.Systemd(ctx)
+	}
+	return units.Dial(ctx)
+}
+
+// ModeFor returns the real mode of name on the host root p.
+func ModeFor(p hostpaths.Paths, log *slog.Logger) func(string) (modes.Mode, error) {
+	return func(name string) (modes.Mode, error) {
+		switch name {
+		case "nspawn":
+			return &nspawn.Mode{Paths: p, Log: log}, nil
+		case "none":
+			return &none.Mode{Paths: p, Log: log}, nil
+		}
+		return nil, fmt.Errorf("isolation mode %q is not in this release (nspawn and none are; `unbounded supports-isolation %s` says no)", name, name)
+	}
+}
+
+func (b *Bootstrap) mode(name string) (modes.Mode, error) {
+	if b.Mode != nil {
+		return b.Mode(name)
+	}
+	return ModeFor(b.Paths, b.log())(name)
+}
+
+// Run bootstraps the host, or hands over a host that is bootstrapped
+// already. Its error maps to the exit code with exitcode.For.
+func (b *Bootstrap) Run(ctx context.Context) error {
+	b.status("taking the ownership lock")
+	lock, err := state.AcquireOwnership(b.Paths, Operation, Unit)
+	if err != nil {
+		// Another installation (reset, reprovision) owns the host:
+		// deferred (69), nothing to say.
+		return err
+	}
+	b.crash("bootstrap/after-lock")
+
+	active, err := state.ReadActive(b.Paths)
+	if err != nil {
+		lock.Release()
+		return fmt.Errorf("applied state: %w", err)
+	}
+	if active != nil {
+		b.log().Info("host already bootstrapped; handing the node over to systemd instead of bootstrapping again",
+			"slot", active.Slot, "mode", active.Mode)
+		if err := state.RemoveJournal(b.Paths, Operation); err != nil {
+			lock.Release()
+			return err
+		}
+		return b.handOver(ctx, lock)
+	}
+
+	cfg, j, rep, err := b.load(ctx)
+	if err != nil {
+		// Nothing on the host was changed for this run: the journal of
+		// an earlier run stays as it was.
+		lock.Release()
+		return err
+	}
+	if err := b.phases(ctx, cfg, j, rep); err != nil {
+		return b.fail(ctx, cfg, j, rep, lock, err)
+	}
+	if err := lock.Release(); err != nil {
+		return fmt.Errorf("release the ownership lock: %w", err)
+	}
+	b.crash("bootstrap/after-release")
+	return b.start(ctx)
+}
+
+// load is the config phase: the config, the journal of an earlier run, and
+// the Running report.
+func (b *Bootstrap) load(ctx context.Context) (*config.Config, *Journal, Reporter, error) {
+	b.status("phase %s: loading %s", PhaseConfig, b.Paths.ConfigFile())
+	cfg, err := config.Load(b.Paths)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	input, err := inputSum(cfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var j Journal
+	found, err := state.ReadJournal(b.Paths, Operation, &j)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("bootstrap journal: %w", err)
+	}
+	switch {
+	case !found:
+		j = Journal{Input: input, Mode: cfg.Mode, Slot: FirstSlot}
+	case j.Input != input || j.Mode != cfg.Mode:
+		// The config (or CA, or token) changed since the interrupted
+		// run: everything built from it is built again. The slot of the
+		// old input is rebuilt by the slot phase (destroyed first when
+		// it runs); the host preparation does not depend on the input.
+		b.log().Info("the configuration changed since the interrupted bootstrap; its phases run again")
+		if j.Mode != "" && j.Mode != cfg.Mode {
+			if err := b.destroyStale(ctx, j.Mode, j.Slot); err != nil {
+				return nil, nil, nil, err
+			}
+		}
+		j = Journal{Input: input, Mode: cfg.Mode, Slot: FirstSlot, TempFailures: j.TempFailures, LastTempFailure: j.LastTempFailure}
+	}
+	rep := b.reporter(cfg)
+	if err := b.wait(ctx, &j); err != nil {
+		return nil, nil, nil, err
+	}
+	// Only a rejected bootstrap token stops here (lib/report): the host
+	// has no business preparing a node for a cluster that refuses it.
+	if err := rep.Running(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+	return cfg, &j, rep, nil
+}
+
+// destroyStale removes the slot an interrupted run built in another mode.
+func (b *Bootstrap) destroyStale(ctx context.Context, mode, slot string) error {
+	m, err := b.mode(mode)
+	if err != nil {
+		return nil // a mode this build does not know built nothing
+	}
+	b.status("removing slot %s of mode %s left by an interrupted bootstrap", slot, mode)
+	return m.Destroy(ctx, slot)
+}
+
+// wait is the growing delay before a run that follows exit 75.
+func (b *Bootstrap) wait(ctx context.Context, j *Journal) error {
+	if j.TempFailures == 0 || b.Backoff < 0 {
+		return nil
+	}
+	d := Backoff(b.Backoff, j.TempFailures) - b.now().Sub(j.LastTempFailure)
+	if d <= 0 {
+		return nil
+	}
+	b.status("retry %d after a temporary failure (%s): waiting %s", j.TempFailures, j.LastError, d.Round(time.Second))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w: stopped while waiting to retry: %w", exitcode.ErrTemporary, ctx.Err())
+	}
+}
+
+// Backoff is the delay before retry n (n >= 1) with first delay base (0:
+// DefaultBackoff): base, 2*base, 4*base, ... up to MaxBackoff.
+func Backoff(base time.Duration, n int) time.Duration {
+	if base == 0 {
+		base = DefaultBackoff
+	}
+	d := base
+	for i := 1; i < n && d < MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, MaxBackoff)
+}
+
+func (b *Bootstrap) reporter(cfg *config.Config) Reporter {
+	if b.Reporter != nil {
+		return b.Reporter(cfg)
+	}
+	return &report.Reporter{
+		Machine:     cfg.Machine,
+		Mode:        v1alpha3.IsolationMode(cfg.Mode),
+		Credentials: credentials(cfg, b.Paths),
+		Log:         b.log(),
+	}
+}
+
+func credentials(cfg *config.Config, p hostpaths.Paths) kube.Credentials {
+	return kube.Credentials{
+		APIServer: cfg.Cluster.APIServer,
+		CAFile:    cfg.Resolve(cfg.Cluster.CAFile),
+		TokenFile: cfg.Resolve(cfg.Cluster.BootstrapTokenFile),
+		Certs:     kube.CertStore{Dir: p.PKIDir()},
+	}
+}
+
+// inputSum is the SHA-256 over what the phases build from. The token's
+// bytes go into the sum, never into the journal.
+func inputSum(cfg *config.Config) (string, error) {
+	h := sha256.New()
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		return "", err
+	}
+	h.Write(data)
+	for _, f := range []string{cfg.Cluster.CAFile, cfg.Cluster.BootstrapTokenFile} {
+		data, err := os.ReadFile(cfg.Resolve(f))
+		if err != nil {
+			return "", err
+		}
+		sum := sha256.Sum256(data)
+		h.Write(sum[:])
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// phases runs every phase not done yet for this input.
+func (b *Bootstrap) phases(ctx context.Context, cfg *config.Config, j *Journal, rep Reporter) error {
+	if err := b.finishPhase(j, PhaseConfig); err != nil {
+		return &phaseError{PhaseConfig, err}
+	}
+	b.crash("bootstrap/after-" + PhaseConfig)
+	m, err := b.mode(cfg.Mode)
+	if err != nil {
+		return &phaseError{PhaseConfig, err}
+	}
+	var results []artifacts.Result
+	steps := []struct {
+		phase string
+		// skip: the phase is skipped when journaled done for this
+		// input. The others run again in every run: the artifacts
+		// (their results are needed, and the verified cache makes it
+		// cheap), and the fence, the start and the wait, which are only
+		// valid for the run they belong to (a rerun checks the fence
+		// again before it starts the node, and waits for the node it
+		// started; starting a running unit is a no-op).
+		skip bool
+		run  func() error
+	}{
+		{PhaseHostPrep, true, func() error { return b.hostPrep(ctx) }},
+		{PhaseArtifacts, false, func() (err error) { results, err = b.fetch(ctx, cfg); return err }},
+		{PhaseSlot, true, func() error { return b.prepareSlot(ctx, cfg, m, j.Slot, results) }},
+		{PhaseFence, false, func() error { return b.fence(ctx) }},
+		{PhaseStart, false, func() error {
+			b.status("phase %s: starting %s", PhaseStart, strings.Join(generator.SupervisingUnits(cfg.Mode, j.Slot), ", "))
+			return m.Start(ctx, j.Slot)
+		}},
+		{PhaseReady, false, func() error { return b.ready(ctx, cfg, j.Slot) }},
+		{PhaseRecord, false, func() error { return b.record(ctx, cfg, j.Slot, rep) }},
+	}
+	for _, s := range steps {
+		if s.skip && j.done(s.phase) {
+			b.log().Info("phase already done for this configuration", "phase", s.phase)
+			continue
+		}
+		if err := s.run(); err != nil {
+			return &phaseError{s.phase, err}
+		}
+		if err := b.finishPhase(j, s.phase); err != nil {
+			return &phaseError{s.phase, err}
+		}
+		b.crash("bootstrap/after-" + s.phase)
+	}
+	return nil
+}
+
+// finishPhase journals phase as done (and a success after temporary
+// failures as the end of the backoff).
+func (b *Bootstrap) finishPhase(j *Journal, phase string) error {
+	if !j.done(phase) {
+		j.Done = append(j.Done, phase)
+	}
+	if phase != PhaseConfig {
+		j.TempFailures, j.LastTempFailure, j.LastError = 0, time.Time{}, ""
+	}
+	if phase == PhaseConfig {
+		// The config phase changes nothing on the host; its journal
+		// entry is written with the next phase's.
+		return nil
+	}
+	if phase == PhaseRecord {
+		// Done: the applied config is the record from here on.
+		return state.RemoveJournal(b.Paths, Operation)
+	}
+	return state.WriteJournal(b.Paths, Operation, j)
+}
+
+// phaseError is a failure in one phase.
+type phaseError struct {
+	phase string
+	err   error
+}
+
+func (e *phaseError) Error() string { return "phase " + e.phase + ": " + e.err.Error() }
+func (e *phaseError) Unwrap() error { return e.err }
+
+func (b *Bootstrap) hostPrep(ctx context.Context) error {
+	b.status("phase %s: kernel modules, sysctls, swap off", PhaseHostPrep)
+	if b.HostPrep != nil {
+		return b.HostPrep(ctx)
+	}
+	h := &hostprep.Host{Paths: b.Paths, CrashPoint: b.crash, Log: b.log()}
+	changed, err := h.Prepare(ctx, hostprep.DefaultPlan())
+	for _, c := range changed {
+		b.log().Info("host prepared", "change", c.String())
+	}
+	return err
+}
+
+func (b *Bootstrap) fetch(ctx context.Context, cfg *config.Config) ([]artifacts.Result, error) {
+	b.status("phase %s: kubelet %s, containerd, runc, CNI plugins", PhaseArtifacts, cfg.Cluster.KubernetesVersion)
+	if b.Fetch != nil {
+		return b.Fetch(ctx, cfg)
+	}
+	f := artifacts.New(cfg, b.Paths)
+	f.Log = b.log()
+	return f.FetchAll(ctx, artifacts.FromConfig(cfg, runtime.GOARCH))
+}
+
+func (b *Bootstrap) prepareSlot(ctx context.Context, cfg *config.Config, m modes.Mode, slot string, results []artifacts.Result) error {
+	b.status("phase %s: preparing slot %s (mode %s)", PhaseSlot, slot, cfg.Mode)
+	files := map[string]string{}
+	for _, r := range results {
+		files[r.Name] = r.File
+	}
+	s, err := modes.SlotFromConfig(cfg, slot, modes.Artifacts{
+		Kubelet:    files["kubelet"],
+		Containerd: files["containerd"],
+		Runc:       files["runc"],
+		CNIPlugins: files["cni-plugins"],
+	})
+	if err != nil {
+		return err
+	}
+	err = m.Prepare(ctx, s)
+	if errors.Is(err, modes.ErrSlotActive) {
+		// A node of an interrupted run (another config, or a journal
+		// that did not get written) runs in the slot. No applied config
+		// exists, so it is no node of the cluster's yet: rebuild it.
+		b.status("phase %s: slot %s runs a node of an interrupted bootstrap; removing it first", PhaseSlot, slot)
+		if err := m.Destroy(ctx, slot); err != nil {
+			return err
+		}
+		err = m.Prepare(ctx, s)
+	}
+	return err
+}
+
+// fence runs the allocation fence for the node about to start. The
+// generator wires the fence in front of the node unit only on a host with
+// an applied config and no installation owning it; during bootstrap
+// neither holds, so bootstrap starts the fence itself and waits for its
+// verdict.
+func (b *Bootstrap) fence(ctx context.Context) error {
+	b.status("phase %s: asking the cluster whether this host may start its node", PhaseFence)
+	sd, err := b.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	// A fence left failed by an earlier refusal would still start; this
+	// only keeps `systemctl status` from showing the old failure as now.
+	_ = sd.ResetFailed(ctx, generator.FenceService)
+	serr := sd.StartUnit(ctx, generator.FenceService)
+	if serr == nil {
+		return nil
+	}
+	code, err := sd.ExecMainStatus(ctx, generator.FenceService)
+	if err != nil {
+		return fmt.Errorf("%w (and its exit status: %v)", serr, err)
+	}
+	switch code {
+	case exitcode.Refused:
+		return fmt.Errorf("%w: %s exited %d (the Machine shows %s; journalctl -u %s says why)",
+			exitcode.ErrRefused, generator.FenceService, code, v1alpha3.ConditionAllocationLaunchRefused, generator.FenceService)
+	case exitcode.ConfigInvalid:
+		return fmt.Errorf("%w: %s exited %d (journalctl -u %s names the file and key)",
+			exitcode.ErrConfigInvalid, generator.FenceService, code, generator.FenceService)
+	case exitcode.TempFail:
+		return fmt.Errorf("%w: %s was stopped before a decision: %w", exitcode.ErrTemporary, generator.FenceService, serr)
+	}
+	return fmt.Errorf("%s exited %d: %w", generator.FenceService, code, serr)
+}
+
+// record writes the applied config of the healthy node and reports
+// Succeeded.
+func (b *Bootstrap) record(ctx context.Context, cfg *config.Config, slot string, rep Reporter) error {
+	b.status("phase %s: recording the applied config of slot %s", PhaseRecord, slot)
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	a := &state.AppliedConfig{
+		Slot:              slot,
+		Mode:              cfg.Mode,
+		Machine:           cfg.Machine,
+		KubernetesVersion: cfg.Cluster.KubernetesVersion,
+		AgentVersion:      version.Version,
+		AppliedAt:         b.now().UTC(),
+		Config:            data,
+	}
+	if err := state.WriteApplied(b.Paths, a); err != nil {
+		return err
+	}
+	// Best effort (lib/report): the node is up whatever the report does.
+	_ = rep.Succeeded(ctx)
+	return nil
+}
+
+// fail ends a run that failed in a phase.
+func (b *Bootstrap) fail(ctx context.Context, cfg *config.Config, j *Journal, rep Reporter, lock *state.Lock, err error) error {
+	phase := ""
+	var pe *phaseError
+	if errors.As(err, &pe) {
+		phase = pe.phase
+	}
+	temporary := exitcode.For(err) == exitcode.TempFail
+	if temporary {
+		j.TempFailures++
+		j.LastTempFailure = b.now().UTC()
+		j.LastError = truncate(err.Error(), 512)
+		b.log().Warn("bootstrap failed for now; the unit retries", "phase", phase, "retry", j.TempFailures,
+			"delay", Backoff(b.Backoff, j.TempFailures).String(), "error", err.Error())
+	} else {
+		b.log().Error("bootstrap failed", "phase", phase, "error", err.Error())
+	}
+	if werr := state.WriteJournal(b.Paths, Operation, j); werr != nil {
+		b.log().Error("bootstrap journal not written", "error", werr.Error())
+	}
+	// No node runs without its record: a node started by this run is
+	// stopped (the journal keeps the slot; the next run starts it again
+	// behind a new fence check).
+	if slices.Contains(j.Done, PhaseStart) || phase == PhaseStart || phase == PhaseReady {
+		b.stopNode(ctx, cfg.Mode, j.Slot)
+		j.Done = slices.DeleteFunc(j.Done, func(p string) bool { return p == PhaseStart || p == PhaseReady })
+		if werr := state.WriteJournal(b.Paths, Operation, j); werr != nil {
+			b.log().Error("bootstrap journal not written", "error", werr.Error())
+		}
+	}
+	if !temporary {
+		b.status("failed in phase %s: %v", phase, err)
+		_ = rep.Failed(ctx, reason(phase, err), err.Error())
+	} else {
+		b.status("phase %s failed for now (retry %d follows): %v", phase, j.TempFailures, err)
+	}
+	if rerr := lock.Release(); rerr != nil {
+		b.log().Error("ownership lock not released", "error", rerr.Error())
+	}
+	return err
+}
+
+func (b *Bootstrap) stopNode(ctx context.Context, mode, slot string) {
+	// A context that a SIGTERM ended must still let the stop through.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	sd, err := b.systemd(ctx)
+	if err != nil {
+		b.log().Error("node not stopped after the failed bootstrap", "error", err.Error())
+		return
+	}
+	defer sd.Close()
+	us := generator.SupervisingUnits(mode, slot)
+	for i := len(us) - 1; i >= 0; i-- {
+		if err := sd.StopUnit(ctx, us[i]); err != nil {
+			b.log().Error("node unit not stopped after the failed bootstrap", "unit", us[i], "error", err.Error())
+		}
+	}
+}
+
+// reason is the Bootstrapped condition's reason for a failure.
+func reason(phase string, err error) string {
+	switch {
+	case errors.Is(err, exitcode.ErrRefused):
+		return v1alpha3.ConditionAllocationLaunchRefused
+	case errors.Is(err, artifacts.ErrChecksumMismatch):
+		return "ArtifactChecksumMismatch"
+	case errors.Is(err, exitcode.ErrConfigInvalid):
+		return "ConfigurationInvalid"
+	}
+	switch phase {
+	case PhaseHostPrep:
+		return "HostPreparationFailed"
+	case PhaseArtifacts:
+		return "ArtifactsFailed"
+	case PhaseSlot:
+		return "SlotPreparationFailed"
+	case PhaseFence:
+		return "FenceFailed"
+	case PhaseStart:
+		return "NodeStartFailed"
+	case PhaseReady:
+		return "NodeNotReady"
+	case PhaseRecord:
+		return "RecordFailed"
+	}
+	return report.ReasonFailed
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}
+
+// handOver releases the lock of a host that is bootstrapped already and
+// starts its node and daemon.
+func (b *Bootstrap) handOver(ctx context.Context, lock *state.Lock) error {
+	if err := lock.Release(); err != nil {
+		return fmt.Errorf("release the ownership lock: %w", err)
+	}
+	b.crash("bootstrap/after-release")
+	return b.start(ctx)
+}
+
+// start hands the recorded node over to systemd: reload (the generator
+// wires the node target), start the node target without waiting (it is
+// ordered after this unit), and start the daemon.
+func (b *Bootstrap) start(ctx context.Context) error {
+	b.status("handing over: daemon-reload, starting %s and %s", generator.NodeTarget, generator.DaemonService)
+	sd, err := b.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	if err := sd.Reload(ctx); err != nil {
+		return err
+	}
+	b.crash("bootstrap/after-reload")
+	if err := sd.EnqueueStart(ctx, generator.NodeTarget); err != nil {
+		return err
+	}
+	if err := sd.StartUnit(ctx, generator.DaemonService); err != nil {
+		return err
+	}
+	b.status("bootstrapped: %s queued, %s started", generator.NodeTarget, generator.DaemonService)
+	return nil
+}

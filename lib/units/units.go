@@ -1,0 +1,141 @@
+// Package units is the service manager as the one-shots that drive other
+// units (bootstrap, reset, the CLI's `unbounded reset`) see it: systemd
+// over D-Bus (go-systemd), never `systemctl` in a subprocess.
+//
+// It is a superset of lib/modes.Systemd (the isolation modes' seam), so
+// one connection serves both; what it adds is what an installation needs
+// beyond a mode: queueing a start without waiting for it (the node target
+// is ordered after bootstrap, so bootstrap waiting for its job would wait
+// for itself), and a finished oneshot's exit status (the fence's 77 is a
+// refusal, any other failure is not).
+package units
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	sdbus "github.com/coreos/go-systemd/v22/dbus"
+	"github.com/godbus/dbus/v5"
+)
+
+// Manager is the service manager. The real one is Dial's; tests have
+// their own.
+type Manager interface {
+	// Reload is `systemctl daemon-reload`; it returns once systemd has
+	// re-run the generators and reloaded the units.
+	Reload(ctx context.Context) error
+	// StartUnit, RestartUnit and StopUnit queue a job (mode "replace")
+	// and wait for its result; an error names the unit and systemd's job
+	// result when it is not "done".
+	StartUnit(ctx context.Context, unit string) error
+	RestartUnit(ctx context.Context, unit string) error
+	StopUnit(ctx context.Context, unit string) error
+	// EnqueueStart queues a start job and returns at once (`systemctl
+	// start --no-block`).
+	EnqueueStart(ctx context.Context, unit string) error
+	// ActiveState is the unit's ActiveState ("active", "inactive",
+	// "failed", "activating", ...); a unit systemd does not know is
+	// "inactive".
+	ActiveState(ctx context.Context, unit string) (string, error)
+	// ExecMainStatus is the exit status of the unit's last main process
+	// (ExecMainStatus: for a oneshot, the ExecStart= that ran last).
+	ExecMainStatus(ctx context.Context, unit string) (int, error)
+	// ResetFailed forgets a unit's failed state (`systemctl
+	// reset-failed UNIT`); a unit that is not failed is no error.
+	ResetFailed(ctx context.Context, unit string) error
+	Close()
+}
+
+// Dial connects to the system manager over the system bus.
+func Dial(ctx context.Context) (Manager, error) {
+	conn, err := sdbus.NewWithContext(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("connect to systemd over D-Bus: %w", err)
+	}
+	return dbusManager{conn}, nil
+}
+
+type dbusManager struct{ conn *sdbus.Conn }
+
+func (m dbusManager) Close() { m.conn.Close() }
+
+func (m dbusManager) Reload(ctx context.Context) error {
+	if err := m.conn.ReloadContext(ctx); err != nil {
+		return fmt.Errorf("daemon-reload: %w", err)
+	}
+	return nil
+}
+
+type jobFunc func(ctx context.Context, name, mode string, ch chan<- string) (int, error)
+
+// job queues one job and waits for systemd's JobRemoved result, which
+// go-systemd delivers on ch to the client that queued it.
+func (m dbusManager) job(ctx context.Context, verb string, f jobFunc, unit string) error {
+	ch := make(chan string, 1)
+	if _, err := f(ctx, unit, "replace", ch); err != nil {
+		return fmt.Errorf("%s %s: %w", verb, unit, err)
+	}
+	select {
+	case res := <-ch:
+		if res != "done" {
+			return fmt.Errorf("%s %s: job %s (see journalctl -u %s)", verb, unit, res, unit)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%s %s: %w", verb, unit, ctx.Err())
+	}
+}
+
+func (m dbusManager) StartUnit(ctx context.Context, unit string) error {
+	return m.job(ctx, "start", m.conn.StartUnitContext, unit)
+}
+
+func (m dbusManager) RestartUnit(ctx context.Context, unit string) error {
+	return m.job(ctx, "restart", m.conn.RestartUnitContext, unit)
+}
+
+func (m dbusManager) StopUnit(ctx context.Context, unit string) error {
+	return m.job(ctx, "stop", m.conn.StopUnitContext, unit)
+}
+
+func (m dbusManager) EnqueueStart(ctx context.Context, unit string) error {
+	// A nil channel: go-systemd does not wait for the job.
+	if _, err := m.conn.StartUnitContext(ctx, unit, "replace", nil); err != nil {
+		return fmt.Errorf("start %s: %w", unit, err)
+	}
+	return nil
+}
+
+func (m dbusManager) ActiveState(ctx context.Context, unit string) (string, error) {
+	p, err := m.conn.GetUnitPropertyContext(ctx, unit, "ActiveState")
+	if err != nil {
+		return "", fmt.Errorf("read state of %s: %w", unit, err)
+	}
+	v, _ := p.Value.Value().(string)
+	return v, nil
+}
+
+func (m dbusManager) ExecMainStatus(ctx context.Context, unit string) (int, error) {
+	p, err := m.conn.GetServicePropertyContext(ctx, unit, "ExecMainStatus")
+	if err != nil {
+		return 0, fmt.Errorf("read exit status of %s: %w", unit, err)
+	}
+	v, ok := p.Value.Value().(int32)
+	if !ok {
+		return 0, fmt.Errorf("read exit status of %s: unexpected %s", unit, p.Value.Signature())
+	}
+	return int(v), nil
+}
+
+func (m dbusManager) ResetFailed(ctx context.Context, unit string) error {
+	err := m.conn.ResetFailedUnitContext(ctx, unit)
+	var de dbus.Error
+	if errors.As(err, &de) && (de.Name == "org.freedesktop.systemd1.NoSuchUnit" || de.Name == "org.freedesktop.systemd1.UnitNotFailed") {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reset-failed %s: %w", unit, err)
+	}
+	return nil
+}
