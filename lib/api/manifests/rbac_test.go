@@ -330,6 +330,10 @@ func TestBootstrapIdentityCanDoExactlyWhatIsGranted(t *testing.T) {
 	token := env.CreateBootstrapToken(t, id, secret, strings.Split(identity.BootstrapExtraGroups(f.a), ",")...)
 	c := newCaller(t, "bootstrap token of "+f.a, env.TokenConfig(token))
 	waitAllowed(t, c, authzv1.ResourceAttributes{Group: api.GroupName, Resource: api.ResourceMachines, Verb: "get", Name: f.a})
+	// The kubelet's TLS bootstrap with this token: kube-controller-manager's
+	// approver approves a kubelet client CSR only when its requester may
+	// create certificatesigningrequests/nodeclient (kubeadm's grant).
+	waitAllowed(t, c, authzv1.ResourceAttributes{Group: "certificates.k8s.io", Resource: "certificatesigningrequests", Subresource: "nodeclient", Verb: "create"})
 
 	exps := f.common(c)
 	exps = append(exps,
