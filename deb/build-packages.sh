@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 # (ARCHITECTURE section 3): each becomes a link
 # /usr/libexec/unbounded/<concern> -> unbounded-agent. Empty: no concern is
 # built yet, and then the executable is not packaged either.
-CONCERNS="bootstrap daemon fence"
+CONCERNS="bootstrap daemon fence reset"
 
 die() {
 	echo "build-packages.sh: $*" >&2

@@ -1,0 +1,73 @@
+// Package reset is the unbounded-reset one-shot, run by
+// unbounded-reset.service and by `unbounded reset`: it removes the node and
+// the agent's state from the host (lib/reset). Exit 0 done, 1 failed, 69
+// another installation owns the host.
+package reset
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/alecthomas/kong"
+
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/logging"
+	"unbounded-cloud.io/agent/lib/privilege"
+	"unbounded-cloud.io/agent/lib/reset"
+)
+
+type cli struct {
+	Root        string `help:"Resolve every host path under this directory (tests, offline roots)." default:"/" type:"path"`
+	KeepHandoff bool   `name:"keep-handoff" help:"Keep the reprovision handoff directory /var/lib/unbounded-agent-reprovision."`
+}
+
+// Main runs reset with args (without the program name) and returns the
+// exit code.
+func Main(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return run(ctx, args, os.Stdout, os.Stderr)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var c cli
+	exited := -1
+	parser, err := kong.New(&c,
+		kong.Name("reset"),
+		kong.Description("Remove the node (both slots), the host preparation, the artifacts and every file under /var/lib/unbounded; /etc/unbounded stays. Exit 0: done; 1: failed; 69: another installation owns the host."),
+		kong.Exit(func(code int) { exited = code }),
+		kong.Writers(stdout, stderr))
+	if err != nil {
+		fmt.Fprintln(stderr, "reset:", err)
+		return exitcode.Failed
+	}
+	if _, err := parser.Parse(args); err != nil {
+		fmt.Fprintln(stderr, "reset:", err)
+		return exitcode.Failed
+	}
+	if exited >= 0 { // --help
+		return exited
+	}
+	paths := hostpaths.New(c.Root)
+	if err := privilege.Check(paths.HostRoot()); err != nil {
+		fmt.Fprintln(stderr, "reset:", err)
+		return exitcode.For(err)
+	}
+	log := logging.New(stderr, slog.LevelInfo)
+	r := &reset.Reset{Paths: paths, KeepHandoff: c.KeepHandoff, Log: log}
+	err = r.Run(ctx)
+	code := exitcode.For(err)
+	if code != exitcode.OK && code != exitcode.Deferred {
+		log.Error("reset: "+err.Error(), "exit", code)
+	}
+	if code == exitcode.Deferred {
+		fmt.Fprintln(stderr, "reset: another installation owns the host:", err)
+	}
+	return code
+}

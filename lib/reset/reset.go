@@ -1,0 +1,314 @@
+// Package reset removes the agent's node and state from a host
+// (unbounded-reset.service, `unbounded reset`, ARCHITECTURE section 6),
+// leaving the operator's /etc/unbounded and the package itself.
+//
+// Steps, in order; each idempotent, each followed by a crash point
+// "reset/after-<step>" (lib/crashpoint), so that a rerun after a crash or
+// a reboot ends where an uninterrupted run does:
+//
+//	daemon    unbounded-daemon.service stopped first (it would start
+//	          units for the cluster while the node goes away), and a
+//	          running bootstrap with it
+//	lock      the ownership lock taken (a record left by an interrupted
+//	          bootstrap is superseded: reset is how an operator gets out
+//	          of a half-bootstrapped host); the generator then pulls in no
+//	          node and no daemon, and resumes this unit after a reboot
+//	node      unbounded-node.target stopped, and both slots destroyed in
+//	          every mode the host shows evidence of (an applied config, the
+//	          bootstrap journal, an nspawn slot's settings, the none mode's
+//	          versions directory): the mode stops the supervising units,
+//	          removes the slot's rootfs or versions, its settings and
+//	          drop-ins, and checks that they are gone
+//	hostprep  the recorded host preparation undone, exactly (lib/hostprep
+//	          Undo: what someone changed since is left and logged)
+//	state     the artifact cache, journals, applied configs, certificates
+//	          and every other file under /var/lib/unbounded removed, then
+//	          the reprovision handoff directory unless KeepHandoff; the
+//	          ownership record goes last (the lock's release), then a
+//	          daemon-reload so that the generator sees a fresh host
+//
+// The journal (/var/lib/unbounded/journal/reset.json) keeps KeepHandoff
+// for a resumed run: a reset started with it and interrupted must not
+// delete the handoff when the unit resumes it without the flag.
+//
+// After a reset, a bootstrap under the same machine name joins as the
+// same Node: the kubelet's client certificate went with the slot, and its
+// TLS bootstrap asks again for system:node:<name> (auto-approved, see the
+// manifests); the kubelet re-registers an existing Node object as its own.
+package reset
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
+
+	"unbounded-cloud.io/agent/lib/bootstrap"
+	"unbounded-cloud.io/agent/lib/crashpoint"
+	"unbounded-cloud.io/agent/lib/generator"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/hostprep"
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/units"
+)
+
+// Operation is the owner name of the ownership lock and the journal's name.
+const Operation = "reset"
+
+// Unit runs reset; the ownership record names it.
+const Unit = "unbounded-reset.service"
+
+// CrashPoints are reset's own named crash points in the order a run
+// reaches them; lib/hostprep's "hostprep/after-undo" is reached inside
+// the hostprep step.
+var CrashPoints = []string{"reset/after-daemon", "reset/after-lock", "reset/after-node", "reset/after-hostprep", "reset/after-state"}
+
+// Journal is what a reset keeps between runs.
+type Journal struct {
+	KeepHandoff bool `json:"keep-handoff"`
+}
+
+// Reset removes the agent's node and state. The zero value of every field
+// but Paths is the real host.
+type Reset struct {
+	Paths hostpaths.Paths
+	// KeepHandoff keeps /var/lib/unbounded-agent-reprovision (the
+	// reprovision handoff runs reset from there).
+	KeepHandoff bool
+	// Mode returns the mode named; nil: the real modes.
+	Mode func(name string) (modes.Mode, error)
+	// Systemd connects to the service manager; nil: the system bus.
+	Systemd func(ctx context.Context) (units.Manager, error)
+	// HostPrep undoes the host preparation; nil: lib/hostprep's Undo.
+	HostPrep func(ctx context.Context) ([]string, error)
+	// Notify sends an sd_notify state; nil: sd_notify.
+	Notify     func(state string)
+	CrashPoint func(name string)
+	Log        *slog.Logger
+}
+
+func (r *Reset) log() *slog.Logger {
+	if r.Log != nil {
+		return r.Log
+	}
+	return slog.Default()
+}
+
+func (r *Reset) crash(name string) {
+	if r.CrashPoint != nil {
+		r.CrashPoint(name)
+		return
+	}
+	crashpoint.Hit(name)
+}
+
+func (r *Reset) status(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	r.log().Info(msg)
+	if r.Notify != nil {
+		r.Notify("STATUS=" + msg)
+		return
+	}
+	sddaemon.SdNotify(false, "STATUS="+msg)
+}
+
+func (r *Reset) mode(name string) (modes.Mode, error) {
+	if r.Mode != nil {
+		return r.Mode(name)
+	}
+	return bootstrap.ModeFor(r.Paths, r.log())(name)
+}
+
+// Run resets the host. Its error maps to the exit code with exitcode.For:
+// 69 when another installation (a live bootstrap that will not stop, a
+// reprovision) owns the host.
+func (r *Reset) Run(ctx context.Context) error {
+	sd, err := r.systemdManager(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+
+	r.status("stopping %s and %s", generator.DaemonService, generator.BootstrapService)
+	for _, u := range []string{generator.DaemonService, generator.BootstrapService} {
+		if err := stop(ctx, sd, u); err != nil {
+			return err
+		}
+	}
+	r.crash("reset/after-daemon")
+
+	lock, err := r.lock()
+	if err != nil {
+		return err
+	}
+	r.crash("reset/after-lock")
+	var j Journal
+	if _, err := state.ReadJournal(r.Paths, Operation, &j); err != nil {
+		r.log().Warn("reset journal unreadable; going on without it", "error", err.Error())
+	}
+	j.KeepHandoff = j.KeepHandoff || r.KeepHandoff
+	if err := state.WriteJournal(r.Paths, Operation, &j); err != nil {
+		lock.Release()
+		return err
+	}
+
+	if err := r.node(ctx, sd); err != nil {
+		lock.Release()
+		return fmt.Errorf("remove the node: %w", err)
+	}
+	r.crash("reset/after-node")
+
+	r.status("undoing the host preparation")
+	leftovers, err := r.undo(ctx)
+	if err != nil {
+		lock.Release()
+		return fmt.Errorf("undo the host preparation: %w", err)
+	}
+	for _, l := range leftovers {
+		r.log().Warn("left as is", "what", l)
+	}
+	r.crash("reset/after-hostprep")
+
+	r.status("removing the agent's state under %s", r.Paths.HostRoot())
+	if err := r.removeState(j.KeepHandoff); err != nil {
+		lock.Release()
+		return err
+	}
+	r.crash("reset/after-state")
+	if err := lock.Release(); err != nil {
+		return err
+	}
+	if err := sd.Reload(ctx); err != nil {
+		return err
+	}
+	r.status("reset done; /etc/unbounded left as it was")
+	return nil
+}
+
+func (r *Reset) systemdManager(ctx context.Context) (units.Manager, error) {
+	if r.Systemd != nil {
+		return r.Systemd(ctx)
+	}
+	return units.Dial(ctx)
+}
+
+// stop stops unit; a unit that is not loaded (not installed) is stopped.
+func stop(ctx context.Context, sd units.Manager, unit string) error {
+	st, err := sd.ActiveState(ctx, unit)
+	if err == nil && (st == "inactive" || st == "failed") {
+		return nil
+	}
+	return sd.StopUnit(ctx, unit)
+}
+
+// lock takes the ownership lock, superseding the record of a bootstrap
+// that no longer runs (stopped above): otherwise a host whose bootstrap
+// crashed could never be reset.
+func (r *Reset) lock() (*state.Lock, error) {
+	lock, err := state.AcquireOwnership(r.Paths, Operation, Unit)
+	if err == nil || !errors.Is(err, state.ErrOwned) {
+		return lock, err
+	}
+	o, rerr := state.ReadOwnership(r.Paths)
+	if rerr != nil || o == nil || o.Owner != bootstrap.Operation {
+		return nil, err
+	}
+	r.log().Warn("superseding the ownership of an interrupted bootstrap", "since", o.Since.Format(time.RFC3339))
+	if err := state.RemoveDurable(r.Paths.Ownership()); err != nil {
+		return nil, err
+	}
+	return state.AcquireOwnership(r.Paths, Operation, Unit)
+}
+
+// modesInUse are the modes the host shows evidence of.
+func (r *Reset) modesInUse() []string {
+	var found []string
+	add := func(m string) {
+		if m != "" && !slices.Contains(found, m) {
+			found = append(found, m)
+		}
+	}
+	for _, s := range hostpaths.Slots {
+		if a, err := state.ReadApplied(r.Paths, s); err == nil {
+			add(a.Mode)
+		}
+		if _, err := os.Lstat(r.Paths.NspawnConfig(s)); err == nil {
+			add("nspawn")
+		}
+		if _, err := os.Lstat(r.Paths.MachineDir(s)); err == nil {
+			add("nspawn")
+		}
+	}
+	var j bootstrap.Journal
+	if ok, err := state.ReadJournal(r.Paths, bootstrap.Operation, &j); ok && err == nil {
+		add(j.Mode)
+	}
+	if _, err := os.Lstat(r.Paths.VersionsDir()); err == nil {
+		add("none")
+	}
+	return found
+}
+
+// node stops the node target and destroys both slots of every mode in use.
+func (r *Reset) node(ctx context.Context, sd units.Manager) error {
+	r.status("stopping %s", generator.NodeTarget)
+	if err := stop(ctx, sd, generator.NodeTarget); err != nil {
+		return err
+	}
+	for _, name := range r.modesInUse() {
+		m, err := r.mode(name)
+		if err != nil {
+			r.log().Warn("mode not in this build; nothing of it destroyed", "mode", name, "error", err.Error())
+			continue
+		}
+		for _, slot := range hostpaths.Slots {
+			r.status("destroying slot %s of mode %s", slot, name)
+			if err := m.Destroy(ctx, slot); err != nil {
+				return fmt.Errorf("destroy slot %s (%s): %w", slot, name, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (r *Reset) undo(ctx context.Context) ([]string, error) {
+	if r.HostPrep != nil {
+		return r.HostPrep(ctx)
+	}
+	h := &hostprep.Host{Paths: r.Paths, CrashPoint: r.crash, Log: r.log()}
+	return h.Undo(ctx)
+}
+
+// removeState removes everything under the host root but the ownership
+// record (the lock's release removes it last) and this run's journal,
+// and the handoff directory unless kept.
+func (r *Reset) removeState(keepHandoff bool) error {
+	root := r.Paths.HostRoot()
+	entries, err := os.ReadDir(root)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	keep := []string{filepath.Base(r.Paths.Ownership()), filepath.Base(r.Paths.JournalDir())}
+	var paths []string
+	for _, e := range entries {
+		if !slices.Contains(keep, e.Name()) {
+			paths = append(paths, filepath.Join(root, e.Name()))
+		}
+	}
+	if !keepHandoff {
+		paths = append(paths, r.Paths.ReprovisionDir())
+	}
+	if err := modes.RemoveVerified(paths...); err != nil {
+		return err
+	}
+	// The journal directory last but one: without it a resumed run
+	// forgets KeepHandoff, and everything it guarded is gone already.
+	return modes.RemoveVerified(r.Paths.JournalDir())
+}
