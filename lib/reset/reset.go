@@ -22,7 +22,8 @@
 //	hostprep  the recorded host preparation undone, exactly (lib/hostprep
 //	          Undo: what someone changed since is left and logged)
 //	state     the artifact cache, journals, applied configs, certificates
-//	          and every other file under /var/lib/unbounded removed, then
+//	          and every other file under /var/lib/unbounded removed (but
+//	          the operator's pre-staged offline directory), then
 //	          the reprovision handoff directory unless KeepHandoff; the
 //	          ownership record goes last (the lock's release), then a
 //	          daemon-reload so that the generator sees a fresh host
@@ -295,7 +296,10 @@ func (r *Reset) removeState(keepHandoff bool) error {
 	if err != nil && !os.IsNotExist(err) {
 		return err
 	}
-	keep := []string{filepath.Base(r.Paths.Ownership()), filepath.Base(r.Paths.JournalDir())}
+	// The offline directory is the operator's (or the image builder's)
+	// input, pre-staged artifacts and images, not the agent's state: a
+	// host reset to bootstrap again offline needs it.
+	keep := []string{filepath.Base(r.Paths.Ownership()), filepath.Base(r.Paths.JournalDir()), filepath.Base(r.Paths.OfflineDir())}
 	var paths []string
 	for _, e := range entries {
 		if !slices.Contains(keep, e.Name()) {

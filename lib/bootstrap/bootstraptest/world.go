@@ -39,6 +39,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/reset"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/units"
 )
@@ -288,6 +289,21 @@ func (w *World) Bootstrap(log *slog.Logger) *bootstrap.Bootstrap {
 		Backoff:      -1,
 		Notify:       func(string) {},
 		Log:          log,
+	}
+}
+
+// Reset is a lib/reset run on the world, with the same fakes.
+func (w *World) Reset(log *slog.Logger) *reset.Reset {
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &reset.Reset{
+		Paths:    w.P,
+		Mode:     w.Mode,
+		Systemd:  func(context.Context) (units.Manager, error) { return &Manager{w}, nil },
+		HostPrep: func(ctx context.Context) ([]string, error) { return w.HostPrep(log).Undo(ctx) },
+		Notify:   func(string) {},
+		Log:      log,
 	}
 }
 

@@ -1,0 +1,227 @@
+package reset_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"unbounded-cloud.io/agent/lib/bootstrap/bootstraptest"
+	"unbounded-cloud.io/agent/lib/crashpoint"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/reset"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// The child runs one bootstrap or one reset on the world whose root it
+// names, so that a crash point kills a real process.
+const (
+	childRoot = "RESET_TEST_CHILD_ROOT"
+	childOp   = "RESET_TEST_CHILD_OP"
+)
+
+func TestMain(m *testing.M) {
+	if root := os.Getenv(childRoot); root != "" {
+		w := &bootstraptest.World{Root: root}
+		w.P.Root = root
+		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+		var err error
+		if os.Getenv(childOp) == "bootstrap" {
+			err = w.Bootstrap(log).Run(context.Background())
+		} else {
+			r := w.Reset(log)
+			r.KeepHandoff = os.Getenv(childOp) == "reset-keep-handoff"
+			err = r.Run(context.Background())
+		}
+		os.Exit(exitcode.For(err))
+	}
+	os.Exit(m.Run())
+}
+
+func child(t *testing.T, w *bootstraptest.World, op, point string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childRoot+"="+w.Root, childOp+"="+op, crashpoint.Env+"="+point)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, string(out)
+	case errors.As(err, &ee):
+		if ee.ExitCode() < 0 {
+			return crashpoint.ExitCode, string(out)
+		}
+		return ee.ExitCode(), string(out)
+	}
+	t.Fatal(err)
+	return 0, ""
+}
+
+func newWorld(t *testing.T) *bootstraptest.World {
+	t.Helper()
+	w, err := bootstraptest.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A reprovision handoff, as a reprovision leaves it before it resets.
+	if err := w.Write("/var/lib/unbounded-agent-reprovision/journal.json", "{}\n"); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// pristine is a snapshot without what the fakes keep for themselves (the
+// fake units' states), the lock file under /run (a tmpfs in real life,
+// and the flock's anchor), and /proc/swaps, whose line the fake swapon
+// writes in its own spacing (checked on its own).
+func pristine(t *testing.T, w *bootstraptest.World) map[string]string {
+	t.Helper()
+	s, err := w.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range s {
+		if strings.HasPrefix(k, "fake/units") || k == "run/unbounded/ownership.lock" || k == "proc/swaps" {
+			delete(s, k)
+		}
+	}
+	return s
+}
+
+func TestResetAfterBootstrapLeavesNothingOfOursAndTheHostAsBefore(t *testing.T) {
+	w := newWorld(t)
+	before := pristine(t, w)
+	if code, out := child(t, w, "bootstrap", ""); code != 0 {
+		t.Fatalf("bootstrap: exit %d\n%s", code, out)
+	}
+	w.ClearCalls()
+	if code, out := child(t, w, "reset", ""); code != 0 {
+		t.Fatalf("reset: exit %d\n%s", code, out)
+	}
+	after := pristine(t, w)
+	// /var/lib/machines is systemd's directory of machines (machinectl
+	// and importctl make it too); the mode creates it when missing and
+	// reset leaves it, empty.
+	if v, ok := after["var/lib/machines"]; ok && strings.HasPrefix(v, "dir ") {
+		delete(after, "var/lib/machines")
+	}
+	// Gone with the reset: the handoff (not kept) and nothing else.
+	delete(before, "var/lib/unbounded-agent-reprovision")
+	delete(before, "var/lib/unbounded-agent-reprovision/journal.json")
+	if d := bootstraptest.Diff(before, after); len(d) > 0 {
+		t.Errorf("host after bootstrap + reset differs from before bootstrap:\n%s", strings.Join(d, "\n"))
+	}
+	swaps, _ := os.ReadFile(w.P.Join("/proc/swaps"))
+	if !strings.Contains(string(swaps), "/dev/vda2") || !strings.Contains(string(swaps), "-2") {
+		t.Errorf("swap not given back with its priority: %q", swaps)
+	}
+	calls := w.Calls()
+	if len(calls) == 0 || calls[0] != "stop unbounded-daemon.service" {
+		t.Errorf("the daemon must be stopped first: %q", calls)
+	}
+	for _, u := range []string{"unbounded-daemon.service", "systemd-nspawn@kube1.service"} {
+		if st := w.UnitState(u); st != "inactive" {
+			t.Errorf("%s is %s after reset", u, st)
+		}
+	}
+	// The operator's config stays, so a bootstrap under the same name
+	// works again.
+	if code, out := child(t, w, "bootstrap", ""); code != 0 {
+		t.Fatalf("bootstrap after reset: exit %d\n%s", code, out)
+	}
+	if a, err := state.ReadActive(w.P); err != nil || a == nil || a.Machine != bootstraptest.Machine {
+		t.Errorf("applied config after a second bootstrap: %+v %v", a, err)
+	}
+}
+
+func TestResetKeepsTheHandoffWhenAskedEvenWhenResumedWithoutTheFlag(t *testing.T) {
+	w := newWorld(t)
+	if code, out := child(t, w, "bootstrap", ""); code != 0 {
+		t.Fatalf("bootstrap: exit %d\n%s", code, out)
+	}
+	if code, _ := child(t, w, "reset-keep-handoff", "reset/after-hostprep"); code != crashpoint.ExitCode {
+		t.Fatalf("crash: exit %d", code)
+	}
+	// Resumed by the unit at boot, without the flag.
+	if code, out := child(t, w, "reset", ""); code != 0 {
+		t.Fatalf("resumed reset: exit %d\n%s", code, out)
+	}
+	if _, err := os.Stat(w.P.Join("/var/lib/unbounded-agent-reprovision/journal.json")); err != nil {
+		t.Errorf("handoff removed: %v", err)
+	}
+	if _, err := os.Stat(w.P.AppliedConfig("kube1")); !os.IsNotExist(err) {
+		t.Errorf("applied config left: %v", err)
+	}
+}
+
+func TestResetTakesOverFromAnInterruptedBootstrap(t *testing.T) {
+	w := newWorld(t)
+	if code, _ := child(t, w, "bootstrap", "bootstrap/after-start"); code != crashpoint.ExitCode {
+		t.Fatalf("crash: exit %d", code)
+	}
+	if o, _ := state.ReadOwnership(w.P); o == nil || o.Owner != "bootstrap" {
+		t.Fatalf("ownership after the crash: %+v", o)
+	}
+	if code, out := child(t, w, "reset", ""); code != 0 {
+		t.Fatalf("reset: exit %d\n%s", code, out)
+	}
+	if o, _ := state.ReadOwnership(w.P); o != nil {
+		t.Errorf("ownership after reset: %+v", o)
+	}
+	if st := w.UnitState("systemd-nspawn@kube1.service"); st != "inactive" {
+		t.Errorf("node of the interrupted bootstrap is %s after reset", st)
+	}
+	if _, err := os.Stat(w.P.MachineDir("kube1")); !os.IsNotExist(err) {
+		t.Errorf("slot left: %v", err)
+	}
+}
+
+func TestResetDefersToAReprovision(t *testing.T) {
+	w := newWorld(t)
+	lock, err := state.AcquireOwnership(w.P, "reprovision", "unbounded-reprovision.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release()
+	r := w.Reset(nil)
+	if code := exitcode.For(r.Run(context.Background())); code != exitcode.Deferred {
+		t.Errorf("exit %d, want 69", code)
+	}
+}
+
+func TestResetCrashAtEveryPointThenRerunEndsAsAnUninterruptedReset(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs child processes; skipped with -short")
+	}
+	ref := newWorld(t)
+	child(t, ref, "bootstrap", "")
+	if code, out := child(t, ref, "reset", ""); code != 0 {
+		t.Fatalf("reset: exit %d\n%s", code, out)
+	}
+	want := pristine(t, ref)
+	for _, point := range append([]string{"hostprep/after-undo"}, reset.CrashPoints...) {
+		t.Run(strings.ReplaceAll(point, "/", "_"), func(t *testing.T) {
+			w := newWorld(t)
+			if code, out := child(t, w, "bootstrap", ""); code != 0 {
+				t.Fatalf("bootstrap: exit %d\n%s", code, out)
+			}
+			code, out := child(t, w, "reset", point)
+			if code != crashpoint.ExitCode || !strings.Contains(out, "crash point "+point) {
+				t.Fatalf("crash at %s: exit %d\n%s", point, code, out)
+			}
+			if code, out := child(t, w, "reset", ""); code != 0 {
+				t.Fatalf("rerun after the crash at %s: exit %d\n%s", point, code, out)
+			}
+			got := pristine(t, w)
+			for _, s := range []map[string]string{want, got} {
+				s["etc/unbounded/ca.crt"] = "(ca)"
+			}
+			if d := bootstraptest.Diff(want, got); len(d) > 0 {
+				t.Errorf("end state after a crash at %s differs:\n%s", point, strings.Join(d, "\n"))
+			}
+		})
+	}
+}
