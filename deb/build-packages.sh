@@ -2,7 +2,8 @@
 # Builds dist/unbounded-agent_<version>_<arch>.deb and
 # dist/unbounded-agent-<version>-1.<rpmarch>.rpm from the binaries in bin/
 # (`make build`) with the nfpm pinned in tools/go.mod. `make packages` runs it
-# with VERSION and PKG_ARCH set.
+# with VERSION and PKG_ARCH set. DIST names another output directory than
+# dist/ (the packages tests build into their own).
 #
 # The static part of the package is deb/nfpm.yaml. This script appends what
 # depends on the tree: every file of units/ (so a new unit is packaged by
@@ -257,14 +258,15 @@ rpm_from_nfpm() {
 	echo "created package: $dest/$(basename "$src") (rpmbuild)"
 }
 
-mkdir -p dist
+DIST=${DIST:-dist}
+mkdir -p "$DIST"
 nfpm() { go tool -modfile=tools/go.mod nfpm "$@"; }
-# Old builds of this package are removed so that dist/ holds one of each.
-rm -f dist/unbounded-agent_*.deb dist/unbounded-agent-*.rpm
-nfpm pkg --config "$config" --packager deb --target dist/
+# Old builds of this package are removed so that $DIST holds one of each.
+rm -f "$DIST"/unbounded-agent_*.deb "$DIST"/unbounded-agent-*.rpm
+nfpm pkg --config "$config" --packager deb --target "$DIST/"
 # The .rpm: nfpm builds it from the same contents as the .deb, then
 # rpmbuild rebuilds it from a spec generated from that rpm (rpm_from_nfpm,
 # below), for what nfpm cannot write.
 mkdir "$work/nfpm"
 nfpm pkg --config "$config" --packager rpm --target "$work/nfpm/"
-rpm_from_nfpm "$work"/nfpm/*.rpm dist
+rpm_from_nfpm "$work"/nfpm/*.rpm "$DIST"
