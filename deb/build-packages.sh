@@ -130,8 +130,8 @@ config=$work/nfpm.yaml
 # with the same modes, owners and flags, and the same scriptlets.
 rpm_from_nfpm() {
 	src=$1 dest=$2
-	top=$work/rpmbuild
-	mkdir -p "$top/tmp" "$top/db" "$top/home"
+	rpmtop=$work/rpmbuild
+	mkdir -p "$rpmtop/tmp" "$rpmtop/db" "$rpmtop/home"
 	# No side effects outside $work (a private rpm database and temporary
 	# directory), and no ~/.rpmmacros of the builder's (HOME): two
 	# machines build the same package. rpmq [-p RPM] ARGS... queries $src,
@@ -139,7 +139,7 @@ rpm_from_nfpm() {
 	rpmq() {
 		f=$src
 		[ "$1" != -p ] || { f=$2 && shift 2; }
-		HOME=$top/home rpm --dbpath "$top/db" -qp "$@" "$f" 2>/dev/null
+		HOME=$rpmtop/home rpm --dbpath "$rpmtop/db" -qp "$@" "$f" 2>/dev/null
 	}
 	qf() { rpmq --qf "$1"; }
 	# % starts a macro in a spec, even in scriptlets and the description.
@@ -158,7 +158,7 @@ rpm_from_nfpm() {
 		[ "$(qf "%{$(tag "$s")}")" = "(none)" ] || scriptlets="$scriptlets $s"
 	done
 
-	spec=$top/$name.spec
+	spec=$rpmtop/$name.spec
 	{
 		printf 'Name: %s\nVersion: %s\nRelease: %s\n' "$name" "$version" "$release"
 		for t in Summary License URL Vendor Packager Group; do
@@ -227,8 +227,8 @@ rpm_from_nfpm() {
 	# as nfpm made them (no strip, no build-id links, no debuginfo: the
 	# binaries are built by make build) and compressed with zstd, which
 	# Debian's rpm 4.18 and every current RPM distribution read.
-	HOME=$top/home rpmbuild -bb --quiet --target "$arch-linux" \
-		--define "_topdir $top" --define "_tmppath $top/tmp" --define "_dbpath $top/db" \
+	HOME=$rpmtop/home rpmbuild -bb --quiet --target "$arch-linux" \
+		--define "_topdir $rpmtop" --define "_tmppath $rpmtop/tmp" --define "_dbpath $rpmtop/db" \
 		--define "_buildhost reproducible" \
 		--define "use_source_date_epoch_as_buildtime 1" \
 		--define "clamp_mtime_to_source_date_epoch 1" \
@@ -236,8 +236,8 @@ rpm_from_nfpm() {
 		--define "__os_install_post %{nil}" --define "debug_package %{nil}" \
 		--define "_build_id_links none" \
 		--define "_rpmfilename %%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm" \
-		"$spec" >"$top/rpmbuild.log" 2>&1 || { cat "$top/rpmbuild.log" >&2; die "rpmbuild failed (its output above)"; }
-	out=$top/RPMS/$name-$version-$release.$arch.rpm
+		"$spec" >"$rpmtop/rpmbuild.log" 2>&1 || { cat "$rpmtop/rpmbuild.log" >&2; die "rpmbuild failed (its output above)"; }
+	out=$rpmtop/RPMS/$name-$version-$release.$arch.rpm
 	[ -f "$out" ] || die "rpmbuild made no $out"
 
 	# The same files and scriptlets as nfpm's rpm, or the build fails.
@@ -245,9 +245,9 @@ rpm_from_nfpm() {
 	# (A symlink's permission bits are those lstat gives, 0777, where nfpm
 	# writes none: rpm ignores them.)
 	symlinks='s/ 120[0-7]{3} / 120xxx /'
-	rpmq --qf="$files" | sed -E "$symlinks" >"$top/nfpm.q"
-	rpmq -p "$out" --qf="$files" | sed -E "$symlinks" >"$top/rpmbuild.q"
-	diff -u "$top/nfpm.q" "$top/rpmbuild.q" >&2 ||
+	rpmq --qf="$files" | sed -E "$symlinks" >"$rpmtop/nfpm.q"
+	rpmq -p "$out" --qf="$files" | sed -E "$symlinks" >"$rpmtop/rpmbuild.q"
+	diff -u "$rpmtop/nfpm.q" "$rpmtop/rpmbuild.q" >&2 ||
 		die "the rpm rebuilt by rpmbuild holds other files than nfpm's (diff above)"
 	# (rpmbuild drops the newline that ends a scriptlet.)
 	for t in PREIN POSTIN PREUN POSTUN PRETRANS POSTTRANS; do
