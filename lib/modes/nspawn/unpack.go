@@ -42,14 +42,19 @@ type UnpackStats struct {
 // Reading the image verifies every layer against its digest
 // (go-containerregistry does, for remote and layout images).
 func Unpack(img v1.Image, dir string) (UnpackStats, error) {
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	return unpackTar(rc, dir)
+}
+
+// unpackTar writes the flattened tar stream r into dir, through os.Root.
+func unpackTar(r io.Reader, dir string) (UnpackStats, error) {
 	var st UnpackStats
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return st, err
 	}
 	defer root.Close()
-	rc := mutate.Extract(img)
-	defer rc.Close()
 
 	type dirMeta struct {
 		name     string
@@ -61,7 +66,7 @@ func Unpack(img v1.Image, dir string) (UnpackStats, error) {
 	type link struct{ name, target string }
 	var hardlinks []link
 
-	tr := tar.NewReader(rc)
+	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
