@@ -36,14 +36,23 @@ var ErrImageNotFound = errors.New("node image not found")
 // platform is the only one a machine on this host can run.
 var platform = v1.Platform{OS: "linux", Architecture: runtime.GOARCH}
 
-// splitTag splits "PATH[:TAG]": a last ':' followed by no '/' starts a
-// tag.
-func splitTag(s string) (p, tag string) {
-	i := strings.LastIndexByte(s, ':')
-	if i < 0 || strings.ContainsRune(s[i+1:], '/') {
+// splitLocal splits "PATH[:TAG]" of a local image source. A tag may hold
+// ':' itself ("node.tar:unbounded/node:1.36.3"), and so may a path: the
+// path is the whole string when it exists, else the shortest prefix
+// before a ':' that exists.
+func splitLocal(s string) (p, tag string) {
+	if _, err := os.Stat(s); err == nil {
 		return s, ""
 	}
-	return s[:i], s[i+1:]
+	for i := 0; i < len(s); i++ {
+		if s[i] != ':' {
+			continue
+		}
+		if _, err := os.Stat(s[:i]); err == nil {
+			return s[:i], s[i+1:]
+		}
+	}
+	return s, ""
 }
 
 // resolveImage finds the image img names. It returns the image and where
@@ -54,13 +63,16 @@ func (m *Mode) resolveImage(ctx context.Context, img modes.Image) (v1.Image, str
 	ref := img.Ref
 	switch {
 	case ref == "":
-		return nil, "", fmt.Errorf("no node image: set nspawn.image in the configuration")
+		return nil, "", fmt.Errorf("%w: no node image: nspawn.image is not set (mode nspawn needs it)", exitcode.ErrConfigInvalid)
 	case strings.HasPrefix(ref, ociLayoutPrefix):
-		dir, tag := splitTag(strings.TrimPrefix(ref, ociLayoutPrefix))
+		dir, tag := splitLocal(strings.TrimPrefix(ref, ociLayoutPrefix))
 		i, err := fromLayout(dir, func(ann map[string]string) bool { return tag == "" || matches(ann, tag, tag) })
-		return i, ref, err
+		if err != nil {
+			return nil, ref, fmt.Errorf("%s: %w", ref, err)
+		}
+		return i, ref, nil
 	case strings.HasPrefix(ref, dockerArchivePrefix):
-		file, tag := splitTag(strings.TrimPrefix(ref, dockerArchivePrefix))
+		file, tag := splitLocal(strings.TrimPrefix(ref, dockerArchivePrefix))
 		var t *name.Tag
 		if tag != "" {
 			nt, err := name.NewTag(tag)
@@ -119,7 +131,9 @@ func matches(ann map[string]string, full, short string) bool {
 // whose index entry want accepts (descending into nested indexes).
 func fromLayout(dir string, want func(map[string]string) bool) (v1.Image, error) {
 	p, err := layout.FromPath(dir)
-	if err != nil {
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: no OCI layout at %s: %w", ErrImageNotFound, dir, err)
+	} else if err != nil {
 		return nil, fmt.Errorf("node image: OCI layout %s: %w", dir, err)
 	}
 	ii, err := p.ImageIndex()

@@ -156,6 +156,11 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	if err != nil {
 		return fmt.Errorf("prepare slot %s: node image %s: %w", s.Name, src, classify(err))
 	}
+	// nspawn refuses a directory without /usr ("doesn't look like it has
+	// an OS tree"): say so now, naming the image.
+	if fi, err := os.Stat(filepath.Join(tmp, "usr")); err != nil || !fi.IsDir() {
+		return fmt.Errorf("prepare slot %s: node image %s has no /usr directory: not an OS tree a machine can boot", s.Name, src)
+	}
 	m.log().Info("node image unpacked", "slot", s.Name, "image", src, "files", stats.Files,
 		"bytes", stats.Bytes, "skipped_devices", stats.Devices)
 	if err := nodestack.InstallArtifacts(s.Artifacts, tmp, Layout); err != nil {

@@ -42,9 +42,25 @@ type UnpackStats struct {
 // Reading the image verifies every layer against its digest
 // (go-containerregistry does, for remote and layout images).
 func Unpack(img v1.Image, dir string) (UnpackStats, error) {
+	// Layers first: a manifest that does not parse would otherwise come
+	// out of mutate.Extract as an empty tar stream (it ends the archive
+	// before it reports the error).
+	if _, err := img.Layers(); err != nil {
+		return UnpackStats{}, fmt.Errorf("the image's manifest: %w", err)
+	}
 	rc := mutate.Extract(img)
 	defer rc.Close()
-	return unpackTar(rc, dir)
+	st, err := unpackTar(rc, dir)
+	if err != nil {
+		return st, err
+	}
+	// The error of a layer that fails after the archive's end marker
+	// (mutate.Extract writes the marker before it returns the error)
+	// comes with the rest of the stream.
+	if _, err := io.Copy(io.Discard, rc); err != nil {
+		return st, fmt.Errorf("reading the image: %w", err)
+	}
+	return st, nil
 }
 
 // unpackTar writes the flattened tar stream r into dir, through os.Root.
