@@ -424,7 +424,9 @@ func (m *Mode) killLeftovers(ctx context.Context) error {
 				data, _ := os.ReadFile(p)
 				for _, f := range strings.Fields(string(data)) {
 					var pid int
-					if _, err := fmt.Sscan(f, &pid); err == nil && pid > 1 {
+					// Gone already (the kernel drops a process from
+					// cgroup.procs at exit; this is the race with it).
+					if _, err := fmt.Sscan(f, &pid); err == nil && pid > 1 && syscall.Kill(pid, 0) != syscall.ESRCH {
 						pids[pid] = true
 					}
 				}
