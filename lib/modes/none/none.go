@@ -54,6 +54,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/manager"
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
 	"unbounded-cloud.io/agent/lib/state"
 )
@@ -127,7 +128,7 @@ func (m *Mode) systemd(ctx context.Context) (modes.Systemd, error) {
 	if m.Systemd != nil {
 		return m.Systemd(ctx)
 	}
-	return modes.DialSystemd(ctx)
+	return manager.Dial(ctx)
 }
 
 // VersionDir is the directory of version v.
