@@ -6,10 +6,10 @@
 // It is shared content, not shared behaviour: each mode still decides
 // itself when and how to write, start and remove (lib/modes).
 //
-// The kubelet configuration is written as YAML from a local struct rather
-// than with k8s.io/kubelet's types: those pull in the component-base
-// config machinery for a file of twenty keys (measured by
-// `make bench`'s binary sizes, ARCHITECTURE section 3).
+// The kubelet configuration is written as YAML from a local map rather
+// than with k8s.io/kubelet's types: those pull component-base's logging
+// and tracing configuration APIs into unbounded-agent for a file of fifteen
+// keys (ARCHITECTURE section 3, the size budget).
 package nodestack
 
 import (
