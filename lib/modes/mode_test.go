@@ -75,3 +75,15 @@ func TestSlotFromConfigCarriesTheConfigAndTheArtifacts(t *testing.T) {
 		t.Errorf("a missing artifact: %v", err)
 	}
 }
+
+func TestArtifactsByNameNamesAMissingArtifact(t *testing.T) {
+	files := map[string]string{"kubelet": "/k", "containerd": "/c.tgz", "runc": "/r", "cni-plugins": "/n.tgz", "crictl": "/x.tgz"}
+	a, err := modes.ArtifactsByName(files)
+	if err != nil || a != (modes.Artifacts{Kubelet: "/k", Containerd: "/c.tgz", Runc: "/r", CNIPlugins: "/n.tgz"}) {
+		t.Fatalf("%+v %v", a, err)
+	}
+	delete(files, "runc")
+	if _, err := modes.ArtifactsByName(files); err == nil || !strings.Contains(err.Error(), "artifact runc") {
+		t.Fatalf("missing runc: %v", err)
+	}
+}
