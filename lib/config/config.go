@@ -51,6 +51,7 @@ type Config struct {
 	Allocation Allocation `toml:"allocation"`
 	Fence      Fence      `toml:"fence"`
 	Daemon     Daemon     `toml:"daemon"`
+	Nspawn     Nspawn     `toml:"nspawn"`
 
 	// Files are the files the configuration was merged from, in order
 	// (the embedded reference not included).
@@ -71,6 +72,18 @@ type Cluster struct {
 type Node struct {
 	Labels map[string]string `toml:"labels"`
 	Taints []string          `toml:"taints"`
+	// SandboxImage is containerd's pause image (sandbox_image).
+	SandboxImage string `toml:"sandbox-image"`
+	// PodCIDR, when set, makes the node stack get a bridge CNI config
+	// with host-local addresses from this range; empty leaves CNI to the
+	// cluster.
+	PodCIDR string `toml:"pod-cidr"`
+}
+
+// Nspawn configures the nspawn isolation mode.
+type Nspawn struct {
+	// Image is the OCI image of the node's rootfs (lib/modes.Image.Ref).
+	Image string `toml:"image"`
 }
 
 // Artifacts says where the node stack comes from: which versions, at

@@ -17,6 +17,10 @@ type Secret struct{ v *string }
 
 const redacted = "[redacted]"
 
+// NewSecret wraps a credential that did not come from a config file (a
+// token handed over by another step, a test's).
+func NewSecret(v string) Secret { return Secret{v: &v} }
+
 // Reveal returns the secret value.
 func (s Secret) Reveal() string {
 	if s.v == nil {

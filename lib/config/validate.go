@@ -29,10 +29,15 @@ var (
 	bootstrapTokenRE = regexp.MustCompile(`^[a-z0-9]{6}\.[a-z0-9]{16}$`)
 	// versionRE is a semantic version, with the "v" Kubernetes release
 	// tags carry allowed.
-	versionRE     = regexp.MustCompile(`^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$`)
-	uuidRE        = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
-	sha256RE      = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
-	artifactRE    = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+	versionRE  = regexp.MustCompile(`^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$`)
+	uuidRE     = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+	sha256RE   = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+	artifactRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+	// imageRefRE is the shape of an OCI image reference: a lowercase
+	// repository path (with an optional registry host:port) and a tag
+	// and/or a digest. The registry has the last word; this catches typos
+	// and spaces before anything is pulled.
+	imageRefRE    = regexp.MustCompile(`^[a-z0-9]+([._:/-]+[a-z0-9]+)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$`)
 	logLevels     = []string{"debug", "info", "warn", "error"}
 	taintEffects  = []string{"NoSchedule", "PreferNoSchedule", "NoExecute"}
 	minFenceRetry = time.Second
@@ -117,6 +122,35 @@ func (l *loader) validate(c *Config) {
 				l.at(k("node", "taints"), "element %d: taint %s:%s repeats element %d", i+1, key, effect, j)
 			}
 			seen[key+":"+effect] = i + 1
+		}
+	})
+
+	if required(k("node", "sandbox-image"), c.Node.SandboxImage) {
+		check(k("node", "sandbox-image"), func() {
+			if !imageRefRE.MatchString(c.Node.SandboxImage) {
+				l.at(k("node", "sandbox-image"), "must be an image reference such as \"registry.k8s.io/pause:3.10\", got %q", c.Node.SandboxImage)
+			}
+		})
+	}
+	check(k("node", "pod-cidr"), func() {
+		if c.Node.PodCIDR == "" {
+			return
+		}
+		if p, err := netip.ParsePrefix(c.Node.PodCIDR); err != nil || p.Masked() != p {
+			l.at(k("node", "pod-cidr"), "must be a network in CIDR notation such as \"10.244.1.0/24\", got %q", c.Node.PodCIDR)
+		}
+	})
+	check(k("nspawn", "image"), func() {
+		img := c.Nspawn.Image
+		switch {
+		case img == "":
+		case strings.HasPrefix(img, "oci-layout:"), strings.HasPrefix(img, "docker-archive:"):
+			_, rest, _ := strings.Cut(img, ":")
+			if !strings.HasPrefix(rest, "/") {
+				l.at(k("nspawn", "image"), "the path after %q must be absolute, got %q", img[:len(img)-len(rest)], rest)
+			}
+		case !imageRefRE.MatchString(img):
+			l.at(k("nspawn", "image"), "must be an image reference (\"registry.example/node:1.36.3\"), \"oci-layout:DIR[:TAG]\" or \"docker-archive:FILE[:TAG]\", got %q", img)
 		}
 	})
 

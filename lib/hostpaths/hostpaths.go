@@ -81,7 +81,7 @@ const (
 	PresetHost          = "/usr/lib/systemd/system-preset/80-unbounded.preset"
 	MachinesDirHost     = "/var/lib/machines"
 	NspawnConfigDirHost = "/etc/systemd/nspawn"
-	VersionsDirHost     = "/opt/unbounded/versions"
+	VersionsDirHost     = "/var/lib/unbounded/versions"
 	KmsgHost            = "/dev/kmsg"
 
 	// Host preparation (lib/hostprep): the files it owns, and the kernel
@@ -177,8 +177,25 @@ func (p Paths) UnitSearchDirs() []string {
 // MachineDir is the rootfs of an nspawn slot.
 func (p Paths) MachineDir(slot string) string { return filepath.Join(p.Join(MachinesDirHost), slot) }
 
-// VersionsDir holds the node stack versions of the `none` mode.
+// VersionsDir holds the node stack versions of the `none` mode, one
+// directory per version and a `current` link. Under /var, never /opt or
+// /usr: both are read-only on image-based hosts (ARCHITECTURE section 4).
 func (p Paths) VersionsDir() string { return p.Join(VersionsDirHost) }
+
+// SlotDir holds what a slot keeps on the host beside its machine's rootfs
+// (the nspawn mode's containerd store).
+func (p Paths) SlotDir(slot string) string { return filepath.Join(p.HostRoot(), "slots", slot) }
+
+// NspawnConfig is the nspawn settings file of a slot's machine.
+func (p Paths) NspawnConfig(slot string) string {
+	return filepath.Join(p.Join(NspawnConfigDirHost), slot+".nspawn")
+}
+
+// NspawnDropInDir holds the drop-ins of a slot's systemd-nspawn@.service
+// instance.
+func (p Paths) NspawnDropInDir(slot string) string {
+	return filepath.Join(p.Join(UnitDirEtcHost), "systemd-nspawn@"+slot+".service.d")
+}
 
 // Kmsg is the kernel log, where the generator reports.
 func (p Paths) Kmsg() string { return p.Join(KmsgHost) }

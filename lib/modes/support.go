@@ -1,6 +1,6 @@
-// Package modes holds what the isolation modes share. This file answers
-// `unbounded supports-isolation MODE`: can this build operate MODE on this
-// host, and if not, why not.
+// This file answers `unbounded supports-isolation MODE`: can this build
+// operate MODE on this host, and if not, why not.
+
 package modes
 
 import (

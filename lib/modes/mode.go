@@ -1,0 +1,250 @@
+package modes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+)
+
+// Mode is the operation set every isolation mode implements
+// (ARCHITECTURE section 2). Each mode package (lib/modes/nspawn,
+// lib/modes/none) implements every method itself and asserts it with
+// `var _ modes.Mode = (*Mode)(nil)`; no mode embeds another's type, so an
+// operation added here is a compile error in every mode that lacks it,
+// never a silent fallback to another mode's behaviour.
+//
+// Slots are hostpaths.Slots ("kube1", "kube2"). Which slot is active is
+// the caller's record (lib/state); a mode only builds, starts and removes
+// what it is told to.
+type Mode interface {
+	// Name is the mode's name in the config ("nspawn", "none").
+	Name() string
+	// Prepare builds slot s.Name from s: everything the node stack needs
+	// on disk, written atomically, so that Start can run it. Running it
+	// again with the same input gives the same result (idempotent). It
+	// refuses (ErrSlotActive) when the slot's supervising unit runs: a
+	// running node is never rebuilt under its feet; Destroy it first.
+	Prepare(ctx context.Context, s Slot) error
+	// Start starts the slot's supervising unit(s) over D-Bus (after a
+	// daemon-reload, so that the files Prepare wrote are loaded) and
+	// returns when systemd's start job is done. It does not run the
+	// allocation fence and does not start unbounded-node.target: the
+	// caller runs the fence first and starts the target once the slot's
+	// applied config is recorded (units/unbounded-node.target).
+	Start(ctx context.Context, slot string) error
+	// Restart restarts the node stack of slot in place, a soft reboot of
+	// the node, never of the host.
+	Restart(ctx context.Context, slot string) error
+	// Repave replaces the node stack from the running slot to s
+	// (blue/green for nspawn, in place for none).
+	Repave(ctx context.Context, running string, s Slot) error
+	// EnsureHooks makes the lifecycle hooks of the running node in slot
+	// current.
+	EnsureHooks(ctx context.Context, slot string) error
+	// Destroy stops the slot's supervising unit(s) and removes everything
+	// Prepare wrote for the slot, and checks that it is gone. Destroying a
+	// slot that does not exist is not an error.
+	Destroy(ctx context.Context, slot string) error
+}
+
+// ErrNotImplemented is returned by operations this release does not
+// carry yet (repave, lifecycle hooks: issue 8). A caller maps it to exit 1.
+var ErrNotImplemented = errors.New("not implemented in this release")
+
+// ErrSlotActive is returned by Prepare for a slot whose supervising unit is
+// active or activating.
+var ErrSlotActive = errors.New("the slot's node stack is running")
+
+// Artifacts are the node stack's files, verified by lib/artifacts (paths
+// of files in its cache; the mode copies them, it never moves them).
+type Artifacts struct {
+	// Kubelet is the kubelet executable.
+	Kubelet string
+	// Containerd is a .tar.gz holding bin/containerd,
+	// bin/containerd-shim-runc-v2 and friends (the upstream release
+	// layout); every regular file in it is installed by its base name.
+	Containerd string
+	// Runc is the runc executable.
+	Runc string
+	// CNIPlugins is a .tar.gz of CNI plugins (bridge, host-local,
+	// loopback, portmap, ...), installed by base name.
+	CNIPlugins string
+}
+
+// ArtifactsByName builds Artifacts from verified files keyed by artifact
+// name (lib/artifacts' names: kubelet, containerd, runc, cni-plugins;
+// others, such as crictl, are not installed by the modes in this
+// release). Missing one is an error naming it. It takes a map rather
+// than lib/artifacts' results so that this package, which the operator
+// CLI links, does not link an HTTP client.
+func ArtifactsByName(files map[string]string) (Artifacts, error) {
+	a := Artifacts{Kubelet: files["kubelet"], Containerd: files["containerd"], Runc: files["runc"], CNIPlugins: files["cni-plugins"]}
+	for _, n := range []string{"kubelet", "containerd", "runc", "cni-plugins"} {
+		if files[n] == "" {
+			return Artifacts{}, fmt.Errorf("artifact %s: no verified file", n)
+		}
+	}
+	return a, nil
+}
+
+// Node is the node configuration a mode writes for the node stack.
+type Node struct {
+	// Name is the Machine's name: the Node name and the host name of the
+	// node stack.
+	Name string
+	// APIServer is the https:// URL of the API server.
+	APIServer string
+	// CACert is the PEM of the cluster CA (kubelet's TLS bootstrap and its
+	// client CA).
+	CACert []byte
+	// BootstrapToken is the bootstrap token; written only into the
+	// bootstrap kubeconfig, mode 0600, never logged.
+	BootstrapToken config.Secret
+	// KubernetesVersion is the kubelet's version (MAJOR.MINOR.PATCH, with
+	// or without the "v"); the none mode names its version directory after
+	// it.
+	KubernetesVersion string
+	// ClusterDNS is the cluster DNS service IP.
+	ClusterDNS string
+	// ClusterDomain is the cluster's DNS domain; "" is "cluster.local".
+	ClusterDomain string
+	Labels        map[string]string
+	// Taints are "key=value:Effect" or "key:Effect" (validated by
+	// lib/config).
+	Taints []string
+	// SandboxImage is containerd's pause image.
+	SandboxImage string
+	// PodCIDR, when set, makes the mode write a bridge CNI config
+	// (bridge + host-local in this range + portmap; loopback is set up by
+	// containerd's CRI plugin itself from the installed plugins). Empty:
+	// no CNI config is written, the cluster's CNI brings its own.
+	PodCIDR string
+}
+
+// Slot is what Prepare builds.
+type Slot struct {
+	// Name is the slot, "kube1" or "kube2".
+	Name      string
+	Node      Node
+	Artifacts Artifacts
+	// Image is the rootfs image of modes that run the node stack in a
+	// machine (nspawn); ignored by none.
+	Image Image
+}
+
+// Image says where a machine's rootfs comes from.
+type Image struct {
+	// Ref is an image reference: a registry reference
+	// ("registry.example/node:1.36.3", "...@sha256:..."),
+	// "oci-layout:DIR[:TAG]" (an OCI image layout directory) or
+	// "docker-archive:FILE[:TAG]" (a `docker save` tarball).
+	Ref string
+	// OfflineDir, when set, is searched first for a registry reference:
+	// OfflineDir/images is an OCI image layout, and an image whose
+	// org.opencontainers.image.ref.name (or io.containerd.image.name)
+	// annotation is Ref, or Ref's tag, is used without any network.
+	OfflineDir string
+}
+
+// Check reports the first missing or invalid field of s, for a clear error
+// before anything on the host is touched.
+func (s Slot) Check() error {
+	if !hostpaths.ValidSlot(s.Name) {
+		return fmt.Errorf("slot %q: must be one of %v", s.Name, hostpaths.Slots)
+	}
+	missing := func(what string) error { return fmt.Errorf("slot %s: %s is not set", s.Name, what) }
+	switch {
+	case s.Node.Name == "":
+		return missing("the node name")
+	case s.Node.APIServer == "":
+		return missing("the API server")
+	case len(s.Node.CACert) == 0:
+		return missing("the cluster CA")
+	case s.Node.BootstrapToken.Empty():
+		return missing("the bootstrap token")
+	case s.Node.KubernetesVersion == "":
+		return missing("the Kubernetes version")
+	case s.Node.SandboxImage == "":
+		return missing("the sandbox (pause) image")
+	}
+	for what, p := range map[string]string{
+		"artifact kubelet": s.Artifacts.Kubelet, "artifact containerd": s.Artifacts.Containerd,
+		"artifact runc": s.Artifacts.Runc, "artifact cni-plugins": s.Artifacts.CNIPlugins,
+	} {
+		if p == "" {
+			return missing(what)
+		}
+		if fi, err := os.Stat(p); err != nil {
+			return fmt.Errorf("slot %s: %s: %w", s.Name, what, err)
+		} else if !fi.Mode().IsRegular() {
+			return fmt.Errorf("slot %s: %s: %s is not a regular file", s.Name, what, p)
+		}
+	}
+	return nil
+}
+
+// SlotFromConfig builds the Slot that the configuration c describes, with
+// the verified artifacts a. It reads the CA file and the bootstrap token
+// (both checked by config.Load already; read again because they can change
+// on disk while the config stays the same).
+func SlotFromConfig(c *config.Config, slot string, a Artifacts) (Slot, error) {
+	ca, err := os.ReadFile(c.Resolve(c.Cluster.CAFile))
+	if err != nil {
+		return Slot{}, fmt.Errorf("cluster CA: %w", err)
+	}
+	tok, err := c.ReadBootstrapToken()
+	if err != nil {
+		return Slot{}, err
+	}
+	s := Slot{
+		Name: slot,
+		Node: Node{
+			Name:              c.Machine,
+			APIServer:         c.Cluster.APIServer,
+			CACert:            ca,
+			BootstrapToken:    tok,
+			KubernetesVersion: c.Cluster.KubernetesVersion,
+			ClusterDNS:        c.Cluster.ClusterDNS,
+			Labels:            c.Node.Labels,
+			Taints:            c.Node.Taints,
+			SandboxImage:      c.Node.SandboxImage,
+			PodCIDR:           c.Node.PodCIDR,
+		},
+		Artifacts: a,
+		Image:     Image{Ref: c.Nspawn.Image},
+	}
+	if c.Artifacts.OfflineDir != "" {
+		s.Image.OfflineDir = c.Resolve(c.Artifacts.OfflineDir)
+	}
+	return s, nil
+}
+
+// RemoveVerified removes each path (a file, a link or a whole tree) and
+// checks that it is gone: Destroy's promise is "verified gone", and a
+// RemoveAll that returned nil while a bind mount kept a file busy would
+// otherwise pass unnoticed.
+func RemoveVerified(paths ...string) error {
+	var errs []error
+	for _, p := range paths {
+		if err := os.RemoveAll(p); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if _, err := os.Lstat(p); err == nil {
+			errs = append(errs, fmt.Errorf("%s is still there after removal", p))
+		} else if !os.IsNotExist(err) {
+			errs = append(errs, err)
+		}
+		// The removal must survive a power cut: sync the parent.
+		if d, err := os.Open(filepath.Dir(p)); err == nil {
+			d.Sync()
+			d.Close()
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,255 @@
+package nodestack
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"encoding/base64"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/BurntSushi/toml"
+	"sigs.k8s.io/yaml"
+
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/modestest"
+)
+
+var layout = Layout{
+	BinDir: "/usr/local/bin", CNIBinDir: "/opt/cni/bin", CNIConfDir: "/etc/cni/net.d",
+	KubeletConfig: "/var/lib/kubelet/config.yaml", BootstrapKubeconfig: "/etc/kubernetes/bootstrap-kubelet.conf",
+	Kubeconfig: "/etc/kubernetes/kubelet.conf", CACert: "/etc/kubernetes/pki/ca.crt",
+	ContainerdConfig: "/etc/containerd/config.toml", ContainerdRoot: "/var/lib/containerd",
+	ContainerdState: "/run/containerd", ResolvConf: "/etc/resolv.conf",
+}
+
+func byPath(t *testing.T, files []File) map[string]File {
+	t.Helper()
+	m := map[string]File{}
+	for _, f := range files {
+		m[f.Path] = f
+	}
+	return m
+}
+
+func TestFilesConfigureKubeletAndContainerdForTheHostsCgroupHierarchy(t *testing.T) {
+	n := modestest.Node()
+	for _, tc := range []struct {
+		cg            Cgroup
+		driver        string
+		systemdCgroup bool
+		failCgroupV1  any // false on legacy, absent on unified
+	}{
+		{Legacy, "cgroupfs", false, false},
+		{Unified, "systemd", true, nil},
+	} {
+		t.Run(string(tc.cg), func(t *testing.T) {
+			files, err := Files(n, layout, tc.cg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := byPath(t, files)
+
+			var kc map[string]any
+			if err := yaml.Unmarshal(m[layout.KubeletConfig].Data, &kc); err != nil {
+				t.Fatal(err)
+			}
+			if kc["kind"] != "KubeletConfiguration" || kc["cgroupDriver"] != tc.driver || kc["failCgroupV1"] != tc.failCgroupV1 {
+				t.Errorf("kubelet config: kind %v cgroupDriver %v failCgroupV1 %v, want %s and %v", kc["kind"], kc["cgroupDriver"], kc["failCgroupV1"], tc.driver, tc.failCgroupV1)
+			}
+			if kc["containerRuntimeEndpoint"] != "unix:///run/containerd/containerd.sock" {
+				t.Errorf("containerRuntimeEndpoint = %v", kc["containerRuntimeEndpoint"])
+			}
+			if dns, _ := kc["clusterDNS"].([]any); len(dns) != 1 || dns[0] != n.ClusterDNS {
+				t.Errorf("clusterDNS = %v", kc["clusterDNS"])
+			}
+			taints, _ := kc["registerWithTaints"].([]any)
+			if len(taints) != 1 || taints[0].(map[string]any)["effect"] != "NoSchedule" || taints[0].(map[string]any)["value"] != "gpu" {
+				t.Errorf("registerWithTaints = %v", kc["registerWithTaints"])
+			}
+
+			var cd struct {
+				Version int
+				Plugins map[string]struct {
+					SandboxImage        string `toml:"sandbox_image"`
+					RestrictOOMScoreAdj bool   `toml:"restrict_oom_score_adj"`
+					Containerd          struct {
+						Runtimes map[string]struct {
+							Options struct {
+								SystemdCgroup bool
+								BinaryName    string
+							}
+						}
+					}
+					CNI struct {
+						BinDir  string `toml:"bin_dir"`
+						ConfDir string `toml:"conf_dir"`
+					}
+				}
+			}
+			if _, err := toml.Decode(string(m[layout.ContainerdConfig].Data), &cd); err != nil {
+				t.Fatalf("containerd config is not TOML: %v\n%s", err, m[layout.ContainerdConfig].Data)
+			}
+			cri := cd.Plugins["io.containerd.grpc.v1.cri"]
+			runc := cri.Containerd.Runtimes["runc"].Options
+			if cd.Version != 2 || cri.SandboxImage != n.SandboxImage || !cri.RestrictOOMScoreAdj ||
+				runc.SystemdCgroup != tc.systemdCgroup || runc.BinaryName != "/usr/local/bin/runc" ||
+				cri.CNI.BinDir != "/opt/cni/bin" || cri.CNI.ConfDir != "/etc/cni/net.d" {
+				t.Errorf("containerd config: %+v", cd)
+			}
+		})
+	}
+}
+
+func TestBootstrapKubeconfigHoldsTheTokenAt0600(t *testing.T) {
+	n := modestest.Node()
+	files, err := Files(n, layout, Legacy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		has := bytes.Contains(f.Data, []byte(modestest.Token))
+		if f.Path == layout.BootstrapKubeconfig {
+			if !has || f.Mode != 0o600 {
+				t.Errorf("bootstrap kubeconfig: token %v, mode %o; want the token at 0600", has, f.Mode)
+			}
+			var kc kubeconfig
+			if err := yaml.Unmarshal(f.Data, &kc); err != nil {
+				t.Fatal(err)
+			}
+			ca, _ := base64.StdEncoding.DecodeString(kc.Clusters[0].Cluster.CertificateAuthorityData)
+			if kc.Clusters[0].Cluster.Server != n.APIServer || !bytes.Equal(ca, n.CACert) || kc.CurrentContext != "bootstrap" {
+				t.Errorf("bootstrap kubeconfig: %+v", kc)
+			}
+			continue
+		}
+		if has {
+			t.Errorf("%s holds the bootstrap token", f.Path)
+		}
+	}
+	root := t.TempDir()
+	if err := WriteFiles(root, files); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(root, layout.BootstrapKubeconfig))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("written bootstrap kubeconfig: %v %v", fi, err)
+	}
+}
+
+func TestCNIConfigOnlyWhenAPodCIDRIsGiven(t *testing.T) {
+	n := modestest.Node()
+	n.PodCIDR = ""
+	files, _ := Files(n, layout, Unified)
+	if _, ok := byPath(t, files)[filepath.Join(layout.CNIConfDir, CNIConfName)]; ok {
+		t.Error("a CNI config without a pod CIDR")
+	}
+	n.PodCIDR = "10.244.1.0/24"
+	files, _ = Files(n, layout, Unified)
+	f, ok := byPath(t, files)[filepath.Join(layout.CNIConfDir, CNIConfName)]
+	if !ok {
+		t.Fatal("no CNI config for a pod CIDR")
+	}
+	var c struct {
+		Plugins []struct {
+			Type string
+			IPAM struct {
+				Type   string
+				Ranges [][]struct{ Subnet string }
+			}
+		}
+	}
+	if err := json.Unmarshal(f.Data, &c); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Plugins) != 2 || c.Plugins[0].Type != "bridge" || c.Plugins[0].IPAM.Type != "host-local" ||
+		c.Plugins[0].IPAM.Ranges[0][0].Subnet != "10.244.1.0/24" || c.Plugins[1].Type != "portmap" {
+		t.Errorf("CNI config: %s", f.Data)
+	}
+}
+
+func TestKubeletArgsNameTheNodeAndItsLabels(t *testing.T) {
+	got := strings.Join(KubeletArgs(modestest.Node(), layout), " ")
+	for _, want := range []string{"--hostname-override=site-w1", "--node-labels=a.example/x=1,topology.kubernetes.io/zone=edge-1",
+		"--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf", "--config=/var/lib/kubelet/config.yaml"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("kubelet args %q lack %q", got, want)
+		}
+	}
+}
+
+func TestMkdirUnderRefusesASymlinkOnTheWay(t *testing.T) {
+	root, outside := t.TempDir(), t.TempDir()
+	if err := os.Symlink(outside, filepath.Join(root, "etc")); err != nil {
+		t.Fatal(err)
+	}
+	err := WriteFile(root, "/etc/kubernetes/bootstrap-kubelet.conf", []byte(modestest.Token), 0o600)
+	if err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Fatalf("write through a symlinked /etc: %v", err)
+	}
+	if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+		t.Fatalf("a write landed outside the root: %v", ents)
+	}
+}
+
+func tgz(t *testing.T, files map[string]string) string {
+	t.Helper()
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	for name, body := range files {
+		typ := byte(tar.TypeReg)
+		if strings.HasSuffix(name, "/") {
+			typ = tar.TypeDir
+		}
+		tw.WriteHeader(&tar.Header{Name: name, Typeflag: typ, Mode: 0o755, Size: int64(len(body))})
+		tw.Write([]byte(body))
+	}
+	tw.Close()
+	gz.Close()
+	p := filepath.Join(t.TempDir(), "a.tar.gz")
+	os.WriteFile(p, buf.Bytes(), 0o644)
+	return p
+}
+
+func TestInstallArtifactsPutsEveryExecutableInItsDirectory(t *testing.T) {
+	a := modestest.Artifacts(t)
+	root := t.TempDir()
+	if err := InstallArtifacts(a, root, layout); err != nil {
+		t.Fatal(err)
+	}
+	for dir, names := range map[string][]string{
+		layout.BinDir:    {"kubelet", "runc", "containerd", "containerd-shim-runc-v2"},
+		layout.CNIBinDir: {"bridge", "host-local", "loopback", "portmap"},
+	} {
+		for _, n := range names {
+			fi, err := os.Stat(filepath.Join(root, dir, n))
+			if err != nil || fi.Mode().Perm() != 0o755 {
+				t.Errorf("%s/%s: %v %v", dir, n, fi, err)
+			}
+		}
+	}
+	// An archive that escapes with ../ is installed by base name only.
+	a.CNIPlugins = tgz(t, map[string]string{"../../evil": "x", "bridge": "b", "host-local": "h", "loopback": "l", "portmap": "p"})
+	root2 := t.TempDir()
+	os.Mkdir(filepath.Join(root2, "r"), 0o755)
+	if err := InstallArtifacts(a, filepath.Join(root2, "r"), layout); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root2, "r", layout.CNIBinDir, "evil")); err != nil {
+		t.Errorf("evil not installed by base name: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root2, "evil")); err == nil {
+		t.Error("an archive entry escaped the CNI directory")
+	}
+	// An archive without a needed binary is refused by name.
+	a.Containerd = tgz(t, map[string]string{"bin/": "", "bin/containerd": "c"})
+	err := InstallArtifacts(a, t.TempDir(), layout)
+	if err == nil || !strings.Contains(err.Error(), "containerd-shim-runc-v2") || !strings.Contains(err.Error(), "artifact containerd") {
+		t.Fatalf("missing shim: %v", err)
+	}
+	var _ modes.Artifacts = a
+}

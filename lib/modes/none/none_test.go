@@ -1,0 +1,196 @@
+package none
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/modestest"
+)
+
+const mountsLegacy = `32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,xattr,name=systemd
+`
+
+func newMode(t *testing.T) (*Mode, *modestest.Systemd, hostpaths.Paths) {
+	t.Helper()
+	sd := &modestest.Systemd{}
+	p := hostpaths.New(t.TempDir())
+	return &Mode{
+		Paths:      p,
+		Host:       modes.Host{ReadFile: func(string) ([]byte, error) { return []byte(mountsLegacy), nil }},
+		Systemd:    sd.Dial,
+		CgroupRoot: t.TempDir(),
+		MountInfo:  func() ([]byte, error) { return nil, nil },
+		Unmount:    func(string) error { return errors.New("no mount expected") },
+	}, sd, p
+}
+
+func slot(t *testing.T, version string) modes.Slot {
+	n := modestest.Node()
+	n.KubernetesVersion = version
+	return modes.Slot{Name: "kube1", Node: n, Artifacts: modestest.Artifacts(t)}
+}
+
+func TestPrepareInstallsAVersionAndFlipsCurrentWithNothingUnderUsrOrOpt(t *testing.T) {
+	m, sd, p := newMode(t)
+	ctx := context.Background()
+	if err := m.Prepare(ctx, slot(t, "1.36.3")); err != nil {
+		t.Fatal(err)
+	}
+	v := m.VersionDir("1.36.3")
+	for _, f := range []string{"bin/kubelet", "bin/runc", "bin/containerd", "bin/containerd-shim-runc-v2", "cni/bin/bridge", "cni/bin/portmap"} {
+		if fi, err := os.Stat(filepath.Join(v, f)); err != nil || fi.Mode().Perm() != 0o755 {
+			t.Errorf("%s: %v %v", f, fi, err)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(v, "etc/kubelet/bootstrap-kubeconfig")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("bootstrap kubeconfig: %v %v, want 0600", fi, err)
+	}
+	env, _ := os.ReadFile(filepath.Join(v, "etc/kubelet/kubelet.env"))
+	for _, want := range []string{"KUBELET_ARGS=", "--config=" + Current + "/etc/kubelet/config.yaml", "--hostname-override=site-w1"} {
+		if !strings.Contains(string(env), want) {
+			t.Errorf("kubelet.env lacks %q:\n%s", want, env)
+		}
+	}
+	cd, _ := os.ReadFile(filepath.Join(v, "etc/containerd/config.toml"))
+	if !strings.Contains(string(cd), `BinaryName = "`+Current+`/bin/runc"`) || !strings.Contains(string(cd), `bin_dir = "`+Current+`/cni/bin"`) {
+		t.Errorf("containerd config does not run through current:\n%s", cd)
+	}
+	if cur, _ := m.CurrentVersion(); cur != "1.36.3" {
+		t.Errorf("current -> %q", cur)
+	}
+	if kc, _ := os.ReadFile(filepath.Join(v, "etc/kubelet/config.yaml")); !strings.Contains(string(kc), "resolvConf: /etc/resolv.conf") {
+		t.Errorf("kubelet's resolvConf on a host without systemd-resolved:\n%s", kc)
+	}
+	// Everything written is under /var/lib/unbounded, except the CNI
+	// config in /etc/cni/net.d; nothing under /usr or /opt.
+	filepath.WalkDir(p.Join("/"), func(path string, d fs.DirEntry, err error) error {
+		rel := p.Rel(path)
+		if d.IsDir() {
+			return nil
+		}
+		if !strings.HasPrefix(rel, "/var/lib/unbounded/versions/") && rel != "/etc/cni/net.d/10-unbounded-bridge.conflist" {
+			t.Errorf("prepare wrote %s", rel)
+		}
+		return nil
+	})
+
+	// A second version: installed beside, current flipped, the first kept
+	// (an in-place repave's rollback target). This host runs
+	// systemd-resolved: kubelet gets its upstream list, not the stub.
+	os.MkdirAll(p.Join("/run/systemd/resolve"), 0o755)
+	os.WriteFile(p.Join("/run/systemd/resolve/resolv.conf"), []byte("nameserver 192.0.2.53\n"), 0o644)
+	if err := m.Prepare(ctx, slot(t, "1.36.4")); err != nil {
+		t.Fatal(err)
+	}
+	if kc, _ := os.ReadFile(filepath.Join(m.VersionDir("1.36.4"), "etc/kubelet/config.yaml")); !strings.Contains(string(kc), "resolvConf: /run/systemd/resolve/resolv.conf") {
+		t.Errorf("kubelet's resolvConf on a host with systemd-resolved:\n%s", kc)
+	}
+	if cur, _ := m.CurrentVersion(); cur != "1.36.4" {
+		t.Errorf("current -> %q after the second prepare", cur)
+	}
+	if _, err := os.Stat(filepath.Join(v, "bin/kubelet")); err != nil {
+		t.Errorf("the first version is gone: %v", err)
+	}
+	ents, _ := os.ReadDir(p.VersionsDir())
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if !slices.Equal(names, []string{"1.36.3", "1.36.4", "current"}) {
+		t.Errorf("versions/ holds %q: a temporary name was left", names)
+	}
+
+	if err := m.Start(ctx, "kube1"); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"reload", "start " + ContainerdUnit, "start " + KubeletUnit}; !slices.Equal(sd.Calls, want) {
+		t.Errorf("start: %q, want %q", sd.Calls, want)
+	}
+	if err := m.Prepare(ctx, slot(t, "1.36.5")); !errors.Is(err, modes.ErrSlotActive) {
+		t.Errorf("prepare while the node runs: %v, want ErrSlotActive", err)
+	}
+}
+
+func TestPrepareRefusesAVersionThatIsNoDirectoryName(t *testing.T) {
+	m, _, p := newMode(t)
+	for _, v := range []string{"current", "../../etc", "1.36"} {
+		if err := m.Prepare(context.Background(), slot(t, v)); err == nil {
+			t.Errorf("version %q accepted", v)
+		}
+	}
+	if _, err := os.Stat(p.VersionsDir()); !os.IsNotExist(err) {
+		t.Errorf("a refused prepare created %s", p.VersionsDir())
+	}
+}
+
+func TestDestroyKillsWhatOutlivesTheUnitsUnmountsAndRemovesEverything(t *testing.T) {
+	m, sd, p := newMode(t)
+	ctx := context.Background()
+	if err := m.Prepare(ctx, slot(t, "1.36.3")); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(ctx, "kube1"); err != nil {
+		t.Fatal(err)
+	}
+	// A pod process left in a kubepods cgroup (a stand-in hierarchy: the
+	// test must not kill the host's pods); the kernel would drop it from
+	// cgroup.procs at exit, the test does it when it reaps it.
+	pod := exec.Command("sleep", "60")
+	if err := pod.Start(); err != nil {
+		t.Fatal(err)
+	}
+	procs := filepath.Join(m.CgroupRoot, "memory", "kubepods", "besteffort", "pod1", "cgroup.procs")
+	os.MkdirAll(filepath.Dir(procs), 0o755)
+	os.WriteFile(procs, []byte(fmt.Sprintf("%d\n", pod.Process.Pid)), 0o644)
+	reaped := make(chan error, 1)
+	go func() { err := pod.Wait(); os.WriteFile(procs, nil, 0o644); reaped <- err }()
+
+	// A pod volume mounted under /var/lib/kubelet.
+	vol := p.Join("/var/lib/kubelet/pods/uid/volumes/kubernetes.io~secret/token")
+	os.MkdirAll(vol, 0o755)
+	m.MountInfo = func() ([]byte, error) {
+		return []byte("1 0 8:1 / / rw - ext4 /dev/sda1 rw\n" +
+			"2 1 0:50 / " + vol + " rw - tmpfs tmpfs rw\n" +
+			"3 1 0:51 / " + p.Join("/run/containerd/io.containerd.runtime.v2.task/k8s.io/abc/rootfs") + " rw - overlay overlay rw\n"), nil
+	}
+	var unmounted []string
+	m.Unmount = func(target string) error { unmounted = append(unmounted, target); return nil }
+	sd.Calls = nil
+
+	if err := m.Destroy(ctx, "kube1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-reaped; err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Errorf("the pod process was not killed: %v", err)
+	}
+	if want := []string{"stop " + KubeletUnit, "stop " + ContainerdUnit, "reload"}; !slices.Equal(sd.Calls, want) {
+		t.Errorf("destroy: %q, want %q", sd.Calls, want)
+	}
+	if len(unmounted) != 2 || unmounted[0] != vol || unmounted[1] != p.Join("/run/containerd/io.containerd.runtime.v2.task/k8s.io/abc/rootfs") {
+		t.Errorf("unmounted %q, want both under the state directories, deepest first, and nothing else (not /)", unmounted)
+	}
+	for _, gone := range append([]string{p.VersionsDir(), p.Join("/etc/cni/net.d/10-unbounded-bridge.conflist")}, StateDirs...) {
+		if !strings.HasPrefix(gone, p.Root) {
+			gone = p.Join(gone)
+		}
+		if _, err := os.Lstat(gone); !os.IsNotExist(err) {
+			t.Errorf("%s is still there (%v)", p.Rel(gone), err)
+		}
+	}
+	if err := m.Destroy(ctx, "kube1"); err != nil {
+		t.Errorf("destroying again: %v", err)
+	}
+}

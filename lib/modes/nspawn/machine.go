@@ -1,0 +1,214 @@
+package nspawn
+
+import (
+	"fmt"
+	"strings"
+
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/nodestack"
+)
+
+// Layout is where the node stack lives inside the machine: the usual
+// places, so that an operator inside (`machinectl shell kube1`) finds
+// kubelet, crictl's socket and the CNI files where every guide says.
+var Layout = nodestack.Layout{
+	BinDir:              "/usr/local/bin",
+	CNIBinDir:           "/opt/cni/bin",
+	CNIConfDir:          "/etc/cni/net.d",
+	KubeletConfig:       "/var/lib/kubelet/config.yaml",
+	BootstrapKubeconfig: "/etc/kubernetes/bootstrap-kubelet.conf",
+	Kubeconfig:          "/etc/kubernetes/kubelet.conf",
+	CACert:              "/etc/kubernetes/pki/ca.crt",
+	ContainerdConfig:    "/etc/containerd/config.toml",
+	ContainerdRoot:      "/var/lib/containerd",
+	ContainerdState:     "/run/containerd",
+	ResolvConf:          "/etc/resolv.conf",
+}
+
+// Units inside the machine, in its /etc/systemd/system, enabled by links
+// in multi-user.target.wants (the machine boots to its default target).
+const (
+	ContainerdUnit = "containerd.service"
+	KubeletUnit    = "kubelet.service"
+	// CgroupRWUnit exists on a legacy hierarchy only.
+	CgroupRWUnit   = "unbounded-cgroup-rw.service"
+	cgroupRWScript = "/usr/local/libexec/unbounded/cgroup-rw"
+)
+
+// DropInName is the drop-in Prepare writes for systemd-nspawn@<slot>.service.
+const DropInName = "50-unbounded-node.conf"
+
+// nspawnFile is /etc/systemd/nspawn/<slot>.nspawn. The stock
+// systemd-nspawn@.service runs nspawn with --settings=override, so every
+// setting here wins over the unit's command line (-U, --network-veth).
+func nspawnFile(slot, containerdDir string) string {
+	return fmt.Sprintf(`# Written by unbounded-agent for node slot %[1]s; regenerated at every
+# prepare of the slot, removed with it. The settings a kubelet with a real
+# container runtime needs inside a machine (the agent's design notes,
+# "A real kubelet with a real container runtime").
+
+[Exec]
+# The machine boots its own systemd, which runs containerd and kubelet as
+# units.
+Boot=yes
+# The start job ends when the machine's systemd reports READY=1 (booted),
+# not when nspawn has forked: "systemctl start" returns with the node
+# stack's units started.
+NotifyReady=yes
+# Root in the machine is root on the host: kubelet and runc create cgroups,
+# mounts and namespaces for pods on the host's kernel objects, which a
+# root mapped into a user namespace may not.
+PrivateUsers=no
+# Every capability: containerd and runc need CAP_SYS_ADMIN (mounts,
+# namespaces), CAP_NET_ADMIN (CNI), CAP_SYS_RESOURCE and more, and give each
+# container its own smaller set. nspawn's default set is too small for a
+# runtime.
+Capability=all
+# Beyond nspawn's default seccomp filter: runc gives each container a
+# session keyring (@keyring) and loads its device filter as an eBPF
+# program on cgroup v2 (bpf).
+SystemCallFilter=@keyring bpf
+# Prepare writes the machine's /etc/resolv.conf from the host's upstream
+# servers; nspawn must not replace it at every start.
+ResolvConf=off
+
+[Files]
+# kubelet reads the kernel log (OOM kills) from /dev/kmsg, which nspawn does
+# not give a machine.
+Bind=/dev/kmsg
+# containerd's store on a host directory of its own, not on the machine's
+# rootfs: on a rootfs that is itself an overlay (an image-based host, a
+# machine in a test container) runc's overlay mounts of container layers
+# fail. It is removed with the slot.
+Bind=%[2]s:%[3]s
+
+[Network]
+# The node stack uses the host's network, as a node does: kubelet's ports
+# (10250, 10248) and the CNI bridge are the host's. No veth into a private
+# network namespace.
+VirtualEthernet=no
+`, slot, containerdDir, Layout.ContainerdRoot)
+}
+
+// dropIn is /etc/systemd/system/systemd-nspawn@<slot>.service.d/DropInName.
+func dropIn(slot string, cg nodestack.Cgroup) string {
+	unified, why := "0", "the host binds the kubelet's controllers (cpu, memory, pids) to cgroup v1, so\n# a unified machine would have no working controllers: legacy"
+	if cg == nodestack.Unified {
+		unified, why = "1", "the host's cgroup2 hierarchy carries the kubelet's controllers: unified"
+	}
+	return fmt.Sprintf(`# Written by unbounded-agent for node slot %[1]s; regenerated at every
+# prepare of the slot, removed with it.
+[Service]
+# /proc/sys and /sys writable in the machine: kubelet sets sysctls
+# (vm.overcommit_memory, kernel.panic, ...) at start and refuses to run
+# when it cannot.
+Environment=SYSTEMD_NSPAWN_API_VFS_WRITABLE=1
+# The machine's cgroup hierarchy, chosen at prepare from this host's:
+# %[2]s.
+Environment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=%[3]s
+# No device restriction on the machine's cgroup: the stock unit allows only
+# the devices nspawn itself needs (DevicePolicy=closed), which takes
+# /dev/kmsg from kubelet and makes runc's own per-container device rules
+# fail. runc confines every container's devices itself; the node stack
+# needs the host's (GPUs, storage) to hand them to pods.
+DevicePolicy=auto
+DeviceAllow=
+# A node runs many more tasks than the stock unit's 16384 (every pod's
+# processes and threads are the machine's); kubelet limits pods itself
+# (podPidsLimit).
+TasksMax=infinity
+`, slot, why, unified)
+}
+
+// containerdUnit runs containerd inside the machine.
+func containerdUnit(cg nodestack.Cgroup) string {
+	after := "local-fs.target network.target"
+	if cg == nodestack.Legacy {
+		after += " " + CgroupRWUnit
+	}
+	return fmt.Sprintf(`# Written by unbounded-agent: the node's container runtime.
+[Unit]
+Description=containerd container runtime (unbounded node stack)
+Documentation=https://unbounded-cloud.io/docs/agent/modes/nspawn
+Documentation=https://containerd.io
+# On a legacy cgroup hierarchy the controllers must be writable before
+# containerd creates a container's cgroups.
+After=%[1]s
+
+[Service]
+ExecStart=%[2]s/containerd --config %[3]s
+# containerd reports READY=1 once its socket serves.
+Type=notify
+# Containers' cgroups are containerd's to manage (systemd driver on v2).
+Delegate=yes
+# Stopping containerd must not kill the containers: kubelet and the shims
+# own them, and a runtime upgrade keeps pods running.
+KillMode=process
+Restart=always
+RestartSec=2s
+LimitNPROC=infinity
+LimitCORE=infinity
+TasksMax=infinity
+# No OOMScoreAdjust=: setting it needs CAP_SYS_RESOURCE, which root lacks in
+# nested machines; the unit would not start at all.
+
+[Install]
+WantedBy=multi-user.target
+`, after, Layout.BinDir, Layout.ContainerdConfig)
+}
+
+// kubeletUnit runs kubelet inside the machine.
+func kubeletUnit(n modes.Node) string {
+	return fmt.Sprintf(`# Written by unbounded-agent: the node's kubelet.
+[Unit]
+Description=kubelet (unbounded node stack)
+Documentation=https://unbounded-cloud.io/docs/agent/modes/nspawn
+Documentation=https://kubernetes.io/docs/reference/command-line-tools-reference/kubelet/
+# kubelet talks to containerd's CRI socket from its first second; started
+# before containerd it only logs errors until the socket appears.
+Wants=%[1]s
+After=%[1]s
+
+[Service]
+ExecStart=%[2]s/kubelet %[3]s
+Restart=always
+RestartSec=2s
+
+[Install]
+WantedBy=multi-user.target
+`, ContainerdUnit, Layout.BinDir, strings.Join(nodestack.KubeletArgs(n, Layout), " "))
+}
+
+// cgroupRWUnit makes the machine's cgroup v1 controllers writable.
+const cgroupRWUnitText = `# Written by unbounded-agent: on a legacy cgroup hierarchy.
+[Unit]
+Description=Writable cgroup v1 controllers for the node stack
+Documentation=https://unbounded-cloud.io/docs/agent/modes/nspawn
+# nspawn mounts the v1 controllers read-only when the machine shares the
+# host's users (PrivateUsers=no). kubelet and runc create /kubepods and the
+# pods' cgroups in every controller, so they must be writable before either
+# starts. The remount is a bind of the machine's own subtree: only the
+# machine's cgroup becomes writable, not the host's.
+DefaultDependencies=no
+After=local-fs.target
+Before=containerd.service kubelet.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=` + cgroupRWScript + `
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// cgroupRWScriptText remounts every cgroup (v1) mount rw. The fifth field
+// of mountinfo is the mount point, the one after " - " the fs type.
+const cgroupRWScriptText = `#!/bin/sh
+# Written by unbounded-agent: see unbounded-cgroup-rw.service.
+set -eu
+awk '{ for (i = 1; i <= NF; i++) if ($i == "-") { if ($(i+1) == "cgroup") print $5; break } }' /proc/self/mountinfo |
+while read -r m; do
+	mount -o remount,bind,rw "$m"
+done
+`

@@ -1,0 +1,416 @@
+// Package nspawn is the nspawn isolation mode (ARCHITECTURE section 2):
+// the node stack runs in a systemd-nspawn machine named after the slot,
+// rootfs /var/lib/machines/<slot>, supervised by the stock
+// systemd-nspawn@<slot>.service.
+//
+// What the bootstrap and reset integrators call:
+//
+//	m := &nspawn.Mode{}                      // zero value: the real host
+//	err := m.Prepare(ctx, slot)              // modes.Slot, see modes.SlotFromConfig
+//	err = m.Start(ctx, "kube1")              // daemon-reload + start systemd-nspawn@kube1.service
+//	err = m.Restart(ctx, "kube1")            // reboot of the machine only
+//	err = m.Destroy(ctx, "kube1")            // stop, remove, verify gone, daemon-reload
+//
+// Prepare, in order, each step idempotent:
+//  1. checks the slot (modes.Slot.Check) and that its unit is not running
+//     (modes.ErrSlotActive), and chooses the cgroup hierarchy from the
+//     host's (modes.Host.CgroupHierarchy: never assumed);
+//  2. resolves the image (Image.Ref: registry, "oci-layout:DIR[:TAG]",
+//     "docker-archive:FILE[:TAG]"; a registry reference is first looked
+//     up in Image.OfflineDir/images) with go-containerregistry;
+//  3. unpacks it into /var/lib/machines/.<slot>.tmp-*, beside the slot
+//     (Unpack: whiteouts applied, no write outside the directory);
+//  4. installs the artifacts (nodestack.InstallArtifacts) and writes the
+//     node configuration (nodestack.Files), the machine's hostname
+//     (the Machine's name), resolv.conf (the host's upstream servers),
+//     an empty machine-id (systemd gives every copy its own at boot), and
+//     the units containerd.service and kubelet.service (plus
+//     unbounded-cgroup-rw.service on a legacy hierarchy), enabled;
+//  5. renames the finished tree onto /var/lib/machines/<slot> (the old
+//     tree, if any, is moved aside first and removed after);
+//  6. writes /etc/systemd/nspawn/<slot>.nspawn and the drop-in
+//     /etc/systemd/system/systemd-nspawn@<slot>.service.d/50-unbounded-node.conf
+//     (every line commented with why), and creates the slot's containerd
+//     store /var/lib/unbounded/slots/<slot>/containerd.
+//
+// A crash at any point leaves either the previous slot or a temporary
+// tree that the next Prepare (or Destroy) removes. Errors: a registry that
+// may answer later wraps exitcode.ErrTemporary (exit 75); an image that
+// does not exist wraps ErrImageNotFound (exit 1). The bootstrap token is
+// written only into the machine's bootstrap kubeconfig (0600) and appears
+// in no error or log line.
+//
+// Repave and EnsureHooks return modes.ErrNotImplemented in this release.
+package nspawn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/manager"
+	"unbounded-cloud.io/agent/lib/modes/nodestack"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// Mode operates the nspawn mode on one host. The zero value is the real
+// host; tests replace fields.
+type Mode struct {
+	// Paths is the host root ("" is /).
+	Paths hostpaths.Paths
+	// Host detects the cgroup hierarchy (/proc/self/mountinfo): the zero
+	// value reads the real host, whatever Paths says, because the
+	// hierarchy is the running kernel's.
+	Host modes.Host
+	// Systemd connects to the service manager; nil is the system bus.
+	Systemd func(ctx context.Context) (modes.Systemd, error)
+	// RemoteOptions are added to every registry request (a transport,
+	// credentials). None by default: pulls are anonymous in this release.
+	RemoteOptions []remote.Option
+	// ResolvConf is the file copied into the machine as /etc/resolv.conf;
+	// "" is systemd-resolved's upstream list when the host runs it (the
+	// stub 127.0.0.53 is of no use to pods), else the host's
+	// /etc/resolv.conf.
+	ResolvConf string
+	// Log receives progress lines; nil is slog.Default().
+	Log *slog.Logger
+}
+
+var _ modes.Mode = (*Mode)(nil)
+
+// Name is "nspawn".
+func (m *Mode) Name() string { return "nspawn" }
+
+// Unit is the supervising unit of slot.
+func Unit(slot string) string { return "systemd-nspawn@" + slot + ".service" }
+
+func (m *Mode) log() *slog.Logger {
+	if m.Log != nil {
+		return m.Log
+	}
+	return slog.Default()
+}
+
+func (m *Mode) systemd(ctx context.Context) (modes.Systemd, error) {
+	if m.Systemd != nil {
+		return m.Systemd(ctx)
+	}
+	return manager.Dial(ctx)
+}
+
+// Prepare builds the slot (see the package doc).
+func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
+	if err := s.Check(); err != nil {
+		return err
+	}
+	sd, err := m.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	if st, err := sd.ActiveState(ctx, Unit(s.Name)); err != nil {
+		return err
+	} else if modes.Running(st) {
+		return fmt.Errorf("prepare slot %s: %w (%s is %s)", s.Name, modes.ErrSlotActive, Unit(s.Name), st)
+	}
+	cgs, err := m.Host.CgroupHierarchy()
+	if err != nil {
+		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+	}
+	cg := nodestack.Cgroup(cgs)
+
+	machines := m.Paths.Join(hostpaths.MachinesDirHost)
+	if err := os.MkdirAll(machines, 0o700); err != nil {
+		return err
+	}
+	if err := removeLeftovers(machines, s.Name); err != nil {
+		return err
+	}
+	img, src, err := m.resolveImage(ctx, s.Image)
+	if err != nil {
+		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+	}
+	tmp, err := os.MkdirTemp(machines, "."+s.Name+".tmp-")
+	if err != nil {
+		return err
+	}
+	done := false
+	defer func() {
+		if !done {
+			os.RemoveAll(tmp)
+		}
+	}()
+	// A machine's / is 0755 whatever MkdirTemp made (the image's "./"
+	// entry, when it has one, sets it again).
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return err
+	}
+	stats, err := Unpack(img, tmp)
+	if err != nil {
+		return fmt.Errorf("prepare slot %s: node image %s: %w", s.Name, src, classify(err))
+	}
+	// nspawn refuses a directory without /usr ("doesn't look like it has
+	// an OS tree"): say so now, naming the image.
+	if fi, err := os.Stat(filepath.Join(tmp, "usr")); err != nil || !fi.IsDir() {
+		return fmt.Errorf("prepare slot %s: node image %s has no /usr directory: not an OS tree a machine can boot", s.Name, src)
+	}
+	m.log().Info("node image unpacked", "slot", s.Name, "image", src, "files", stats.Files,
+		"bytes", stats.Bytes, "skipped_devices", stats.Devices)
+	if err := nodestack.InstallArtifacts(s.Artifacts, tmp, Layout); err != nil {
+		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+	}
+	if err := m.writeNode(tmp, s, cg); err != nil {
+		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+	}
+	if err := swapInto(tmp, m.Paths.MachineDir(s.Name)); err != nil {
+		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+	}
+	done = true
+
+	containerd := filepath.Join(m.Paths.SlotDir(s.Name), "containerd")
+	if err := os.MkdirAll(containerd, 0o711); err != nil {
+		return err
+	}
+	if err := state.WriteFileAtomic(m.Paths.NspawnConfig(s.Name),
+		[]byte(nspawnFile(s.Name, m.Paths.Rel(containerd))), 0o644); err != nil {
+		return err
+	}
+	if err := state.WriteFileAtomic(filepath.Join(m.Paths.NspawnDropInDir(s.Name), DropInName),
+		[]byte(dropIn(s.Name, cg)), 0o644); err != nil {
+		return err
+	}
+	m.log().Info("slot prepared", "slot", s.Name, "mode", "nspawn", "cgroup", string(cg))
+	return nil
+}
+
+// writeNode writes the node configuration and units into the rootfs.
+func (m *Mode) writeNode(rootfs string, s modes.Slot, cg nodestack.Cgroup) error {
+	files, err := nodestack.Files(s.Node, Layout, cg)
+	if err != nil {
+		return err
+	}
+	resolv, err := m.resolvConf()
+	if err != nil {
+		return err
+	}
+	units := "/etc/systemd/system"
+	files = append(files,
+		nodestack.File{Path: "/etc/hostname", Mode: 0o644, Data: []byte(s.Node.Name + "\n")},
+		nodestack.File{Path: "/etc/resolv.conf", Mode: 0o644, Data: resolv},
+		// Empty: systemd gives the machine an id of its own at its first
+		// boot, so two slots (and every copy of one image) differ, as
+		// kubelet's machine ID and the journal expect.
+		nodestack.File{Path: "/etc/machine-id", Mode: 0o444, Data: nil},
+		nodestack.File{Path: units + "/" + ContainerdUnit, Mode: 0o644, Data: []byte(containerdUnit(cg))},
+		nodestack.File{Path: units + "/" + KubeletUnit, Mode: 0o644, Data: []byte(kubeletUnit(s.Node))},
+	)
+	enabled := []string{ContainerdUnit, KubeletUnit}
+	if cg == nodestack.Legacy {
+		files = append(files,
+			nodestack.File{Path: units + "/" + CgroupRWUnit, Mode: 0o644, Data: []byte(cgroupRWUnitText)},
+			nodestack.File{Path: cgroupRWScript, Mode: 0o755, Data: []byte(cgroupRWScriptText)},
+		)
+		enabled = append(enabled, CgroupRWUnit)
+	}
+	if err := nodestack.WriteFiles(rootfs, files); err != nil {
+		return err
+	}
+	// D-Bus reads /var/lib/dbus/machine-id: a link keeps it the one
+	// systemd writes.
+	if err := symlinkUnder(rootfs, "/var/lib/dbus/machine-id", "/etc/machine-id"); err != nil {
+		return err
+	}
+	for _, u := range enabled {
+		if err := symlinkUnder(rootfs, units+"/multi-user.target.wants/"+u, units+"/"+u); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// symlinkUnder makes name (a path inside rootfs) a symlink to target,
+// replacing what is there; no directory on the way may be a symlink.
+func symlinkUnder(rootfs, name, target string) error {
+	dir, err := nodestack.MkdirUnder(rootfs, filepath.Dir(name))
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(dir, filepath.Base(name))
+	if err := os.RemoveAll(p); err != nil {
+		return err
+	}
+	return os.Symlink(target, p)
+}
+
+func (m *Mode) resolvConf() ([]byte, error) {
+	candidates := []string{m.ResolvConf}
+	if m.ResolvConf == "" {
+		candidates = []string{m.Paths.Join("/run/systemd/resolve/resolv.conf"), m.Paths.Join("/etc/resolv.conf")}
+	}
+	for _, c := range candidates {
+		data, err := os.ReadFile(c)
+		if err == nil {
+			return append([]byte("# Copied by unbounded-agent from the host's "+m.Paths.Rel(c)+" at prepare.\n"), data...), nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("resolv.conf: %w", err)
+		}
+	}
+	// A host without any: the node resolves nothing but cluster names.
+	return []byte("# The host had no resolv.conf at prepare.\n"), nil
+}
+
+// leftovers are the trees an interrupted Prepare left beside a slot.
+func leftovers(machines, slot string) ([]string, error) {
+	var out []string
+	for _, pat := range []string{"." + slot + ".tmp-*", "." + slot + ".old-*"} {
+		m, err := filepath.Glob(filepath.Join(machines, pat))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m...)
+	}
+	return out, nil
+}
+
+func removeLeftovers(machines, slot string) error {
+	l, err := leftovers(machines, slot)
+	if err != nil {
+		return err
+	}
+	return modes.RemoveVerified(l...)
+}
+
+// swapInto puts the finished tree tmp at dst: rename is atomic, but only
+// onto a missing or empty directory, so an existing slot is renamed aside
+// first and removed after. A crash between the two renames leaves no slot
+// and the old tree aside; the next Prepare removes the leftover and
+// builds the slot again.
+func swapInto(tmp, dst string) error {
+	if _, err := os.Lstat(dst); err == nil {
+		base := filepath.Base(dst)
+		suffix := strings.TrimPrefix(filepath.Base(tmp), "."+base+".tmp-")
+		old := filepath.Join(filepath.Dir(dst), "."+base+".old-"+suffix)
+		if err := os.Rename(dst, old); err != nil {
+			return err
+		}
+		defer modes.RemoveVerified(old)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return err
+	}
+	return state.SyncDir(filepath.Dir(dst))
+}
+
+// Start daemon-reloads (Prepare's .nspawn file and drop-in are read at
+// unit load) and starts the machine; it returns when the machine's systemd
+// has booted (NotifyReady=yes).
+func (m *Mode) Start(ctx context.Context, slot string) error {
+	if !hostpaths.ValidSlot(slot) {
+		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
+	}
+	sd, err := m.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	if err := sd.Reload(ctx); err != nil {
+		return err
+	}
+	return sd.StartUnit(ctx, Unit(slot))
+}
+
+// Restart reboots the machine (systemd restarts
+// systemd-nspawn@<slot>.service: its payload shuts down cleanly and boots
+// again); the host is not touched.
+func (m *Mode) Restart(ctx context.Context, slot string) error {
+	if !hostpaths.ValidSlot(slot) {
+		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
+	}
+	sd, err := m.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	return sd.RestartUnit(ctx, Unit(slot))
+}
+
+// Repave is not in this release.
+func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot) error {
+	return fmt.Errorf("nspawn repave %s -> %s: %w", running, s.Name, modes.ErrNotImplemented)
+}
+
+// EnsureHooks is not in this release.
+func (m *Mode) EnsureHooks(ctx context.Context, slot string) error {
+	return fmt.Errorf("nspawn lifecycle hooks of %s: %w", slot, modes.ErrNotImplemented)
+}
+
+// SlotPaths lists everything Prepare writes on the host for slot (for
+// Destroy, and for a reset's manifest check).
+func (m *Mode) SlotPaths(slot string) []string {
+	return []string{
+		m.Paths.MachineDir(slot),
+		m.Paths.NspawnConfig(slot),
+		filepath.Join(m.Paths.NspawnDropInDir(slot), DropInName),
+		m.Paths.SlotDir(slot),
+	}
+}
+
+// Destroy stops the machine, removes the slot's rootfs, settings file,
+// drop-in, containerd store and any leftover of an interrupted Prepare,
+// checks that each is gone, and daemon-reloads so that systemd forgets the
+// drop-in.
+func (m *Mode) Destroy(ctx context.Context, slot string) error {
+	if !hostpaths.ValidSlot(slot) {
+		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
+	}
+	sd, err := m.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	st, err := sd.ActiveState(ctx, Unit(slot))
+	if err != nil {
+		return err
+	}
+	if st != "inactive" && st != "failed" && st != "" {
+		if err := sd.StopUnit(ctx, Unit(slot)); err != nil {
+			return fmt.Errorf("destroy slot %s: %w", slot, err)
+		}
+	}
+	paths := m.SlotPaths(slot)
+	l, err := leftovers(m.Paths.Join(hostpaths.MachinesDirHost), slot)
+	if err != nil {
+		return err
+	}
+	if err := modes.RemoveVerified(append(paths, l...)...); err != nil {
+		return fmt.Errorf("destroy slot %s: %w", slot, err)
+	}
+	// The drop-in directory goes when it holds nothing else (an
+	// operator's own drop-in stays, and with it the directory).
+	dir := m.Paths.NspawnDropInDir(slot)
+	if ents, err := os.ReadDir(dir); err == nil && len(ents) == 0 {
+		if err := modes.RemoveVerified(dir); err != nil {
+			return err
+		}
+	}
+	if err := sd.Reload(ctx); err != nil {
+		return err
+	}
+	rel := make([]string, len(paths))
+	for i, p := range paths {
+		rel[i] = m.Paths.Rel(p)
+	}
+	m.log().Info("slot destroyed", "slot", slot, "mode", "nspawn", "removed", strings.Join(rel, " "))
+	return nil
+}

@@ -1,0 +1,450 @@
+package nspawn
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/coreos/go-systemd/v22/unit"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/modestest"
+)
+
+// Mount tables as the kernel writes them (lib/modes/support_test.go has
+// the full set): the test VMs' (every controller in v1) and a cgroup v2
+// host's.
+const (
+	mountsLegacy = `32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,xattr,name=systemd
+`
+	mountsUnified = `25 22 0:22 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate
+`
+)
+
+func cgroupHost(mountinfo string) modes.Host {
+	return modes.Host{ReadFile: func(p string) ([]byte, error) {
+		switch p {
+		case "/proc/self/mountinfo":
+			return []byte(mountinfo), nil
+		case "/sys/fs/cgroup/cgroup.controllers":
+			return []byte("cpuset cpu io memory pids\n"), nil
+		}
+		return nil, fs.ErrNotExist
+	}}
+}
+
+type fixture struct {
+	m    *Mode
+	sd   *modestest.Systemd
+	root string
+	p    hostpaths.Paths
+	logs *bytes.Buffer
+	slot modes.Slot
+}
+
+func newFixture(t *testing.T, mountinfo string, ref string) *fixture {
+	t.Helper()
+	f := &fixture{sd: &modestest.Systemd{}, root: t.TempDir(), logs: &bytes.Buffer{}}
+	f.p = hostpaths.New(f.root)
+	resolv := filepath.Join(t.TempDir(), "resolv.conf")
+	os.WriteFile(resolv, []byte("nameserver 192.0.2.53\n"), 0o644)
+	f.m = &Mode{
+		Paths:      f.p,
+		Host:       cgroupHost(mountinfo),
+		Systemd:    f.sd.Dial,
+		ResolvConf: resolv,
+		Log:        slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	f.slot = modes.Slot{Name: "kube1", Node: modestest.Node(), Artifacts: modestest.Artifacts(t), Image: modes.Image{Ref: ref}}
+	return f
+}
+
+func (f *fixture) rootfs(p string) string { return filepath.Join(f.p.MachineDir("kube1"), p) }
+
+// noLeftovers checks that nothing but the slot is beside it.
+func (f *fixture) noLeftovers(t *testing.T) {
+	t.Helper()
+	l, _ := leftovers(f.p.Join(hostpaths.MachinesDirHost), "kube1")
+	if len(l) > 0 {
+		t.Errorf("temporary trees left beside the slot: %v", l)
+	}
+}
+
+func TestPrepareBuildsTheSlotFromARegistryImage(t *testing.T) {
+	requireRoot(t)
+	ref := serveRegistry(t, "unbounded/node:1.36.3", nodeImage(t))
+	for _, tc := range []struct {
+		cg, mountinfo string
+	}{{"legacy", mountsLegacy}, {"unified", mountsUnified}} {
+		t.Run(tc.cg, func(t *testing.T) {
+			f := newFixture(t, tc.mountinfo, ref)
+			ctx := context.Background()
+			if err := f.m.Prepare(ctx, f.slot); err != nil {
+				t.Fatal(err)
+			}
+			f.checkTree(t, tc.cg)
+			f.checkMachineSettings(t, tc.cg)
+			f.noLeftovers(t)
+			if strings.Contains(f.logs.String(), modestest.Token) {
+				t.Errorf("the bootstrap token is in the log:\n%s", f.logs)
+			}
+
+			// Again, over the existing slot: the same result (idempotent),
+			// with a file of the old tree gone.
+			os.WriteFile(f.rootfs("stale"), []byte("x"), 0o644)
+			if err := f.m.Prepare(ctx, f.slot); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(f.rootfs("stale")); !os.IsNotExist(err) {
+				t.Errorf("a second prepare kept a file of the old tree: %v", err)
+			}
+			f.checkTree(t, tc.cg)
+			f.noLeftovers(t)
+
+			if err := f.m.Start(ctx, "kube1"); err != nil {
+				t.Fatal(err)
+			}
+			if want := []string{"reload", "start systemd-nspawn@kube1.service"}; !slices.Equal(f.sd.Calls, want) {
+				t.Errorf("start made the calls %q, want %q", f.sd.Calls, want)
+			}
+			// A running slot is never rebuilt under its feet.
+			if err := f.m.Prepare(ctx, f.slot); !errors.Is(err, modes.ErrSlotActive) {
+				t.Errorf("prepare of a running slot: %v, want ErrSlotActive", err)
+			}
+
+			f.sd.Calls = nil
+			if err := f.m.Destroy(ctx, "kube1"); err != nil {
+				t.Fatal(err)
+			}
+			if want := []string{"stop systemd-nspawn@kube1.service", "reload"}; !slices.Equal(f.sd.Calls, want) {
+				t.Errorf("destroy made the calls %q, want %q", f.sd.Calls, want)
+			}
+			for _, p := range append(f.m.SlotPaths("kube1"), f.p.NspawnDropInDir("kube1")) {
+				if _, err := os.Lstat(p); !os.IsNotExist(err) {
+					t.Errorf("%s is still there after destroy (%v)", f.p.Rel(p), err)
+				}
+			}
+			if err := f.m.Destroy(ctx, "kube1"); err != nil {
+				t.Errorf("destroying a destroyed slot: %v", err)
+			}
+		})
+	}
+}
+
+func (f *fixture) checkTree(t *testing.T, cg string) {
+	t.Helper()
+	read := func(p string) string {
+		b, err := os.ReadFile(f.rootfs(p))
+		if err != nil {
+			t.Errorf("%v", err)
+		}
+		return string(b)
+	}
+	mode := func(p string) fs.FileMode {
+		fi, err := os.Lstat(f.rootfs(p))
+		if err != nil {
+			t.Errorf("%v", err)
+			return 0
+		}
+		return fi.Mode()
+	}
+	// The image, unpacked.
+	if read("etc/os-release") != "ID=debian\n" {
+		t.Error("the image's files are not in the rootfs")
+	}
+	if m := mode("."); m.Perm() != 0o755 || !m.IsDir() {
+		t.Errorf("the rootfs is %v, want a 0755 directory", m)
+	}
+	// The artifacts.
+	for _, b := range []string{"usr/local/bin/kubelet", "usr/local/bin/runc", "usr/local/bin/containerd",
+		"usr/local/bin/containerd-shim-runc-v2", "opt/cni/bin/bridge", "opt/cni/bin/host-local", "opt/cni/bin/loopback", "opt/cni/bin/portmap"} {
+		if m := mode(b); m.Perm() != 0o755 || !m.IsRegular() {
+			t.Errorf("%s: %v, want an executable", b, m)
+		}
+	}
+	// The node configuration.
+	if m := mode("etc/kubernetes/bootstrap-kubelet.conf"); m.Perm() != 0o600 {
+		t.Errorf("bootstrap kubeconfig is %v, want 0600", m)
+	}
+	if !strings.Contains(read("etc/kubernetes/bootstrap-kubelet.conf"), modestest.Token) {
+		t.Error("the bootstrap kubeconfig lacks the token")
+	}
+	driver := map[string]string{"legacy": "cgroupDriver: cgroupfs", "unified": "cgroupDriver: systemd"}[cg]
+	if !strings.Contains(read("var/lib/kubelet/config.yaml"), driver) {
+		t.Errorf("kubelet config lacks %q", driver)
+	}
+	if !strings.Contains(read("etc/containerd/config.toml"), "restrict_oom_score_adj = true") {
+		t.Error("containerd config lacks restrict_oom_score_adj")
+	}
+	if !strings.Contains(read("etc/cni/net.d/10-unbounded-bridge.conflist"), "10.244.1.0/24") {
+		t.Error("no CNI config for the pod CIDR")
+	}
+	if read("etc/hostname") != "site-w1\n" {
+		t.Errorf("hostname = %q", read("etc/hostname"))
+	}
+	if m := mode("etc/resolv.conf"); !m.IsRegular() || !strings.Contains(read("etc/resolv.conf"), "nameserver 192.0.2.53") {
+		t.Errorf("resolv.conf is %v and does not hold the host's servers (the image's was a link to the stub)", m)
+	}
+	if read("etc/machine-id") != "" {
+		t.Error("the image's machine-id was kept: every slot must get its own")
+	}
+	if l, err := os.Readlink(f.rootfs("var/lib/dbus/machine-id")); err != nil || l != "/etc/machine-id" {
+		t.Errorf("var/lib/dbus/machine-id -> %q (%v)", l, err)
+	}
+	// Units, enabled.
+	wants := []string{"containerd.service", "kubelet.service"}
+	if cg == "legacy" {
+		wants = append(wants, "unbounded-cgroup-rw.service")
+		if m := mode("usr/local/libexec/unbounded/cgroup-rw"); m.Perm() != 0o755 {
+			t.Errorf("cgroup-rw script: %v", m)
+		}
+	} else if _, err := os.Lstat(f.rootfs("etc/systemd/system/unbounded-cgroup-rw.service")); err == nil {
+		t.Error("the cgroup v1 remount unit on a unified hierarchy")
+	}
+	for _, u := range wants {
+		l, err := os.Readlink(f.rootfs("etc/systemd/system/multi-user.target.wants/" + u))
+		if err != nil || l != "/etc/systemd/system/"+u {
+			t.Errorf("%s not enabled: %q %v", u, l, err)
+		}
+	}
+	if !strings.Contains(read("etc/systemd/system/kubelet.service"), "--hostname-override=site-w1") {
+		t.Error("kubelet unit does not name the node")
+	}
+}
+
+func parseOpts(t *testing.T, file string) []*unit.UnitOption {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := unit.DeserializeOptions(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return opts
+}
+
+func values(opts []*unit.UnitOption, section, key string) []string {
+	var v []string
+	for _, o := range opts {
+		if o.Section == section && o.Name == key {
+			v = append(v, o.Value)
+		}
+	}
+	return v
+}
+
+func (f *fixture) checkMachineSettings(t *testing.T, cg string) {
+	t.Helper()
+	ns := parseOpts(t, f.p.NspawnConfig("kube1"))
+	for _, kv := range [][3]string{
+		{"Exec", "Boot", "yes"}, {"Exec", "PrivateUsers", "no"}, {"Exec", "NotifyReady", "yes"},
+		{"Exec", "Capability", "all"}, {"Exec", "SystemCallFilter", "@keyring bpf"}, {"Exec", "ResolvConf", "off"},
+		{"Files", "Bind", "/dev/kmsg"}, {"Files", "Bind", "/var/lib/unbounded/slots/kube1/containerd:/var/lib/containerd"},
+		{"Network", "VirtualEthernet", "no"},
+	} {
+		if !slices.Contains(values(ns, kv[0], kv[1]), kv[2]) {
+			t.Errorf("kube1.nspawn: [%s] %s=%s missing (has %q)", kv[0], kv[1], kv[2], values(ns, kv[0], kv[1]))
+		}
+	}
+	if fi, err := os.Stat(f.p.Join("/var/lib/unbounded/slots/kube1/containerd")); err != nil || !fi.IsDir() {
+		t.Errorf("the containerd store to bind is missing: %v", err)
+	}
+	di := parseOpts(t, filepath.Join(f.p.NspawnDropInDir("kube1"), DropInName))
+	unified := map[string]string{"legacy": "0", "unified": "1"}[cg]
+	env := values(di, "Service", "Environment")
+	for _, want := range []string{"SYSTEMD_NSPAWN_API_VFS_WRITABLE=1", "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=" + unified} {
+		if !slices.Contains(env, want) {
+			t.Errorf("drop-in: Environment=%s missing (has %q)", want, env)
+		}
+	}
+	if !slices.Equal(values(di, "Service", "DevicePolicy"), []string{"auto"}) || !slices.Equal(values(di, "Service", "DeviceAllow"), []string{""}) {
+		t.Errorf("drop-in: DevicePolicy %q DeviceAllow %q, want auto and an empty reset", values(di, "Service", "DevicePolicy"), values(di, "Service", "DeviceAllow"))
+	}
+	f.verifyWithSystemd(t)
+}
+
+// verifyWithSystemd has systemd's own parsers read what Prepare wrote:
+// systemd-analyze verify loads systemd-nspawn@kube1.service with the
+// drop-in (as units/verify_test.go does), and systemd-nspawn parses
+// kube1.nspawn (it reads a settings file next to the directory it is given
+// and says "Unknown key" for any key it does not know, then refuses the
+// empty directory before starting anything).
+func (f *fixture) verifyWithSystemd(t *testing.T) {
+	t.Helper()
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Log("systemd-analyze is not installed: the drop-in was checked by the Go parser only")
+	} else if _, err := os.Stat("/usr/lib/systemd/system/systemd-nspawn@.service"); err != nil {
+		t.Log("systemd-nspawn@.service is not installed (systemd-container): the drop-in was checked by the Go parser only")
+	} else {
+		unitDir := f.p.UnitDir()
+		os.MkdirAll(filepath.Dir(unitDir), 0o755)
+		if out, err := exec.Command("cp", "-a", "/usr/lib/systemd/system", filepath.Dir(unitDir)).CombinedOutput(); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		inst := filepath.Join(unitDir, "systemd-nspawn@kube1.service")
+		os.Symlink("systemd-nspawn@.service", inst)
+		nspawnBin, _ := exec.LookPath("systemd-nspawn")
+		if nspawnBin != "" {
+			os.MkdirAll(f.p.Join("/usr/bin"), 0o755)
+			exec.Command("cp", nspawnBin, f.p.Join("/usr/bin/systemd-nspawn")).Run()
+		}
+		out, err := exec.Command(analyze, "verify", "--root="+f.root, "--recursive-errors=no", inst).CombinedOutput()
+		for _, bad := range []string{"Unknown key", "ignoring", "Unknown section", "Failed to"} {
+			if strings.Contains(string(out), bad) {
+				err = fmt.Errorf("output says %q", bad)
+			}
+		}
+		if err != nil {
+			t.Errorf("systemd-analyze verify systemd-nspawn@kube1.service with the drop-in: %v\n%s", err, out)
+		}
+		// The drop-in is in effect: the merged unit has our settings.
+		show, _ := exec.Command(analyze, "cat-config", "--root="+f.root, "systemd/system/systemd-nspawn@kube1.service.d/"+DropInName).CombinedOutput()
+		if !strings.Contains(string(show), "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY") {
+			t.Logf("systemd-analyze cat-config did not show the drop-in:\n%s", show)
+		}
+	}
+
+	nspawn, err := exec.LookPath("systemd-nspawn")
+	if err != nil {
+		t.Log("systemd-nspawn is not installed: kube1.nspawn was checked by the Go parser only")
+		return
+	}
+	dir := t.TempDir()
+	data, _ := os.ReadFile(f.p.NspawnConfig("kube1"))
+	os.WriteFile(filepath.Join(dir, "kube1.nspawn"), data, 0o644)
+	os.Mkdir(filepath.Join(dir, "kube1"), 0o755)
+	out, _ := exec.Command(nspawn, "-D", filepath.Join(dir, "kube1"), "-M", "kube1", "--settings=trusted", "--register=no", "/bin/true").CombinedOutput()
+	if !strings.Contains(string(out), "Refusing") {
+		t.Fatalf("systemd-nspawn did not stop at the empty directory; what did it do?\n%s", out)
+	}
+	for _, bad := range []string{"Unknown key", "ignoring", "Failed to parse", "Invalid"} {
+		if strings.Contains(string(out), bad) {
+			t.Errorf("systemd-nspawn does not accept kube1.nspawn (%q):\n%s", bad, out)
+		}
+	}
+}
+
+func TestPrepareFromLocalImagesWithoutNetwork(t *testing.T) {
+	requireRoot(t)
+	img := nodeImage(t)
+	// A registry reference whose registry is down: the offline layout is
+	// used first, and the registry is never asked.
+	down := closedPort(t)
+	ref := down + "/unbounded/node:1.36.3"
+	offline := t.TempDir()
+	lp, err := layout.Write(filepath.Join(offline, "images"), empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lp.AppendImage(img, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": ref})); err != nil {
+		t.Fatal(err)
+	}
+	archive := filepath.Join(t.TempDir(), "node.tar")
+	tag, _ := name.NewTag("unbounded/node:1.36.3")
+	if err := tarball.WriteToFile(archive, tag, img); err != nil {
+		t.Fatal(err)
+	}
+	for _, im := range []modes.Image{
+		{Ref: ref, OfflineDir: offline},
+		{Ref: "oci-layout:" + filepath.Join(offline, "images")},
+		{Ref: "docker-archive:" + archive + ":unbounded/node:1.36.3"},
+		{Ref: "docker-archive:" + archive},
+	} {
+		t.Run(im.Ref, func(t *testing.T) {
+			f := newFixture(t, mountsLegacy, "")
+			f.slot.Image = im
+			if err := f.m.Prepare(context.Background(), f.slot); err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := os.ReadFile(f.rootfs("etc/os-release")); string(b) != "ID=debian\n" {
+				t.Error("the image was not unpacked")
+			}
+		})
+	}
+}
+
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+func TestPrepareSaysWhetherAnImageErrorIsWorthARetry(t *testing.T) {
+	requireRoot(t)
+	ref := serveRegistry(t, "unbounded/node:1.36.3", nodeImage(t))
+	host, _, _ := strings.Cut(ref, "/")
+	garbage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v2/" {
+			return // a registry, says the ping
+		}
+		w.Header().Set("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+		w.Write([]byte("<html>not a manifest</html>"))
+	}))
+	t.Cleanup(garbage.Close)
+	for _, tc := range []struct {
+		name, ref string
+		exit      int
+		notFound  bool
+	}{
+		{"unknown tag", host + "/unbounded/node:0.0.0", exitcode.Failed, true},
+		{"unknown repository", host + "/nothing/here:1", exitcode.Failed, true},
+		{"registry down", closedPort(t) + "/unbounded/node:1.36.3", exitcode.TempFail, false},
+		{"registry answering garbage", strings.TrimPrefix(garbage.URL, "http://") + "/unbounded/node:1", exitcode.Failed, false},
+		{"missing layout", "oci-layout:/nonexistent/layout", exitcode.Failed, true},
+		{"no image configured", "", exitcode.ConfigInvalid, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, mountsLegacy, tc.ref)
+			err := f.m.Prepare(context.Background(), f.slot)
+			if err == nil {
+				t.Fatal("prepare succeeded")
+			}
+			t.Logf("%v", err)
+			if got := exitcode.For(err); got != tc.exit {
+				t.Errorf("exit %d, want %d", got, tc.exit)
+			}
+			if errors.Is(err, ErrImageNotFound) != tc.notFound {
+				t.Errorf("ErrImageNotFound: %v, want %v", errors.Is(err, ErrImageNotFound), tc.notFound)
+			}
+			if !strings.Contains(err.Error(), "kube1") || (tc.ref != "" && !strings.Contains(err.Error(), tc.ref)) {
+				t.Errorf("the error names neither the slot nor the image: %v", err)
+			}
+			// Nothing of the slot on the host.
+			for _, p := range f.m.SlotPaths("kube1") {
+				if _, err := os.Lstat(p); !os.IsNotExist(err) {
+					t.Errorf("%s exists after a failed prepare", f.p.Rel(p))
+				}
+			}
+			f.noLeftovers(t)
+		})
+	}
+}
