@@ -2,20 +2,14 @@ package main
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
+
+	"unbounded-cloud.io/agent/tests/fixtures"
 
 	"unbounded-cloud.io/agent/lib/exitcode"
 )
@@ -81,7 +75,7 @@ func TestConcernsRunWithoutRootSayTheyNeedRoot(t *testing.T) {
 		mode    os.FileMode
 	}{
 		"etc/unbounded/agent.toml":      {"machine = \"site-w1\"\n[cluster]\napi-server = \"https://127.0.0.1:1\"\nkubernetes-version = \"1.36.3\"\n[allocation]\nuid = \"5f0c8a2e-3b1d-4c6e-9a7f-2d8e1b4c6a90\"\n[fence]\nretry-budget = \"1s\"\n", 0o644},
-		"etc/unbounded/ca.crt":          {string(caPEM(t)), 0o644},
+		"etc/unbounded/ca.crt":          {string(fixtures.CA(t)), 0o644},
 		"etc/unbounded/bootstrap-token": {"q1w2e3.r4t5y6u7i8o9p0a1\n", 0o600},
 	}
 	for f, c := range files {
@@ -130,19 +124,4 @@ func TestConcernsRunWithoutRootSayTheyNeedRoot(t *testing.T) {
 	if code, _, _ := runAs(t, true, bin, "--help"); code != 0 {
 		t.Errorf("--help as nobody: exit %d", code)
 	}
-}
-
-func caPEM(t *testing.T) []byte {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ca"},
-		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }

@@ -6,7 +6,6 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -21,6 +20,8 @@ import (
 	"testing"
 	"testing/fstest"
 	"time"
+
+	"unbounded-cloud.io/agent/tests/fixtures"
 
 	"github.com/BurntSushi/toml"
 
@@ -40,28 +41,13 @@ api-server = "https://10.0.0.1:6443"
 kubernetes-version = "1.36.3"
 `
 
-func caPEM(t *testing.T) []byte {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ca"},
-		NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-}
-
 // newRoot is a host root with a valid configuration.
 func newRoot(t *testing.T) (string, hostpaths.Paths) {
 	t.Helper()
 	root := t.TempDir()
 	p := hostpaths.New(root)
 	write(t, p.ConfigFile(), agentTOML, 0o644)
-	write(t, p.Join("/etc/unbounded/ca.crt"), string(caPEM(t)), 0o644)
+	write(t, p.Join("/etc/unbounded/ca.crt"), string(fixtures.CA(t)), 0o644)
 	write(t, p.Join("/etc/unbounded/bootstrap-token"), token+"\n", 0o600)
 	return root, p
 }

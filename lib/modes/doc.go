@@ -8,9 +8,8 @@
 // over D-Bus. An integrator (bootstrap, reset) does:
 //
 //	var m modes.Mode = &nspawn.Mode{}                   // or &none.Mode{}: zero value = real host
-//	slot, err := modes.SlotFromConfig(cfg, "kube1", modes.Artifacts{
-//		Kubelet: ..., Containerd: ..., Runc: ..., CNIPlugins: ..., // verified files of lib/artifacts
-//	})
+//	a, err := modes.ArtifactsByName(files)              // name -> Result.File of lib/artifacts' FetchAll
+//	slot, err := modes.SlotFromConfig(cfg, "kube1", a)
 //	err = m.Prepare(ctx, slot)                          // build the slot on disk, atomically
 //	err = m.Start(ctx, "kube1")                         // daemon-reload + start the supervising unit(s)
 //	...                                                 // (run the fence before; start unbounded-node.target after the record)

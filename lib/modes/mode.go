@@ -76,6 +76,22 @@ type Artifacts struct {
 	CNIPlugins string
 }
 
+// ArtifactsByName builds Artifacts from verified files keyed by artifact
+// name (lib/artifacts' names: kubelet, containerd, runc, cni-plugins;
+// others, such as crictl, are not installed by the modes in this
+// release). Missing one is an error naming it. It takes a map rather
+// than lib/artifacts' results so that this package, which the operator
+// CLI links, does not link an HTTP client.
+func ArtifactsByName(files map[string]string) (Artifacts, error) {
+	a := Artifacts{Kubelet: files["kubelet"], Containerd: files["containerd"], Runc: files["runc"], CNIPlugins: files["cni-plugins"]}
+	for _, n := range []string{"kubelet", "containerd", "runc", "cni-plugins"} {
+		if files[n] == "" {
+			return Artifacts{}, fmt.Errorf("artifact %s: no verified file", n)
+		}
+	}
+	return a, nil
+}
+
 // Node is the node configuration a mode writes for the node stack.
 type Node struct {
 	// Name is the Machine's name: the Node name and the host name of the

@@ -1026,21 +1026,33 @@ func TestPackagedCompletionCompletes(t *testing.T) {
 	}
 }
 
-// The .rpm says that its %post needs systemd (Requires(post): rpm orders
-// the transaction by it; nfpm cannot write Requires(preun), see
-// deb/nfpm.yaml), marks the man
-// pages and the example config as documentation (rpm -qd lists them, and
-// --excludedocs leaves them out), and ships the license text, not Debian's
-// copyright file.
+// The .rpm says that systemd must be installed with it and that each of its
+// scriptlets (they run systemctl) needs it: Requires(post), Requires(preun)
+// and Requires(postun), as Fedora's %systemd_requires, by which rpm orders
+// an install and an erase transaction. It marks the man pages and the
+// example config as documentation (rpm -qd lists them, and --excludedocs
+// leaves them out), and ships the license text, not Debian's copyright file.
 func TestRPMDeclaresScriptletDependenciesAndDocs(t *testing.T) {
 	rpm := packageFile(t, "UNBOUNDED_TEST_RPM")
 	requireTools(t, "rpm")
 	t.Parallel()
 
-	deps := strings.Split(run(t, nil, "rpm", "-qp", "--qf", `[%{REQUIREFLAGS:deptype} %{REQUIRENAME}\n]`, rpm), "\n")
-	for _, want := range []string{"post systemd", "manual systemd"} {
-		if !slices.Contains(deps, want) {
-			t.Errorf("rpm requires lack %q: %q", want, deps)
+	// Each line is "TYPE[,TYPE...] NAME"; rpm may merge the types of one
+	// name into one line (post,interp /bin/sh).
+	out := run(t, nil, "rpm", "-qp", "--qf", `[%{REQUIREFLAGS:deptype} %{REQUIRENAME}\n]`, rpm)
+	types := map[string][]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if typ, name, ok := strings.Cut(line, " "); ok {
+			types[name] = append(types[name], strings.Split(typ, ",")...)
+		}
+	}
+	for _, want := range []string{"manual", "post", "preun", "postun"} {
+		if !slices.Contains(types["systemd"], want) {
+			tag := "Requires(" + want + ")"
+			if want == "manual" {
+				tag = "Requires"
+			}
+			t.Errorf("the rpm lacks %s: systemd; its requires are\n%s", tag, out)
 		}
 	}
 	docs := strings.Split(strings.TrimSpace(run(t, nil, "rpm", "-qpd", rpm)), "\n")

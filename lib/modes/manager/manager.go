@@ -17,12 +17,23 @@ func Dial(ctx context.Context) (modes.Systemd, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to systemd over D-Bus: %w", err)
 	}
-	return dbusSystemd{conn}, nil
+	return dbusSystemd{conn: conn}, nil
 }
 
-type dbusSystemd struct{ conn *sdbus.Conn }
+// Borrow drives the service manager behind an open connection (another
+// machine's bus, say) that its owner closes: Close does nothing.
+func Borrow(conn *sdbus.Conn) modes.Systemd { return dbusSystemd{conn: conn, borrowed: true} }
 
-func (s dbusSystemd) Close() { s.conn.Close() }
+type dbusSystemd struct {
+	conn     *sdbus.Conn
+	borrowed bool
+}
+
+func (s dbusSystemd) Close() {
+	if !s.borrowed {
+		s.conn.Close()
+	}
+}
 
 func (s dbusSystemd) Reload(ctx context.Context) error {
 	if err := s.conn.ReloadContext(ctx); err != nil {

@@ -86,6 +86,9 @@ var Layout = nodestack.Layout{
 	ResolvConf:          "/etc/resolv.conf",
 }
 
+// resolvedUpstream is systemd-resolved's list of the upstream servers.
+const resolvedUpstream = "/run/systemd/resolve/resolv.conf"
+
 // StateDirs are the node stack's own state directories on the host,
 // removed by Destroy (after their mounts are gone).
 var StateDirs = []string{"/var/lib/kubelet", "/var/lib/containerd", "/run/containerd"}
@@ -201,7 +204,14 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	if err := nodestack.InstallArtifacts(s.Artifacts, tmp, nodestack.Layout{BinDir: rel(Layout.BinDir), CNIBinDir: rel(Layout.CNIBinDir)}); err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
-	files, err := nodestack.Files(s.Node, Layout, cg)
+	l := Layout
+	// On a host that runs systemd-resolved, /etc/resolv.conf names the
+	// stub 127.0.0.53, which is of no use inside a pod's network
+	// namespace: kubelet gets resolved's list of upstream servers.
+	if _, err := os.Stat(m.Paths.Join(resolvedUpstream)); err == nil {
+		l.ResolvConf = resolvedUpstream
+	}
+	files, err := nodestack.Files(s.Node, l, cg)
 	if err != nil {
 		return err
 	}

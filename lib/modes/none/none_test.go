@@ -71,6 +71,9 @@ func TestPrepareInstallsAVersionAndFlipsCurrentWithNothingUnderUsrOrOpt(t *testi
 	if cur, _ := m.CurrentVersion(); cur != "1.36.3" {
 		t.Errorf("current -> %q", cur)
 	}
+	if kc, _ := os.ReadFile(filepath.Join(v, "etc/kubelet/config.yaml")); !strings.Contains(string(kc), "resolvConf: /etc/resolv.conf") {
+		t.Errorf("kubelet's resolvConf on a host without systemd-resolved:\n%s", kc)
+	}
 	// Everything written is under /var/lib/unbounded, except the CNI
 	// config in /etc/cni/net.d; nothing under /usr or /opt.
 	filepath.WalkDir(p.Join("/"), func(path string, d fs.DirEntry, err error) error {
@@ -85,9 +88,15 @@ func TestPrepareInstallsAVersionAndFlipsCurrentWithNothingUnderUsrOrOpt(t *testi
 	})
 
 	// A second version: installed beside, current flipped, the first kept
-	// (an in-place repave's rollback target).
+	// (an in-place repave's rollback target). This host runs
+	// systemd-resolved: kubelet gets its upstream list, not the stub.
+	os.MkdirAll(p.Join("/run/systemd/resolve"), 0o755)
+	os.WriteFile(p.Join("/run/systemd/resolve/resolv.conf"), []byte("nameserver 192.0.2.53\n"), 0o644)
 	if err := m.Prepare(ctx, slot(t, "1.36.4")); err != nil {
 		t.Fatal(err)
+	}
+	if kc, _ := os.ReadFile(filepath.Join(m.VersionDir("1.36.4"), "etc/kubelet/config.yaml")); !strings.Contains(string(kc), "resolvConf: /run/systemd/resolve/resolv.conf") {
+		t.Errorf("kubelet's resolvConf on a host with systemd-resolved:\n%s", kc)
 	}
 	if cur, _ := m.CurrentVersion(); cur != "1.36.4" {
 		t.Errorf("current -> %q after the second prepare", cur)

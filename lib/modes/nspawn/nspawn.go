@@ -407,6 +407,10 @@ func (m *Mode) Destroy(ctx context.Context, slot string) error {
 	if err := sd.Reload(ctx); err != nil {
 		return err
 	}
-	m.log().Info("slot destroyed", "slot", slot, "mode", "nspawn", "removed", strings.Join(paths, " "))
+	rel := make([]string, len(paths))
+	for i, p := range paths {
+		rel[i] = m.Paths.Rel(p)
+	}
+	m.log().Info("slot destroyed", "slot", slot, "mode", "nspawn", "removed", strings.Join(rel, " "))
 	return nil
 }

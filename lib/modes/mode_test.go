@@ -1,0 +1,89 @@
+package modes_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/modestest"
+	"unbounded-cloud.io/agent/tests/fixtures"
+)
+
+const agentTOML = `machine = "site-w1"
+mode = "nspawn"
+
+[cluster]
+api-server = "https://10.0.0.1:6443"
+kubernetes-version = "1.36.3"
+
+[node]
+labels = { "topology.kubernetes.io/zone" = "edge-1" }
+pod-cidr = "10.244.1.0/24"
+
+[nspawn]
+image = "registry.example.internal/unbounded/node:1.36.3"
+`
+
+func write(t *testing.T, p string, data string, mode os.FileMode) {
+	t.Helper()
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := os.WriteFile(p, []byte(data), mode); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(p, mode)
+}
+
+func TestSlotFromConfigCarriesTheConfigAndTheArtifacts(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	write(t, p.ConfigFile(), agentTOML, 0o644)
+	// A CA file must hold certificates; the config check parses it.
+	ca := fixtures.CA(t)
+	write(t, p.Join("/etc/unbounded/ca.crt"), string(ca), 0o644)
+	write(t, p.Join("/etc/unbounded/bootstrap-token"), modestest.Token+"\n", 0o600)
+	cfg, err := config.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := modestest.Artifacts(t)
+	s, err := modes.SlotFromConfig(cfg, "kube2", a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := s.Node
+	if s.Name != "kube2" || n.Name != "site-w1" || n.APIServer != "https://10.0.0.1:6443" || !bytes.Equal(n.CACert, ca) ||
+		n.BootstrapToken.Reveal() != modestest.Token || n.KubernetesVersion != "1.36.3" || n.ClusterDNS != "10.96.0.10" ||
+		n.Labels["topology.kubernetes.io/zone"] != "edge-1" || n.SandboxImage != "registry.k8s.io/pause:3.10" || n.PodCIDR != "10.244.1.0/24" {
+		t.Errorf("node: %+v", n)
+	}
+	if s.Image.Ref != "registry.example.internal/unbounded/node:1.36.3" || s.Image.OfflineDir != p.Join("/var/lib/unbounded/offline") || s.Artifacts != a {
+		t.Errorf("image %+v artifacts %+v", s.Image, s.Artifacts)
+	}
+	if err := s.Check(); err != nil {
+		t.Errorf("a slot from a valid config does not pass Check: %v", err)
+	}
+	if strings.Contains(fmt.Sprintf("%+v %#v", s, s), modestest.Token) {
+		t.Error("printing the slot prints the token")
+	}
+	s.Artifacts.Runc = filepath.Join(t.TempDir(), "missing")
+	if err := s.Check(); err == nil || !strings.Contains(err.Error(), "artifact runc") {
+		t.Errorf("a missing artifact: %v", err)
+	}
+}
+
+func TestArtifactsByNameNamesAMissingArtifact(t *testing.T) {
+	files := map[string]string{"kubelet": "/k", "containerd": "/c.tgz", "runc": "/r", "cni-plugins": "/n.tgz", "crictl": "/x.tgz"}
+	a, err := modes.ArtifactsByName(files)
+	if err != nil || a != (modes.Artifacts{Kubelet: "/k", Containerd: "/c.tgz", Runc: "/r", CNIPlugins: "/n.tgz"}) {
+		t.Fatalf("%+v %v", a, err)
+	}
+	delete(files, "runc")
+	if _, err := modes.ArtifactsByName(files); err == nil || !strings.Contains(err.Error(), "artifact runc") {
+		t.Fatalf("missing runc: %v", err)
+	}
+}
