@@ -548,12 +548,11 @@ func (b *Bootstrap) prepareSlot(ctx context.Context, cfg *config.Config, m modes
 	for _, r := range results {
 		files[r.Name] = r.File
 	}
-	s, err := modes.SlotFromConfig(cfg, slot, modes.Artifacts{
-		Kubelet:    files["kubelet"],
-		Containerd: files["containerd"],
-		Runc:       files["runc"],
-		CNIPlugins: files["cni-plugins"],
-	})
+	a, err := modes.ArtifactsByName(files)
+	if err != nil {
+		return err
+	}
+	s, err := modes.SlotFromConfig(cfg, slot, a)
 	if err != nil {
 		return err
 	}
