@@ -1,6 +1,7 @@
 // Package cli is the operator command `unbounded` (ARCHITECTURE section 3):
-// status, config check, supports-isolation, manifests, version. The
-// command only reads the host; everything that changes it is a unit.
+// status, config check, supports-isolation, manifests, version, reset. The
+// command only reads the host; everything that changes it is a unit's
+// program (`unbounded reset` runs the one unbounded-reset.service runs).
 //
 // Main is the whole program, so that tests run it in-process with any
 // arguments and check its output and exit code exactly as a shell would.
@@ -43,9 +44,10 @@ var ExitCodes = []struct {
 	Meaning string
 }{
 	{exitcode.OK, "done"},
-	{exitcode.Failed, "failed (status: the state is corrupt; supports-isolation: the mode is not supported)"},
+	{exitcode.Failed, "failed (status: the state is corrupt; supports-isolation: the mode is not supported; reset: not confirmed, or failed)"},
 	{Usage, "the command line does not parse"},
 	{exitcode.NeedsRoot, "needs root: run without root, the command cannot read what only root may (the host root /var/lib/unbounded, the bootstrap token)"},
+	{exitcode.Deferred, "reset: another installation (a bootstrap or a reprovision that is running) owns the host"},
 	{exitcode.ConfigInvalid, "the configuration is invalid"},
 }
 
@@ -61,7 +63,12 @@ var Description = func() string {
 // Env is what commands write to and probe. The zero Host is the real host.
 type Env struct {
 	Stdout, Stderr io.Writer
-	Host           modes.Host
+	// Stdin answers `unbounded reset`'s confirmation; nil is os.Stdin.
+	Stdin io.Reader
+	Host  modes.Host
+	// RunConcern runs a one-shot concern (path, args) with the command's
+	// outputs and returns its exit code; nil runs the executable.
+	RunConcern func(path string, args []string, stdout, stderr io.Writer) (int, error)
 }
 
 type cli struct {
@@ -73,6 +80,7 @@ type cli struct {
 	SupportsIsolation supportsCmd      `cmd:"" name:"supports-isolation" help:"Exit 0 if this build can operate MODE (nspawn, container, none) on this host, else say why not."`
 	Status            statusCmd        `cmd:"" help:"One-screen summary of the node: mode, slot, applied configs, ownership, journals."`
 	Manifests         manifestsCmd     `cmd:"" help:"Print the CRDs and RBAC the cluster needs, for kubectl apply -f -."`
+	Reset             resetCmd         `cmd:"" help:"Remove the node and the agent's state from this host (asks first; /etc/unbounded stays). Runs the reset that unbounded-reset.service runs."`
 	Completion        completionCmd    `cmd:"" help:"Print the completion script for SHELL (bash, zsh, fish). The packages install them; this is for a shell or a host without them."`
 	Man               manCmd           `cmd:"" name:"__man" hidden:"" help:"Write a man page as markdown (for the build)."`
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"io"
 	"io/fs"
 	"math/big"
 	"os"
@@ -691,5 +692,53 @@ func TestCommandsRunWithoutRootSayTheyNeedRoot(t *testing.T) {
 	}
 	if code, _, stderr := asNobody(t, bin, "config", "check", "-q", "--root", own); code != 0 {
 		t.Errorf("as nobody on its own tree: exit %d, %s", code, stderr)
+	}
+}
+
+// concernCall is one run of a concern by the CLI.
+type concernCall struct {
+	path string
+	args []string
+}
+
+func resetEnv(stdin string, code int, calls *[]concernCall) Env {
+	return Env{
+		Stdin: strings.NewReader(stdin),
+		RunConcern: func(path string, args []string, stdout, stderr io.Writer) (int, error) {
+			*calls = append(*calls, concernCall{path, args})
+			return code, nil
+		},
+	}
+}
+
+func TestResetRunsNothingUnlessConfirmed(t *testing.T) {
+	for _, answer := range []string{"", "no\n", "y\n", "YES please\n"} {
+		var calls []concernCall
+		r := run(t, resetEnv(answer, 0, &calls), "reset")
+		if r.code != exitcode.Failed || len(calls) != 0 || !strings.Contains(r.stderr, "Type yes") || !strings.Contains(r.stderr, "not confirmed") {
+			t.Errorf("answer %q: exit %d, calls %v, stderr %q", answer, r.code, calls, r.stderr)
+		}
+	}
+}
+
+func TestResetRunsTheResetConcernOnceConfirmed(t *testing.T) {
+	root := t.TempDir()
+	var calls []concernCall
+	r := run(t, resetEnv("yes\n", 0, &calls), "reset", "--root", root, "--keep-handoff")
+	want := concernCall{hostpaths.New(root).Libexec("reset"), []string{"--root", root, "--keep-handoff"}}
+	if r.code != 0 || len(calls) != 1 || calls[0].path != want.path || !slices.Equal(calls[0].args, want.args) {
+		t.Errorf("exit %d, calls %+v, want %+v; stderr %q", r.code, calls, want, r.stderr)
+	}
+	calls = nil
+	if r := run(t, resetEnv("", 0, &calls), "reset", "--yes"); r.code != 0 || len(calls) != 1 || strings.Contains(r.stderr, "Type yes") {
+		t.Errorf("--yes: exit %d, calls %v, stderr %q", r.code, calls, r.stderr)
+	}
+	// The concern's exit code is the CLI's, 69 included (an installation
+	// owns the host).
+	for _, code := range []int{exitcode.Failed, exitcode.Deferred} {
+		calls = nil
+		if r := run(t, resetEnv("", code, &calls), "reset", "-y"); r.code != code {
+			t.Errorf("concern exit %d: CLI exit %d", code, r.code)
+		}
 	}
 }
