@@ -1,0 +1,95 @@
+package bootstrap_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"unbounded-cloud.io/agent/lib/bootstrap"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/tests/kubeenv"
+)
+
+// kubeletPair writes a kubelet client certificate for node into the nspawn
+// slot kube1 under root the way the kubelet's TLS bootstrap leaves it: a
+// dated PEM (certificate and key) and the "current" link naming it by its
+// absolute path inside the machine.
+func kubeletPair(t *testing.T, env *kubeenv.Env, p hostpaths.Paths, node string) {
+	t.Helper()
+	cert, key := env.MintClientCert(t, "system:node:"+node, "system:nodes")
+	dir := filepath.Join(p.MachineDir("kube1"), "var/lib/kubelet/pki")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kubelet-client-2026-12-01-05-00-00.pem"), append(cert, key...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/var/lib/kubelet/pki/kubelet-client-2026-12-01-05-00-00.pem", filepath.Join(dir, "kubelet-client-current.pem")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Bootstrap reads the Node with the kubelet's own certificate: the API
+// server's Node authorizer decides what that identity may read, so this
+// runs against the real one.
+func TestNodeReaderSeesItsNodeRegisteredThenReadyWithTheKubeletsCertificate(t *testing.T) {
+	env := kubeenv.Get(t)
+	ctx := context.Background()
+	p := hostpaths.New(t.TempDir())
+	node := kubeenv.UniqueName(t, "node")
+	caFile := filepath.Join(p.Root, "ca.crt")
+	if err := os.WriteFile(caFile, env.CAPEM(t), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := &bootstrap.NodeReader{
+		Name: node, Server: env.Host(), CAFile: caFile,
+		CertFile: bootstrap.KubeletCertFile(p, "nspawn", "kube1"),
+		Root:     bootstrap.NodeRoot(p, "nspawn", "kube1"),
+	}
+
+	if _, err := r.Read(ctx); !errors.Is(err, bootstrap.ErrNoKubeletCertificate) {
+		t.Fatalf("before TLS bootstrap: %v, want ErrNoKubeletCertificate", err)
+	}
+	kubeletPair(t, env, p, node)
+	if st, err := r.Read(ctx); err != nil || st.Registered {
+		t.Fatalf("before the kubelet registered: %+v %v", st, err)
+	}
+
+	nodes := env.Client().CoreV1().Nodes()
+	n, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nodes.Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionFalse,
+		Reason: "KubeletNotReady", Message: "container runtime network not ready", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+	if n, err = nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := r.Read(ctx)
+	if err != nil || !st.Registered || st.Ready || !strings.Contains(st.Detail, "KubeletNotReady") {
+		t.Fatalf("registered, not ready: %+v %v", st, err)
+	}
+	n.Status.Conditions[0].Status, n.Status.Conditions[0].Reason = corev1.ConditionTrue, "KubeletReady"
+	if _, err = nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := r.Read(ctx); err != nil || !st.Ready {
+		t.Fatalf("ready: %+v %v", st, err)
+	}
+
+	// Another node's certificate reads nothing of this Node: the reader
+	// proves this kubelet's identity, not just any node's.
+	other := hostpaths.New(t.TempDir())
+	kubeletPair(t, env, other, kubeenv.UniqueName(t, "other"))
+	r.CertFile, r.Root = bootstrap.KubeletCertFile(other, "nspawn", "kube1"), bootstrap.NodeRoot(other, "nspawn", "kube1")
+	if _, err := r.Read(ctx); err == nil || !strings.Contains(err.Error(), "HTTP 403") {
+		t.Errorf("another node's certificate: %v, want HTTP 403", err)
+	}
+}
