@@ -63,8 +63,17 @@ func index(calls []string, c string) int {
 
 func TestFirstBootStartsTheNodeBehindTheFenceAndRecordsItOnlyOnceReady(t *testing.T) {
 	w := newWorld(t)
-	if err := run(t, w); err != nil {
+	b := w.Bootstrap(slog.New(slog.NewTextHandler(tWriter{t}, nil)))
+	var notes []string
+	b.Notify = func(s string) { notes = append(notes, s) }
+	if err := b.Run(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	// `systemctl status` shows each phase as it runs (STATUS=).
+	for _, phase := range bootstrap.Phases {
+		if !slices.ContainsFunc(notes, func(n string) bool { return strings.HasPrefix(n, "STATUS=phase "+phase+": ") }) {
+			t.Errorf("no STATUS= for phase %s in %q", phase, notes)
+		}
 	}
 	calls := w.Calls()
 	t.Logf("calls: %q", calls)
