@@ -99,7 +99,7 @@ func TestConcernsRunWithoutRootSayTheyNeedRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	for _, concern := range []string{"fence", "daemon"} {
+	for _, concern := range []string{"fence", "daemon", "bootstrap", "reset"} {
 		code, stdout, stderr := runAs(t, true, bin, concern, "--root", root)
 		if code != exitcode.NeedsRoot || stdout != "" || strings.Count(stderr, "\n") != 1 ||
 			!strings.HasPrefix(stderr, concern+": needs root: ") || !strings.HasSuffix(stderr, "; run it as root\n") {
