@@ -330,7 +330,9 @@ func (f *fixture) common(c *caller) []expectation {
 			}))
 		}),
 		refusedBy("machine-create-spec", "create Machine A with an agent build", func(ctx context.Context) error {
-			return c.createMachine(ctx, machine(f.a, func(m *api.Machine) { m.Spec.Agent = &api.AgentSpec{Version: "6.6.6", URL: "https://evil.example/a.deb"} }))
+			return c.createMachine(ctx, machine(f.a, func(m *api.Machine) {
+				m.Spec.Agent = &api.AgentSpec{Version: "6.6.6", URL: "https://evil.example/a.deb"}
+			}))
 		}),
 		refusedBy("machine-create-metadata", "create Machine A with labels", func(ctx context.Context) error {
 			return c.createMachine(ctx, machine(f.a, func(m *api.Machine) { m.Labels = map[string]string{"team": "x"} }))
