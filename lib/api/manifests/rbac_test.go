@@ -64,7 +64,7 @@ type caller struct {
 	kube kubernetes.Interface
 }
 
-func newCaller(t *testing.T, name string, cfg *rest.Config) *caller {
+func newCaller(t testing.TB, name string, cfg *rest.Config) *caller {
 	t.Helper()
 	c := rest.CopyConfig(cfg)
 	c.GroupVersion = &api.SchemeGroupVersion
