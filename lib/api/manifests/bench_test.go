@@ -49,8 +49,8 @@ func BenchmarkAuthorizationAtFleetScale(b *testing.B) {
 		// its p50 and p99 are the medians of the rounds' (the machine is
 		// shared: one round's tail can be another process's burst).
 		rounds, requests, warmup = 5, 1000, 50
-		workers          = 4
-		setupBudget      = 20 * time.Minute
+		workers                  = 4
+		setupBudget              = 20 * time.Minute
 	)
 	env := kubeenv.Get(b)
 	run := kubeenv.UniqueName(b, "authz")
