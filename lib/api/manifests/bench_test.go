@@ -48,7 +48,7 @@ func BenchmarkAuthorizationAtFleetScale(b *testing.B) {
 		// one connection (HTTP/2), after warmup GETs that are not counted;
 		// its p50 and p99 are the medians of the rounds' (the machine is
 		// shared: one round's tail can be another process's burst).
-		rounds, requests, warmup = 5, 1000, 50
+		rounds, requests, warmup = 9, 500, 50
 		workers                  = 4
 		setupBudget              = 20 * time.Minute
 	)
