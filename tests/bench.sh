@@ -50,8 +50,11 @@ testenv_cost() {
 		fi
 	done
 }
+# -p 1: one package's benchmarks at a time, so that none measures another's
+# load (BenchmarkAuthorizationAtFleetScale fills the API server with 10,000
+# Machines and 40,000 RBAC objects for a few minutes).
 run() {
-	go test -run '^$' -bench . -benchtime "${BENCHTIME:-1x}" -count 1 $pkgs
+	go test -p 1 -timeout 60m -run '^$' -bench . -benchtime "${BENCHTIME:-1x}" -count 1 $pkgs
 	testenv_cost
 }
 if [ -x tests/kube/with-env.sh ]; then

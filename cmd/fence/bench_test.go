@@ -36,7 +36,6 @@ func BenchmarkFenceAllowedProcess(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { env.DeleteMachine(machine) })
-	env.GrantMachine(b, machine)
 	token, _ := env.BootstrapToken(b, machine)
 	ca, _ := os.ReadFile(env.CAFile())
 	root := writeHost(b, env.Host(), string(ca), token, machine, uid)

@@ -66,7 +66,6 @@ func TestMainExitsZeroForABoundMachineAnd77OnceItIsFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { env.DeleteMachine(machine) })
-	env.GrantMachine(t, machine)
 	token, _ := env.BootstrapToken(t, machine)
 	ca, _ := os.ReadFile(env.CAFile())
 	root := writeHost(t, env.Host(), string(ca), token, machine, uid)

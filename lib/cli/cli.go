@@ -79,7 +79,7 @@ type cli struct {
 	Config            configCmd        `cmd:"" help:"Validate and show the operator configuration."`
 	SupportsIsolation supportsCmd      `cmd:"" name:"supports-isolation" help:"Exit 0 if this build can operate MODE (nspawn, container, none) on this host, else say why not."`
 	Status            statusCmd        `cmd:"" help:"One-screen summary of the node: mode, slot, applied configs, ownership, journals."`
-	Manifests         manifestsCmd     `cmd:"" help:"Print the CRDs and RBAC the cluster needs, for kubectl apply -f -."`
+	Manifests         manifestsCmd     `cmd:"" help:"Print the CRDs, RBAC and admission policies the cluster needs (the same for every machine), for kubectl apply -f -."`
 	Reset             resetCmd         `cmd:"" help:"Remove the node and the agent's state from this host (asks first; /etc/unbounded stays). Runs the reset that unbounded-reset.service runs."`
 	Completion        completionCmd    `cmd:"" help:"Print the completion script for SHELL (bash, zsh, fish). The packages install them; this is for a shell or a host without them."`
 	Man               manCmd           `cmd:"" name:"__man" hidden:"" help:"Write a man page as markdown (for the build)."`
@@ -314,18 +314,13 @@ func (s *statusCmd) Run(env *Env) error {
 	return nil
 }
 
-type manifestsCmd struct {
-	Machine string `help:"Print one machine's RBAC (its own Machine and Node) instead of the CRDs and cluster-wide RBAC." placeholder:"NAME"`
-}
+// manifestsCmd prints the CRDs, RBAC and admission policies. They are the
+// same for every machine: there is nothing per machine to print (the
+// policies find the caller's machine in its identity).
+type manifestsCmd struct{}
 
 func (m *manifestsCmd) Run(env *Env) error {
-	var out []byte
-	var err error
-	if m.Machine != "" {
-		out, err = manifests.ForMachine(m.Machine)
-	} else {
-		out, err = manifests.All()
-	}
+	out, err := manifests.All()
 	if err != nil {
 		return err
 	}

@@ -16,9 +16,9 @@ import (
 // Which credential the daemon uses, and why:
 //
 //   - the stored client certificate while it is unexpired. It is the
-//     daemon's own identity (unbounded-agent:<machine>), to which the
-//     per-machine RBAC grants reading its Machine, Node and operations and
-//     writing their status; it does not depend on the bootstrap token,
+//     daemon's own identity (unbounded-agent:<machine>), which may read
+//     Machines, Nodes and operations and write the status of its own (the
+//     admission policies of lib/api/manifests find the machine in the name); it does not depend on the bootstrap token,
 //     which the cluster revokes when it fences the allocation;
 //   - else the bootstrap token, so that a host whose certificate has not
 //     been issued yet (the CSR waits for the cluster-side approver) still

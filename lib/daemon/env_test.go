@@ -68,9 +68,9 @@ func (e *testEnv) agentConfig(t testing.TB, machine string) *rest.Config {
 	return cfg
 }
 
-// newMachine returns a unique machine name with its per-machine RBAC
-// applied (what `unbounded manifests --machine NAME` grants) and its
-// Machine registered, as bootstrap leaves it: the daemon never creates it.
+// newMachine returns a unique machine name with its Machine registered, as
+// bootstrap leaves it: the daemon never creates it. The RBAC and policies
+// are the constant set the environment was started with.
 func (e *testEnv) newMachine(t testing.TB) string {
 	t.Helper()
 	name := e.newUnregisteredMachine(t)
@@ -81,9 +81,7 @@ func (e *testEnv) newMachine(t testing.TB) string {
 // newUnregisteredMachine is newMachine without the Machine.
 func (e *testEnv) newUnregisteredMachine(t testing.TB) string {
 	t.Helper()
-	name := kubeenv.UniqueName(t, "dt")
-	e.GrantMachine(t, name, name)
-	return name
+	return kubeenv.UniqueName(t, "dt")
 }
 
 // registerMachine creates the Machine name (isolation nspawn, as newRoot's

@@ -141,8 +141,8 @@ func (d *daemon) consume(ctx context.Context, k kind, w watch.Interface) (rv str
 }
 
 // logRetry logs a failed list or watch: a warning, except for the Machine's
-// own watch while no Machine lives, whose failures (the per-machine RBAC
-// goes with a retired Machine) are expected and logged at debug level, so
+// own watch while no Machine lives, whose failures (a retired host's
+// credentials may be revoked) are expected and logged at debug level, so
 // that a retired host's daemon stays quiet.
 func (d *daemon) logRetry(k kind, msg string, args ...any) {
 	if k == kindMachine && d.idle.Load() {

@@ -22,14 +22,15 @@
 // "rescued" by a token, or the reverse, and make the outcome depend on
 // which of two answers came last.
 //
-// Every "no" counts, whichever credential read it. The bootstrap token's
-// per-machine grant lets it read its Machine too, so the token path reads
-// the Machine after the TokenReview and judges it like the certificate path
-// does: a fenced, deleting or foreign-allocation Machine is a refusal even
-// though the token still authenticates. Only when RBAC does not let the
-// token read the Machine (403) does the TokenReview alone allow; such an
-// allow has not seen the allocation on the Machine, so it never clears a
-// refusal recorded there.
+// Every "no" counts, whichever credential read it. The bootstrap token may
+// read Machines too (the agents' grant in lib/api/manifests), so the token
+// path reads the Machine after the TokenReview and judges it like the
+// certificate path does: a fenced, deleting or foreign-allocation Machine
+// is a refusal even though the token still authenticates. Only when RBAC
+// does not let the token read the Machine (403: a cluster with older
+// manifests, or a token issued without the agents' group) does the
+// TokenReview alone allow; such an allow has not seen the allocation on the
+// Machine, so it never clears a refusal recorded there.
 package fence
 
 import (
@@ -402,8 +403,8 @@ func (c *Check) readByToken(ctx context.Context) outcome {
 // readMachineByToken reads the Machine with the bootstrap token once the
 // TokenReview said the token is this Machine's, and judges it as the
 // certificate path does: a token that still authenticates says nothing
-// about the fence flag, the deletion or the allocation binding, and the
-// per-machine RBAC lets the token read them.
+// about the fence flag, the deletion or the allocation binding, and RBAC
+// lets the token read them.
 func (c *Check) readMachineByToken(ctx context.Context, cfg *rest.Config) outcome {
 	out := outcome{via: viaToken}
 	m, err := c.api().GetMachine(ctx, cfg, c.Machine)
@@ -419,7 +420,7 @@ func (c *Check) readMachineByToken(ctx context.Context, cfg *rest.Config) outcom
 		// Revoked between the TokenReview and this read.
 		out.refusal = &Refusal{Reason: v1alpha3.ReasonBootstrapTokenRejected, Message: "the API server rejected the bootstrap token (401): revoked or expired", Err: kube.TokenRejected(err)}
 	case apierrors.IsForbidden(err):
-		// RBAC without the per-machine grant for the bootstrap group: the
+		// RBAC without the read grant for the bootstrap group: the
 		// TokenReview is all the token can tell. Allowed, unconfirmed.
 		out.unconfirmed = "the bootstrap token may not read Machine " + c.Machine + " (403), so the allocation was not checked on it"
 	case apierrors.IsNotFound(err):

@@ -15,8 +15,11 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
@@ -44,9 +47,10 @@ func newHost(t testing.TB, mutate func(*v1alpha3.Machine)) *host {
 	return newHostGrant(t, mutate, true)
 }
 
-// newHostGrant is newHost, with the per-machine RBAC applied only when
-// grant is set (without it the bootstrap token may create TokenReviews,
-// through the cluster-wide part, but not read its Machine).
+// newHostGrant is newHost; without grant, the bootstrap token may create
+// TokenReviews but not read its Machine, as in a cluster whose RBAC predates
+// the agents' read grant: the token carries only its per-machine group, to
+// which the test grants TokenReviews alone.
 func newHostGrant(t testing.TB, mutate func(*v1alpha3.Machine), grant bool) *host {
 	t.Helper()
 	env := clustertest.Get(t)
@@ -68,10 +72,13 @@ func newHostGrant(t testing.TB, mutate func(*v1alpha3.Machine), grant bool) *hos
 		}
 		env.DeleteMachine(h.machine)
 	})
+	var token, secret string
 	if grant {
-		env.GrantMachine(t, h.machine)
+		token, secret = env.BootstrapToken(t, h.machine)
+	} else {
+		grantTokenReviewsOnly(t, env, identity.BootstrapGroup(h.machine))
+		token, secret = env.BootstrapTokenWithGroups(t, identity.BootstrapGroup(h.machine))
 	}
-	token, secret := env.BootstrapToken(t, h.machine)
 	h.tokenSecret = secret
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "bootstrap-token")
@@ -261,8 +268,9 @@ func TestFenceRetriesAnUnreachableAPIServerUntilTheBudgetThenRefuses(t *testing.
 
 func TestFenceRefusesAtOnceWhenRBACForbidsTheRead(t *testing.T) {
 	h := newHost(t, nil)
-	// A valid certificate of an identity without rights on this Machine.
-	h.storeCert(t, identity.AgentUserName(clustertest.UniqueName("stranger")), []string{identity.AgentGroup},
+	// A valid certificate of an identity without rights on Machines: not
+	// in the agents' group (every agent may read every Machine).
+	h.storeCert(t, identity.AgentUserName(clustertest.UniqueName("stranger")), nil,
 		time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
 	const budget = 30 * time.Second
 	code, took := h.run(t, h.check(budget))
@@ -312,5 +320,38 @@ func TestFenceHonoursTheBudgetAgainstASlowAPIServer(t *testing.T) {
 	var r *fence.Refusal
 	if err := c.Run(context.Background()); !errors.As(err, &r) || r.Reason != v1alpha3.ReasonClusterUnreachable {
 		t.Errorf("second run: %v, want ClusterUnreachable", err)
+	}
+}
+
+// grantTokenReviewsOnly lets group create TokenReviews and nothing else, and
+// waits until the authorizer honours it (RBAC learns of bindings through an
+// informer, a moment after the create).
+func grantTokenReviewsOnly(t testing.TB, env *clustertest.Env, group string) {
+	t.Helper()
+	ctx := context.Background()
+	rb := env.Client(t).RbacV1()
+	name := "fence-test:tokenreviews:" + group
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}}}}
+	if _, err := rb.ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rb.ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+		Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "Group", Name: group}}}
+	if _, err := rb.ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rb.ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		r, err := env.Client(t).AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{User: "system:bootstrap:probe", Groups: []string{group},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Group: "authentication.k8s.io", Resource: "tokenreviews", Verb: "create"}}},
+			metav1.CreateOptions{})
+		return err == nil && r.Status.Allowed, nil
+	})
+	if err != nil {
+		t.Fatalf("TokenReview grant for %s not effective within 10s", group)
 	}
 }

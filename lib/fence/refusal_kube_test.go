@@ -118,7 +118,7 @@ func TestFenceTokenReadThatConfirmsTheAllocationClearsAnEarlierRefusal(t *testin
 	}
 }
 
-// Without the per-machine grant the token may not read its Machine: the
+// When RBAC lets the token review itself but not read its Machine: the
 // TokenReview alone allows (the documented fallback), and leaves the
 // recorded refusal alone.
 func TestFenceTokenReviewAloneAllowsButLeavesARecordedRefusal(t *testing.T) {

@@ -147,7 +147,6 @@ func TestCSRFlowIssuesAClientCertificateStoredWith0600(t *testing.T) {
 		t.Errorf("%s mode %v, want 0600", h.creds.Certs.Path(), fi.Mode().Perm())
 	}
 	// The API server authenticates the stored certificate as the agent.
-	h.env.GrantMachine(t, h.machine)
 	cfg, _, err := h.creds.CertConfig(time.Now())
 	if err != nil {
 		t.Fatal(err)

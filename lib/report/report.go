@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/version"
@@ -166,7 +167,7 @@ func (r *Reporter) explain(err error, st v1alpha3.BootstrapState, usingToken boo
 	case apierrors.IsNotFound(err):
 		l.Warn("bootstrap status not reported: the cluster has no Machine API (install the CRDs: unbounded manifests | kubectl apply -f -); bootstrap goes on")
 	case apierrors.IsForbidden(err):
-		l.Warn("bootstrap status not reported: RBAC does not allow it (apply unbounded manifests and unbounded manifests --machine " + r.Machine + "); bootstrap goes on")
+		l.Warn("bootstrap status not reported: RBAC does not allow it (apply unbounded manifests, and issue the bootstrap token with auth-extra-groups " + identity.BootstrapExtraGroups(r.Machine) + "); bootstrap goes on")
 	case kube.NoAnswer(err) || errors.Is(err, context.DeadlineExceeded):
 		l.Warn("bootstrap status not reported: the cluster did not answer; bootstrap goes on")
 	default:

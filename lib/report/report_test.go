@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/kube/clustertest"
@@ -31,17 +32,21 @@ type fixture struct {
 }
 
 // newFixture gives a host with a bootstrap token for a fresh machine name
-// (no Machine yet); grant adds the per-machine RBAC.
+// (no Machine yet); without grant, the token lacks the agents' bootstrap
+// group, so RBAC grants it nothing (a token the provisioning side issued
+// without the groups of identity.BootstrapExtraGroups).
 func newFixture(t *testing.T, grant bool) *fixture {
 	t.Helper()
 	env := clustertest.Get(t)
 	f := &fixture{env: env}
 	name := clustertest.UniqueName("report")
-	token, secret := env.BootstrapToken(t, name)
-	f.secret = secret
+	var token, secret string
 	if grant {
-		env.GrantMachine(t, name)
+		token, secret = env.BootstrapToken(t, name)
+	} else {
+		token, secret = env.BootstrapTokenWithGroups(t, identity.BootstrapGroup(name))
 	}
+	f.secret = secret
 	t.Cleanup(func() { env.DeleteMachine(name) })
 	dir := t.TempDir()
 	tf := filepath.Join(dir, "bootstrap-token")
@@ -116,7 +121,7 @@ func TestReporterCreatesTheMachineAndReportsRunningFailedSucceeded(t *testing.T)
 	}
 }
 
-func TestReporterWithoutPerMachineRBACLogsOneLineAndLetsTheBootstrapGoOn(t *testing.T) {
+func TestReporterWithoutRBACLogsOneLineAndLetsTheBootstrapGoOn(t *testing.T) {
 	f := newFixture(t, false)
 	if err := f.r.Running(context.Background()); err != nil {
 		t.Fatalf("Running: %v, want nil (best effort)", err)

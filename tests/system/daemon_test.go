@@ -125,11 +125,6 @@ func (e *kubeEnv) agentCert(t *testing.T, machine string) (certPEM, keyPEM []byt
 	return e.MintClientCert(t, identity.AgentUserName(machine), identity.AgentGroup)
 }
 
-func (e *kubeEnv) applyMachineRBAC(t *testing.T, machine string) {
-	t.Helper()
-	e.GrantMachine(t, machine, machine)
-}
-
 // registerMachine creates the Machine (isolation nspawn) as bootstrap does:
 // the daemon never creates it, and acts only while it lives. It is deleted
 // when the test ends.
@@ -208,7 +203,6 @@ func TestDaemonCarriesOutOperationsWithRealSystemd(t *testing.T) {
 	bin := buildAgent(t)
 
 	machine := kubeenv.UniqueName(t, "sys-daemon")
-	env.applyMachineRBAC(t, machine)
 	env.registerMachine(t, machine)
 
 	binData, err := os.ReadFile(bin)

@@ -43,7 +43,6 @@ func TestFencedAllocationKeepsTheNodeDownAtBootUntilUnfenced(t *testing.T) {
 	_, _ = rand.Read(rnd[:])
 	machine := "sys-fence-" + hex.EncodeToString(rnd[:])
 	uid := string(uuid.NewUUID())
-	env.applyMachineRBAC(t, machine)
 	in := &v1alpha3.Machine{
 		ObjectMeta: metav1.ObjectMeta{Name: machine},
 		Spec: v1alpha3.MachineSpec{Allocation: &v1alpha3.AllocationRef{

@@ -185,20 +185,25 @@ func TestAppliedNoneConfigStartsHostStackBehindFence(t *testing.T) {
 
 // TestNoneModeWithoutItsNodeUnitsBootsIntoSafeStateAndReportsToKmsg: the
 // package is installed, the host is bootstrapped in mode none, but the
-// runtime units are not installed (as today: a later issue ships them).
-// systemd would drop the mode target's Requires= on them at boot and reach
-// unbounded-node.target over nothing; the generator writes the safe state
-// instead and says which units are missing.
+// operator masked the runtime units (`systemctl mask`: a link to /dev/null
+// in /etc/systemd/system). systemd would drop the mode target's Requires=
+// on them at boot and reach unbounded-node.target over nothing; the
+// generator writes the safe state instead and says which units are masked.
 func TestNoneModeWithoutItsNodeUnitsBootsIntoSafeStateAndReportsToKmsg(t *testing.T) {
 	t.Parallel()
 	m := harness.New(t, harness.Options{Package: true})
 	writeValidConfig(t, m)
 	writeApplied(t, m, "kube1", "none")
+	etc := path.Join(m.Root(), hostpaths.UnitDirEtcHost)
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, u := range noneUnits {
-		for _, dir := range []string{unitDir, hostpaths.UnitDirEtcHost, hostpaths.UnitDirRunHost} {
-			if _, err := os.Lstat(path.Join(m.Root(), dir, u)); err == nil {
-				t.Fatalf("%s is installed in %s; the scenario is about a host without it", u, dir)
-			}
+		if _, err := os.Stat(path.Join(m.Root(), unitDir, u)); err != nil {
+			t.Fatalf("%s: the package should ship it: %v", u, err)
+		}
+		if err := os.Symlink("/dev/null", path.Join(etc, u)); err != nil {
+			t.Fatal(err)
 		}
 	}
 	m.Start()
@@ -215,7 +220,8 @@ func TestNoneModeWithoutItsNodeUnitsBootsIntoSafeStateAndReportsToKmsg(t *testin
 	}
 	k := generatorKmsg(m)
 	want := []string{"mode none", "node and daemon not started",
-		"unbounded-containerd.service, unbounded-kubelet.service not in /etc/systemd/system, /run/systemd/system or /usr/lib/systemd/system"}
+		"unbounded-containerd.service: masked by /etc/systemd/system/unbounded-containerd.service",
+		"unbounded-kubelet.service: masked by /etc/systemd/system/unbounded-kubelet.service"}
 	if len(k) != 1 {
 		t.Fatalf("generator kmsg lines = %q; want one", k)
 	}

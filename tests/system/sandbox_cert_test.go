@@ -31,7 +31,6 @@ func TestSandboxedDaemonStoresTheCertificateItObtains(t *testing.T) {
 	bin := buildAgent(t)
 
 	machine := kubeenv.UniqueName(t, "sys-sbx-cert")
-	env.applyMachineRBAC(t, machine)
 	env.registerMachine(t, machine) // the daemon requests a certificate only while its Machine lives
 	id, secret := kubeenv.RandomTokenID(t)
 	token := env.CreateBootstrapToken(t, id, secret, identity.BootstrapAgentsGroup, identity.BootstrapGroup(machine))

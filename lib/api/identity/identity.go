@@ -25,7 +25,8 @@ import (
 //     AgentGroup.
 //
 // The bootstrap token's user name carries only the token id, which is not the
-// machine name; that is why the per-machine grant goes to a per-machine group.
+// machine name; that is why the machine is named by a per-machine group, from
+// which the admission policies of lib/api/manifests read it.
 const (
 	// AgentGroup is the Organization of every agent's client certificate;
 	// cluster-wide agent rights are bound to it.
@@ -60,7 +61,7 @@ func MachineOfAgentUser(user string) (string, bool) {
 }
 
 // BootstrapGroup is the group, carried by the bootstrap token of machine,
-// that the per-machine RBAC grants are bound to.
+// that tells the admission policies which machine the token belongs to.
 func BootstrapGroup(machine string) string { return BootstrapAgentsGroup + ":" + machine }
 
 // BootstrapExtraGroups is the value of the auth-extra-groups key of the

@@ -16,6 +16,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
 	api "unbounded-cloud.io/agent/lib/api/v1alpha3"
 )
 
@@ -104,8 +105,14 @@ func TestAllDecodesIntoCRDsThenRBACAndPolicies(t *testing.T) {
 		"*v1.ClusterRoleBinding/unbounded-agent:daemon",
 		"*v1.ClusterRole/unbounded-agent:events",
 		"*v1.RoleBinding/unbounded-agent:events",
-		"*v1.ValidatingAdmissionPolicy/unbounded-agent-own-machine.unbounded-cloud.io",
-		"*v1.ValidatingAdmissionPolicyBinding/unbounded-agent-own-machine.unbounded-cloud.io",
+		"*v1.ValidatingAdmissionPolicy/unbounded-agent-machines.unbounded-cloud.io",
+		"*v1.ValidatingAdmissionPolicyBinding/unbounded-agent-machines.unbounded-cloud.io",
+		"*v1.ValidatingAdmissionPolicy/unbounded-agent-machineoperations.unbounded-cloud.io",
+		"*v1.ValidatingAdmissionPolicyBinding/unbounded-agent-machineoperations.unbounded-cloud.io",
+		"*v1.ValidatingAdmissionPolicy/unbounded-agent-nodes.unbounded-cloud.io",
+		"*v1.ValidatingAdmissionPolicyBinding/unbounded-agent-nodes.unbounded-cloud.io",
+		"*v1.ValidatingAdmissionPolicy/unbounded-agent-events.unbounded-cloud.io",
+		"*v1.ValidatingAdmissionPolicyBinding/unbounded-agent-events.unbounded-cloud.io",
 		"*v1.ValidatingAdmissionPolicy/machineoperation-label.unbounded-cloud.io",
 		"*v1.ValidatingAdmissionPolicyBinding/machineoperation-label.unbounded-cloud.io",
 	}
@@ -235,87 +242,130 @@ func rulesOf(objs []runtime.Object) map[string][]rbacv1.PolicyRule {
 	return out
 }
 
-// TestBaseRBACGrantsNothingByNameOrOnSecrets guards the cluster-wide part
-// against privilege creep: it may not read any Machine or Node, nor touch
-// Secrets, nor write a Machine's spec; those belong to the per-machine part.
-func TestBaseRBACGrantsNothingByNameOrOnSecrets(t *testing.T) {
+// TestRBACGrantsNoSecretsNoWildcardsAndNoSpecWrites guards the grants
+// against privilege creep: no wildcard, nothing on Secrets or tokens, and
+// no write to a Machine itself (its spec holds the fence) nor to an
+// operation itself (the cluster's request).
+func TestRBACGrantsNoSecretsNoWildcardsAndNoSpecWrites(t *testing.T) {
 	b, err := All()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for role, rules := range rulesOf(decodeAll(t, b)) {
 		for _, r := range rules {
+			if len(r.ResourceNames) > 0 {
+				t.Errorf("%s: rule %+v names objects: the set must be the same for every machine", role, r)
+			}
 			for _, res := range r.Resources {
 				switch {
 				case res == "*" || slices.Contains(r.Verbs, "*") || slices.Contains(r.APIGroups, "*"):
 					t.Errorf("%s: wildcard rule %+v", role, r)
-				case res == "secrets" || res == "nodes" || res == "serviceaccounts/token":
-					t.Errorf("%s grants %v on %s cluster-wide", role, r.Verbs, res)
-				case res == "machines" && !slices.Equal(r.Verbs, []string{"create"}):
-					t.Errorf("%s grants %v on machines cluster-wide; only create belongs here", role, r.Verbs)
-				case res == "machines/status":
-					t.Errorf("%s grants %v on machines/status cluster-wide", role, r.Verbs)
+				case res == "secrets" || res == "serviceaccounts/token" || res == "nodes/status" || res == "machineallocations":
+					t.Errorf("%s grants %v on %s", role, r.Verbs, res)
+				case (res == "machines" || res == "machineoperations") && slices.ContainsFunc(r.Verbs, isWriteOtherThanCreate):
+					t.Errorf("%s grants %v on %s itself; agents write the status only", role, r.Verbs, res)
+				case res == "machineoperations" && slices.Contains(r.Verbs, "create"):
+					t.Errorf("%s lets agents create operations", role)
 				}
 			}
 		}
 	}
 }
 
-func TestForMachineGrantsOnlyTheOwnMachineStatusAndNode(t *testing.T) {
-	b, err := ForMachineNode("site-w1", "node-w1.example")
+func isWriteOtherThanCreate(verb string) bool {
+	return verb == "update" || verb == "patch" || verb == "delete" || verb == "deletecollection"
+}
+
+// TestEveryGrantedWriteIsNarrowedByAnAgentPolicy: RBAC cannot tell one
+// machine's objects from another's, so every write it grants the agents
+// must be matched by a policy that can. A grant added without its policy
+// fails here. (What the policies decide is rbac_test.go's business.)
+func TestEveryGrantedWriteIsNarrowedByAnAgentPolicy(t *testing.T) {
+	b, err := All()
 	if err != nil {
 		t.Fatal(err)
 	}
 	objs := decodeAll(t, b)
-	rules := rulesOf(objs)
-	machineRules := rules["unbounded-agent:machine:site-w1"]
-	nodeRules := rules["unbounded-agent:node:site-w1"]
-	if len(rules) != 2 || machineRules == nil || nodeRules == nil {
-		t.Fatalf("roles %v", rules)
-	}
-	for _, r := range append(slices.Clone(machineRules), nodeRules...) {
-		want := "site-w1"
-		if slices.Contains(r.Resources, "nodes") {
-			want = "node-w1.example"
-		}
-		if !slices.Equal(r.ResourceNames, []string{want}) {
-			t.Errorf("rule %+v: resourceNames %v, want [%s]", r, r.ResourceNames, want)
-		}
-		if slices.Contains(r.Resources, "machines") && (slices.Contains(r.Verbs, "update") || slices.Contains(r.Verbs, "patch")) {
-			t.Errorf("rule %+v lets the agent write its Machine's spec (and unfence itself)", r)
-		}
-	}
-	subjects := map[string][]rbacv1.Subject{}
+	type key struct{ group, resource, op string }
+	matched := map[key]bool{}
 	for _, o := range objs {
-		if crb, ok := o.(*rbacv1.ClusterRoleBinding); ok {
-			if crb.Name != crb.RoleRef.Name {
-				t.Errorf("binding %s refers to %s", crb.Name, crb.RoleRef.Name)
+		p, ok := o.(*admissionv1.ValidatingAdmissionPolicy)
+		if !ok || !strings.HasPrefix(p.Name, "unbounded-agent-") {
+			continue
+		}
+		if len(p.Spec.MatchConditions) != 1 || !strings.Contains(p.Spec.MatchConditions[0].Expression, "'"+identity.BootstrapAgentsGroup+"'") ||
+			!strings.Contains(p.Spec.MatchConditions[0].Expression, "'"+identity.AgentGroup+"'") {
+			t.Errorf("%s does not match both agent groups: %+v", p.Name, p.Spec.MatchConditions)
+		}
+		if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionv1.Fail {
+			t.Errorf("%s: failurePolicy %v, want Fail", p.Name, p.Spec.FailurePolicy)
+		}
+		for _, v := range p.Spec.Validations {
+			if !strings.Contains(v.Message+v.MessageExpression, "'[") && !strings.HasPrefix(v.Message, "[") {
+				t.Errorf("%s: validation %q has no [rule] name in its message", p.Name, v.Expression)
 			}
-			if crb.Labels[api.MachineLabel] != "site-w1" || crb.Labels[PartOfLabel] != PartOfValue {
-				t.Errorf("binding %s labels %v", crb.Name, crb.Labels)
+		}
+		for _, r := range p.Spec.MatchConstraints.ResourceRules {
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					for _, op := range r.Operations {
+						matched[key{g, res, string(op)}] = true
+					}
+				}
 			}
-			subjects[crb.Name] = crb.Subjects
 		}
 	}
-	wantMachine := []rbacv1.Subject{
-		{APIGroup: rbacv1.GroupName, Kind: "Group", Name: "system:bootstrappers:unbounded:site-w1"},
-		{APIGroup: rbacv1.GroupName, Kind: "User", Name: "unbounded-agent:site-w1"},
-	}
-	if !slices.Equal(subjects["unbounded-agent:machine:site-w1"], wantMachine) {
-		t.Errorf("machine binding subjects %v, want %v", subjects["unbounded-agent:machine:site-w1"], wantMachine)
-	}
-	if !slices.Equal(subjects["unbounded-agent:node:site-w1"], wantMachine[1:]) {
-		t.Errorf("node binding subjects %v, want only the certificate user", subjects["unbounded-agent:node:site-w1"])
+	opOf := map[string]string{"create": "CREATE", "update": "UPDATE", "patch": "UPDATE", "delete": "DELETE"}
+	for role, rules := range rulesOf(objs) {
+		for _, r := range rules {
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					for _, verb := range r.Verbs {
+						op, write := opOf[verb]
+						if !write || unnarrowed[res] {
+							continue
+						}
+						if !matched[key{g, res, op}] {
+							t.Errorf("%s grants %s on %s/%s, which no agent policy narrows (%s)", role, verb, g, res, op)
+						}
+					}
+				}
+			}
+		}
 	}
 }
 
-func TestForMachineRefusesNamesThatCannotBeBootstrapGroups(t *testing.T) {
-	for _, name := range []string{"", "a.b", "Site", "x:y"} {
-		if _, err := ForMachine(name); err == nil {
-			t.Errorf("ForMachine(%q) succeeded", name)
-		}
+// unnarrowed are the writes no policy can narrow to the caller's own, and
+// why: README's security section lists them.
+var unnarrowed = map[string]bool{
+	// A CSR names the subject it asks for inside the PEM request, which CEL
+	// cannot parse; the approver checks it against spec.username/groups.
+	"certificatesigningrequests": true,
+	// A TokenReview authenticates with the token it reviews.
+	"tokenreviews": true,
+	// The eviction names a pod, not a node; PodDisruptionBudgets bound it.
+	"pods/eviction": true,
+}
+
+// TestPoliciesUseTheIdentitiesOfPackageIdentity: the policies read the
+// machine out of the caller's identity; a rename on either side must fail.
+func TestPoliciesUseTheIdentitiesOfPackageIdentity(t *testing.T) {
+	b, err := All()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := ForMachineNode("a", ""); err == nil {
-		t.Error("ForMachineNode with an empty node name succeeded")
+	s := string(b)
+	for _, want := range []string{
+		"'" + identity.AgentUserPrefix + "'",
+		"'" + identity.BootstrapGroup("") + "'",
+		"'" + identity.BootstrapAgentsGroup + "'",
+		"'" + identity.AgentGroup + "'",
+		"name: " + identity.AgentGroup + "\n",
+		"name: " + identity.BootstrapAgentsGroup + "\n",
+		"'" + api.MachineLabel + "'",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("manifests do not contain %q", want)
+		}
 	}
 }

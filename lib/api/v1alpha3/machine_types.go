@@ -100,6 +100,10 @@ const (
 
 // Machine is one host that the agent turns into a Kubernetes worker node.
 //
+// Every agent may read every Machine (lib/api/manifests: reads are not
+// narrowed to the caller's own), so nothing in a Machine may be secret: it
+// names Secrets, never holds them.
+//
 // Its name is embedded in the agent's identities (bootstrap group, certificate
 // user, RBAC role names), whose syntax allows no dot; so the name is an
 // RFC 1123 label, checked here and by ValidateMachineName.
@@ -157,6 +161,8 @@ type KubernetesSpec struct {
 	Taints []corev1.Taint `json:"taints,omitempty"`
 	// BootstrapTokenRef names the bootstrap token Secret (normally in
 	// kube-system) the host was given. Revoking the allocation deletes it.
+	// The name carries the token id, the public half of the token; the
+	// secret half stays in the Secret, which no agent may read.
 	// +optional
 	BootstrapTokenRef *SecretRef `json:"bootstrapTokenRef,omitempty"`
 }
@@ -175,8 +181,10 @@ type AgentSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	Version string `json:"version"`
 	// URL the package is downloaded from; empty means the host's configured
-	// artifact source.
+	// artifact source. Every agent can read it: it must not carry a
+	// credential (no user:password@, no signed query string).
 	// +kubebuilder:validation:Pattern=`^https?://`
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^https?://[^/?#]*@')",message="the URL must not carry credentials (user:password@): every agent can read every Machine"
 	// +optional
 	URL string `json:"url,omitempty"`
 	// SHA256 of the package, lower-case hex.

@@ -74,7 +74,7 @@ type MachineOperationSpec struct {
 	// Operation is what to do.
 	Operation OperationType `json:"operation"`
 	// Parameters are operation-specific (for example the agent version of
-	// an AgentUpgrade).
+	// an AgentUpgrade). Never secrets: every agent can read every operation.
 	// +optional
 	Parameters map[string]string `json:"parameters,omitempty"`
 }
@@ -96,7 +96,7 @@ type MachineOperationStatus struct {
 	// +optional
 	Reason string `json:"reason,omitempty"`
 	// Message is for people: for a failure, the unit's result and its last
-	// journal lines.
+	// journal lines. Every agent can read it; a unit must not log secrets.
 	// +optional
 	Message string `json:"message,omitempty"`
 	// +optional

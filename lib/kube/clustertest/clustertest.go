@@ -1,8 +1,7 @@
 // Package clustertest adds what the credentials, fence and reporter tests
 // need about Machines to the shared test environment of tests/kubeenv (the
 // real API server started by tests/kube/with-env.sh): Machine clients and
-// deletion, the per-machine RBAC of `unbounded manifests --machine`,
-// bootstrap tokens carrying a machine's groups, and a few shorthands.
+// deletion, bootstrap tokens carrying a machine's groups, and a few shorthands.
 //
 // Only tests import it. Without the environment, Get skips the test the
 // way kubeenv does (a line starting "kubeenv:", counted by the tier summary).
@@ -77,8 +76,17 @@ func UniqueName(prefix string) string {
 // handle RevokeToken takes. The Secret is deleted at the end of the test.
 func (e *Env) BootstrapToken(t testing.TB, machine string) (token, handle string) {
 	t.Helper()
+	return e.BootstrapTokenWithGroups(t, identity.BootstrapAgentsGroup, identity.BootstrapGroup(machine))
+}
+
+// BootstrapTokenWithGroups is BootstrapToken with the given extra groups
+// instead: without identity.BootstrapAgentsGroup, the token gets none of the
+// agents' grants (a token issued wrongly, or a cluster without the
+// manifests).
+func (e *Env) BootstrapTokenWithGroups(t testing.TB, groups ...string) (token, handle string) {
+	t.Helper()
 	id, secret := kubeenv.RandomTokenID(t)
-	token = e.CreateBootstrapToken(t, id, secret, identity.BootstrapAgentsGroup, identity.BootstrapGroup(machine))
+	token = e.CreateBootstrapToken(t, id, secret, groups...)
 	return token, token
 }
 
@@ -88,13 +96,6 @@ func (e *Env) RevokeToken(t testing.TB, handle string) {
 	t.Helper()
 	id, secret, _ := strings.Cut(handle, ".")
 	e.DeleteBootstrapToken(t, id, secret)
-}
-
-// GrantMachine creates the per-machine RBAC (`unbounded manifests
-// --machine`), removed at the end of the test.
-func (e *Env) GrantMachine(t testing.TB, machine string) {
-	t.Helper()
-	e.Env.GrantMachine(t, machine, machine)
 }
 
 // MintClientCert signs a client certificate for cn/orgs with the cluster CA
