@@ -47,7 +47,11 @@ func ReadJournal(p hostpaths.Paths, operation string, v any) (bool, error) {
 	return true, nil
 }
 
-// RemoveJournal removes the journal of operation (done, or undone).
+// RemoveJournal removes the journal of operation (done, or undone). No
+// journal directory at all is nothing to remove.
 func RemoveJournal(p hostpaths.Paths, operation string) error {
+	if _, err := os.Stat(p.JournalDir()); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	return RemoveVerified(p.Journal(operation))
 }

@@ -19,6 +19,11 @@ func TestJournalRoundTripsAndIsGoneAfterRemove(t *testing.T) {
 	if ok, err := ReadJournal(p, "op", &j); ok || err != nil {
 		t.Fatalf("no journal yet: %v %v", ok, err)
 	}
+	// A host root without a journal directory (found by the system
+	// tier: a bootstrapped host whose bootstrap never journaled).
+	if err := RemoveJournal(p, "op"); err != nil {
+		t.Fatalf("remove without a journal directory: %v", err)
+	}
 	want := testJournal{Step: "slot", Done: []string{"hostprep", "artifacts"}}
 	if err := WriteJournal(p, "op", want); err != nil {
 		t.Fatal(err)
