@@ -423,7 +423,16 @@ func TestOwnershipLockKeepsNodeAndDaemonDownAndResumesInstallation(t *testing.T)
 	writeValidConfig(t, m)
 	writeApplied(t, m, "kube2", "nspawn")
 	writeOwnership(t, m, "unbounded-bootstrap.service")
+	// The resumed installation must still own the host while the
+	// generator's decision is looked at: the real bootstrap would hand
+	// the node over within a second (bootstrap_test.go covers that), so
+	// it is held here by a stand-in that never finishes (Type=simple,
+	// so that the boot, which orders multi-user.target after it, ends).
+	m.WriteFile("/etc/systemd/system/unbounded-bootstrap.service.d/50-hold.conf", []byte("[Service]\nType=simple\nExecStart=\nExecStart=/bin/sleep infinity\n"), 0o644)
 	m.Start()
+	if s := m.UnitState("unbounded-bootstrap.service"); s.ActiveState != "active" {
+		t.Errorf("unbounded-bootstrap.service is %s; want it resumed (the stand-in running)", s)
+	}
 
 	wantGenerated(t, m, map[string][]string{
 		"multi-user.target.wants/unbounded-bootstrap.service": link("unbounded-bootstrap.service"),
