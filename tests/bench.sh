@@ -3,6 +3,8 @@
 # size live here, not in timed tests. Benchmarks that need the test API
 # server run under tests/kube/with-env.sh.
 set -uo pipefail
+# The patched Go toolchain of the Makefile (tests/lint checks they agree).
+export GOTOOLCHAIN=go1.27.3
 cd "$(dirname "$0")/.."
 
 mb() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%-60s %8.2f MB\n", n, s / 1048576 }'; }
