@@ -2,6 +2,8 @@ module unbounded-cloud.io/agent
 
 go 1.26.0
 
+toolchain go1.27.3
+
 require (
 	github.com/BurntSushi/toml v1.6.0
 	github.com/agnivade/levenshtein v1.2.2

@@ -326,6 +326,15 @@ func TestEveryEntryPointSelectsTheSameToolchain(t *testing.T) {
 		}
 		seen[string(m[0][1])] = append(seen[string(m[0][1])], f)
 	}
+	// go.mod's toolchain line says the same, for a go whose GOTOOLCHAIN
+	// is auto (the default of a go from go.dev).
+	if b, err := os.ReadFile(filepath.Join(repo, "go.mod")); err != nil {
+		t.Error(err)
+	} else if m := regexp.MustCompile(`(?m)^toolchain (\S+)$`).FindSubmatch(b); m == nil {
+		t.Error("go.mod: no toolchain line")
+	} else {
+		seen[string(m[1])] = append(seen[string(m[1])], "go.mod")
+	}
 	if len(seen) > 1 {
 		t.Errorf("the entry points disagree on GOTOOLCHAIN: %v", seen)
 	}
