@@ -2,6 +2,14 @@
 # runs every test tier this machine supports and prints which ran and which
 # skipped (and why), `make packages` builds the .deb and .rpm into dist/.
 SHELL := /bin/bash
+# The Go toolchain every build and test uses: go1.27.3 carries the standard
+# library fixes (net/http, crypto/tls, crypto/x509) that go1.26.8 lacks, and
+# the go command fetches it from the module proxy as golang.org/toolchain.
+# A machine's own go (GOTOOLCHAIN=local in its go.env) ignores the toolchain
+# line of go.mod, so every entry point sets this: Makefile, .ci/run,
+# tests/run-tiers.sh, tests/bench.sh, tests/kube/with-env.sh,
+# deb/build-packages.sh (tests/lint checks that they agree).
+export GOTOOLCHAIN := go1.27.3
 GO ?= go
 # A Debian- and RPM-valid version: 0.1.0 for tagged builds, a pre-release
 # with the commit count and hash otherwise (nfpm maps it to 0.1.0~dev... for

@@ -15,6 +15,8 @@
 # the last commit by default.
 set -eu
 cd "$(dirname "$0")/.."
+# The patched Go toolchain of the Makefile (tests/lint checks they agree).
+export GOTOOLCHAIN=go1.27.3
 
 # One-shot concerns served by the multicall executable bin/unbounded-agent
 # (ARCHITECTURE section 3): each becomes a link

@@ -3,6 +3,8 @@
 # size live here, not in timed tests. Benchmarks that need the test API
 # server run under tests/kube/with-env.sh.
 set -uo pipefail
+# The patched Go toolchain of the Makefile (tests/lint checks they agree).
+export GOTOOLCHAIN=go1.27.3
 cd "$(dirname "$0")/.."
 
 mb() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%-60s %8.2f MB\n", n, s / 1048576 }'; }
@@ -24,6 +26,33 @@ if make -s packages >/dev/null 2>&1; then
 		[ -f "$p" ] && mb "$p" "$(stat -c %s "$p")"
 	done
 fi
+
+# The static tier's wall time (tests/lint: gofmt, go vet, staticcheck,
+# govulncheck): warm (this machine's caches), and with BENCH_LINT_COLD=1
+# also cold: empty GOCACHE, GOMODCACHE and user cache (the vulnerability
+# database and staticcheck's cache), so the toolchain, every module and the
+# database are fetched and built as on a fresh CI machine.
+lint_time() {
+	local start rc
+	start=$(date +%s%N)
+	go test -count=1 ./tests/lint/ >"$2" 2>&1
+	rc=$?
+	awk -v n="static tier ($1)" -v ns="$(($(date +%s%N) - start))" -v rc="$rc" \
+		'BEGIN { printf "%-60s %8.1f s%s\n", n, ns / 1e9, rc ? "  (FAILED, exit " rc ")" : "" }'
+	[ "$rc" -eq 0 ] || tail -20 "$2"
+}
+echo "== static tier (tests/lint) =="
+lintlog=$(mktemp /tmp/unbounded-bench-lint.XXXXXX)
+lint_time warm "$lintlog"
+if [ "${BENCH_LINT_COLD:-}" = 1 ]; then
+	cold=$(mktemp -d /tmp/unbounded-bench-cold.XXXXXX)
+	mkdir -p "$cold/gocache" "$cold/gomodcache" "$cold/cache"
+	GOCACHE=$cold/gocache GOMODCACHE=$cold/gomodcache XDG_CACHE_HOME=$cold/cache \
+		lint_time "cold: empty GOCACHE, GOMODCACHE, XDG_CACHE_HOME" "$lintlog"
+	# The module cache is read-only by design.
+	chmod -R u+w "$cold" && rm -rf "$cold"
+fi
+rm -f "$lintlog"
 
 echo "== benchmarks =="
 pkgs=$(grep -rl --include='*_test.go' '^func Benchmark' lib cmd generators units tests 2>/dev/null | xargs -r -n1 dirname | sort -u | sed 's|^|./|')

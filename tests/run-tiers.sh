@@ -11,6 +11,8 @@
 # API server) is done here; when it cannot be done the reason is exported
 # and the tier's tests skip with it.
 set -uo pipefail
+# The patched Go toolchain of the Makefile (tests/lint checks they agree).
+export GOTOOLCHAIN=go1.27.3
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 out=$(mktemp -d /tmp/unbounded-tiers.XXXXXX)
@@ -84,13 +86,16 @@ fi
 # run, so a non-zero status from with-env.sh is with-env.sh's own failure.
 inner() {
 	local pkgs
-	pkgs=$(go list ./... | grep -v -e '/tests/system' -e '/tests/packages' -e '/units$')
+	pkgs=$(go list ./... | grep -v -e '/tests/system' -e '/tests/packages' -e '/tests/lint' -e '/units$')
 	log "tier 1 (unit) and tier 4 (kubernetes)"
 	go test -count=1 -json -timeout 15m $pkgs >"$out/unit.json" 2>"$out/unit.err"
 	echo "unit $?" >>"$out/status"
 	log "tier 2 (unit lint)"
 	go test -count=1 -json -timeout 10m ./units/... >"$out/lint.json" 2>"$out/lint.err"
 	echo "lint $?" >>"$out/status"
+	log "static analysis (gofmt, go vet, staticcheck, govulncheck: tests/lint)"
+	go test -count=1 -json -timeout 20m ./tests/lint/... >"$out/static.json" 2>"$out/static.err"
+	echo "static $?" >>"$out/status"
 	log "tier 3 (packages)"
 	go test -count=1 -json -timeout 10m ./tests/packages/... >"$out/packages.json" 2>"$out/packages.err"
 	echo "packages $?" >>"$out/status"
@@ -131,7 +136,7 @@ if [ "$envrc" -ne 0 ]; then
 	echo "tests/kube/with-env.sh exited $envrc: the test tiers did not run (completed: $(cut -d' ' -f1 "$out/status" | tr '\n' ' '))"
 	exit 1
 fi
-go run ./tests/tiersum unit="$out/unit.json" lint="$out/lint.json" packages="$out/packages.json" \
+go run ./tests/tiersum unit="$out/unit.json" lint="$out/lint.json" static="$out/static.json" packages="$out/packages.json" \
 	system="$out/system.json" fuzz="$out/fuzz.json" || rc=1
 bad=$(awk '$2 != 0' "$out/status")
 if [ -n "$bad" ]; then

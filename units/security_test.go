@@ -66,10 +66,10 @@ func tenths(x float64) int { return int(math.Round(x * 10)) }
 var overallRE = regexp.MustCompile(`Overall exposure level for \S+: ([0-9]+\.[0-9])`)
 
 // security runs `systemd-analyze security --offline=true --root=TREE
-// --threshold=N` on one unit of tree, as CI does, and returns systemd's
-// verdict (nil: at or under the threshold), the exposure it printed and its
-// output.
-func security(t *testing.T, analyze, tree, name string, threshold float64) (verdict error, score float64, out string) {
+// --threshold=N` on one unit of tree, as CI does, and returns the exposure
+// it printed, its output and systemd's verdict (nil: at or under the
+// threshold).
+func security(t *testing.T, analyze, tree, name string, threshold float64) (score float64, out string, verdict error) {
 	t.Helper()
 	cmd := exec.Command(analyze, "security", "--offline=true", "--root="+tree,
 		"--threshold="+strconv.Itoa(tenths(threshold)), "--no-pager", name)
@@ -92,7 +92,7 @@ func security(t *testing.T, analyze, tree, name string, threshold float64) (verd
 		t.Fatalf("systemd-analyze security %s: exit %v with exposure %.1f for threshold %.1f: the check and the score disagree:\n%s",
 			name, verdict, score, threshold, out)
 	}
-	return verdict, score, out
+	return score, out, verdict
 }
 
 // exposed lists the settings systemd-analyze counts against a unit (its ✗
@@ -133,7 +133,7 @@ func TestEveryServiceMeetsItsExposureThreshold(t *testing.T) {
 			if isTemplate(name) {
 				target = instance(name, "lint")
 			}
-			verdict, score, out := security(t, analyze, tree, target, row.held)
+			score, out, verdict := security(t, analyze, tree, target, row.held)
 			t.Logf("%s: exposure %.1f, threshold %.1f, bound %.1f", name, score, row.held, row.contract)
 			if verdict != nil {
 				t.Errorf("%s: exposure %.1f is above its threshold %.1f; what systemd counts against it:\n%s",
@@ -211,7 +211,7 @@ func TestExposureCheckFailsAWeakenedUnit(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			writeWithout(t, tree, src, tc.name, tc.drop...)
-			verdict, score, _ := security(t, analyze, tree, tc.name, row.held)
+			score, _, verdict := security(t, analyze, tree, tc.name, row.held)
 			t.Logf("%s without %v: exposure %.1f", src, tc.drop, score)
 			if verdict == nil {
 				t.Fatalf("%s without %v scores %.1f and passes the threshold %.1f: the lint does not catch a weaker sandbox", src, tc.drop, score, row.held)

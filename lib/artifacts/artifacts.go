@@ -135,12 +135,6 @@ func classify(class, cause error, format string, args ...any) error {
 	return &classified{class: class, temporary: class == ErrUnavailable, msg: msg, cause: cause}
 }
 
-// interrupted is the error of a fetch whose context ended (SIGTERM, the
-// unit stopped): temporary, the next run resumes the .part file.
-func interrupted(a Artifact, cause error) error {
-	return &classified{temporary: true, msg: fmt.Sprintf("artifact %s: interrupted: %v", a, cause), cause: cause}
-}
-
 // Artifact is one file to fetch.
 type Artifact struct {
 	Name    string // kubelet, containerd, runc, cni-plugins, crictl

@@ -43,7 +43,6 @@ type command struct {
 	subs  []*kong.Node
 	flags []*kong.Flag // this command's and its parents' (kong accepts both)
 	args  []*kong.Value
-	node  *kong.Node
 }
 
 // commands lists every visible command of app, depth first.

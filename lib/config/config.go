@@ -221,12 +221,6 @@ func (l *loader) at(key toml.Key, format string, args ...any) {
 	l.add(l.main, 0, key, msg, nil)
 }
 
-// isSet reports whether some file set key (as opposed to the reference).
-func (l *loader) isSet(key toml.Key) bool {
-	_, ok := l.origin[key.String()]
-	return ok
-}
-
 func (l *loader) files() []string {
 	var files []string
 	if fi, err := os.Stat(l.main); err == nil || !errors.Is(err, fs.ErrNotExist) {

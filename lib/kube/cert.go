@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -221,7 +222,7 @@ func (m CertManager) request(ctx context.Context, rc rest.Interface) (*CertPair,
 		},
 	}
 	if m.Duration > 0 {
-		secs := int32(m.Duration / time.Second)
+		secs := expirationSeconds(m.Duration)
 		obj.Spec.ExpirationSeconds = &secs
 	}
 	created, err := createCSR(ctx, rc, obj)
@@ -343,4 +344,16 @@ func issuedCertificate(c *certificatesv1.CertificateSigningRequest) ([]byte, err
 		return c.Status.Certificate, nil
 	}
 	return nil, nil
+}
+
+// expirationSeconds is d in whole seconds for spec.expirationSeconds, an
+// int32: a lifetime beyond math.MaxInt32 seconds (about 68 years) asks for
+// the longest the field can carry instead of wrapping around to a negative
+// or short one. The signer caps the lifetime anyway; what it must never see
+// is a request shorter than the operator configured.
+func expirationSeconds(d time.Duration) int32 {
+	if s := d / time.Second; s < math.MaxInt32 {
+		return int32(s)
+	}
+	return math.MaxInt32
 }

@@ -19,6 +19,8 @@
 #   UNBOUNDED_TEST_KUBE_REQUIRED=1 the older spelling of "kube" in the above
 #   KUBE_TESTENV_BIN               binary to build and run (default <repo>/bin/kube-testenv)
 set -uo pipefail
+# The patched Go toolchain of the Makefile (tests/lint checks they agree).
+export GOTOOLCHAIN=go1.27.3
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)

@@ -31,8 +31,6 @@ import (
 // none comes in a later issue; what is tested is whether systemd starts
 // them.
 
-const fencedNodeUnit = "unbounded-kubelet.service"
-
 func TestFencedAllocationKeepsTheNodeDownAtBootUntilUnfenced(t *testing.T) {
 	env := requireKube(t)
 	harness.Require(t, true)

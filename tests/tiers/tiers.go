@@ -33,6 +33,7 @@ const (
 const (
 	Unit     = "unit"     // tier 1: go test of every package (root, go on PATH)
 	Lint     = "lint"     // tier 2: systemd-analyze over the units
+	Static   = "static"   // gofmt, go vet, staticcheck, govulncheck (tests/lint)
 	Packages = "packages" // tier 3: .deb and .rpm into scratch roots
 	Kube     = "kube"     // tier 4: the real API server of tests/kube
 	System   = "system"   // tier 5: real systemd in systemd-nspawn
@@ -40,7 +41,7 @@ const (
 )
 
 // Names are the tier names EnvRequired accepts.
-var Names = []string{Unit, Lint, Packages, Kube, System, Fuzz}
+var Names = []string{Unit, Lint, Static, Packages, Kube, System, Fuzz}
 
 // Parse reads a value of EnvRequired (and of EnvKubeRequired): the set of
 // required tiers. An unknown name is an error, not ignored: a misspelt
