@@ -318,6 +318,13 @@ func (b *Bootstrap) load(ctx context.Context) (*config.Config, *Journal, Reporte
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	// lib/config accepts an empty image (it is only needed by this mode);
+	// say so now, before the host is changed, not after host preparation
+	// and downloads when the slot is built.
+	if cfg.Mode == "nspawn" && cfg.Nspawn.Image == "" {
+		return nil, nil, nil, fmt.Errorf("%w: %s: [nspawn] image is not set; mode nspawn builds the node from that image",
+			exitcode.ErrConfigInvalid, strings.Join(cfg.Files, ", "))
+	}
 	input, err := inputSum(cfg)
 	if err != nil {
 		return nil, nil, nil, err

@@ -253,6 +253,21 @@ func TestInvalidConfigExits78AndChangesNothing(t *testing.T) {
 	}
 }
 
+func TestNspawnModeWithoutAnImageExits78BeforeTheHostIsChanged(t *testing.T) {
+	w := newWorld(t)
+	w.Write("/etc/unbounded/agent.toml", strings.Replace(bootstraptest.Config, "image = \"registry.example/node:1.36.3\"", "", 1))
+	before, _ := w.Snapshot()
+	err := run(t, w)
+	if code := exitcode.For(err); code != exitcode.ConfigInvalid || !strings.Contains(err.Error(), "[nspawn] image") || !strings.Contains(err.Error(), "agent.toml") {
+		t.Fatalf("exit %d: %v", code, err)
+	}
+	after, _ := w.Snapshot()
+	delete(after, "run/unbounded/ownership.lock")
+	if d := bootstraptest.Diff(before, after); len(d) > 0 {
+		t.Errorf("the host changed:\n%s", strings.Join(d, "\n"))
+	}
+}
+
 func TestAnotherInstallationOwningTheHostDefers(t *testing.T) {
 	w := newWorld(t)
 	lock, err := state.AcquireOwnership(w.P, "reset", "unbounded-reset.service")
