@@ -168,9 +168,17 @@ func TestNoneModeRunsTheShippedUnitsFromTheCurrentVersion(t *testing.T) {
 			t.Errorf("%s is %s\n%s", u, st, host.Journal(u))
 		}
 	}
-	args, err := host.ReadFile("/run/unbounded-standin/kubelet.args")
-	if err != nil {
-		t.Fatal(err)
+	// kubelet's unit is Type=simple: active as soon as it is forked, before
+	// the stand-in has written what it was started with.
+	var args []byte
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var err error
+		if args, err = host.ReadFile("/run/unbounded-standin/kubelet.args"); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	for _, want := range []string{"--config=" + none.Current + "/etc/kubelet/config.yaml", "--hostname-override=site-w1",
 		"--bootstrap-kubeconfig=" + none.Current + "/etc/kubelet/bootstrap-kubeconfig"} {
