@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 
 	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
@@ -155,11 +156,19 @@ func (e *testEnv) createReadyNode(t testing.TB, name string) *corev1.Node {
 	if err != nil {
 		t.Fatalf("create node: %v", err)
 	}
-	n.Status.Conditions = []corev1.NodeCondition{{
-		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
-	}}
-	n, err = e.kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+	// The node lifecycle controller of the test control plane writes a
+	// new Node too (its taints): read again on a conflict, as a kubelet does.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if n, err = e.kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return err
+		}
+		n.Status.Conditions = []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
+		}}
+		n, err = e.kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
 		t.Fatalf("set node ready: %v", err)
 	}

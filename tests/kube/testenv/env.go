@@ -1,6 +1,7 @@
-// Package testenv runs a disposable Kubernetes control plane for tests: an
-// embedded etcd and an in-process kube-apiserver on loopback, plus the CSR
-// signers of kube-controller-manager, and nothing else. See ../README.md.
+// Package testenv runs a disposable Kubernetes control plane for tests, all
+// in this process, from the k8s.io/kubernetes module: an embedded etcd and
+// kube-apiserver on loopback, kube-controller-manager with the controllers a
+// joining node meets (see controllers) and kube-scheduler. See ../README.md.
 package testenv
 
 import (
@@ -15,15 +16,16 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 	"k8s.io/component-base/version"
-	"k8s.io/kubernetes/pkg/controller/certificates/signer"
 )
 
 // Options configure one environment.
@@ -42,6 +44,10 @@ type Options struct {
 	SigningDuration time.Duration
 	// NoWarmUp skips the warm-up of new custom resources (see warmUp).
 	NoWarmUp bool
+	// NodeMonitorGracePeriod is how long after its kubelet's last report a
+	// Node is marked NotReady (kube-controller-manager's
+	// --node-monitor-grace-period).
+	NodeMonitorGracePeriod time.Duration
 	// Ready is called once with the kubeconfig path when everything is up.
 	Ready func(kubeconfig string)
 	Log   *slog.Logger
@@ -148,33 +154,57 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	log.Info("kube-apiserver ready", "host", host, "after", time.Since(start).Round(time.Millisecond))
 
-	// The CSR signers kube-controller-manager would run, with the cluster
-	// CA. Approval stays with the tests, as the cluster-side approver's.
-	informerFactory := informers.NewSharedInformerFactory(client, 0)
-	csrInformer := informerFactory.Certificates().V1().CertificateSigningRequests()
-	caFile, caKeyFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
-	apiClientSigner, err := signer.NewKubeAPIServerClientCSRSigningController(ctx, client, csrInformer, caFile, caKeyFile, opts.SigningDuration)
-	if err != nil {
-		return errors.Join(err, stop())
-	}
-	kubeletClientSigner, err := signer.NewKubeletClientCSRSigningController(ctx, client, csrInformer, caFile, caKeyFile, opts.SigningDuration)
-	if err != nil {
+	// The controllers and the scheduler run with the admin credentials, from
+	// a kubeconfig of their own: the one tests read is written at READY.
+	controllersKubeconfig := filepath.Join(dir, "controllers.kubeconfig")
+	if err := writeKubeconfig(controllersKubeconfig, host, p); err != nil {
 		return errors.Join(err, stop())
 	}
 	ctrlCtx, stopControllers := context.WithCancel(context.Background())
 	defer stopControllers()
-	for _, s := range []*signer.CSRSigningController{apiClientSigner, kubeletClientSigner} {
-		go s.Run(ctrlCtx, 1)
+	kcmDone, err := startControllerManager(ctrlCtx, controllerManagerFlags(dir, controllersKubeconfig, opts.SigningDuration, opts.NodeMonitorGracePeriod))
+	if err != nil {
+		return errors.Join(err, stop())
 	}
-	informerFactory.Start(ctrlCtx.Done())
+	schedDone, err := startScheduler(ctrlCtx, controllersKubeconfig)
+	if err != nil {
+		stopControllers()
+		<-kcmDone
+		return errors.Join(err, stop())
+	}
+	// stopAll stops the controllers and the scheduler before the API server,
+	// so that none of them logs a storm of refused connections on the way out.
+	stopAll := func() error {
+		stopControllers()
+		var errs []error
+		for name, ch := range map[string]<-chan error{"kube-controller-manager": kcmDone, "kube-scheduler": schedDone} {
+			select {
+			case err := <-ch:
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", name, err))
+				}
+			case <-time.After(15 * time.Second):
+				errs = append(errs, fmt.Errorf("%s did not stop within 15s", name))
+			}
+		}
+		return errors.Join(append(errs, stop())...)
+	}
 
 	if err := applyManifests(ctx, admin, manifests, !opts.NoWarmUp); err != nil {
-		return errors.Join(fmt.Errorf("manifests: %w", err), stop())
+		return errors.Join(fmt.Errorf("manifests: %w", err), stopAll())
 	}
+	log.Info("manifests applied", "after", time.Since(start).Round(time.Millisecond))
+	if err := publishClusterInfo(ctx, client, host, p.caCertPEM); err != nil {
+		return errors.Join(err, stopAll())
+	}
+	if err := waitControllers(ctx, client, kcmDone, schedDone); err != nil {
+		return errors.Join(err, stopAll())
+	}
+	log.Info("controllers ready", "after", time.Since(start).Round(time.Millisecond))
 
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	if err := writeKubeconfig(kubeconfig, host, p); err != nil {
-		return errors.Join(err, stop())
+		return errors.Join(err, stopAll())
 	}
 	log.Info("ready", "kubeconfig", kubeconfig, "after", time.Since(start).Round(time.Millisecond))
 	if opts.Ready != nil {
@@ -185,11 +215,14 @@ func Run(ctx context.Context, opts Options) error {
 	case <-ctx.Done():
 		log.Info("stopping")
 	case err := <-serverDone:
+		stopControllers()
 		return fmt.Errorf("kube-apiserver stopped: %v", err)
+	case err := <-kcmDone:
+		return errors.Join(fmt.Errorf("kube-controller-manager stopped: %v", err), stopAll())
+	case err := <-schedDone:
+		return errors.Join(fmt.Errorf("kube-scheduler stopped: %v", err), stopAll())
 	}
-	stopControllers()
-	informerFactory.Shutdown()
-	return stop()
+	return stopAll()
 }
 
 // waitReady waits for /readyz (which covers the post-start hooks: RBAC
@@ -231,4 +264,74 @@ func writeKubeconfig(path, host string, p *pki) error {
 		return err
 	}
 	return writeFileAtomic(path, data, 0o600)
+}
+
+// waitControllers waits until the controllers have done their first work in
+// the default namespace (its ServiceAccount, with the root CA ConfigMap
+// beside it), so a test that creates a pod at READY finds what the pod
+// mounts, as in a cluster that has been up for a while.
+func waitControllers(ctx context.Context, client kubernetes.Interface, kcmDone, schedDone <-chan error) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		select {
+		case err := <-kcmDone:
+			return false, fmt.Errorf("kube-controller-manager stopped while starting: %v", err)
+		case err := <-schedDone:
+			return false, fmt.Errorf("kube-scheduler stopped while starting: %v", err)
+		default:
+		}
+		if _, err := client.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{}); err != nil {
+			last = "ServiceAccount default/default: " + err.Error()
+			return false, nil
+		}
+		if _, err := client.CoreV1().ConfigMaps(metav1.NamespaceDefault).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{}); err != nil {
+			last = "ConfigMap default/kube-root-ca.crt: " + err.Error()
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("controllers not ready: %w (last: %s)", err, last)
+	}
+	return nil
+}
+
+// publishClusterInfo writes kube-public/cluster-info as kubeadm does: the
+// API server's address and CA in a kubeconfig without credentials, readable
+// anonymously; the bootstrap-signer controller adds a signature per
+// bootstrap token that allows signing, so a joining host can check the CA
+// it was given with its token.
+func publishClusterInfo(ctx context.Context, client kubernetes.Interface, host string, caPEM []byte) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[""] = &clientcmdapi.Cluster{Server: host, CertificateAuthorityData: caPEM}
+	data, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: bootstrapapi.ConfigMapClusterInfo, Namespace: metav1.NamespacePublic},
+		Data:       map[string]string{bootstrapapi.KubeConfigKey: string(data)},
+	}
+	if _, err := client.CoreV1().ConfigMaps(metav1.NamespacePublic).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create kube-public/cluster-info: %w", err)
+	}
+	role := &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubeadm:bootstrap-signer-clusterinfo", Namespace: metav1.NamespacePublic},
+		Rules: []rbacv1.PolicyRule{{
+			APIGroups: []string{""}, Resources: []string{"configmaps"},
+			ResourceNames: []string{bootstrapapi.ConfigMapClusterInfo}, Verbs: []string{"get"},
+		}},
+	}
+	if _, err := client.RbacV1().Roles(metav1.NamespacePublic).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create the cluster-info Role: %w", err)
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name, Namespace: metav1.NamespacePublic},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "system:anonymous"}},
+	}
+	if _, err := client.RbacV1().RoleBindings(metav1.NamespacePublic).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create the cluster-info RoleBinding: %w", err)
+	}
+	return nil
 }

@@ -30,6 +30,7 @@ type cli struct {
 	SigningDuration time.Duration `default:"24h" help:"Lifetime of certificates issued for approved CSRs that do not ask for less."`
 	Verbose         int           `short:"v" default:"0" help:"Verbosity of the API server's own log (klog -v)."`
 	NoWarmUp        bool          `help:"Skip the warm-up of new custom resources (to measure what it saves)."`
+	NodeGrace       time.Duration `name:"node-monitor-grace-period" default:"20s" help:"A Node is NotReady this long after its kubelet's last report (kube-controller-manager's flag; its default is 50s). Keep it above the kubelet's lease renewal interval (10s by default)."`
 }
 
 func main() {
@@ -45,13 +46,14 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	err := testenv.Run(ctx, testenv.Options{
-		Dir:             c.Dir,
-		Manifests:       c.Manifests,
-		Listen:          c.Listen,
-		SigningDuration: c.SigningDuration,
-		NoWarmUp:        c.NoWarmUp,
-		Log:             log,
-		Ready:           func(kubeconfig string) { fmt.Printf("READY %s\n", kubeconfig) },
+		Dir:                    c.Dir,
+		Manifests:              c.Manifests,
+		Listen:                 c.Listen,
+		SigningDuration:        c.SigningDuration,
+		NoWarmUp:               c.NoWarmUp,
+		NodeMonitorGracePeriod: c.NodeGrace,
+		Log:                    log,
+		Ready:                  func(kubeconfig string) { fmt.Printf("READY %s\n", kubeconfig) },
 	})
 	if err != nil {
 		log.Error("failed", "err", err)
