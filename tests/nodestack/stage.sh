@@ -1,0 +1,90 @@
+#!/bin/sh
+# stage.sh builds (once) the node-stack test inputs that do not come from
+# this repository, and prints their directory:
+#
+#   UNBOUNDED_TEST_NODESTACK=$(tests/nodestack/stage.sh)
+#
+# From Debian bookworm's packages (downloaded with `apt-get download`,
+# unpacked with `dpkg-deb -x`, never installed on this host):
+#   artifacts/containerd-<v>.tar.gz   bin/containerd, bin/containerd-shim-runc-v2, bin/ctr, ...
+#   artifacts/runc-<v>                runc (dynamic: libseccomp2, libc)
+#   artifacts/cni-plugins-<v>.tgz     ./bridge, ./host-local, ./loopback, ./portmap, ...
+#   artifacts/versions                name=version lines (the Debian upstream versions)
+#   bin/busybox                       busybox-static, for the test image
+# and from the Kubernetes module in the Go module cache:
+#   bin/pause                         build/pause/linux/pause.c, gcc -static
+#
+# The kubelet is not here: it changes with every Kubernetes bump and is
+# built by tests/kube/kubelet.sh. Package nodestack (this directory) turns
+# these into a mirror, a loopback artifact server and OCI images.
+#
+# Cached like tests/system/rootfs.sh: the directory name carries a hash of
+# the recipe, the build goes to a temporary directory renamed into place.
+#
+# Environment:
+#   UNBOUNDED_ROOTFS_CACHE  cache directory (default /var/cache/unbounded-tests)
+set -eu
+
+packages="containerd runc containernetworking-plugins busybox-static"
+k8s_version=v1.36.3
+# Bump when the steps below change.
+recipe=1
+cache=${UNBOUNDED_ROOTFS_CACHE:-/var/cache/unbounded-tests}
+
+log() { echo "stage.sh: $*" >&2; }
+
+hash=$(printf '%s\n' "$packages" "$k8s_version" "$recipe" | sha256sum | cut -c1-12)
+final="$cache/nodestack-$hash"
+if [ -f "$final/artifacts/versions" ]; then
+	echo "$final"
+	exit 0
+fi
+
+for bin in apt-get dpkg-deb gcc go; do
+	command -v $bin >/dev/null 2>&1 || { log "needs $bin on PATH"; exit 1; }
+done
+pause_c=$(cd "$(dirname "$0")/../kube" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
+[ -f "$pause_c" ] || { log "no $pause_c (go mod download in tests/kube)"; exit 1; }
+
+mkdir -p "$cache"
+tmp=$(mktemp -d "$cache/.nodestack-$hash.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
+start=$(date +%s)
+
+mkdir "$tmp/debs" "$tmp/x" "$tmp/artifacts" "$tmp/bin"
+log "apt-get download $packages"
+# apt warns that it downloads "unsandboxed as root" (its _apt user cannot
+# enter the 0700 temporary directory): harmless, the files are only unpacked.
+(cd "$tmp/debs" && apt-get download $packages >&2)
+
+version_of() { # PKG: Debian upstream version (1.6.20~ds1-1+deb12u3 -> 1.6.20)
+	dpkg-deb -f "$tmp"/debs/"$1"_*.deb Version | sed -e 's/^[0-9]*://' -e 's/[~+-].*//'
+}
+for p in $packages; do
+	dpkg-deb -x "$tmp"/debs/"$p"_*.deb "$tmp/x/$p"
+done
+
+cv=$(version_of containerd)
+rv=$(version_of runc)
+nv=$(version_of containernetworking-plugins)
+
+mkdir -p "$tmp/stage/containerd/bin"
+cp -a "$tmp"/x/containerd/usr/bin/* "$tmp/stage/containerd/bin/"
+tar -C "$tmp/stage/containerd" --owner=0 --group=0 --numeric-owner -czf "$tmp/artifacts/containerd-$cv.tar.gz" bin
+cp "$tmp/x/runc/usr/sbin/runc" "$tmp/artifacts/runc-$rv"
+tar -C "$tmp/x/containernetworking-plugins/usr/lib/cni" --owner=0 --group=0 --numeric-owner -czf "$tmp/artifacts/cni-plugins-$nv.tgz" .
+printf 'containerd=%s\nrunc=%s\ncni-plugins=%s\nkubelet=%s\n' "$cv" "$rv" "$nv" "${k8s_version#v}" >"$tmp/artifacts/versions"
+
+cp "$tmp/x/busybox-static/bin/busybox" "$tmp/bin/busybox"
+gcc -Os -static -DVERSION="$k8s_version-unbounded-test" -o "$tmp/bin/pause" "$pause_c"
+strip "$tmp/bin/pause" 2>/dev/null || true
+rm -rf "$tmp/x" "$tmp/stage"
+
+if mv -T "$tmp" "$final" 2>/dev/null; then
+	trap - EXIT
+else
+	log "another build finished first; using it"
+fi
+log "staged in $(($(date +%s) - start)) s, $(du -sh "$final" | cut -f1)"
+echo "$final"
