@@ -1,0 +1,207 @@
+package nodestack
+
+import (
+	"archive/tar"
+	"bytes"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// Registry is a real OCI distribution registry (go-containerregistry's
+// pkg/registry, in memory) on 127.0.0.1, plain HTTP.
+type Registry struct {
+	// Host is 127.0.0.1:PORT, the registry part of image references.
+	Host string
+
+	mu      sync.Mutex
+	garbage bool
+	srv     *http.Server
+}
+
+// StartRegistry starts an empty registry; it stops when the test ends.
+func StartRegistry(t testing.TB) *Registry {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("nodestack: registry: %v", err)
+	}
+	r := &Registry{Host: ln.Addr().String()}
+	h := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	r.srv = &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			r.mu.Lock()
+			g := r.garbage
+			r.mu.Unlock()
+			if g {
+				// 200 and a body no registry client can parse.
+				w.Header().Set("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+				w.Write([]byte("<html>this is not a registry</html>\n"))
+				return
+			}
+			h.ServeHTTP(w, req)
+		}),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go r.srv.Serve(ln)
+	t.Cleanup(func() { r.srv.Close() })
+	return r
+}
+
+// SetGarbage makes every answer a 200 with a body that is not what a
+// registry sends (a captive portal, a misconfigured proxy), or undoes it.
+func (r *Registry) SetGarbage(on bool) {
+	r.mu.Lock()
+	r.garbage = on
+	r.mu.Unlock()
+}
+
+// Push uploads img as Host/repoTag ("node:v1") and returns the reference
+// by tag (Host/repoTag).
+func (r *Registry) Push(t testing.TB, repoTag string, img v1.Image) string {
+	t.Helper()
+	ref, err := name.ParseReference(r.Host+"/"+repoTag, name.Insecure)
+	if err != nil {
+		t.Fatalf("nodestack: %v", err)
+	}
+	start := time.Now()
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatalf("nodestack: push %s: %v", ref, err)
+	}
+	t.Logf("nodestack: pushed %s in %v", ref, time.Since(start).Round(time.Millisecond))
+	return ref.String()
+}
+
+// image is one OCI image of one layer, for linux on this architecture.
+func image(t testing.TB, layer v1.Layer, cfg v1.Config) v1.Image {
+	t.Helper()
+	img, err := mutate.AppendLayers(mutate.MediaType(mutate.ConfigMediaType(empty.Image, types.OCIConfigJSON), types.OCIManifestSchema1), layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", goarch()
+	cf.Config = cfg
+	img, err = mutate.ConfigFile(img, cf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// tarEntry is a file of a small in-memory layer.
+type tarEntry struct {
+	name     string
+	mode     int64
+	data     []byte
+	linkname string // a symlink when set
+}
+
+func memLayer(t testing.TB, entries []tarEntry) v1.Layer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Mode: e.mode, Size: int64(len(e.data)), Typeflag: tar.TypeReg, ModTime: time.Unix(0, 0)}
+		switch {
+		case e.linkname != "":
+			h.Typeflag, h.Linkname, h.Size = tar.TypeSymlink, e.linkname, 0
+		case e.mode&0o40000 != 0:
+			h.Typeflag, h.Mode = tar.TypeDir, e.mode&0o7777
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			tw.Write(e.data)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil },
+		tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// PauseImage is the pod sandbox image: Kubernetes' own pause.c, static.
+func (s *Stage) PauseImage(t testing.TB) v1.Image {
+	t.Helper()
+	bin, err := os.ReadFile(filepath.Join(s.Dir, "bin", "pause"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return image(t, memLayer(t, []tarEntry{{name: "pause", mode: 0o755, data: bin}}), v1.Config{Entrypoint: []string{"/pause"}})
+}
+
+// BusyboxImage is the test workload image: Debian's busybox-static with
+// the applets a test uses linked; by default it sleeps.
+func (s *Stage) BusyboxImage(t testing.TB) v1.Image {
+	t.Helper()
+	bin, err := os.ReadFile(filepath.Join(s.Dir, "bin", "busybox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := []tarEntry{{name: "bin", mode: 0o40755}, {name: "bin/busybox", mode: 0o755, data: bin}}
+	for _, applet := range []string{"sh", "sleep", "cat", "echo", "ls", "wget", "ip", "hostname", "id", "true", "false"} {
+		entries = append(entries, tarEntry{name: "bin/" + applet, linkname: "busybox"})
+	}
+	return image(t, memLayer(t, entries), v1.Config{Cmd: []string{"/bin/sleep", "3600"}, Env: []string{"PATH=/bin"}})
+}
+
+// NodeImage is the nspawn node rootfs (UNBOUNDED_TEST_ROOTFS) as a
+// one-layer image. The layer (gzip -1 of the tree, without /dev, /proc,
+// /sys contents) is built once per rootfs and kept in the stage directory.
+func (s *Stage) NodeImage(t testing.TB) v1.Image {
+	t.Helper()
+	rootfs := os.Getenv(EnvRootfs)
+	if rootfs == "" {
+		t.Skipf("nodestack: %s is not set: export %s=$(tests/system/rootfs.sh)", EnvRootfs, EnvRootfs)
+	}
+	layerFile := filepath.Join(s.Dir, "images", filepath.Base(rootfs)+".tar.gz")
+	if _, err := os.Stat(layerFile); err != nil {
+		start := time.Now()
+		if err := os.MkdirAll(filepath.Dir(layerFile), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		tmp := layerFile + ".tmp" + randomSuffix()
+		cmd := exec.Command("sh", "-c", `tar -C "$1" --numeric-owner --xattrs --exclude=./dev/* --exclude=./proc/* --exclude=./sys/* -cf - . | gzip -1 >"$2"`, "sh", rootfs, tmp)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			os.Remove(tmp)
+			t.Fatalf("nodestack: layer of %s: %v\n%s", rootfs, err, out)
+		}
+		if err := os.Rename(tmp, layerFile); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("nodestack: built the node layer of %s in %v", rootfs, time.Since(start).Round(time.Millisecond))
+	}
+	l, err := tarball.LayerFromFile(layerFile, tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return image(t, l, v1.Config{Cmd: []string{"/lib/systemd/systemd"}})
+}
