@@ -1,8 +1,11 @@
 // Package kubeenv gives tests the shared Kubernetes test environment that
 // tests/kube/with-env.sh starts: a real kube-apiserver with a real etcd,
 // bootstrap-token auth, Node and RBAC authorization, a token cache of zero
-// (a deleted bootstrap token stops authenticating at once) and the CSR
-// signers, with the project's CRDs and RBAC installed.
+// (a deleted bootstrap token stops authenticating at once), the
+// kube-controller-manager controllers a joining node meets (CSR approving
+// and signing, node lifecycle with a 20 s grace period, garbage collector,
+// workloads, service accounts, bootstrap tokens; tests/kube/README.md) and
+// kube-scheduler, with the project's CRDs and RBAC installed.
 //
 // All tests of a run share one API server and run in parallel: name objects
 // with UniqueName, and never rely on a cluster-wide list being empty.

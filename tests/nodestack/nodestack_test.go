@@ -1,6 +1,7 @@
 package nodestack_test
 
 import (
+	"archive/tar"
 	"context"
 	"errors"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"unbounded-cloud.io/agent/tests/nodestack"
@@ -137,5 +139,82 @@ func TestRegistryServesThePushedImagesAndGarbageOnDemand(t *testing.T) {
 		t.Error("pull from a registry answering garbage succeeded")
 	} else {
 		t.Logf("garbage registry: %v", err)
+	}
+}
+
+func TestWriteLayoutKeepsEveryImageByName(t *testing.T) {
+	s := nodestack.Require(t)
+	dir := filepath.Join(t.TempDir(), "oci")
+	nodestack.WriteLayout(t, dir, "pause:3.10", s.PauseImage(t))
+	nodestack.WriteLayout(t, dir, "busybox:1.35", s.BusyboxImage(t))
+	p, err := layout.FromPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, err := p.ImageIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, d := range m.Manifests {
+		names = append(names, d.Annotations["org.opencontainers.image.ref.name"])
+		img, err := idx.Image(d.Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := img.Layers(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if strings.Join(names, ",") != "pause:3.10,busybox:1.35" {
+		t.Errorf("layout holds %v, want pause:3.10 and busybox:1.35", names)
+	}
+}
+
+func TestNodeImageIsTheRootfsAndPushes(t *testing.T) {
+	s := nodestack.Require(t)
+	reg := nodestack.StartRegistry(t)
+	r := reg.Push(t, "unbounded/node:bookworm", s.NodeImage(t))
+	ref, err := name.ParseReference(r, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := img.Layers()
+	if err != nil || len(layers) != 1 {
+		t.Fatalf("%d layers, %v; want 1", len(layers), err)
+	}
+	rc, err := layers[0].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	found := map[string]bool{}
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch strings.TrimPrefix(h.Name, "./") {
+		case "usr/lib/systemd/systemd", "etc/machine-id":
+			found[strings.TrimPrefix(h.Name, "./")] = true
+		}
+		if n := strings.TrimPrefix(h.Name, "./"); strings.HasPrefix(n, "dev/") && n != "dev/" {
+			t.Errorf("layer holds %s: device nodes are the runtime's", h.Name)
+		}
+	}
+	if !found["usr/lib/systemd/systemd"] || !found["etc/machine-id"] {
+		t.Errorf("layer of the node image lacks systemd or /etc/machine-id: %v", found)
 	}
 }

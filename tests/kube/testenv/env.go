@@ -166,12 +166,14 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return errors.Join(err, stop())
 	}
+	log.Info("kube-controller-manager started", "after", time.Since(start).Round(time.Millisecond))
 	schedDone, err := startScheduler(ctrlCtx, controllersKubeconfig)
 	if err != nil {
 		stopControllers()
 		<-kcmDone
 		return errors.Join(err, stop())
 	}
+	log.Info("kube-scheduler started", "after", time.Since(start).Round(time.Millisecond))
 	// stopAll stops the controllers and the scheduler before the API server,
 	// so that none of them logs a storm of refused connections on the way out.
 	stopAll := func() error {
