@@ -22,6 +22,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // Registry is a real OCI distribution registry (go-containerregistry's
@@ -180,7 +182,7 @@ func (s *Stage) NodeImage(t testing.TB) v1.Image {
 	t.Helper()
 	rootfs := os.Getenv(EnvRootfs)
 	if rootfs == "" {
-		t.Skipf("nodestack: %s is not set: export %s=$(tests/system/rootfs.sh)", EnvRootfs, EnvRootfs)
+		tiers.Skip(t, tiers.System, "nodestack: %s is not set: export %s=$(tests/system/rootfs.sh)", EnvRootfs, EnvRootfs)
 	}
 	layerFile := filepath.Join(s.Dir, "images", filepath.Base(rootfs)+".tar.gz")
 	if _, err := os.Stat(layerFile); err != nil {

@@ -118,7 +118,7 @@ func (f *Forwarder) Files() []harness.File {
 		wants = append(wants, unit+".socket")
 		files = append(files,
 			harness.File{Path: "/etc/systemd/system/" + unit + ".socket", Mode: 0o644, Data: fmt.Appendf(nil,
-				"# Written by tests/nodestack: %s on this machine's loopback is the host's.\n[Socket]\nListenStream=%s\n", a, a)},
+				"# Written by tests/system/nodestack: %s on this machine's loopback is the host's.\n[Socket]\nListenStream=%s\n", a, a)},
 			harness.File{Path: "/etc/systemd/system/" + unit + ".service", Mode: 0o644, Data: fmt.Appendf(nil,
 				"[Unit]\nRequires=%s.socket\nAfter=%s.socket\n[Service]\nExecStart=/lib/systemd/systemd-socket-proxyd %s/%s.sock\n",
 				unit, unit, forwardDir, port)},

@@ -2,7 +2,7 @@
 # stage.sh builds (once) the node-stack test inputs that do not come from
 # this repository, and prints their directory:
 #
-#   UNBOUNDED_TEST_NODESTACK=$(tests/nodestack/stage.sh)
+#   UNBOUNDED_TEST_NODESTACK=$(tests/system/nodestack/stage.sh)
 #
 # From Debian bookworm's packages (downloaded with `apt-get download`,
 # unpacked with `dpkg-deb -x`, never installed on this host):
@@ -43,7 +43,7 @@ fi
 for bin in apt-get dpkg-deb gcc go; do
 	command -v $bin >/dev/null 2>&1 || { log "needs $bin on PATH"; exit 1; }
 done
-pause_c=$(cd "$(dirname "$0")/../kube" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
+pause_c=$(cd "$(dirname "$0")/../../kube" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
 [ -f "$pause_c" ] || { log "no $pause_c (go mod download in tests/kube)"; exit 1; }
 
 mkdir -p "$cache"

@@ -16,7 +16,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"unbounded-cloud.io/agent/tests/nodestack"
+	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
 
 func get(t *testing.T, url string, hdr ...string) (*http.Response, []byte, error) {

@@ -20,8 +20,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"unbounded-cloud.io/agent/tests/kubeenv"
-	"unbounded-cloud.io/agent/tests/nodestack"
 	"unbounded-cloud.io/agent/tests/system/harness"
+	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
 
 func TestMain(m *testing.M) { harness.Main(m) }

@@ -4,9 +4,10 @@
 // registry (go-containerregistry's), and the images a node needs (the
 // nspawn node rootfs, pause, a busybox test image).
 //
-// Inputs (tests skip, with a "nodestack:" reason, without them):
+// Inputs (tests skip, with a "nodestack:" reason, without them; they fail
+// instead where the system tier is required, see tests/tiers):
 //
-//	UNBOUNDED_TEST_NODESTACK  tests/nodestack/stage.sh's output: Debian's
+//	UNBOUNDED_TEST_NODESTACK  tests/system/nodestack/stage.sh's output: Debian's
 //	                          containerd, runc, CNI plugins repacked, pause, busybox
 //	UNBOUNDED_TEST_KUBELET    tests/kube/kubelet.sh's output
 //	UNBOUNDED_TEST_ROOTFS     tests/system/rootfs.sh's output (NodeImage only)
@@ -41,6 +42,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
 // Environment variables the package reads.
@@ -67,17 +70,17 @@ func Require(t testing.TB) *Stage {
 	t.Helper()
 	dir, kubelet := os.Getenv(EnvStage), os.Getenv(EnvKubelet)
 	if dir == "" {
-		t.Skipf("nodestack: %s is not set: export %s=$(tests/nodestack/stage.sh)", EnvStage, EnvStage)
+		tiers.Skip(t, tiers.System, "nodestack: %s is not set: export %s=$(tests/system/nodestack/stage.sh)", EnvStage, EnvStage)
 	}
 	if kubelet == "" {
-		t.Skipf("nodestack: %s is not set: export %s=$(tests/kube/kubelet.sh)", EnvKubelet, EnvKubelet)
+		tiers.Skip(t, tiers.System, "nodestack: %s is not set: export %s=$(tests/kube/kubelet.sh)", EnvKubelet, EnvKubelet)
 	}
 	if _, err := os.Stat(kubelet); err != nil {
 		t.Fatalf("nodestack: %s: %v", EnvKubelet, err)
 	}
 	data, err := os.ReadFile(filepath.Join(dir, "artifacts", "versions"))
 	if err != nil {
-		t.Fatalf("nodestack: %s=%s is not a staged directory: %v (run tests/nodestack/stage.sh)", EnvStage, dir, err)
+		t.Fatalf("nodestack: %s=%s is not a staged directory: %v (run tests/system/nodestack/stage.sh)", EnvStage, dir, err)
 	}
 	s := &Stage{Dir: dir, Kubelet: kubelet, Versions: map[string]string{}}
 	for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
