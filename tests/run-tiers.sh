@@ -71,6 +71,22 @@ if [ -x tests/system/rootfs.sh ]; then
 	else
 		echo "rootfs build failed (the system tier will $verb):"; tail -20 "$out/rootfs.log"
 	fi
+	# The node stack (tests/system/nodestack): the kubelet built from the
+	# test control plane's module, and Debian's containerd, runc and CNI
+	# plugins with a static pause (both cached after the first run).
+	if [ "$(id -u)" = 0 ]; then
+		if kubelet=$(tests/kube/kubelet.sh 2>"$out/kubelet.log" | tail -1) && [ -x "$kubelet" ]; then
+			export UNBOUNDED_TEST_KUBELET="$kubelet"
+		else
+			echo "kubelet build failed (node-stack tests will $verb):"; tail -20 "$out/kubelet.log"
+		fi
+		if stage=$(tests/system/nodestack/stage.sh 2>"$out/stage.log" | tail -1) && [ -d "$stage" ]; then
+			export UNBOUNDED_TEST_NODESTACK="$stage"
+			echo "node stack: $stage"
+		else
+			echo "node stack staging failed (node-stack tests will $verb):"; tail -20 "$out/stage.log"
+		fi
+	fi
 fi
 
 # The project's CRDs and RBAC, installed into the test API server.
