@@ -265,10 +265,12 @@ func TestKubeletClientCSRIsAutoApprovedOnlyWithNodeclientRBAC(t *testing.T) {
 	ctx := context.Background()
 	c := env.Client()
 
+	// The requester is a client certificate user of a group of its own,
+	// not a bootstrap token: the project's manifests may grant nodeclient
+	// to bootstrap token groups, and this test decides who has it.
 	submit := func(t *testing.T, grantNodeclient bool) string {
-		id, secret := RandomTokenID(t)
-		token := env.CreateBootstrapToken(t, id, secret)
-		user := "system:bootstrap:" + id
+		user := UniqueName(t, "kubeenv-requester")
+		certPEM, keyPEM := env.MintClientCert(t, user, "kubeenv:requesters")
 		roles := []string{"system:node-bootstrapper"}
 		if grantNodeclient {
 			roles = append(roles, "system:certificates.k8s.io:certificatesigningrequests:nodeclient")
@@ -284,7 +286,7 @@ func TestKubeletClientCSRIsAutoApprovedOnlyWithNodeclientRBAC(t *testing.T) {
 			}
 			t.Cleanup(func() { c.RbacV1().ClusterRoleBindings().Delete(context.Background(), b.Name, metav1.DeleteOptions{}) })
 		}
-		asToken, err := kubernetes.NewForConfig(env.TokenConfig(token))
+		asRequester, err := kubernetes.NewForConfig(env.CertConfig(certPEM, keyPEM))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -301,7 +303,7 @@ func TestKubeletClientCSRIsAutoApprovedOnlyWithNodeclientRBAC(t *testing.T) {
 		}
 		// RBAC learns of the bindings through an informer.
 		poll(t, 10*time.Second, "CSR created as "+user, func(ctx context.Context) (bool, error) {
-			_, err := asToken.CertificatesV1().CertificateSigningRequests().Create(ctx, csr, metav1.CreateOptions{})
+			_, err := asRequester.CertificatesV1().CertificateSigningRequests().Create(ctx, csr, metav1.CreateOptions{})
 			return err == nil, nil
 		})
 		t.Cleanup(func() {
