@@ -31,7 +31,7 @@ include=systemd,systemd-sysv,dbus,systemd-container,iproute2,procps,ca-certifica
 mirror=${UNBOUNDED_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 cache=${UNBOUNDED_ROOTFS_CACHE:-/var/cache/unbounded-tests}
 # Bump when the post-processing below changes.
-postproc=2
+postproc=3
 
 log() { echo "rootfs.sh: $*" >&2; }
 
@@ -86,6 +86,11 @@ rm -rf "$tmp"/var/cache/apt/archives/*.deb "$tmp"/var/lib/apt/lists/*
 : >"$tmp/etc/machine-id"
 rm -f "$tmp/var/lib/dbus/machine-id" "$tmp/etc/hostname"
 ln -s /etc/machine-id "$tmp/var/lib/dbus/machine-id"
+
+# debootstrap writes no /etc/hosts (an installer does, on a real host);
+# containerd copies it into every pod sandbox and fails the pod without it,
+# and this tree is also the node image of the nspawn mode's tests.
+printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$tmp/etc/hosts"
 
 # Another run may have finished the same recipe meanwhile: keep theirs.
 if mv -T "$tmp" "$final" 2>/dev/null; then

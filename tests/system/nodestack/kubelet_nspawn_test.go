@@ -99,9 +99,6 @@ func TestKubeletJoinsAndRunsADeploymentPodInAnNspawnMachine(t *testing.T) {
 	apiHost := strings.TrimPrefix(env.Host(), "https://")
 	files := map[string]string{
 		"/etc/kubernetes/ca.crt": string(env.CAPEM(t)),
-		// debootstrap's minbase has no /etc/hosts; containerd copies it
-		// into every pod.
-		"/etc/hosts": "127.0.0.1 localhost\n::1 localhost\n",
 		"/etc/kubernetes/bootstrap-kubelet.conf": fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -192,6 +189,7 @@ LimitNOFILE=infinity
 Requires=containerd.service ubt-nodeip.service
 After=containerd.service ubt-nodeip.service
 [Service]
+Restart=always
 ExecStart=/bin/sh -c 'exec /usr/local/bin/kubelet --config=/var/lib/kubelet/config.yaml --bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/var/lib/kubelet/kubeconfig --cert-dir=/var/lib/kubelet/pki >>/var/log/kubelet.log 2>&1'
 `,
 	}
@@ -213,15 +211,29 @@ ExecStart=/bin/sh -c 'exec /usr/local/bin/kubelet --config=/var/lib/kubelet/conf
 		if t.Failed() {
 			out, _ := m.Run("systemctl", "status", "--no-pager", "-n", "0", "kubelet.service", "containerd.service", "ubt-nodeip.service", "ubt-cgroup-rw.service")
 			t.Logf("%s", out)
+			if n, err := c.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{}); err == nil {
+				for _, cond := range n.Status.Conditions {
+					t.Logf("Node condition %s=%s %s: %s", cond.Type, cond.Status, cond.Reason, cond.Message)
+				}
+			}
+			// The warnings and errors, without the kubelet's repeats of
+			// "node not registered yet" before it registers.
 			for _, f := range []string{"/var/log/containerd.log", "/var/log/kubelet.log"} {
-				out, err := m.Run("tail", "-n", "60", f)
+				out, err := m.Run("sh", "-c", `grep -E '^[EW][0-9]|level=(error|warning)' "$1" | grep -v -e 'not registered yet' -e 'from lister' | tail -n 60`, "sh", f)
 				t.Logf("%s (%v):\n%s", f, err, out)
 			}
 		}
 		c.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{})
 	})
 
-	waitFor(t, 90*time.Second, "Node "+node+" Ready", func(ctx context.Context) (bool, error) {
+	// Not always within 30 s: the kubelet registers its Node about 20 s
+	// after it starts here (TLS bootstrap, then its container manager
+	// after 10 s), while its CSINode initialization retries for about
+	// 17 s, waits two minutes, tries again and then exits for systemd to
+	// restart it (Restart=always above); until a try succeeds the Node is
+	// NotReady ("failed to initialize CSINode"). Seen in about half the
+	// runs here (Ready after 2 min 51 s once); the bound covers it.
+	waitFor(t, 240*time.Second, "Node "+node+" Ready", func(ctx context.Context) (bool, error) {
 		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -233,11 +245,6 @@ ExecStart=/bin/sh -c 'exec /usr/local/bin/kubelet --config=/var/lib/kubelet/conf
 		}
 		return false, nil
 	})
-	// About 30 s here. The kubelet's own log shows where it goes: its
-	// client certificate is issued within a second, then its CPU and
-	// memory managers start 10 s after the kubelet did and it registers
-	// the Node 10 s after that; the Node is Ready at the next status
-	// report. Those are kubelet periods, not this environment's.
 	t.Logf("Node Ready %v after systemctl start kubelet", time.Since(started).Round(time.Millisecond))
 
 	ns := kubeenv.UniqueName(t, "ns")
