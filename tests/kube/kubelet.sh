@@ -13,6 +13,8 @@
 #
 # Input: KUBELET_BIN  output path (default <repo>/bin/kubelet)
 set -euo pipefail
+# The patched Go toolchain of the Makefile (tests/lint checks they agree).
+export GOTOOLCHAIN=go1.27.3
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
