@@ -327,14 +327,6 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func(ctx con
 	}
 }
 
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
 func install(t *testing.T, src, dst string) {
 	t.Helper()
 	data, err := os.ReadFile(src)
