@@ -3,6 +3,7 @@ package bootstrap_test
 import (
 	"context"
 	"errors"
+	"k8s.io/client-go/util/retry"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,24 +63,34 @@ func TestNodeReaderSeesItsNodeRegisteredThenReadyWithTheKubeletsCertificate(t *t
 	}
 
 	nodes := env.Client().CoreV1().Nodes()
-	n, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
-	if err != nil {
+	if _, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { nodes.Delete(context.Background(), node, metav1.DeleteOptions{}) })
-	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionFalse,
-		Reason: "KubeletNotReady", Message: "container runtime network not ready", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
-	if n, err = nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	// The test control plane's node lifecycle controller writes new Nodes
+	// too: read, change, write, again on a conflict, as a kubelet does.
+	setReady := func(status corev1.ConditionStatus, reason, msg string) {
+		t.Helper()
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			n, err := nodes.Get(ctx, node, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status,
+				Reason: reason, Message: msg, LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+			_, err = nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
+	setReady(corev1.ConditionFalse, "KubeletNotReady", "container runtime network not ready")
 	st, err := r.Read(ctx)
 	if err != nil || !st.Registered || st.Ready || !strings.Contains(st.Detail, "KubeletNotReady") {
 		t.Fatalf("registered, not ready: %+v %v", st, err)
 	}
-	n.Status.Conditions[0].Status, n.Status.Conditions[0].Reason = corev1.ConditionTrue, "KubeletReady"
-	if _, err = nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	setReady(corev1.ConditionTrue, "KubeletReady", "kubelet is posting ready status")
 	if st, err := r.Read(ctx); err != nil || !st.Ready {
 		t.Fatalf("ready: %+v %v", st, err)
 	}
