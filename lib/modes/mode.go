@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
 )
 
 // Mode is the operation set every isolation mode implements
@@ -222,6 +224,30 @@ func SlotFromConfig(c *config.Config, slot string, a Artifacts) (Slot, error) {
 		s.Image.OfflineDir = c.Resolve(c.Artifacts.OfflineDir)
 	}
 	return s, nil
+}
+
+// SwapDir puts the finished tree tmp (made by os.MkdirTemp(dir(dst),
+// "."+base(dst)+".tmp-")) at dst: rename is atomic, but only onto a missing
+// or empty directory, so an existing dst is renamed aside first (as
+// "."+base+".old-"+tmp's suffix) and removed after. A crash between the two
+// renames leaves no dst and the old tree aside; the caller's next build
+// removes the leftovers (".<base>.tmp-*", ".<base>.old-*") and builds again.
+func SwapDir(tmp, dst string) error {
+	if _, err := os.Lstat(dst); err == nil {
+		base := filepath.Base(dst)
+		suffix := strings.TrimPrefix(filepath.Base(tmp), "."+base+".tmp-")
+		old := filepath.Join(filepath.Dir(dst), "."+base+".old-"+suffix)
+		if err := os.Rename(dst, old); err != nil {
+			return err
+		}
+		defer RemoveVerified(old)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return err
+	}
+	return state.SyncDir(filepath.Dir(dst))
 }
 
 // RemoveVerified removes each path (a file, a link or a whole tree) and

@@ -230,7 +230,7 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 		}
 	}
 	dst := m.VersionDir(v)
-	if err := swapInto(tmp, dst); err != nil {
+	if err := modes.SwapDir(tmp, dst); err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
 	done = true
@@ -281,24 +281,6 @@ func removeLeftovers(versions string) error {
 		all = append(all, l...)
 	}
 	return modes.RemoveVerified(all...)
-}
-
-// swapInto renames the finished tree tmp onto dst, moving an existing dst
-// aside first (rename(2) does not replace a non-empty directory).
-func swapInto(tmp, dst string) error {
-	if _, err := os.Lstat(dst); err == nil {
-		old := filepath.Join(filepath.Dir(dst), "."+filepath.Base(dst)+".old-"+fmt.Sprint(time.Now().UnixNano()))
-		if err := os.Rename(dst, old); err != nil {
-			return err
-		}
-		defer modes.RemoveVerified(old)
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return err
-	}
-	return state.SyncDir(filepath.Dir(dst))
 }
 
 // Start daemon-reloads and starts containerd, then kubelet (the units

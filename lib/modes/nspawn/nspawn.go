@@ -170,7 +170,7 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	if err := m.writeNode(tmp, s, cg); err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
-	if err := swapInto(tmp, m.Paths.MachineDir(s.Name)); err != nil {
+	if err := modes.SwapDir(tmp, m.Paths.MachineDir(s.Name)); err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
 	done = true
@@ -287,29 +287,6 @@ func removeLeftovers(machines, slot string) error {
 		return err
 	}
 	return modes.RemoveVerified(l...)
-}
-
-// swapInto puts the finished tree tmp at dst: rename is atomic, but only
-// onto a missing or empty directory, so an existing slot is renamed aside
-// first and removed after. A crash between the two renames leaves no slot
-// and the old tree aside; the next Prepare removes the leftover and
-// builds the slot again.
-func swapInto(tmp, dst string) error {
-	if _, err := os.Lstat(dst); err == nil {
-		base := filepath.Base(dst)
-		suffix := strings.TrimPrefix(filepath.Base(tmp), "."+base+".tmp-")
-		old := filepath.Join(filepath.Dir(dst), "."+base+".old-"+suffix)
-		if err := os.Rename(dst, old); err != nil {
-			return err
-		}
-		defer modes.RemoveVerified(old)
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return err
-	}
-	return state.SyncDir(filepath.Dir(dst))
 }
 
 // Start daemon-reloads (Prepare's .nspawn file and drop-in are read at
