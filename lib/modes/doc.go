@@ -4,7 +4,7 @@
 // (Systemd), and `unbounded supports-isolation` (Host.Check).
 //
 // The modes are lib/modes/nspawn and lib/modes/none; lib/modes/nodestack
-// renders the node stack's files for both, lib/modes/manager is systemd
+// renders the node stack's files for both, lib/units is systemd
 // over D-Bus. An integrator (bootstrap, reset) does:
 //
 //	var m modes.Mode = &nspawn.Mode{}                   // or &none.Mode{}: zero value = real host

@@ -3,7 +3,7 @@ package modes
 import "context"
 
 // Systemd is the part of the service manager the modes use. The real one
-// is systemd over D-Bus (lib/modes/manager.Dial, in its own package so
+// is systemd over D-Bus (lib/units.Dial, in its own package so
 // that the operator CLI, which links this package for
 // supports-isolation, does not link D-Bus); unit tests put a recorder
 // here. It is an interface because a fake needs state shared between

@@ -53,12 +53,23 @@ func Dial(ctx context.Context) (Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to systemd over D-Bus: %w", err)
 	}
-	return dbusManager{conn}, nil
+	return dbusManager{conn: conn}, nil
 }
 
-type dbusManager struct{ conn *sdbus.Conn }
+// Borrow drives the service manager behind an open connection (another
+// machine's bus, say) that its owner closes: Close does nothing.
+func Borrow(conn *sdbus.Conn) Manager { return dbusManager{conn: conn, borrowed: true} }
 
-func (m dbusManager) Close() { m.conn.Close() }
+type dbusManager struct {
+	conn     *sdbus.Conn
+	borrowed bool
+}
+
+func (m dbusManager) Close() {
+	if !m.borrowed {
+		m.conn.Close()
+	}
+}
 
 func (m dbusManager) Reload(ctx context.Context) error {
 	if err := m.conn.ReloadContext(ctx); err != nil {

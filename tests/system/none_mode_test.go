@@ -16,9 +16,9 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
-	"unbounded-cloud.io/agent/lib/modes/manager"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
 	"unbounded-cloud.io/agent/lib/modes/none"
+	"unbounded-cloud.io/agent/lib/units"
 	"unbounded-cloud.io/agent/tests/system/harness"
 )
 
@@ -150,7 +150,7 @@ func TestNoneModeRunsTheShippedUnitsFromTheCurrentVersion(t *testing.T) {
 	paths := hostpaths.New(host.Root())
 	m := &none.Mode{
 		Paths:      paths,
-		Systemd:    func(context.Context) (modes.Systemd, error) { return manager.Borrow(host.Bus()), nil },
+		Systemd:    func(context.Context) (modes.Systemd, error) { return units.Borrow(host.Bus()), nil },
 		CgroupRoot: systemdCgroup(t, host.Leader()),
 	}
 	slot := modes.Slot{Name: "kube1", Node: modestest.Node(), Artifacts: standinArtifacts(t)}

@@ -20,9 +20,9 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
-	"unbounded-cloud.io/agent/lib/modes/manager"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
+	"unbounded-cloud.io/agent/lib/units"
 	"unbounded-cloud.io/agent/tests/system/harness"
 )
 
@@ -135,7 +135,7 @@ func TestNspawnSlotRunsNestedWithTheNodeSettings(t *testing.T) {
 	os.WriteFile(resolv, []byte("nameserver 192.0.2.53\n"), 0o644)
 	m := &nspawn.Mode{
 		Paths:      paths,
-		Systemd:    func(context.Context) (modes.Systemd, error) { return manager.Borrow(host.Bus()), nil },
+		Systemd:    func(context.Context) (modes.Systemd, error) { return units.Borrow(host.Bus()), nil },
 		ResolvConf: resolv,
 	}
 	slot := modes.Slot{Name: "kube1", Node: modestest.Node(), Artifacts: modestest.Artifacts(t), Image: modes.Image{Ref: ref}}

@@ -54,9 +54,9 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
-	"unbounded-cloud.io/agent/lib/modes/manager"
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/units"
 )
 
 // The shipped units (units/), in start order.
@@ -131,7 +131,7 @@ func (m *Mode) systemd(ctx context.Context) (modes.Systemd, error) {
 	if m.Systemd != nil {
 		return m.Systemd(ctx)
 	}
-	return manager.Dial(ctx)
+	return units.Dial(ctx)
 }
 
 // VersionDir is the directory of version v.

@@ -56,9 +56,9 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
-	"unbounded-cloud.io/agent/lib/modes/manager"
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/units"
 )
 
 // Mode operates the nspawn mode on one host. The zero value is the real
@@ -103,7 +103,7 @@ func (m *Mode) systemd(ctx context.Context) (modes.Systemd, error) {
 	if m.Systemd != nil {
 		return m.Systemd(ctx)
 	}
-	return manager.Dial(ctx)
+	return units.Dial(ctx)
 }
 
 // Prepare builds the slot (see the package doc).
