@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/alecthomas/kong"
+	"unbounded-cloud.io/agent/lib/concern"
 
 	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/exitcode"
@@ -40,22 +40,8 @@ func Main(args []string) int {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c cli
-	exited := -1
-	parser, err := kong.New(&c,
-		kong.Name("bootstrap"),
-		kong.Description("First boot: prepare the host, fetch the node stack, build slot kube1, run the fence, start the node, wait until its Node is Ready, record the applied config, then start unbounded-node.target and the daemon. A host bootstrapped already is only handed over. Exit 0: done; 1: failed; 69: another installation owns the host; 75: temporary (retried); 77: refused by the allocation fence; 78: configuration invalid."),
-		kong.Exit(func(code int) { exited = code }),
-		kong.Writers(stdout, stderr))
-	if err != nil {
-		fmt.Fprintln(stderr, "bootstrap:", err)
-		return exitcode.Failed
-	}
-	if _, err := parser.Parse(args); err != nil {
-		fmt.Fprintln(stderr, "bootstrap:", err)
-		return exitcode.Failed
-	}
-	if exited >= 0 { // --help
-		return exited
+	if code, done := concern.Parse("bootstrap", "First boot: prepare the host, fetch the node stack, build slot kube1, run the fence, start the node, wait until its Node is Ready, record the applied config, then start unbounded-node.target and the daemon. A host bootstrapped already is only handed over. Exit 0: done; 1: failed; 69: another installation owns the host; 75: temporary (retried); 77: refused by the allocation fence; 78: configuration invalid.", &c, args, stdout, stderr); done {
+		return code
 	}
 	paths := hostpaths.New(c.Root)
 	if err := privilege.Check(paths.HostRoot()); err != nil {
@@ -64,7 +50,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	log := logging.New(stderr, slog.LevelInfo)
 	b := &bootstrap.Bootstrap{Paths: paths, ReadyTimeout: c.ReadyTimeout, Log: log}
-	err = b.Run(ctx)
+	err := b.Run(ctx)
 	code := exitcode.For(err)
 	switch code {
 	case exitcode.OK, exitcode.Deferred:

@@ -15,7 +15,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/alecthomas/kong"
+	"unbounded-cloud.io/agent/lib/concern"
 
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/daemon"
@@ -42,22 +42,8 @@ func Main(args []string) int {
 // run is Main with its outputs and host seam as arguments, for tests.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, host daemon.Host) int {
 	var c cli
-	exited := -1
-	parser, err := kong.New(&c,
-		kong.Name("daemon"),
-		kong.Description("Watch this host's Machine, Node and MachineOperations and carry the operations out by starting units. Exit 69: an installation owns the host (not a failure)."),
-		kong.Exit(func(code int) { exited = code }),
-		kong.Writers(stdout, stderr))
-	if err != nil {
-		fmt.Fprintln(stderr, "daemon:", err)
-		return exitcode.Failed
-	}
-	if _, err := parser.Parse(args); err != nil {
-		fmt.Fprintln(stderr, "daemon:", err)
-		return exitcode.Failed
-	}
-	if exited >= 0 { // --help
-		return exited
+	if code, done := concern.Parse("daemon", "Watch this host's Machine, Node and MachineOperations and carry the operations out by starting units. Exit 69: an installation owns the host (not a failure).", &c, args, stdout, stderr); done {
+		return code
 	}
 	paths := hostpaths.New(c.Root)
 	// Run by hand without root, the host root reads as "permission
@@ -79,7 +65,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, host daem
 	_ = level.UnmarshalText([]byte(lvl))
 	log := logging.New(stderr, level)
 
-	err = daemon.Run(ctx, daemon.Options{Paths: paths, Host: host, Log: log})
+	err := daemon.Run(ctx, daemon.Options{Paths: paths, Host: host, Log: log})
 	if err != nil && !errors.Is(err, state.ErrOwned) {
 		// Deferred is not an error: systemd counts 69 as success, and
 		// the journal should not say otherwise.

@@ -14,7 +14,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/alecthomas/kong"
+	"unbounded-cloud.io/agent/lib/concern"
 
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/exitcode"
@@ -33,22 +33,8 @@ type cli struct {
 // exit code.
 func Main(args []string) int {
 	var c cli
-	exited := -1
-	parser, err := kong.New(&c,
-		kong.Name("fence"),
-		kong.Description("Check with the cluster that this host may still start the node of its allocation. Exit 0: allowed; 75: interrupted (SIGTERM) before a decision; 77: refused (final); 78: configuration invalid."),
-		kong.Exit(func(code int) { exited = code }),
-		kong.Writers(os.Stdout, os.Stderr))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "fence:", err)
-		return exitcode.Failed
-	}
-	if _, err := parser.Parse(args); err != nil {
-		fmt.Fprintln(os.Stderr, "fence:", err)
-		return exitcode.Failed
-	}
-	if exited >= 0 { // --help
-		return exited
+	if code, done := concern.Parse("fence", "Check with the cluster that this host may still start the node of its allocation. Exit 0: allowed; 75: interrupted (SIGTERM) before a decision; 77: refused (final); 78: configuration invalid.", &c, args, os.Stdout, os.Stderr); done {
+		return code
 	}
 
 	log := logging.New(os.Stderr, slog.LevelInfo)
@@ -56,7 +42,7 @@ func Main(args []string) int {
 	// Run by hand without root, the host root (certificates) and the
 	// bootstrap token are unreadable: say that in one line (exit 4)
 	// rather than refuse for a reason the host does not have.
-	err = privilege.Check(paths.HostRoot())
+	err := privilege.Check(paths.HostRoot())
 	var cfg *config.Config
 	if err == nil {
 		cfg, err = config.Load(paths)

@@ -13,7 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/alecthomas/kong"
+	"unbounded-cloud.io/agent/lib/concern"
 
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -37,22 +37,8 @@ func Main(args []string) int {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c cli
-	exited := -1
-	parser, err := kong.New(&c,
-		kong.Name("reset"),
-		kong.Description("Remove the node (both slots), the host preparation, the artifacts and every file under /var/lib/unbounded; /etc/unbounded stays. Exit 0: done; 1: failed; 69: another installation owns the host."),
-		kong.Exit(func(code int) { exited = code }),
-		kong.Writers(stdout, stderr))
-	if err != nil {
-		fmt.Fprintln(stderr, "reset:", err)
-		return exitcode.Failed
-	}
-	if _, err := parser.Parse(args); err != nil {
-		fmt.Fprintln(stderr, "reset:", err)
-		return exitcode.Failed
-	}
-	if exited >= 0 { // --help
-		return exited
+	if code, done := concern.Parse("reset", "Remove the node (both slots), the host preparation, the artifacts and every file under /var/lib/unbounded; /etc/unbounded stays. Exit 0: done; 1: failed; 69: another installation owns the host.", &c, args, stdout, stderr); done {
+		return code
 	}
 	paths := hostpaths.New(c.Root)
 	if err := privilege.Check(paths.HostRoot()); err != nil {
@@ -61,7 +47,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	log := logging.New(stderr, slog.LevelInfo)
 	r := &reset.Reset{Paths: paths, KeepHandoff: c.KeepHandoff, Log: log}
-	err = r.Run(ctx)
+	err := r.Run(ctx)
 	code := exitcode.For(err)
 	if code != exitcode.OK && code != exitcode.Deferred {
 		log.Error("reset: "+err.Error(), "exit", code)
