@@ -146,13 +146,13 @@ func (h Host) cgroupMounts() ([]mount, error) {
 		if len(f) < 5 || len(g) < 3 || (g[0] != "cgroup" && g[0] != "cgroup2") {
 			continue
 		}
-		out = append(out, mount{point: unescape(f[4]), fstype: g[0], options: strings.Split(g[2], ",")})
+		out = append(out, mount{point: UnescapeMountinfo(f[4]), fstype: g[0], options: strings.Split(g[2], ",")})
 	}
 	return out, nil
 }
 
-// unescape undoes mountinfo's octal escapes (\040 for a space).
-func unescape(s string) string {
+// UnescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
+func UnescapeMountinfo(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s
 	}

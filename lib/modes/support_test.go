@@ -128,7 +128,7 @@ func TestZeroHostReadsTheRealMountTable(t *testing.T) {
 }
 
 func TestUnescapeDecodesMountinfoOctal(t *testing.T) {
-	if got := unescape(`/mnt/with\040space`); got != "/mnt/with space" {
+	if got := UnescapeMountinfo(`/mnt/with\040space`); got != "/mnt/with space" {
 		t.Errorf("got %q", got)
 	}
 }

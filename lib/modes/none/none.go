@@ -459,7 +459,7 @@ func (m *Mode) unmountUnder(dirs []string) error {
 		if len(f) < 5 {
 			continue
 		}
-		p := unescapeMount(f[4])
+		p := modes.UnescapeMountinfo(f[4])
 		for _, d := range dirs {
 			if p == d || strings.HasPrefix(p, d+"/") {
 				points = append(points, p)
@@ -481,24 +481,4 @@ func (m *Mode) unmountUnder(dirs []string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var c byte
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &c); err == nil {
-				b.WriteByte(c)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
