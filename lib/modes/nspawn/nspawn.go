@@ -148,14 +148,17 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 			os.RemoveAll(tmp)
 		}
 	}()
-	// A machine's / is 0755 whatever MkdirTemp made (the image's "./"
-	// entry, when it has one, sets it again).
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return err
-	}
 	stats, err := Unpack(img, tmp)
 	if err != nil {
 		return fmt.Errorf("prepare slot %s: node image %s: %w", s.Name, src, classify(err))
+	}
+	// A machine's / is 0755, whatever MkdirTemp made and whatever the
+	// image's "./" entry says: an image built from a 0700 directory
+	// (tar -C DIR .) would otherwise lock every user but root out of the
+	// machine's tree, and its dbus-daemon (user messagebus) fails, so the
+	// machine never reports ready.
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return err
 	}
 	// nspawn refuses a directory without /usr ("doesn't look like it has
 	// an OS tree"): say so now, naming the image.

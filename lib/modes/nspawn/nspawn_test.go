@@ -1,6 +1,7 @@
 package nspawn
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/coreos/go-systemd/v22/unit"
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
@@ -446,5 +448,31 @@ func TestPrepareSaysWhetherAnImageErrorIsWorthARetry(t *testing.T) {
 			}
 			f.noLeftovers(t)
 		})
+	}
+}
+
+// An image layer made with `tar -C DIR .` of a 0700 directory carries a
+// "./" entry of mode 0700. Unpacked as it is, the machine's / would lock
+// every user but root out (its dbus-daemon, user messagebus, fails and
+// the machine never reports ready): the slot's / is 0755 whatever the
+// image says.
+func TestPrepareGivesTheMachineRootMode0755WhateverTheImageSays(t *testing.T) {
+	requireRoot(t)
+	base, err := nodeImage(t).Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := layer(t, entry{name: "./", typ: tar.TypeDir, mode: 0o700})
+	ref := serveRegistry(t, "unbounded/node:1.36.3", image(t, append([]v1.Layer{root}, base...)...))
+	f := newFixture(t, mountsLegacy, ref)
+	if err := f.m.Prepare(context.Background(), f.slot); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(f.p.MachineDir("kube1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fi.Mode().Perm(); got != 0o755 {
+		t.Errorf("machine root mode %o, want 755", got)
 	}
 }
