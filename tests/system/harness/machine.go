@@ -78,6 +78,14 @@ type Options struct {
 	// private one, so that the machine reaches services on the host's
 	// loopback (the test API server of tests/kube).
 	HostNetwork bool
+	// BootTimeout bounds Start's wait for the boot to finish (default
+	// 90 s). A first boot's transaction holds unbounded-bootstrap.service,
+	// which runs until the Node is Ready.
+	BootTimeout time.Duration
+	// Env is added to systemd-nspawn's environment (KEY=VALUE), for its
+	// SYSTEMD_NSPAWN_* settings; unlike t.Setenv it leaves the test free
+	// to run in parallel.
+	Env []string
 }
 
 // File is a file to place in a machine.
@@ -117,6 +125,8 @@ type Machine struct {
 	bus     *sdbus.Conn
 
 	hostNetwork bool
+	bootTimeout time.Duration
+	env         []string
 }
 
 // Require skips t unless the host can boot machines: root, systemd-nspawn,
@@ -170,6 +180,8 @@ func New(t testing.TB, opts Options) *Machine {
 	if m != nil {
 		m.t = t
 		m.hostNetwork = opts.HostNetwork
+		m.bootTimeout = opts.BootTimeout
+		m.env = opts.Env
 		t.Cleanup(func() {
 			if t.Failed() {
 				m.logDiagnostics()
@@ -317,7 +329,7 @@ func (m *Machine) start() error {
 	// instruction (joining after exec would race with nspawn's fork).
 	script := `IFS=:; for p in $UNBOUNDED_CGROUP_PROCS; do echo $$ >"$p" || exit 1; done; exec "$@"`
 	cmd := exec.Command("sh", append([]string{"-c", script, "sh"}, nspawn...)...)
-	cmd.Env = append(os.Environ(), "UNBOUNDED_CGROUP_PROCS="+strings.Join(procs, ":"))
+	cmd.Env = append(append(os.Environ(), m.env...), "UNBOUNDED_CGROUP_PROCS="+strings.Join(procs, ":"))
 	cmd.Stdout, cmd.Stderr = console, console
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -403,7 +415,11 @@ func innermostPID(pid int) int {
 // running or degraded: right after PID 1 starts, systemctl may fail because
 // the manager's bus is not up yet.
 func (m *Machine) waitBooted(done <-chan struct{}) (string, error) {
-	deadline := time.Now().Add(bootTimeout)
+	timeout := bootTimeout
+	if m.bootTimeout > 0 {
+		timeout = m.bootTimeout
+	}
+	deadline := time.Now().Add(timeout)
 	last := ""
 	for time.Now().Before(deadline) {
 		select {
@@ -421,7 +437,7 @@ func (m *Machine) waitBooted(done <-chan struct{}) (string, error) {
 		last = fmt.Sprintf("%q (%v)", state, err)
 		time.Sleep(100 * time.Millisecond)
 	}
-	return "", fmt.Errorf("boot did not finish within %v; last is-system-running: %s", bootTimeout, last)
+	return "", fmt.Errorf("boot did not finish within %v; last is-system-running: %s", timeout, last)
 }
 
 func (m *Machine) stop() error {

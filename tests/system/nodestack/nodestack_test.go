@@ -188,8 +188,8 @@ func TestNodeImageIsTheRootfsAndPushes(t *testing.T) {
 		t.Fatal(err)
 	}
 	layers, err := img.Layers()
-	if err != nil || len(layers) != 1 {
-		t.Fatalf("%d layers, %v; want 1", len(layers), err)
+	if err != nil || len(layers) != 2 {
+		t.Fatalf("%d layers, %v; want 2 (the rootfs, iptables)", len(layers), err)
 	}
 	rc, err := layers[0].Uncompressed()
 	if err != nil {
@@ -216,5 +216,30 @@ func TestNodeImageIsTheRootfsAndPushes(t *testing.T) {
 	}
 	if !found["usr/lib/systemd/systemd"] || !found["etc/machine-id"] {
 		t.Errorf("layer of the node image lacks systemd or /etc/machine-id: %v", found)
+	}
+
+	// The second layer: iptables on the legacy backend.
+	rc2, err := layers[1].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc2.Close()
+	tr = tar.NewReader(rc2)
+	links := map[string]string{}
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		links[strings.TrimPrefix(h.Name, "./")] = h.Linkname
+	}
+	if links["usr/sbin/iptables"] != "iptables-legacy" {
+		t.Errorf("iptables layer: usr/sbin/iptables -> %q, want iptables-legacy", links["usr/sbin/iptables"])
+	}
+	if _, ok := links["usr/sbin/xtables-legacy-multi"]; !ok {
+		t.Error("iptables layer lacks usr/sbin/xtables-legacy-multi")
 	}
 }

@@ -205,5 +205,36 @@ func (s *Stage) NodeImage(t testing.TB) v1.Image {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return image(t, l, v1.Config{Cmd: []string{"/lib/systemd/systemd"}})
+	img := image(t, l, v1.Config{Cmd: []string{"/lib/systemd/systemd"}})
+	// The second layer: iptables, which the CNI bridge's masquerading and
+	// the kubelet use (stage.sh's layers/iptables).
+	ipt, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		cmd := exec.Command("tar", "-C", filepath.Join(s.Dir, "layers", "iptables"), "--numeric-owner", "--owner=0", "--group=0", "-cf", "-", ".")
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		return &waitCloser{ReadCloser: out, cmd: cmd}, nil
+	}, tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img, err = mutate.AppendLayers(img, ipt); err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// waitCloser is a command's stdout that reaps the command when closed.
+type waitCloser struct {
+	io.ReadCloser
+	cmd *exec.Cmd
+}
+
+func (w *waitCloser) Close() error {
+	w.ReadCloser.Close()
+	return w.cmd.Wait()
 }

@@ -11,6 +11,10 @@
 #   artifacts/cni-plugins-<v>.tgz     ./bridge, ./host-local, ./loopback, ./portmap, ...
 #   artifacts/versions                name=version lines (the Debian upstream versions)
 #   bin/busybox                       busybox-static, for the test image
+#   layers/iptables/                  iptables (legacy backend selected) and
+#                                     its libraries: the node image's second
+#                                     layer (the CNI bridge masquerades with
+#                                     iptables; the test rootfs has none)
 # and from the Kubernetes module in the Go module cache:
 #   bin/pause                         build/pause/linux/pause.c, gcc -static
 #
@@ -26,14 +30,16 @@
 set -eu
 
 packages="containerd runc containernetworking-plugins busybox-static"
+# iptables and the libraries it needs beyond the test rootfs's.
+iptables_packages="iptables libip4tc2 libip6tc2 libnetfilter-conntrack3 libnfnetlink0 libnftnl11"
 k8s_version=v1.36.3
 # Bump when the steps below change.
-recipe=1
+recipe=2
 cache=${UNBOUNDED_ROOTFS_CACHE:-/var/cache/unbounded-tests}
 
 log() { echo "stage.sh: $*" >&2; }
 
-hash=$(printf '%s\n' "$packages" "$k8s_version" "$recipe" | sha256sum | cut -c1-12)
+hash=$(printf '%s\n' "$packages" "$iptables_packages" "$k8s_version" "$recipe" | sha256sum | cut -c1-12)
 final="$cache/nodestack-$hash"
 if [ -f "$final/artifacts/versions" ]; then
 	echo "$final"
@@ -52,11 +58,11 @@ trap 'rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM
 start=$(date +%s)
 
-mkdir "$tmp/debs" "$tmp/x" "$tmp/artifacts" "$tmp/bin"
-log "apt-get download $packages"
+mkdir "$tmp/debs" "$tmp/x" "$tmp/artifacts" "$tmp/bin" "$tmp/layers"
+log "apt-get download $packages $iptables_packages"
 # apt warns that it downloads "unsandboxed as root" (its _apt user cannot
 # enter the 0700 temporary directory): harmless, the files are only unpacked.
-(cd "$tmp/debs" && apt-get download $packages >&2)
+(cd "$tmp/debs" && apt-get download $packages $iptables_packages >&2)
 
 version_of() { # PKG: Debian upstream version (1.6.20~ds1-1+deb12u3 -> 1.6.20)
 	dpkg-deb -f "$tmp"/debs/"$1"_*.deb Version | sed -e 's/^[0-9]*://' -e 's/[~+-].*//'
@@ -77,6 +83,17 @@ tar -C "$tmp/x/containernetworking-plugins/usr/lib/cni" --owner=0 --group=0 --nu
 printf 'containerd=%s\nrunc=%s\ncni-plugins=%s\nkubelet=%s\n' "$cv" "$rv" "$nv" "${k8s_version#v}" >"$tmp/artifacts/versions"
 
 cp "$tmp/x/busybox-static/bin/busybox" "$tmp/bin/busybox"
+
+# The iptables layer: the packages' files, and the links update-alternatives
+# would make, to the legacy backend (the nft backend needs nf_tables in the
+# kernel of every machine that runs the tests).
+for p in $iptables_packages; do
+	dpkg-deb -x "$tmp"/debs/"$p"_*.deb "$tmp/layers/iptables"
+done
+rm -rf "$tmp/layers/iptables/usr/share/doc" "$tmp/layers/iptables/usr/share/man"
+for t in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+	ln -sf "$t-legacy" "$tmp/layers/iptables/usr/sbin/$t"
+done
 gcc -Os -static -DVERSION="$k8s_version-unbounded-test" -o "$tmp/bin/pause" "$pause_c"
 strip "$tmp/bin/pause" 2>/dev/null || true
 rm -rf "$tmp/x" "$tmp/stage"

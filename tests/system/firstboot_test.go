@@ -1,0 +1,374 @@
+package system_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"unbounded-cloud.io/agent/lib/api/identity"
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/tests/kubeenv"
+	"unbounded-cloud.io/agent/tests/system/harness"
+	"unbounded-cloud.io/agent/tests/system/nodestack"
+)
+
+// First boot end to end: a test host (a systemd container with the .deb
+// installed and a private network) gets /etc/unbounded/agent.toml and
+// boots; unbounded-bootstrap.service turns it into a Ready Node of the
+// test control plane, with the real kubelet, containerd, runc and CNI
+// plugins from the loopback artifact mirror, the node image and the pod
+// images from the loopback registry.
+//
+// What the test host gets from the test, and why (none of it is the
+// product's: a real host has these already):
+//   - the API server, the mirror and the registry on its own loopback
+//     (nodestack.Forward: unix sockets and systemd-socket-proxyd);
+//   - an address and a default route of its own for the kubelet's Node
+//     (firstBootNodeIPUnit): a veth pair inside the host's private network
+//     namespace, where nothing sent leaves the namespace;
+//   - what TESTING.md's nested kubelet recipe gives a container that runs
+//     a node stack: every capability, the keyring and bpf system calls,
+//     a writable /proc/sys, cgroup v1 controllers (this VM binds them all
+//     to v1);
+//   - /var/lib/unbounded/slots on a directory of the VM's own file system:
+//     containerd's overlayfs snapshotter cannot put its layers on the
+//     host's overlay root.
+
+// firstBootNodeIPUnit gives the test host its address (see above).
+const firstBootNodeIPUnit = `[Unit]
+Description=The test host's own address (tests/system/firstboot_test.go)
+DefaultDependencies=no
+Before=network.target network-online.target
+Wants=network.target
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=ip link add ubt0 type veth peer name ubt1
+ExecStart=ip addr add 192.0.2.10/24 dev ubt0
+ExecStart=ip link set ubt1 up
+ExecStart=ip link set ubt0 up
+ExecStart=ip route add default via 192.0.2.1 dev ubt0
+`
+
+// firstBoot is a test host about to boot for the first time, with its
+// cluster side: a bootstrap token of its own, no Machine yet (bootstrap
+// registers it).
+type firstBoot struct {
+	env     *kubeEnv
+	stage   *nodestack.Stage
+	name    string // the Machine's and the Node's name
+	m       *harness.Machine
+	mirror  *nodestack.ArtifactServer
+	reg     *nodestack.Registry
+	app     string // the workload image
+	pause   string
+	nodeRef string
+	paths   hostpaths.Paths
+}
+
+type firstBootOptions struct {
+	// mode is the isolation mode: "nspawn" (the default) or "none".
+	mode string
+	// extra is appended to agent.toml.
+	extra string
+}
+
+func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
+	t.Helper()
+	if o.mode == "" {
+		o.mode = "nspawn"
+	}
+	s := nodestack.Require(t)
+	env := requireKube(t)
+	harness.Require(t, true)
+	f := &firstBoot{env: env, stage: s}
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	f.name = "fb-" + hex.EncodeToString(rnd[:])
+	t.Cleanup(func() {
+		ctx := context.Background()
+		env.api.Delete().Resource(v1alpha3.ResourceMachines).Name(f.name).Do(ctx)
+		env.kube.CoreV1().Nodes().Delete(ctx, f.name, metav1.DeleteOptions{})
+	})
+
+	f.reg = nodestack.StartRegistry(t)
+	f.pause = f.reg.Push(t, "pause:3.10", s.PauseImage(t))
+	f.app = f.reg.Push(t, "busybox:1.35", s.BusyboxImage(t))
+	if o.mode == "nspawn" {
+		f.nodeRef = f.reg.Push(t, "unbounded/node:bookworm", s.NodeImage(t))
+	}
+	f.mirror = nodestack.ServeArtifacts(t, s.Mirror(t))
+	fwd := nodestack.Forward(t, env.Host(), f.reg.Host, f.mirror.URL)
+
+	id, secret := kubeenv.RandomTokenID(t)
+	token := env.CreateBootstrapToken(t, id, secret, strings.Split(identity.BootstrapExtraGroups(f.name), ",")...)
+
+	cfg := fmt.Sprintf(`machine = %q
+mode = %q
+
+[cluster]
+api-server = %q
+ca-file = "/etc/unbounded/ca.crt"
+bootstrap-token-file = "/etc/unbounded/bootstrap-token"
+kubernetes-version = %q
+cluster-dns = "10.96.0.10"
+
+[node]
+sandbox-image = %q
+pod-cidr = "10.88.0.0/16"
+
+[artifacts]
+base-url = %q
+containerd-version = %q
+runc-version = %q
+cni-plugins-version = %q
+`, f.name, o.mode, env.Host(), s.Versions["kubelet"], f.pause, f.mirror.URL,
+		s.Versions["containerd"], s.Versions["runc"], s.Versions["cni-plugins"])
+	if f.nodeRef != "" {
+		cfg += fmt.Sprintf("\n[nspawn]\nimage = %q\n", f.nodeRef)
+	}
+	cfg += o.extra
+
+	files := append(fwd.Files(),
+		harness.File{Path: hostpaths.ConfigFileHost, Data: []byte(cfg), Mode: 0o644},
+		harness.File{Path: "/etc/unbounded/ca.crt", Data: env.caPEM, Mode: 0o644},
+		harness.File{Path: "/etc/unbounded/bootstrap-token", Data: []byte(token + "\n"), Mode: 0o600},
+		harness.File{Path: "/etc/systemd/system/ubt-nodeip.service", Data: []byte(firstBootNodeIPUnit), Mode: 0o644},
+		harness.File{Path: "/etc/systemd/system/multi-user.target.d/ubt-nodeip.conf", Data: []byte("[Unit]\nWants=ubt-nodeip.service\n"), Mode: 0o644},
+	)
+	slots := t.TempDir()
+	args := append([]string{
+		"--capability=all",
+		"--system-call-filter=@keyring bpf",
+		"--bind=" + slots + ":" + hostpaths.HostRootHost + "/slots",
+	}, fwd.NspawnArgs()...)
+	f.m = harness.New(t, harness.Options{
+		Package:     true,
+		Files:       files,
+		NspawnArgs:  args,
+		Env:         []string{"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=0", "SYSTEMD_NSPAWN_API_VFS_WRITABLE=1"},
+		BootTimeout: 8 * time.Minute,
+	})
+	f.paths = hostpaths.New(f.m.Root())
+	if _, err := config.Load(f.paths); err != nil {
+		t.Fatalf("the first-boot config is not valid: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			f.diagnose(t)
+		}
+	})
+	return f
+}
+
+// diagnose logs what explains a failed first boot.
+func (f *firstBoot) diagnose(t *testing.T) {
+	out, _ := f.m.Systemctl("status", "--no-pager", "-n", "0", "unbounded-*", "systemd-nspawn@*")
+	t.Logf("units:\n%s", out)
+	t.Logf("bootstrap journal:\n%s", f.m.Journal(bootstrapUnit))
+	if n, err := f.env.kube.CoreV1().Nodes().Get(context.Background(), f.name, metav1.GetOptions{}); err == nil {
+		for _, c := range n.Status.Conditions {
+			t.Logf("Node condition %s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message)
+		}
+	}
+	out, _ = f.m.Run("sh", "-c", `systemd-run -M kube1 --wait --pipe -q sh -c 'journalctl --no-pager -q -u containerd -u kubelet -p warning | grep -v "not registered yet" | tail -n 60' 2>&1`)
+	t.Logf("node machine's kubelet and containerd warnings:\n%s", out)
+}
+
+// machine reads the Machine.
+func (f *firstBoot) machine(t *testing.T) *v1alpha3.Machine {
+	t.Helper()
+	m := &v1alpha3.Machine{}
+	if err := f.env.api.Get().Resource(v1alpha3.ResourceMachines).Name(f.name).Do(context.Background()).Into(m); err != nil {
+		t.Fatalf("get Machine %s: %v", f.name, err)
+	}
+	return m
+}
+
+// nodeReady says whether the Node is Ready.
+func (f *firstBoot) nodeReady(ctx context.Context) (bool, error) {
+	n, err := f.env.kube.CoreV1().Nodes().Get(ctx, f.name, metav1.GetOptions{})
+	if err != nil {
+		return false, nil
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue, nil
+		}
+	}
+	return false, nil
+}
+
+// runPod creates a namespace and a Deployment of one pod pinned to the
+// Node, and waits until its pod runs with an IP of the CNI bridge.
+func (f *firstBoot) runPod(t *testing.T) (ns string) {
+	t.Helper()
+	ctx := context.Background()
+	c := f.env.kube
+	ns = kubeenv.UniqueName(t, "ns")
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	waitUntil(t, 30*time.Second, "ServiceAccount default", func(ctx context.Context) (bool, error) {
+		_, err := c.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	labels := map[string]string{"app": "sleeper"}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "sleeper", Namespace: ns},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](1),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					NodeSelector:                  map[string]string{corev1.LabelHostname: f.name},
+					TerminationGracePeriodSeconds: ptr.To[int64](1),
+					Containers:                    []corev1.Container{{Name: "sleep", Image: f.app}},
+				},
+			},
+		},
+	}
+	if _, err := c.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitPodRunning(t, ns, 150*time.Second)
+	return ns
+}
+
+// waitPodRunning waits until the namespace's one pod runs on the Node with
+// an IP of the CNI bridge.
+func (f *firstBoot) waitPodRunning(t *testing.T, ns string, timeout time.Duration) corev1.Pod {
+	t.Helper()
+	var pod corev1.Pod
+	begin := time.Now()
+	waitUntil(t, timeout, "the Deployment's pod Running on "+f.name, func(ctx context.Context) (bool, error) {
+		pods, err := f.env.kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil && p.Spec.NodeName == f.name && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+				pod = p
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	t.Logf("pod %s Running with IP %s after %v", pod.Name, pod.Status.PodIP, time.Since(begin).Round(time.Millisecond))
+	if !strings.HasPrefix(pod.Status.PodIP, "10.88.") {
+		t.Errorf("pod IP %s, want one of the pod CIDR 10.88.0.0/16", pod.Status.PodIP)
+	}
+	return pod
+}
+
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, cond); err != nil {
+		t.Fatalf("%s: not within %v: %v", what, timeout, err)
+	}
+}
+
+// wantBootstrapped asserts the end state of a successful first boot.
+func (f *firstBoot) wantBootstrapped(t *testing.T, mode, supervisor string) {
+	t.Helper()
+	m := f.m
+	for _, u := range []string{"unbounded-node.target", supervisor, "unbounded-daemon.service"} {
+		waitUntil(t, 60*time.Second, u+" active", func(context.Context) (bool, error) {
+			return isActive(m, u) == "active", nil
+		})
+	}
+	if ok, _ := f.nodeReady(context.Background()); !ok {
+		t.Errorf("Node %s is not Ready", f.name)
+	}
+	applied := f.paths.AppliedConfig("kube1")
+	for _, p := range []string{applied, applied + ".sha256"} {
+		if fi, err := os.Stat(p); err != nil {
+			t.Errorf("applied config: %v", err)
+		} else if fi.Mode().Perm()&0o077 != 0 {
+			t.Errorf("%s has mode %o: state is root's only", f.paths.Rel(p), fi.Mode().Perm())
+		}
+	}
+	if data, err := os.ReadFile(applied); err == nil && !strings.Contains(string(data), `"`+mode+`"`) {
+		t.Errorf("applied config does not name mode %s:\n%s", mode, data)
+	}
+	for _, p := range []string{f.paths.Ownership(), f.paths.Journal("bootstrap")} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("bootstrap left %s (%v)", f.paths.Rel(p), err)
+		}
+	}
+	mc := f.machine(t)
+	if mc.Status.Bootstrap == nil || mc.Status.Bootstrap.State != v1alpha3.BootstrapSucceeded {
+		t.Errorf("Machine status.bootstrap = %+v, want Succeeded", mc.Status.Bootstrap)
+	}
+	var cond *metav1.Condition
+	for i := range mc.Status.Conditions {
+		if mc.Status.Conditions[i].Type == v1alpha3.ConditionBootstrapped {
+			cond = &mc.Status.Conditions[i]
+		}
+	}
+	if cond == nil || cond.Status != metav1.ConditionTrue {
+		t.Errorf("Machine condition Bootstrapped = %+v, want True", cond)
+	}
+	if out, err := m.Run("unbounded", "status"); err != nil {
+		t.Errorf("unbounded status: %v\n%s", err, out)
+	} else {
+		t.Logf("unbounded status:\n%s", out)
+	}
+	if f := failedUnits(t, m, "unbounded*"); len(f) != 0 {
+		t.Errorf("failed units after the first boot: %v", f)
+	}
+}
+
+// TestFirstBootNspawnBringsUpAReadyNode: the headline scenario. The
+// artifact mirror is down when the host boots: bootstrap exits 75 and
+// the unit retries it; the mirror comes back and the first boot finishes
+// without anyone touching the host. Then the node runs a Deployment's
+// pod.
+func TestFirstBootNspawnBringsUpAReadyNode(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{})
+	f.mirror.Close()
+	begin := time.Now()
+	f.m.Start()
+	t.Logf("boot with the mirror down: %v", time.Since(begin).Round(time.Millisecond))
+
+	// A 75 leaves the unit activating (auto-restart) until RestartSec=.
+	var p map[string]string
+	waitUntil(t, 3*time.Minute, "bootstrap's first run ended", func(context.Context) (bool, error) {
+		p = showProps(t, f.m, bootstrapUnit, "ExecMainStatus", "ExecMainExitTimestampMonotonic", "SubState")
+		return p["ExecMainExitTimestampMonotonic"] != "0" && p["ExecMainExitTimestampMonotonic"] != "", nil
+	})
+	if p["ExecMainStatus"] != "75" || p["SubState"] == "failed" {
+		t.Fatalf("bootstrap with the mirror down: %v, want exit 75 and a restart\n%s", p, f.m.Journal(bootstrapUnit))
+	}
+	if j := f.m.Journal(bootstrapUnit); !strings.Contains(j, f.mirror.URL) && !strings.Contains(j, "artifact") {
+		t.Errorf("the journal does not say what was unreachable:\n%s", j)
+	}
+	f.mirror.Reopen(t)
+	reopened := time.Now()
+	waitUntil(t, 8*time.Minute, "bootstrap retried and finished", func(context.Context) (bool, error) {
+		p := showProps(t, f.m, bootstrapUnit, "ActiveState", "SubState", "ExecMainStatus", "NRestarts")
+		if p["ActiveState"] == "failed" {
+			return false, fmt.Errorf("bootstrap failed: %v", p)
+		}
+		return p["NRestarts"] != "0" && p["ActiveState"] == "inactive" && p["SubState"] == "dead" && p["ExecMainStatus"] == "0", nil
+	})
+	t.Logf("bootstrap succeeded %v after the mirror came back", time.Since(reopened).Round(time.Millisecond))
+	f.wantBootstrapped(t, "nspawn", "systemd-nspawn@kube1.service")
+	f.runPod(t)
+}
