@@ -724,3 +724,26 @@ func TestFromConfigExpandsTemplatesAndAppliesPinsAndOverrides(t *testing.T) {
 		}
 	}
 }
+
+// A mirror that is down fails every artifact on the same sums file: the
+// operator reads that once, and the error is still worth a retry (75).
+func TestFetchAllSaysEachFailureOnce(t *testing.T) {
+	m := newMirror(t, map[string][]byte{})
+	m.setHandle(func(n int, w http.ResponseWriter, r *http.Request) bool {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return true
+	})
+	f := fetcher(t, m.srv.URL)
+	f.Attempts = 1
+	var as []Artifact
+	for _, name := range []string{"kubelet", "containerd", "runc", "cni-plugins"} {
+		as = append(as, Artifact{Name: name, Version: "1.0.0", Path: name + "/v1.0.0/" + name})
+	}
+	_, err := f.FetchAll(context.Background(), as)
+	if exitcode.For(err) != exitcode.TempFail {
+		t.Fatalf("mirror down: exit %d, want 75: %v", exitcode.For(err), err)
+	}
+	if n := strings.Count(err.Error(), "SHA256SUMS"); n != 1 {
+		t.Errorf("the sums file's failure is said %d times, want once:\n%v", n, err)
+	}
+}

@@ -170,12 +170,27 @@ func (f *Fetcher) FetchAll(ctx context.Context, as []Artifact) ([]Result, error)
 		}
 	}
 	if len(final) > 0 {
-		return nil, errors.Join(final...)
+		return nil, joinDistinct(final)
 	}
 	if len(temporary) > 0 {
-		return nil, errors.Join(temporary...)
+		return nil, joinDistinct(temporary)
 	}
 	return results, nil
+}
+
+// joinDistinct joins errs, each message once: every artifact reads the
+// same sums file, and a mirror that is down fails them all with the same
+// words.
+func joinDistinct(errs []error) error {
+	seen := map[string]bool{}
+	var out []error
+	for _, err := range errs {
+		if !seen[err.Error()] {
+			seen[err.Error()] = true
+			out = append(out, err)
+		}
+	}
+	return errors.Join(out...)
 }
 
 func isTemporary(err error) bool {
