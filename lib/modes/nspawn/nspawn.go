@@ -194,6 +194,22 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	return nil
 }
 
+// StopConf bounds how long the machine's stop waits for what its units
+// leave behind.
+const StopConf = "/etc/systemd/system.conf.d/50-unbounded-node.conf"
+
+const stopConfText = `# Written by unbounded-agent: how long the node machine's stop may take.
+# Pods' processes live in the kubelet's pod cgroups, outside any unit, and
+# a container's PID 1 ignores SIGTERM unless it handles it: at the final
+# kill of a stop, systemd would wait its default 90 s for each such process
+# before SIGKILL, holding systemd-nspawn@<slot>.service's stop (a host
+# reboot, a restart, a repave's switch) for that long. A graceful end of
+# the pods is the drain's job, before the node stops; by then the kubelet
+# that honours grace periods is gone already.
+[Manager]
+DefaultTimeoutStopSec=10s
+`
+
 // writeNode writes the node configuration and units into the rootfs.
 func (m *Mode) writeNode(rootfs string, s modes.Slot, cg nodestack.Cgroup) error {
 	files, err := nodestack.Files(s.Node, Layout, cg)
@@ -214,6 +230,7 @@ func (m *Mode) writeNode(rootfs string, s modes.Slot, cg nodestack.Cgroup) error
 		nodestack.File{Path: "/etc/machine-id", Mode: 0o444, Data: nil},
 		nodestack.File{Path: units + "/" + ContainerdUnit, Mode: 0o644, Data: []byte(containerdUnit(cg))},
 		nodestack.File{Path: units + "/" + KubeletUnit, Mode: 0o644, Data: []byte(kubeletUnit(s.Node))},
+		nodestack.File{Path: StopConf, Mode: 0o644, Data: []byte(stopConfText)},
 	)
 	enabled := []string{ContainerdUnit, KubeletUnit}
 	if cg == nodestack.Legacy {

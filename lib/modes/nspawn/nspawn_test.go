@@ -230,6 +230,9 @@ func (f *fixture) checkTree(t *testing.T, cg string) {
 			t.Errorf("%s not enabled: %q %v", u, l, err)
 		}
 	}
+	if !strings.Contains(read("etc/systemd/system.conf.d/50-unbounded-node.conf"), "\nDefaultTimeoutStopSec=10s\n") {
+		t.Error("the machine's stop is not bounded (DefaultTimeoutStopSec)")
+	}
 	if !strings.Contains(read("etc/systemd/system/kubelet.service"), "--hostname-override=site-w1") {
 		t.Error("kubelet unit does not name the node")
 	}
