@@ -170,6 +170,16 @@ cni-plugins-version = %q
 		if t.Failed() {
 			f.diagnose(t)
 		}
+		if f.m.Leader() == 0 {
+			return
+		}
+		// The node goes down before the host does, and the time it takes
+		// is logged: the harness gives a host's poweroff 30 s, and a node
+		// machine stops its kubelet, containerd and pods first.
+		begin := time.Now()
+		out, err := f.m.Systemctl("stop", "unbounded-daemon.service", "unbounded-node.target", "systemd-nspawn@kube1.service",
+			"unbounded-kubelet.service", "unbounded-containerd.service")
+		t.Logf("node stack stopped in %v (%v)%s", time.Since(begin).Round(time.Millisecond), err, out)
 	})
 	return f
 }
@@ -369,6 +379,58 @@ func TestFirstBootNspawnBringsUpAReadyNode(t *testing.T) {
 		return p["NRestarts"] != "0" && p["ActiveState"] == "inactive" && p["SubState"] == "dead" && p["ExecMainStatus"] == "0", nil
 	})
 	t.Logf("bootstrap succeeded %v after the mirror came back", time.Since(reopened).Round(time.Millisecond))
+	out, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "short-precise", "-u", bootstrapUnit, "-g", "phase|ready|waiting")
+	t.Logf("bootstrap's phases:\n%s", out)
 	f.wantBootstrapped(t, "nspawn", "systemd-nspawn@kube1.service")
-	f.runPod(t)
+	ns := f.runPod(t)
+	if t.Failed() {
+		return
+	}
+	before := f.waitPodRunning(t, ns, time.Minute)
+	oldContainer := before.Status.ContainerStatuses[0].ContainerID
+
+	// Reboot of the same host: the generator brings the node back behind
+	// the fence, bootstrap does not run again, the pod comes back.
+	rebooted := time.Now()
+	f.m.Reboot()
+	t.Logf("reboot (poweroff with the node running, then boot): %v", time.Since(rebooted).Round(time.Millisecond))
+	if p := showProps(t, f.m, bootstrapUnit, "InvocationID"); p["InvocationID"] != "" {
+		t.Errorf("bootstrap ran again at the reboot:\n%s", f.m.Journal(bootstrapUnit))
+	}
+	wantFencedUnit(t, f.m, "unbounded-mode-nspawn.target", "systemd-nspawn@kube1.service")
+	for _, u := range []string{"unbounded-node.target", "systemd-nspawn@kube1.service", "unbounded-daemon.service"} {
+		waitUntil(t, 2*time.Minute, u+" active after the reboot", func(context.Context) (bool, error) {
+			return isActive(f.m, u) == "active", nil
+		})
+	}
+	if p := showProps(t, f.m, fenceUnit, "InvocationID", "ExecMainStatus"); p["InvocationID"] == "" || p["ExecMainStatus"] != "0" {
+		t.Errorf("the fence did not run and allow at the reboot: %v", p)
+	}
+	// The Node's and the pod's status from before the reboot may still
+	// say Ready and Running: what counts is a container the kubelet
+	// started after the reboot, and a Ready the kubelet reported since.
+	waitUntil(t, 4*time.Minute, "the pod's container started again after the reboot", func(ctx context.Context) (bool, error) {
+		pods, err := f.env.kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil || len(pods.Items) != 1 {
+			return false, nil
+		}
+		cs := pods.Items[0].Status.ContainerStatuses
+		return len(cs) == 1 && cs[0].State.Running != nil && cs[0].ContainerID != oldContainer, nil
+	})
+	waitUntil(t, 2*time.Minute, "Node Ready reported after the reboot", func(ctx context.Context) (bool, error) {
+		n, err := f.env.kube.CoreV1().Nodes().Get(ctx, f.name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue && c.LastHeartbeatTime.Time.After(rebooted), nil
+			}
+		}
+		return false, nil
+	})
+	t.Logf("node and pod back %v after the reboot began", time.Since(rebooted).Round(time.Millisecond))
+	if fu := failedUnits(t, f.m, "unbounded*"); len(fu) != 0 {
+		t.Errorf("failed units after the reboot: %v", fu)
+	}
 }
