@@ -196,6 +196,10 @@ type Bootstrap struct {
 	ReadyTimeout time.Duration
 	// PollInterval is the ready phase's poll period; 0 is 2 s.
 	PollInterval time.Duration
+	// CSINodeGrace is how long a registered Node may stay NotReady
+	// because the kubelet's CSINode is not initialized before the node
+	// stack is restarted once (see ready); 0 is DefaultCSINodeGrace.
+	CSINodeGrace time.Duration
 	// Backoff is the first retry delay after an exit 75; 0 is
 	// DefaultBackoff, negative is none.
 	Backoff time.Duration
@@ -477,7 +481,7 @@ func (b *Bootstrap) phases(ctx context.Context, cfg *config.Config, j *Journal, 
 			b.status("phase %s: starting %s", PhaseStart, strings.Join(generator.SupervisingUnits(cfg.Mode, j.Slot), ", "))
 			return m.Start(ctx, j.Slot)
 		}},
-		{PhaseReady, false, func() error { return b.ready(ctx, cfg, j.Slot) }},
+		{PhaseReady, false, func() error { return b.ready(ctx, cfg, j.Slot, m) }},
 		{PhaseRecord, false, func() error { return b.record(ctx, cfg, j.Slot, rep) }},
 	}
 	for _, s := range steps {

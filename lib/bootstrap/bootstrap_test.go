@@ -222,6 +222,9 @@ func TestNodeNeverReadyTimesOutSayingWhatIsMissingAndStopsTheNode(t *testing.T) 
 	if r := w.Reports(); len(r) != 2 || !strings.HasPrefix(r[1], "Failed NodeNotReady: ") {
 		t.Errorf("reports %q", r)
 	}
+	if slices.Contains(w.Calls(), "restart kube1") {
+		t.Errorf("the node stack was restarted for a Node NotReady for another reason than its CSINode: %q", w.Calls())
+	}
 	// Once the node gets Ready, a rerun resumes: the slot is not built
 	// again.
 	w.SetNodeReady(true)
@@ -399,4 +402,38 @@ func normalize(s map[string]string, w *bootstraptest.World) map[string]string {
 	}
 	_ = fmt.Sprint(w.Root)
 	return out
+}
+
+// The kubelet's CSINode race (lib/bootstrap ready): a registered Node that
+// waits for its CSINode past the grace gets one restart of the node
+// stack, and comes up; one that stays so is not restarted again.
+func TestNodeWaitingForItsCSINodeGetsOneRestartOfTheNodeStack(t *testing.T) {
+	for _, sticky := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sticky=%v", sticky), func(t *testing.T) {
+			w := newWorld(t)
+			w.SetCSINodePending(sticky)
+			err := run(t, w)
+			restarts := 0
+			for _, c := range w.Calls() {
+				if c == "restart kube1" {
+					restarts++
+				}
+			}
+			if restarts != 1 {
+				t.Errorf("%d restarts of the node stack, want 1: %q", restarts, w.Calls())
+			}
+			if sticky {
+				if code := exitcode.For(err); code != exitcode.Failed || !strings.Contains(err.Error(), "CSINode") {
+					t.Errorf("exit %d (%v), want 1 naming the CSINode", code, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a, _ := state.ReadActive(w.P); a == nil {
+				t.Error("no applied config after the node came up")
+			}
+		})
+	}
 }

@@ -43,9 +43,27 @@ type NodeStatus struct {
 	Detail string
 }
 
+// DefaultCSINodeGrace: see ready.
+const DefaultCSINodeGrace = 30 * time.Second
+
+// csiNodePending says whether a NotReady Node's detail is the kubelet's
+// "CSINode is not yet initialized" (or "failed to initialize CSINode").
+func csiNodePending(detail string) bool { return strings.Contains(detail, "CSINode") }
+
 // ready waits, bounded, until the slot's supervising units are active,
 // kubelet's healthz answers ok, and the Node is registered and Ready.
-func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string) error {
+//
+// One upstream race is worked around here. The kubelet initializes its
+// CSINode object (which needs its Node) at about 0.4, 0.8, 1.4, 4 and 20 s
+// after it starts, then once more two minutes later, then exits
+// (k8s.io/kubernetes pkg/volume/csi/csi_plugin.go); until then the Node
+// is NotReady. A kubelet that registers its Node after its early tries
+// (TLS bootstrap, then its container manager, then the next status tick)
+// leaves the node NotReady for about two and a half minutes. When the
+// Node is registered and still waits for its CSINode after CSINodeGrace,
+// the mode restarts the node stack once (its soft restart, never the
+// host): the new kubelet finds its Node and initializes at once.
+func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string, m restarter) error {
 	timeout := b.ReadyTimeout
 	if timeout <= 0 {
 		timeout = DefaultReadyTimeout
@@ -61,6 +79,13 @@ func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string) 
 		return err
 	}
 	defer sd.Close()
+
+	grace := b.CSINodeGrace
+	if grace <= 0 {
+		grace = DefaultCSINodeGrace
+	}
+	var csiSince time.Time // when the Node was first seen waiting for its CSINode
+	restarted := false
 
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
@@ -90,6 +115,22 @@ func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string) 
 		case !ns.Ready:
 			missing = append(missing, fmt.Sprintf("Node %s Ready (%s)", cfg.Machine, ns.Detail))
 		}
+		switch {
+		case err != nil || !ns.Registered || ns.Ready || !csiNodePending(ns.Detail):
+			csiSince = time.Time{}
+		case csiSince.IsZero():
+			csiSince = time.Now()
+		case !restarted && time.Since(csiSince) >= grace && m != nil:
+			restarted = true
+			b.log().Warn("the kubelet's CSINode is not initialized and its next try is minutes away; restarting the node stack once",
+				"node", cfg.Machine, "slot", slot, "waited", time.Since(csiSince).Round(time.Second), "detail", ns.Detail)
+			b.notifyOnly(fmt.Sprintf("STATUS=phase %s: restarting the node stack once (the kubelet's CSINode was not initialized)", PhaseReady))
+			if err := m.Restart(ctx, slot); err != nil {
+				return fmt.Errorf("restart of the node stack (the kubelet's CSINode was not initialized): %w", err)
+			}
+			csiSince = time.Time{}
+			continue
+		}
 		if len(missing) == 0 {
 			b.log().Info("node up", "node", cfg.Machine)
 			return nil
@@ -109,6 +150,11 @@ func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string) 
 		case <-time.After(interval):
 		}
 	}
+}
+
+// restarter is the mode's soft restart of the node stack.
+type restarter interface {
+	Restart(ctx context.Context, slot string) error
 }
 
 func (b *Bootstrap) notifyOnly(state string) {

@@ -220,6 +220,16 @@ func (w *World) SetNodeReady(ready bool) {
 	os.WriteFile(w.fake("node-not-ready"), nil, 0o644)
 }
 
+// SetCSINodePending makes the fake Node NotReady because the kubelet's
+// CSINode is not initialized, until the mode restarts the node stack
+// (sticky: not even then).
+func (w *World) SetCSINodePending(sticky bool) {
+	os.WriteFile(w.fake("csinode-pending"), nil, 0o644)
+	if sticky {
+		os.WriteFile(w.fake("csinode-sticky"), nil, 0o644)
+	}
+}
+
 // Reports are the bootstrap status reports, in order.
 func (w *World) Reports() []string {
 	data, _ := os.ReadFile(w.fake("reports"))
@@ -277,6 +287,9 @@ func (w *World) Bootstrap(log *slog.Logger) *bootstrap.Bootstrap {
 					if !up() {
 						return bootstrap.NodeStatus{}, nil
 					}
+					if _, err := os.Stat(w.fake("csinode-pending")); err == nil {
+						return bootstrap.NodeStatus{Registered: true, Detail: "Ready=False KubeletNotReady: CSINode is not yet initialized"}, nil
+					}
 					if _, err := os.Stat(w.fake("node-not-ready")); err == nil {
 						return bootstrap.NodeStatus{Registered: true, Detail: "Ready=False KubeletNotReady: container runtime network not ready"}, nil
 					}
@@ -286,6 +299,7 @@ func (w *World) Bootstrap(log *slog.Logger) *bootstrap.Bootstrap {
 		},
 		ReadyTimeout: 2 * time.Second,
 		PollInterval: 10 * time.Millisecond,
+		CSINodeGrace: 100 * time.Millisecond,
 		Backoff:      -1,
 		Notify:       func(string) {},
 		Log:          log,
@@ -442,7 +456,13 @@ func (f *fakeMode) Start(ctx context.Context, slot string) error {
 	return nil
 }
 
-func (f *fakeMode) Restart(ctx context.Context, slot string) error { return f.Start(ctx, slot) }
+func (f *fakeMode) Restart(ctx context.Context, slot string) error {
+	f.w.Log("restart " + slot)
+	if _, err := os.Stat(f.w.fake("csinode-sticky")); err != nil {
+		os.Remove(f.w.fake("csinode-pending"))
+	}
+	return f.Start(ctx, slot)
+}
 
 func (f *fakeMode) Repave(context.Context, string, modes.Slot) error { return modes.ErrNotImplemented }
 
