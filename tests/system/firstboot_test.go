@@ -67,16 +67,19 @@ ExecStart=ip route add default via 192.0.2.1 dev ubt0
 // cluster side: a bootstrap token of its own, no Machine yet (bootstrap
 // registers it).
 type firstBoot struct {
-	env     *kubeEnv
-	stage   *nodestack.Stage
-	name    string // the Machine's and the Node's name
-	m       *harness.Machine
-	mirror  *nodestack.ArtifactServer
-	reg     *nodestack.Registry
-	app     string // the workload image
-	pause   string
-	nodeRef string
-	paths   hostpaths.Paths
+	env    *kubeEnv
+	stage  *nodestack.Stage
+	name   string // the Machine's and the Node's name
+	m      *harness.Machine
+	mirror *nodestack.ArtifactServer
+	// mirrorDir is the directory the mirror serves (files are hard
+	// links to the staged ones: replace a file, never write into it).
+	mirrorDir string
+	reg       *nodestack.Registry
+	app       string // the workload image
+	pause     string
+	nodeRef   string
+	paths     hostpaths.Paths
 }
 
 type firstBootOptions struct {
@@ -110,7 +113,8 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 	if o.mode == "nspawn" {
 		f.nodeRef = f.reg.Push(t, "unbounded/node:bookworm", s.NodeImage(t))
 	}
-	f.mirror = nodestack.ServeArtifacts(t, s.Mirror(t))
+	f.mirrorDir = s.Mirror(t)
+	f.mirror = nodestack.ServeArtifacts(t, f.mirrorDir)
 	fwd := nodestack.Forward(t, env.Host(), f.reg.Host, f.mirror.URL)
 
 	id, secret := kubeenv.RandomTokenID(t)
