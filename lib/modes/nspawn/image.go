@@ -2,6 +2,7 @@ package nspawn
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -108,11 +109,32 @@ func (m *Mode) resolveImage(ctx context.Context, img modes.Image) (v1.Image, str
 		}
 	}
 	opts := append([]remote.Option{remote.WithContext(ctx), remote.WithPlatform(platform)}, m.RemoteOptions...)
-	i, err := remote.Image(r, opts...)
+	desc, err := remote.Get(r, opts...)
+	if err != nil {
+		return nil, ref, fmt.Errorf("node image %s: %w", ref, classify(err))
+	}
+	// A 200 whose body is no manifest at all (a captive portal, a proxy
+	// answering for the registry, a web server at that address) would
+	// otherwise surface later as a JSON syntax error from deep inside the
+	// unpack. Final (exit 1): the same question gets the same answer until
+	// someone fixes the registry or the path to it.
+	if !json.Valid(desc.Manifest) {
+		return nil, ref, fmt.Errorf("node image %s: %s answered with something that is not an image manifest (Content-Type %q, %d bytes: %q): is a proxy or a web page answering in place of the registry?",
+			ref, r.Context().RegistryStr(), desc.MediaType, len(desc.Manifest), snippet(desc.Manifest, 64))
+	}
+	i, err := desc.Image()
 	if err != nil {
 		return nil, ref, fmt.Errorf("node image %s: %w", ref, classify(err))
 	}
 	return i, ref, nil
+}
+
+// snippet is the start of a body, at most n bytes, for a message.
+func snippet(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "..."
+	}
+	return string(b)
 }
 
 // matches reports whether an index entry's annotations name the image:

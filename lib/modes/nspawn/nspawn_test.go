@@ -419,13 +419,14 @@ func TestPrepareSaysWhetherAnImageErrorIsWorthARetry(t *testing.T) {
 		name, ref string
 		exit      int
 		notFound  bool
+		garbage   bool
 	}{
-		{"unknown tag", host + "/unbounded/node:0.0.0", exitcode.Failed, true},
-		{"unknown repository", host + "/nothing/here:1", exitcode.Failed, true},
-		{"registry down", closedPort(t) + "/unbounded/node:1.36.3", exitcode.TempFail, false},
-		{"registry answering garbage", strings.TrimPrefix(garbage.URL, "http://") + "/unbounded/node:1", exitcode.Failed, false},
-		{"missing layout", "oci-layout:/nonexistent/layout", exitcode.Failed, true},
-		{"no image configured", "", exitcode.ConfigInvalid, false},
+		{"unknown tag", host + "/unbounded/node:0.0.0", exitcode.Failed, true, false},
+		{"unknown repository", host + "/nothing/here:1", exitcode.Failed, true, false},
+		{"registry down", closedPort(t) + "/unbounded/node:1.36.3", exitcode.TempFail, false, false},
+		{"registry answering garbage", strings.TrimPrefix(garbage.URL, "http://") + "/unbounded/node:1", exitcode.Failed, false, true},
+		{"missing layout", "oci-layout:/nonexistent/layout", exitcode.Failed, true, false},
+		{"no image configured", "", exitcode.ConfigInvalid, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, mountsLegacy, tc.ref)
@@ -436,6 +437,9 @@ func TestPrepareSaysWhetherAnImageErrorIsWorthARetry(t *testing.T) {
 			t.Logf("%v", err)
 			if got := exitcode.For(err); got != tc.exit {
 				t.Errorf("exit %d, want %d", got, tc.exit)
+			}
+			if tc.garbage && !strings.Contains(err.Error(), "not an image manifest") {
+				t.Errorf("a registry answering garbage is not said in so many words: %v", err)
 			}
 			if errors.Is(err, ErrImageNotFound) != tc.notFound {
 				t.Errorf("ErrImageNotFound: %v, want %v", errors.Is(err, ErrImageNotFound), tc.notFound)
