@@ -709,6 +709,10 @@ func reason(phase string, err error) string {
 		return v1alpha3.ConditionAllocationLaunchRefused
 	case errors.Is(err, artifacts.ErrChecksumMismatch):
 		return "ArtifactChecksumMismatch"
+	case errors.Is(err, nspawn.ErrImageNotFound):
+		// The usual cause is a typo in [nspawn] image, or an image not
+		// pushed yet: say it on the Machine, not only "the slot failed".
+		return "NodeImageNotFound"
 	case errors.Is(err, exitcode.ErrConfigInvalid):
 		return "ConfigurationInvalid"
 	}

@@ -1,0 +1,32 @@
+package bootstrap
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"unbounded-cloud.io/agent/lib/artifacts"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/modes/nspawn"
+)
+
+// The Machine's status.bootstrap reason names the cause where one is
+// known, else the phase.
+func TestFailureReasonNamesTheCauseBeforeThePhase(t *testing.T) {
+	for _, tc := range []struct {
+		phase string
+		err   error
+		want  string
+	}{
+		{PhaseFence, fmt.Errorf("%w: exited 77", exitcode.ErrRefused), "AllocationLaunchRefused"},
+		{PhaseArtifacts, errors.Join(&artifacts.MismatchError{Artifact: "kubelet"}), "ArtifactChecksumMismatch"},
+		{PhaseSlot, fmt.Errorf("prepare slot kube1: node image r/x:1: %w: MANIFEST_UNKNOWN", nspawn.ErrImageNotFound), "NodeImageNotFound"},
+		{PhaseSlot, errors.New("prepare slot kube1: node image r/x:1: not an image manifest"), "SlotPreparationFailed"},
+		{PhaseArtifacts, artifacts.ErrNoChecksum, "ArtifactsFailed"},
+		{PhaseConfig, fmt.Errorf("%w: agent.toml:3: key", exitcode.ErrConfigInvalid), "ConfigurationInvalid"},
+	} {
+		if got := reason(tc.phase, &phaseError{tc.phase, tc.err}); got != tc.want {
+			t.Errorf("reason(%s, %v) = %s, want %s", tc.phase, tc.err, got, tc.want)
+		}
+	}
+}
