@@ -145,6 +145,10 @@ type Journal struct {
 	Mode  string   `json:"mode"`
 	Slot  string   `json:"slot"`
 	Done  []string `json:"done"`
+	// Step says where the last run got to, for `unbounded status` (which
+	// shows the "step" of every journal): the last phase done, or the
+	// phase that failed and why.
+	Step string `json:"step,omitempty"`
 	// TempFailures counts the runs in a row that ended with exit 75, and
 	// LastTempFailure says when the last one did: the next run waits
 	// Backoff before it retries.
@@ -506,6 +510,7 @@ func (b *Bootstrap) finishPhase(j *Journal, phase string) error {
 	if !j.done(phase) {
 		j.Done = append(j.Done, phase)
 	}
+	j.Step = phase
 	if phase != PhaseConfig {
 		j.TempFailures, j.LastTempFailure, j.LastError = 0, time.Time{}, ""
 	}
@@ -654,10 +659,12 @@ func (b *Bootstrap) fail(ctx context.Context, cfg *config.Config, j *Journal, re
 		j.TempFailures++
 		j.LastTempFailure = b.now().UTC()
 		j.LastError = truncate(err.Error(), 512)
+		j.Step = fmt.Sprintf("%s failed for now (retry %d follows): %s", phase, j.TempFailures, j.LastError)
 		b.log().Warn("bootstrap failed for now; the unit retries", "phase", phase, "retry", j.TempFailures,
 			"delay", Backoff(b.Backoff, j.TempFailures).String(), "error", err.Error())
 	} else {
 		b.log().Error("bootstrap failed", "phase", phase, "error", err.Error())
+		j.Step = fmt.Sprintf("%s failed: %s", phase, truncate(err.Error(), 512))
 	}
 	if werr := state.WriteJournal(b.Paths, Operation, j); werr != nil {
 		b.log().Error("bootstrap journal not written", "error", werr.Error())

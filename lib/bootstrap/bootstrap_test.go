@@ -165,6 +165,13 @@ func TestChecksumMismatchExits1NamingTheArtifactAndBothSumsWithoutARecord(t *tes
 	if o, _ := state.ReadOwnership(w.P); o != nil {
 		t.Errorf("lock not released: %+v", o)
 	}
+	// `unbounded status` shows the journal's step: where and why.
+	var j bootstrap.Journal
+	if ok, err := state.ReadJournal(w.P, bootstrap.Operation, &j); !ok || err != nil {
+		t.Errorf("journal: %v %v", ok, err)
+	} else if !strings.HasPrefix(j.Step, "artifacts failed: ") || !strings.Contains(j.Step, "runc") {
+		t.Errorf("journal step %q, want the phase and the error", j.Step)
+	}
 	r := w.Reports()
 	if len(r) != 2 || !strings.HasPrefix(r[1], "Failed ArtifactChecksumMismatch: ") {
 		t.Errorf("reports %q", r)
@@ -304,6 +311,10 @@ func TestTemporaryFailureExits75AndTheRetryWaitsLonger(t *testing.T) {
 	}
 	if j.TempFailures != 1 || j.LastError == "" {
 		t.Errorf("journal %+v", j)
+	}
+	// `unbounded status` shows the journal's step.
+	if !strings.HasPrefix(j.Step, "artifacts failed for now (retry 1 follows): ") {
+		t.Errorf("journal step %q, want the phase, the retry and the error", j.Step)
 	}
 	if r := w.Reports(); len(r) != 1 {
 		t.Errorf("a temporary failure is not reported as Failed: %q", r)

@@ -70,6 +70,11 @@ func wantJournalSays(t *testing.T, f *firstBoot, words ...string) string {
 			t.Errorf("bootstrap's journal does not say %q:\n%s", w, j)
 		}
 	}
+	for _, l := range strings.Split(j, "\n") {
+		if strings.Contains(l, "bootstrap failed") {
+			t.Logf("journal: %s", l)
+		}
+	}
 	return j
 }
 
@@ -82,6 +87,7 @@ func wantMachineFailed(t *testing.T, f *firstBoot, reason string, words ...strin
 		t.Errorf("Machine %s status.bootstrap = %+v, want Failed with reason %s", f.name, b, reason)
 		return
 	}
+	t.Logf("Machine status.bootstrap: %s %s: %s", b.State, b.Reason, b.Message)
 	for _, w := range words {
 		if !strings.Contains(b.Message, w) {
 			t.Errorf("Machine status.bootstrap message does not say %q: %q", w, b.Message)
@@ -268,8 +274,8 @@ func TestFirstBootBadInput(t *testing.T) {
 		f.m.WriteFile(hostpaths.ConfigDropinDirHost+"/50-image.toml", []byte(fmt.Sprintf("[nspawn]\nimage = %q\n", ref)), 0o644)
 		p := f.bootstrapEnded(t)
 		wantFinalExit(t, f, p, 1)
-		wantJournalSays(t, f, ref, "not found")
-		wantMachineFailed(t, f, "SlotPreparationFailed", ref)
+		wantJournalSays(t, f, ref, "not found", "MANIFEST_UNKNOWN")
+		wantMachineFailed(t, f, "NodeImageNotFound", ref)
 		wantConsistentAfterFailure(t, f, false)
 	})
 
@@ -287,8 +293,8 @@ func TestFirstBootBadInput(t *testing.T) {
 		f.reg.SetGarbage(true)
 		p := f.bootstrapEnded(t)
 		wantFinalExit(t, f, p, 1)
-		wantJournalSays(t, f, f.nodeRef)
-		wantMachineFailed(t, f, "SlotPreparationFailed", f.nodeRef)
+		wantJournalSays(t, f, f.nodeRef, "not an image manifest", "this is not a registry")
+		wantMachineFailed(t, f, "SlotPreparationFailed", f.nodeRef, "not an image manifest")
 		wantConsistentAfterFailure(t, f, false)
 	})
 }
