@@ -651,20 +651,23 @@ func (b *Bootstrap) record(ctx context.Context, cfg *config.Config, slot string,
 func (b *Bootstrap) fail(ctx context.Context, cfg *config.Config, j *Journal, rep Reporter, lock *state.Lock, err error) error {
 	phase := ""
 	var pe *phaseError
+	// cause is err without its "phase X: " prefix, for the lines that
+	// name the phase themselves.
+	cause := err
 	if errors.As(err, &pe) {
-		phase = pe.phase
+		phase, cause = pe.phase, pe.err
 	}
 	temporary := exitcode.For(err) == exitcode.TempFail
 	if temporary {
 		j.TempFailures++
 		j.LastTempFailure = b.now().UTC()
 		j.LastError = truncate(err.Error(), 512)
-		j.Step = fmt.Sprintf("%s failed for now (retry %d follows): %s", phase, j.TempFailures, j.LastError)
+		j.Step = fmt.Sprintf("%s failed for now (retry %d follows): %s", phase, j.TempFailures, truncate(cause.Error(), 512))
 		b.log().Warn("bootstrap failed for now; the unit retries", "phase", phase, "retry", j.TempFailures,
 			"delay", Backoff(b.Backoff, j.TempFailures).String(), "error", err.Error())
 	} else {
 		b.log().Error("bootstrap failed", "phase", phase, "error", err.Error())
-		j.Step = fmt.Sprintf("%s failed: %s", phase, truncate(err.Error(), 512))
+		j.Step = fmt.Sprintf("%s failed: %s", phase, truncate(cause.Error(), 512))
 	}
 	if werr := state.WriteJournal(b.Paths, Operation, j); werr != nil {
 		b.log().Error("bootstrap journal not written", "error", werr.Error())
@@ -680,10 +683,10 @@ func (b *Bootstrap) fail(ctx context.Context, cfg *config.Config, j *Journal, re
 		}
 	}
 	if !temporary {
-		b.status("failed in phase %s: %v", phase, err)
+		b.status("failed in phase %s: %v", phase, cause)
 		_ = rep.Failed(ctx, reason(phase, err), err.Error())
 	} else {
-		b.status("phase %s failed for now (retry %d follows): %v", phase, j.TempFailures, err)
+		b.status("phase %s failed for now (retry %d follows): %v", phase, j.TempFailures, cause)
 	}
 	if rerr := lock.Release(); rerr != nil {
 		b.log().Error("ownership lock not released", "error", rerr.Error())
