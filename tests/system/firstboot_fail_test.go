@@ -102,7 +102,7 @@ func wantMachineFailed(t *testing.T, f *firstBoot, reason string, words ...strin
 // (what a rerun resumes from) whole, and, when slotBuilt is false, no
 // slot at all: nothing under /var/lib/machines (not even a temporary
 // unpack directory) and no machine settings in /etc/systemd/nspawn.
-func wantConsistentAfterFailure(t *testing.T, f *firstBoot, slotBuilt bool) {
+func wantConsistentAfterFailure(t *testing.T, f *firstBoot, phase string, slotBuilt bool) {
 	t.Helper()
 	applied := f.paths.AppliedConfig("kube1")
 	for _, p := range []string{applied, applied + ".sha256", f.paths.Ownership()} {
@@ -126,14 +126,16 @@ func wantConsistentAfterFailure(t *testing.T, f *firstBoot, slotBuilt bool) {
 	if jobs, _ := f.m.Systemctl("list-jobs", "--no-legend"); strings.Contains(jobs, "unbounded") || strings.Contains(jobs, "nspawn") {
 		t.Errorf("jobs queued after the failed bootstrap:\n%s", jobs)
 	}
+	entries, err := os.ReadDir(f.paths.Join(hostpaths.MachinesDirHost))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !slotBuilt || e.Name() != "kube1" {
+			t.Errorf("/var/lib/machines/%s left by the failed bootstrap (slot built: %v)", e.Name(), slotBuilt)
+		}
+	}
 	if !slotBuilt {
-		entries, err := os.ReadDir(f.paths.Join(hostpaths.MachinesDirHost))
-		if err != nil && !os.IsNotExist(err) {
-			t.Fatal(err)
-		}
-		for _, e := range entries {
-			t.Errorf("/var/lib/machines/%s left by a bootstrap that failed before the slot was built", e.Name())
-		}
 		if _, err := os.Stat(f.paths.NspawnConfig("kube1")); !os.IsNotExist(err) {
 			t.Errorf("%s written by a bootstrap that failed before the slot was built (%v)", f.paths.Rel(f.paths.NspawnConfig("kube1")), err)
 		}
@@ -146,6 +148,16 @@ func wantConsistentAfterFailure(t *testing.T, f *firstBoot, slotBuilt bool) {
 		}
 		return nil
 	})
+	// What an operator who looks sees: `systemctl status` and `unbounded
+	// status` name the phase that failed.
+	if st := showProps(t, f.m, bootstrapUnit, "StatusText")["StatusText"]; !strings.HasPrefix(st, "failed in phase "+phase+": ") {
+		t.Errorf("systemctl status of %s says %q, want the failed phase %s and why", bootstrapUnit, st, phase)
+	}
+	if out, err := f.m.Run("unbounded", "status"); err != nil || !strings.Contains(out, "step "+phase+" failed: ") {
+		t.Errorf("unbounded status does not say that bootstrap failed in phase %s (%v):\n%s", phase, err, out)
+	} else {
+		t.Logf("unbounded status:\n%s", out)
+	}
 	assertNoSandboxDenials(t, f.m, bootstrapUnit)
 	// What systemd did with OnFailure=: the recovery unit is not
 	// shipped yet (see the top of this file).
@@ -181,7 +193,7 @@ func TestFirstBootArtifactChecksumMismatchExits1AndLeavesTheHostConsistent(t *te
 	wantFinalExit(t, f, p, 1)
 	wantJournalSays(t, f, "kubelet", want, got, "mismatch")
 	wantMachineFailed(t, f, "ArtifactChecksumMismatch", "kubelet", want, got)
-	wantConsistentAfterFailure(t, f, false)
+	wantConsistentAfterFailure(t, f, "artifacts", false)
 	// The cache holds no kubelet: the next run downloads it again.
 	if entries, err := os.ReadDir(filepath.Join(f.paths.ArtifactsDir(), "kubelet")); err == nil {
 		for _, e := range entries {
@@ -235,7 +247,7 @@ func TestFirstBootFencedAllocationExits77AndNoNodeRuns(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(f.paths.MachineDir("kube1"), "usr")); err != nil {
 		t.Errorf("slot kube1: %v", err)
 	}
-	wantConsistentAfterFailure(t, f, true)
+	wantConsistentAfterFailure(t, f, "fence", true)
 	if n, err := f.env.kube.CoreV1().Nodes().Get(context.Background(), f.name, metav1.GetOptions{}); err == nil {
 		t.Errorf("Node %s registered by a host whose allocation is fenced (created %v)", f.name, n.CreationTimestamp)
 	}
@@ -262,7 +274,7 @@ func TestFirstBootBadInput(t *testing.T) {
 		url := f.mirror.URL + "/kubelet/v1.99.0/"
 		wantJournalSays(t, f, "kubelet 1.99.0", url)
 		wantMachineFailed(t, f, "ArtifactsFailed", "kubelet 1.99.0", url)
-		wantConsistentAfterFailure(t, f, false)
+		wantConsistentAfterFailure(t, f, "artifacts", false)
 	})
 
 	// An image reference the registry does not have (manifest unknown):
@@ -276,7 +288,7 @@ func TestFirstBootBadInput(t *testing.T) {
 		wantFinalExit(t, f, p, 1)
 		wantJournalSays(t, f, ref, "not found", "MANIFEST_UNKNOWN")
 		wantMachineFailed(t, f, "NodeImageNotFound", ref)
-		wantConsistentAfterFailure(t, f, false)
+		wantConsistentAfterFailure(t, f, "slot", false)
 	})
 
 	// A registry that answers every request with 200 and a body that
@@ -295,6 +307,6 @@ func TestFirstBootBadInput(t *testing.T) {
 		wantFinalExit(t, f, p, 1)
 		wantJournalSays(t, f, f.nodeRef, "not an image manifest", "this is not a registry")
 		wantMachineFailed(t, f, "SlotPreparationFailed", f.nodeRef, "not an image manifest")
-		wantConsistentAfterFailure(t, f, false)
+		wantConsistentAfterFailure(t, f, "slot", false)
 	})
 }
