@@ -198,8 +198,16 @@ func (f *firstBoot) diagnose(t *testing.T) {
 			t.Logf("Node condition %s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message)
 		}
 	}
-	out, _ = f.m.Run("sh", "-c", `systemd-run -M kube1 --wait --pipe -q sh -c 'journalctl --no-pager -q -u containerd -u kubelet -p warning | grep -v "not registered yet" | tail -n 60' 2>&1`)
-	t.Logf("node machine's kubelet and containerd warnings:\n%s", out)
+	// The kubelet logs its own errors at info priority (klog's E lines):
+	// the last lines of each unit, without the kubelet's repeats of "not
+	// registered yet" before it registers.
+	node := `journalctl --no-pager -q -o short-precise -u containerd -u kubelet | grep -v -e "not registered yet" -e "from lister" | tail -n 80`
+	if isActive(f.m, "systemd-nspawn@kube1.service") == "active" {
+		out, _ = f.m.Run("sh", "-c", `systemd-run -M kube1 --wait --pipe -q sh -c '`+node+`' 2>&1`)
+		t.Logf("node machine's kubelet and containerd (last lines):\n%s", out)
+	}
+	out, _ = f.m.Run("sh", "-c", `journalctl --no-pager -q -o short-precise -u unbounded-containerd -u unbounded-kubelet | grep -v -e "not registered yet" -e "from lister" | tail -n 80`)
+	t.Logf("host's unbounded-containerd and unbounded-kubelet (last lines, mode none):\n%s", out)
 }
 
 // machine reads the Machine.
