@@ -139,10 +139,18 @@ func TestFirstBootNoneBringsUpAReadyNode(t *testing.T) {
 		t.Errorf("written under /usr or /opt at run time (ARCHITECTURE section 4):\n%s", strings.Join(diff, "\n"))
 	}
 
-	// Drain before the host powers off, as an operator does before a
-	// reboot: a pod's PID 1 without a SIGTERM handler (busybox sleep)
-	// outlives the units' stop in mode none, and the shutdown's final
-	// SIGTERM, and holds the poweroff until systemd's SIGKILL 90 s later.
+	f.drainAndPowerOff(t, ns)
+}
+
+// drainAndPowerOff deletes the pod's namespace, waits until the pod is
+// gone, and powers the test host off, as an operator drains a node before
+// a reboot. Without the drain the poweroff waits for systemd's final
+// SIGKILL, 90 s later: the pod's PID 1 (busybox sleep, no SIGTERM
+// handler) outlives the node stack's units (KillMode=process keeps pods
+// across a runtime restart) and ignores the shutdown's SIGTERM, in mode
+// none on the host and in mode nspawn inside the machine alike.
+func (f *firstBoot) drainAndPowerOff(t *testing.T, ns string) {
+	t.Helper()
 	drained := time.Now()
 	if err := f.env.kube.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -227,8 +235,9 @@ func manifestDiff(before, after map[string]string) []string {
 // that are closed on the test host: nothing is forwarded there but the
 // API server); the artifacts (mirror layout + SHA256SUMS) and the node
 // image (an OCI layout whose ref.name is the configured reference) are in
-// the offline directory. First boot succeeds without a single try that
-// could reach anything.
+// the offline directory, and so are the pod images. First boot succeeds
+// and a Deployment's pod runs without a single try that could reach
+// anything.
 func TestFirstBootOfflineWithoutAnyNetwork(t *testing.T) {
 	t.Parallel()
 	f := newFirstBoot(t, firstBootOptions{offline: true})
@@ -242,7 +251,13 @@ func TestFirstBootOfflineWithoutAnyNetwork(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", "--", f.stage.Mirror(t)+"/.", offline+"/").CombinedOutput(); err != nil {
 		t.Fatalf("stage the offline directory: %v\n%s", err, out)
 	}
-	nodestack.WriteLayout(t, filepath.Join(offline, "images"), f.nodeRef, f.stage.NodeImage(t))
+	// The node image and the pod images (the sandbox image and the
+	// workload's), each named by the reference agent.toml and the pod
+	// spec use.
+	images := filepath.Join(offline, "images")
+	nodestack.WriteLayout(t, images, f.nodeRef, f.stage.NodeImage(t))
+	nodestack.WriteLayout(t, images, f.pause, f.stage.PauseImage(t))
+	nodestack.WriteLayout(t, images, f.app, f.stage.BusyboxImage(t))
 	t.Logf("offline directory staged in %v", time.Since(begin).Round(time.Millisecond))
 	if _, err := os.Stat(filepath.Join(offline, "SHA256SUMS")); err != nil {
 		t.Fatal(err)
@@ -274,7 +289,10 @@ func TestFirstBootOfflineWithoutAnyNetwork(t *testing.T) {
 	if r := f.mirror.Requests(); len(r) != 0 {
 		t.Errorf("the mirror was asked %d times: %v", len(r), r)
 	}
-	// Pods: their images (the sandbox image included) come from the
-	// cluster's registry, unreachable here; the product does not load pod
-	// images from the offline directory, so a Ready Node is the end state.
+	if !strings.Contains(j, "offline pod images staged") {
+		t.Errorf("the bootstrap journal does not say the pod images were staged:\n%s", j)
+	}
+	// A Deployment's pod runs, its images (and the sandbox image) from
+	// the offline directory: no registry is reachable.
+	f.drainAndPowerOff(t, f.runPod(t))
 }
