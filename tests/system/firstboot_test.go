@@ -87,6 +87,13 @@ type firstBootOptions struct {
 	mode string
 	// extra is appended to agent.toml.
 	extra string
+	// nspawnArgs are added to the test host's systemd-nspawn command
+	// line (binds of directories of the VM's own file system, say).
+	nspawnArgs []string
+	// offline forwards only the API server to the test host: the mirror's
+	// and the registry's ports on its loopback stay closed, so base-url
+	// and the image references in agent.toml reach nothing.
+	offline bool
 }
 
 func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
@@ -115,7 +122,11 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 	}
 	f.mirrorDir = s.Mirror(t)
 	f.mirror = nodestack.ServeArtifacts(t, f.mirrorDir)
-	fwd := nodestack.Forward(t, env.Host(), f.reg.Host, f.mirror.URL)
+	forwarded := []string{env.Host(), f.reg.Host, f.mirror.URL}
+	if o.offline {
+		forwarded = forwarded[:1]
+	}
+	fwd := nodestack.Forward(t, forwarded...)
 
 	id, secret := kubeenv.RandomTokenID(t)
 	token := env.CreateBootstrapToken(t, id, secret, strings.Split(identity.BootstrapExtraGroups(f.name), ",")...)
@@ -159,6 +170,7 @@ cni-plugins-version = %q
 		"--system-call-filter=@keyring bpf",
 		"--bind=" + slots + ":" + hostpaths.HostRootHost + "/slots",
 	}, fwd.NspawnArgs()...)
+	args = append(args, o.nspawnArgs...)
 	f.m = harness.New(t, harness.Options{
 		Package:     true,
 		Files:       files,

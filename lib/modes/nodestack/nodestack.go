@@ -60,6 +60,15 @@ type Layout struct {
 	// ResolvConf is the resolv.conf kubelet gives pods with dnsPolicy
 	// Default (and whose search path ClusterFirst pods extend).
 	ResolvConf string
+	// VolumePluginDir is where kubelet looks for FlexVolume drivers (and
+	// which it creates at start). Empty: kubelet's default,
+	// /usr/libexec/kubernetes/kubelet-plugins/volume/exec, fine in a
+	// machine's own rootfs but under the host's /usr in mode none.
+	VolumePluginDir string
+	// ContainerdOptDir is containerd's "opt" plugin directory (created at
+	// start, for binaries and libraries a plugin installs). Empty:
+	// containerd's default, /opt/containerd.
+	ContainerdOptDir string
 }
 
 // Socket is containerd's CRI endpoint.
@@ -287,6 +296,9 @@ func kubeletConfig(n modes.Node, l Layout, cg Cgroup) ([]byte, error) {
 	if n.ClusterDNS != "" {
 		c["clusterDNS"] = []string{n.ClusterDNS}
 	}
+	if l.VolumePluginDir != "" {
+		c["volumePluginDir"] = l.VolumePluginDir
+	}
 	if len(taints) > 0 {
 		c["registerWithTaints"] = taints
 	}
@@ -382,6 +394,14 @@ state = %s
 `, tomlString(l.ContainerdRoot), tomlString(l.ContainerdState), tomlString(l.Socket()),
 		tomlString(n.SandboxImage), tomlString(path.Join(l.BinDir, "runc")), systemdCgroup,
 		tomlString(l.CNIBinDir), tomlString(l.CNIConfDir))
+	if l.ContainerdOptDir != "" {
+		fmt.Fprintf(&b, `
+# containerd's "opt" plugin creates this directory at start (default
+# /opt/containerd).
+[plugins."io.containerd.internal.v1.opt"]
+  path = %s
+`, tomlString(l.ContainerdOptDir))
+	}
 	return []byte(b.String())
 }
 

@@ -106,7 +106,42 @@ func TestFilesConfigureKubeletAndContainerdForTheHostsCgroupHierarchy(t *testing
 				cri.CNI.BinDir != "/opt/cni/bin" || cri.CNI.ConfDir != "/etc/cni/net.d" {
 				t.Errorf("containerd config: %+v", cd)
 			}
+			// Left to kubelet's and containerd's defaults when the layout
+			// names no directory.
+			if _, ok := kc["volumePluginDir"]; ok {
+				t.Errorf("volumePluginDir = %v, want kubelet's default", kc["volumePluginDir"])
+			}
+			if _, ok := cd.Plugins["io.containerd.internal.v1.opt"]; ok {
+				t.Errorf("containerd's opt plugin configured: %s", m[layout.ContainerdConfig].Data)
+			}
 		})
+	}
+}
+
+func TestFilesMoveKubeletsAndContainerdsOwnDirectoriesWhenTheLayoutSaysSo(t *testing.T) {
+	l := layout
+	l.VolumePluginDir, l.ContainerdOptDir = "/var/lib/kubelet/volumeplugins", "/var/lib/containerd/opt"
+	files, err := Files(modestest.Node(), l, Legacy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := byPath(t, files)
+	var kc struct {
+		VolumePluginDir string `json:"volumePluginDir"`
+	}
+	if err := yaml.Unmarshal(m[l.KubeletConfig].Data, &kc); err != nil || kc.VolumePluginDir != l.VolumePluginDir {
+		t.Errorf("kubelet volumePluginDir = %q (%v), want %s", kc.VolumePluginDir, err, l.VolumePluginDir)
+	}
+	var cd struct {
+		Plugins map[string]struct {
+			Path string
+		}
+	}
+	if _, err := toml.Decode(string(m[l.ContainerdConfig].Data), &cd); err != nil {
+		t.Fatalf("containerd config is not TOML: %v\n%s", err, m[l.ContainerdConfig].Data)
+	}
+	if got := cd.Plugins["io.containerd.internal.v1.opt"].Path; got != l.ContainerdOptDir {
+		t.Errorf("containerd opt path = %q, want %s\n%s", got, l.ContainerdOptDir, m[l.ContainerdConfig].Data)
 	}
 }
 

@@ -30,7 +30,10 @@
 // after TLS bootstrap, kubeconfig /var/lib/kubelet/kubeconfig, and pods),
 // /var/lib/containerd and /run/containerd (the socket crictl finds), and
 // the CNI configuration in /etc/cni/net.d (where a cluster's CNI writes
-// too). The slot only names the applied config's record: both slots are
+// too). The directories kubelet and containerd create at every start
+// under /usr and /opt by default are moved there as well: kubelet's
+// FlexVolume drivers to /var/lib/kubelet/volumeplugins, containerd's opt
+// plugin to /var/lib/containerd/opt. The slot only names the applied config's record: both slots are
 // the same units.
 //
 // Repave and EnsureHooks return modes.ErrNotImplemented in this release.
@@ -84,6 +87,10 @@ var Layout = nodestack.Layout{
 	ContainerdRoot:      "/var/lib/containerd",
 	ContainerdState:     "/run/containerd",
 	ResolvConf:          "/etc/resolv.conf",
+	// Not kubelet's and containerd's defaults under /usr and /opt
+	// (ARCHITECTURE section 4): both create theirs at every start.
+	VolumePluginDir:  "/var/lib/kubelet/volumeplugins",
+	ContainerdOptDir: "/var/lib/containerd/opt",
 }
 
 // resolvedUpstream is systemd-resolved's list of the upstream servers.

@@ -74,6 +74,14 @@ func TestPrepareInstallsAVersionAndFlipsCurrentWithNothingUnderUsrOrOpt(t *testi
 	if kc, _ := os.ReadFile(filepath.Join(v, "etc/kubelet/config.yaml")); !strings.Contains(string(kc), "resolvConf: /etc/resolv.conf") {
 		t.Errorf("kubelet's resolvConf on a host without systemd-resolved:\n%s", kc)
 	}
+	// What kubelet and containerd create at every start, by default under
+	// /usr and /opt, is named under /var instead.
+	if kc, _ := os.ReadFile(filepath.Join(v, "etc/kubelet/config.yaml")); !strings.Contains(string(kc), "volumePluginDir: /var/lib/kubelet/volumeplugins") {
+		t.Errorf("kubelet's FlexVolume directory is not under /var:\n%s", kc)
+	}
+	if !strings.Contains(string(cd), "[plugins.\"io.containerd.internal.v1.opt\"]\n  path = \"/var/lib/containerd/opt\"") {
+		t.Errorf("containerd's opt directory is not under /var:\n%s", cd)
+	}
 	// Everything written is under /var/lib/unbounded, except the CNI
 	// config in /etc/cni/net.d; nothing under /usr or /opt.
 	filepath.WalkDir(p.Join("/"), func(path string, d fs.DirEntry, err error) error {

@@ -25,7 +25,11 @@
 //     (the Machine's name), resolv.conf (the host's upstream servers),
 //     an empty machine-id (systemd gives every copy its own at boot), and
 //     the units containerd.service and kubelet.service (plus
-//     unbounded-cgroup-rw.service on a legacy hierarchy), enabled;
+//     unbounded-cgroup-rw.service on a legacy hierarchy), enabled; and the
+//     pod images of Image.OfflineDir/images (every image a full reference
+//     names, but the node image) as one OCI archive, imported into
+//     containerd before kubelet starts by unbounded-pod-images.service
+//     (podimages.go): an offline host runs pods without a registry;
 //  5. renames the finished tree onto /var/lib/machines/<slot> (the old
 //     tree, if any, is moved aside first and removed after);
 //  6. writes /etc/systemd/nspawn/<slot>.nspawn and the drop-in
@@ -173,6 +177,9 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	if err := m.writeNode(tmp, s, cg); err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
+	if err := m.writePodImages(tmp, s); err != nil {
+		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+	}
 	if err := modes.SwapDir(tmp, m.Paths.MachineDir(s.Name)); err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
@@ -253,6 +260,27 @@ func (m *Mode) writeNode(rootfs string, s modes.Slot, cg nodestack.Cgroup) error
 			return err
 		}
 	}
+	return nil
+}
+
+// writePodImages puts the offline directory's pod images into the
+// machine, with the unit that imports them (podimages.go).
+func (m *Mode) writePodImages(rootfs string, s modes.Slot) error {
+	names, err := writePodImages(rootfs, s.Image)
+	if err != nil || len(names) == 0 {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(rootfs, Layout.BinDir, "ctr")); err != nil {
+		return fmt.Errorf("offline pod images: importing them needs ctr, which the containerd artifact does not hold: %w", err)
+	}
+	units := "/etc/systemd/system"
+	if err := nodestack.WriteFile(rootfs, units+"/"+PodImagesUnit, []byte(podImagesUnitText()), 0o644); err != nil {
+		return err
+	}
+	if err := symlinkUnder(rootfs, units+"/multi-user.target.wants/"+PodImagesUnit, units+"/"+PodImagesUnit); err != nil {
+		return err
+	}
+	m.log().Info("offline pod images staged", "slot", s.Name, "images", strings.Join(names, " "))
 	return nil
 }
 
