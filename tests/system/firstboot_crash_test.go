@@ -1,0 +1,499 @@
+package system_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"unbounded-cloud.io/agent/lib/bootstrap"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/hostprep"
+	"unbounded-cloud.io/agent/lib/reset"
+)
+
+// Reset and crashes on a real first-boot host (newFirstBoot, nspawn
+// mode): the host after `unbounded reset` is the host before its first
+// boot, file for file, and bootstrap and reset killed at any of their
+// crash points converge when started again.
+
+const resetUnit = "unbounded-reset.service"
+
+// manifestExcluded are the paths of the test host's root the manifest
+// leaves out, each with the reason: what a booted systemd (or the test
+// harness) changes on any container's root, with or without the agent.
+var manifestExcluded = map[string]string{
+	"/proc":                    "API file system",
+	"/sys":                     "API file system",
+	"/dev":                     "API file system",
+	"/run":                     "tmpfs of the running host, gone at poweroff",
+	"/tmp":                     "tmpfs/scratch of any running host",
+	"/var/tmp":                 "systemd's PrivateTmp= directories of any unit",
+	"/var/log":                 "the journal and wtmp/btmp/lastlog of every boot",
+	"/var/cache":               "ldconfig and other caches a boot refreshes",
+	"/etc/machine-id":          "written by systemd at the first boot",
+	"/var/lib/dbus/machine-id": "written by dbus at the first boot",
+	"/var/lib/systemd":         "systemd's own state: random-seed, timer stamps, catalog, credentials, linger",
+	"/var/lib/private":         "DynamicUser= state of systemd's own services",
+	"/etc/resolv.conf":         "copied from the VM by systemd-nspawn at each boot",
+	"/etc/.updated":            "systemd's ConditionNeedsUpdate= stamp, written at boot",
+	"/var/.updated":            "systemd's ConditionNeedsUpdate= stamp, written at boot",
+}
+
+// rootManifest describes every file, directory and link of the root at dir
+// (but manifestExcluded): type, permissions, owner, and the content's
+// SHA-256 or the link's target. Directory times are left out (creating and
+// removing an entry changes them; nothing the operator sees).
+func rootManifest(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	begin := time.Now()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel := "/" + strings.TrimPrefix(strings.TrimPrefix(p, dir), "/")
+		if _, ok := manifestExcluded[rel]; ok {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		st, _ := fi.Sys().(*syscall.Stat_t)
+		desc := fmt.Sprintf("%s %o %d:%d", fi.Mode().Type(), fi.Mode().Perm()|fi.Mode()&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky), st.Uid, st.Gid)
+		switch {
+		case fi.Mode().IsRegular():
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			h := sha256.New()
+			_, err = io.Copy(h, f)
+			f.Close()
+			if err != nil {
+				return err
+			}
+			desc += " " + hex.EncodeToString(h.Sum(nil))
+		case fi.Mode()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			desc += " -> " + target
+		}
+		out[rel] = desc
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("manifest of %s: %v", dir, err)
+	}
+	t.Logf("manifest of the host's root: %d entries in %v", len(out), time.Since(begin).Round(time.Millisecond))
+	return out
+}
+
+// manifestDiff lists what differs between two manifests, sorted.
+func manifestDiff(before, after map[string]string) []string {
+	var diff []string
+	for p, b := range before {
+		a, ok := after[p]
+		switch {
+		case !ok:
+			diff = append(diff, "gone:    "+p+" ("+b+")")
+		case a != b:
+			diff = append(diff, "changed: "+p+" ("+b+" -> "+a+")")
+		}
+	}
+	for p, a := range after {
+		if _, ok := before[p]; !ok {
+			diff = append(diff, "new:     "+p+" ("+a+")")
+		}
+	}
+	sort.Strings(diff)
+	return diff
+}
+
+// wantManifest fails the test when the host's root is not as before.
+func wantManifest(t *testing.T, f *firstBoot, before map[string]string, when string) {
+	t.Helper()
+	if d := manifestDiff(before, rootManifest(t, f.m.Root())); len(d) != 0 {
+		t.Errorf("%s, the host's root differs from before the first boot (%d entries):\n  %s", when, len(d), strings.Join(d, "\n  "))
+	}
+}
+
+// sysctl reads a kernel parameter inside the test host (its network
+// namespace: net.* sysctls are per namespace).
+func sysctl(t *testing.T, f *firstBoot, key string) string {
+	t.Helper()
+	data, err := f.m.ReadFile("/proc/sys/" + strings.ReplaceAll(key, ".", "/"))
+	if err != nil {
+		t.Fatalf("sysctl %s: %v", key, err)
+	}
+	return strings.TrimSpace(string(data))
+}
+
+// hostPrepRecord reads the host preparation record bootstrap left, and
+// checks what an uninterrupted run records: every change once, and each
+// sysctl's previous value the host's own (never the value Prepare set,
+// which a rerun after a crash between the change and its record would
+// take for the original).
+func hostPrepRecord(t *testing.T, f *firstBoot) *hostprep.Record {
+	t.Helper()
+	r, err := hostprep.ReadRecord(f.paths)
+	if err != nil || r == nil {
+		t.Fatalf("host preparation record: %v (record %v)", err, r)
+	}
+	seen := map[string]bool{}
+	for _, c := range r.Changes {
+		k := c.Kind + " " + c.Name
+		if seen[k] {
+			t.Errorf("host preparation record has %s twice: %+v", k, r.Changes)
+		}
+		seen[k] = true
+		if c.Kind == hostprep.KindSysctl {
+			if c.Previous == nil || *c.Previous == c.Value {
+				t.Errorf("record of %s: previous %v, set %q: the host's own value is lost", c.Name, c.Previous, c.Value)
+			}
+			if got := sysctl(t, f, c.Name); got != c.Value {
+				t.Errorf("sysctl %s = %s after bootstrap, want %s", c.Name, got, c.Value)
+			}
+		}
+	}
+	t.Logf("host preparation: %d changes", len(r.Changes))
+	return r
+}
+
+// wantHostPrepUndone checks the record's changes are undone: sysctls at
+// their previous values, modules that Prepare loaded unloaded or named by
+// reset as left (in use by the VM: the module list is the kernel's, not
+// the test host's).
+func wantHostPrepUndone(t *testing.T, f *firstBoot, r *hostprep.Record, resetLog string) {
+	t.Helper()
+	mods, _ := f.m.ReadFile("/proc/modules")
+	for _, c := range r.Changes {
+		switch c.Kind {
+		case hostprep.KindSysctl:
+			if got := sysctl(t, f, c.Name); got != *c.Previous {
+				t.Errorf("sysctl %s = %s after reset, want %s (before bootstrap)", c.Name, got, *c.Previous)
+			}
+		case hostprep.KindModule:
+			loaded := slices.ContainsFunc(strings.Split(string(mods), "\n"), func(l string) bool { return strings.HasPrefix(l, c.Name+" ") })
+			if loaded && !strings.Contains(resetLog, c.Name) {
+				t.Errorf("module %s that bootstrap loaded is still loaded and reset did not say why:\n%s", c.Name, resetLog)
+			}
+		}
+	}
+	if _, err := os.Stat(f.paths.HostPrepRecord()); !os.IsNotExist(err) {
+		t.Errorf("host preparation record after reset: %v", err)
+	}
+}
+
+// wantNothingOfOursRunning: no unit of ours active or failed, no machine
+// of the node running.
+func wantNothingOfOursRunning(t *testing.T, f *firstBoot) {
+	t.Helper()
+	out, _ := f.m.Systemctl("list-units", "--all", "--plain", "--no-legend", "--state=active,activating,failed", "unbounded*", "systemd-nspawn@*")
+	if s := strings.TrimSpace(out); s != "" {
+		t.Errorf("after reset, units of ours are still active or failed:\n%s", s)
+	}
+	if out, _ := f.m.Run("machinectl", "list", "--no-legend"); strings.Contains(out, "kube") {
+		t.Errorf("after reset, a node machine still runs:\n%s", out)
+	}
+}
+
+// waitUnitDone waits until a oneshot's run that began after since has
+// ended, and returns its properties.
+func waitUnitDone(t *testing.T, f *firstBoot, unit string, timeout time.Duration) map[string]string {
+	t.Helper()
+	var p map[string]string
+	waitUntil(t, timeout, unit+" ended", func(context.Context) (bool, error) {
+		p = showProps(t, f.m, unit, "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "InvocationID", "NRestarts")
+		return p["InvocationID"] != "" && (p["ActiveState"] == "inactive" || p["ActiveState"] == "failed"), nil
+	})
+	return p
+}
+
+// setCrashPoint puts (point != "") or removes the unit's crash drop-in.
+func setCrashPoint(t *testing.T, f *firstBoot, unit, point string) {
+	t.Helper()
+	dropin := "/etc/systemd/system/" + unit + ".d/crash.conf"
+	if point == "" {
+		os.RemoveAll(filepath.Join(f.m.Root(), filepath.Dir(dropin)))
+	} else {
+		f.m.WriteFile(dropin, []byte("[Service]\nEnvironment=UNBOUNDED_CRASHPOINT="+point+"\n"), 0o644)
+	}
+	if f.m.Leader() != 0 {
+		if out, err := f.m.Systemctl("daemon-reload"); err != nil {
+			t.Fatalf("daemon-reload: %v\n%s", err, out)
+		}
+	}
+}
+
+// wantCrashedAt checks the unit's last run was killed at point, and says
+// so in its journal.
+func wantCrashedAt(t *testing.T, f *firstBoot, unit, point string, p map[string]string) {
+	t.Helper()
+	if p["ExecMainCode"] != "2" || p["ExecMainStatus"] != "9" || p["ActiveState"] != "failed" {
+		t.Fatalf("%s with crash point %s: %v, want killed by SIGKILL (failed, code=killed status=9)\n%s", unit, point, p, f.m.Journal(unit))
+	}
+	out, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "_SYSTEMD_INVOCATION_ID="+p["InvocationID"])
+	if !strings.Contains(out, "crash point "+point+" reached") {
+		t.Fatalf("%s's run %s was killed, but its journal does not name crash point %s:\n%s", unit, p["InvocationID"], point, out)
+	}
+}
+
+// startAndCrash starts the unit with the crash point set and checks it
+// died there.
+func startAndCrash(t *testing.T, f *firstBoot, unit, point string, timeout time.Duration) {
+	t.Helper()
+	begin := time.Now()
+	setCrashPoint(t, f, unit, point)
+	f.m.Systemctl("reset-failed", unit)
+	if out, err := f.m.Systemctl("start", "--no-block", unit); err != nil {
+		t.Fatalf("start %s: %v\n%s", unit, err, out)
+	}
+	p := waitUnitDone(t, f, unit, timeout)
+	wantCrashedAt(t, f, unit, point, p)
+	t.Logf("%s crashed at %s after %v", unit, point, time.Since(begin).Round(time.Millisecond))
+}
+
+// runToSuccess starts the unit without a crash point and waits until it
+// ends with 0.
+func runToSuccess(t *testing.T, f *firstBoot, unit string, timeout time.Duration) {
+	t.Helper()
+	begin := time.Now()
+	setCrashPoint(t, f, unit, "")
+	f.m.Systemctl("reset-failed", unit)
+	if out, err := f.m.Systemctl("start", "--no-block", unit); err != nil {
+		t.Fatalf("start %s: %v\n%s", unit, err, out)
+	}
+	p := waitUnitDone(t, f, unit, timeout)
+	if p["ActiveState"] != "inactive" || p["ExecMainStatus"] != "0" {
+		t.Fatalf("%s: %v, want success\n%s", unit, p, f.m.Journal(unit))
+	}
+	t.Logf("%s succeeded in %v", unit, time.Since(begin).Round(time.Millisecond))
+}
+
+// nodeObject reads the Node.
+func (f *firstBoot) nodeObject(t *testing.T) *corev1.Node {
+	t.Helper()
+	n, err := f.env.kube.CoreV1().Nodes().Get(context.Background(), f.name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("Node %s: %v", f.name, err)
+	}
+	return n
+}
+
+// waitReadySince waits until the kubelet reports the Node Ready after t0.
+func (f *firstBoot) waitReadySince(t *testing.T, t0 time.Time, timeout time.Duration) {
+	t.Helper()
+	waitUntil(t, timeout, "Node Ready reported since "+t0.Format(time.TimeOnly), func(ctx context.Context) (bool, error) {
+		n, err := f.env.kube.CoreV1().Nodes().Get(ctx, f.name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue && c.LastHeartbeatTime.Time.After(t0), nil
+			}
+		}
+		return false, nil
+	})
+}
+
+// wantOneSlot: the converged host has exactly slot kube1, with its one
+// applied config.
+func wantOneSlot(t *testing.T, f *firstBoot) {
+	t.Helper()
+	for _, s := range hostpaths.Slots {
+		_, errApplied := os.Stat(f.paths.AppliedConfig(s))
+		_, errNspawn := os.Stat(f.paths.NspawnConfig(s))
+		_, errMachine := os.Lstat(f.paths.MachineDir(s))
+		want := s == bootstrap.FirstSlot
+		for what, err := range map[string]error{"applied config": errApplied, "nspawn settings": errNspawn, "machine directory": errMachine} {
+			if (err == nil) != want {
+				t.Errorf("slot %s %s: %v, want present=%v", s, what, err, want)
+			}
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Join(f.m.Root(), hostpaths.MachinesDirHost))
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if len(names) != 1 || names[0] != bootstrap.FirstSlot {
+		t.Errorf("/var/lib/machines holds %v, want only %s", names, bootstrap.FirstSlot)
+	}
+}
+
+// TestResetThenBootstrapAgainUnderTheSameName: a Ready Node with a pod is
+// reset with the operator's command; the host is then as it was before
+// its first boot (file for file, the sysctls bootstrap set back at their
+// values), and a bootstrap under the same Machine name joins as the same
+// Node with no cleanup on the cluster side, and runs the pod again.
+func TestResetThenBootstrapAgainUnderTheSameName(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{})
+	before := rootManifest(t, f.m.Root())
+	begin := time.Now()
+	f.m.Start()
+	p := waitUnitDone(t, f, bootstrapUnit, 8*time.Minute)
+	if p["ExecMainStatus"] != "0" || p["ActiveState"] != "inactive" {
+		t.Fatalf("first boot: %v\n%s", p, f.m.Journal(bootstrapUnit))
+	}
+	t.Logf("first boot to a bootstrapped host: %v", time.Since(begin).Round(time.Millisecond))
+	f.wantBootstrapped(t, "nspawn", "systemd-nspawn@kube1.service")
+	ns := f.runPod(t)
+	if t.Failed() {
+		return
+	}
+	oldPod := f.waitPodRunning(t, ns, time.Minute)
+	node := f.nodeObject(t)
+	rec := hostPrepRecord(t, f)
+
+	// The operator's path: `unbounded reset --yes`.
+	resetAt := time.Now()
+	out, err := f.m.Run("unbounded", "reset", "--yes")
+	if err != nil {
+		t.Fatalf("unbounded reset --yes: %v\n%s", err, out)
+	}
+	t.Logf("unbounded reset --yes: %v\n%s", time.Since(resetAt).Round(time.Millisecond), out)
+	resetLog, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "--since", "@"+fmt.Sprint(resetAt.Unix()), "-t", "reset", "-t", "unbounded")
+	wantNothingOfOursRunning(t, f)
+	wantHostPrepUndone(t, f, rec, out+resetLog)
+	wantManifest(t, f, before, "after `unbounded reset --yes`")
+	// A second reset finds nothing to do and changes nothing.
+	if out, err := f.m.Run("unbounded", "reset", "--yes"); err != nil {
+		t.Errorf("a second reset: %v\n%s", err, out)
+	}
+	wantManifest(t, f, before, "after a second reset")
+	if t.Failed() {
+		return
+	}
+
+	// Bootstrap again under the same name; the cluster is left as it is
+	// (the Node, its pod, the Machine, the approved CSRs).
+	again := time.Now()
+	runToSuccess(t, f, bootstrapUnit, 8*time.Minute)
+	f.wantBootstrapped(t, "nspawn", "systemd-nspawn@kube1.service")
+	f.waitReadySince(t, again, 2*time.Minute)
+	n := f.nodeObject(t)
+	if n.UID != node.UID {
+		t.Errorf("Node %s was replaced (uid %s, was %s): the new kubelet must register as the same Node", f.name, n.UID, node.UID)
+	}
+	waitUntil(t, 4*time.Minute, "the pod's container started again on the new node", func(ctx context.Context) (bool, error) {
+		pods, err := f.env.kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, p := range pods.Items {
+			cs := p.Status.ContainerStatuses
+			if p.Spec.NodeName == f.name && len(cs) == 1 && cs[0].State.Running != nil && cs[0].ContainerID != oldPod.Status.ContainerStatuses[0].ContainerID {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	t.Logf("bootstrap again to a Ready Node running the pod: %v", time.Since(again).Round(time.Millisecond))
+	if j := f.m.Journal(bootstrapUnit); strings.Contains(j, "password") || strings.Contains(j, "already exists") {
+		t.Errorf("the second bootstrap's journal shows a name conflict:\n%s", j)
+	}
+}
+
+// TestBootstrapAndResetCrashAtEveryPointConverge chains, on one host, a
+// bootstrap killed at each of its crash points in run order (the host
+// preparation's inside it), each run resuming what the last left, one of
+// them resumed by a reboot (the generator sees the ownership record naming
+// the bootstrap unit); then a run without a crash point converges to what
+// an uninterrupted first boot gives. The same for reset, ending in the
+// host as it was before its first boot.
+func TestBootstrapAndResetCrashAtEveryPointConverge(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{})
+	before := rootManifest(t, f.m.Root())
+	chain := time.Now()
+
+	var points []string
+	for _, p := range bootstrap.CrashPoints {
+		points = append(points, p)
+		if p == "bootstrap/after-"+bootstrap.PhaseConfig {
+			points = append(points, "hostprep/after-record", "hostprep/after-change")
+		}
+	}
+	// The first point is hit at the first boot.
+	setCrashPoint(t, f, bootstrapUnit, points[0])
+	f.m.Start()
+	wantCrashedAt(t, f, bootstrapUnit, points[0], waitUnitDone(t, f, bootstrapUnit, 5*time.Minute))
+	t.Logf("first boot crashed at %s after %v", points[0], time.Since(chain).Round(time.Millisecond))
+	for i, point := range points[1:] {
+		if point == "bootstrap/after-"+bootstrap.PhaseFence {
+			// A reboot after the crash at after-slot: the generator
+			// resumes bootstrap at boot (its ownership record names the
+			// unit), which crashes at the next point.
+			setCrashPoint(t, f, bootstrapUnit, point)
+			rb := time.Now()
+			f.m.Reboot()
+			wantCrashedAt(t, f, bootstrapUnit, point, waitUnitDone(t, f, bootstrapUnit, 5*time.Minute))
+			t.Logf("reboot after the crash at %s: bootstrap resumed at boot, crashed at %s; %v", points[i], point, time.Since(rb).Round(time.Millisecond))
+			continue
+		}
+		startAndCrash(t, f, bootstrapUnit, point, 8*time.Minute)
+	}
+	runToSuccess(t, f, bootstrapUnit, 8*time.Minute)
+	t.Logf("bootstrap chain of %d crash points and a reboot, converged: %v", len(points), time.Since(chain).Round(time.Millisecond))
+	f.wantBootstrapped(t, "nspawn", "systemd-nspawn@kube1.service")
+	wantOneSlot(t, f)
+	rec := hostPrepRecord(t, f)
+	if t.Failed() {
+		return
+	}
+
+	resetChain := time.Now()
+	rpoints := []string{}
+	for _, p := range reset.CrashPoints {
+		if p == "reset/after-hostprep" {
+			rpoints = append(rpoints, "hostprep/after-undo")
+		}
+		rpoints = append(rpoints, p)
+	}
+	for i, point := range rpoints {
+		if i > 0 && rpoints[i-1] == "reset/after-node" {
+			// A reboot in the middle of a reset: the generator resumes
+			// reset at boot and starts no node.
+			setCrashPoint(t, f, resetUnit, point)
+			rb := time.Now()
+			f.m.Reboot()
+			wantCrashedAt(t, f, resetUnit, point, waitUnitDone(t, f, resetUnit, 5*time.Minute))
+			t.Logf("reboot after the crash at %s: reset resumed at boot, crashed at %s; %v", rpoints[i-1], point, time.Since(rb).Round(time.Millisecond))
+			if isActive(f.m, "systemd-nspawn@kube1.service") == "active" || isActive(f.m, bootstrapUnit) == "active" {
+				t.Errorf("a node or a bootstrap runs on a host whose reset was interrupted")
+			}
+			continue
+		}
+		startAndCrash(t, f, resetUnit, point, 5*time.Minute)
+	}
+	runToSuccess(t, f, resetUnit, 5*time.Minute)
+	t.Logf("reset chain of %d crash points and a reboot, converged: %v", len(rpoints), time.Since(resetChain).Round(time.Millisecond))
+	resetLog := f.m.Journal(resetUnit)
+	wantNothingOfOursRunning(t, f)
+	wantHostPrepUndone(t, f, rec, resetLog)
+	setCrashPoint(t, f, bootstrapUnit, "")
+	setCrashPoint(t, f, resetUnit, "")
+	wantManifest(t, f, before, "after the reset chain")
+}
