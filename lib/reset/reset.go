@@ -46,6 +46,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
@@ -92,7 +93,9 @@ type Reset struct {
 	// Notify sends an sd_notify state; nil: sd_notify.
 	Notify     func(state string)
 	CrashPoint func(name string)
-	Log        *slog.Logger
+	// MountInfo reads the mount table; nil: /proc/self/mountinfo.
+	MountInfo func() ([]byte, error)
+	Log       *slog.Logger
 }
 
 func (r *Reset) log() *slog.Logger {
@@ -279,6 +282,27 @@ func (r *Reset) node(ctx context.Context, sd units.Manager) error {
 	return nil
 }
 
+// mountPoints lists the mount points of the mount table, as paths under
+// the host root Paths resolves.
+func (r *Reset) mountPoints() ([]string, error) {
+	read := r.MountInfo
+	if read == nil {
+		read = func() ([]byte, error) { return os.ReadFile("/proc/self/mountinfo") }
+	}
+	data, err := read()
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the mount table: %w", err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		// ID PARENT MAJ:MIN ROOT POINT ...
+		if f := strings.Fields(line); len(f) >= 5 {
+			out = append(out, r.Paths.Join(modes.UnescapeMountinfo(f[4])))
+		}
+	}
+	return out, nil
+}
+
 func (r *Reset) undo(ctx context.Context) ([]string, error) {
 	if r.HostPrep != nil {
 		return r.HostPrep(ctx)
@@ -309,7 +333,29 @@ func (r *Reset) removeState(keepHandoff bool) error {
 	if !keepHandoff {
 		paths = append(paths, r.Paths.ReprovisionDir())
 	}
-	if err := modes.RemoveVerified(paths...); err != nil {
+	// A directory the operator mounted a file system on (the slots on a
+	// disk of their own) cannot be removed, and is not ours to unmount:
+	// it is emptied and stays, as the mount point it was.
+	points, err := r.mountPoints()
+	if err != nil {
+		return err
+	}
+	var remove []string
+	for _, p := range paths {
+		if !slices.Contains(points, p) {
+			remove = append(remove, p)
+			continue
+		}
+		entries, err := os.ReadDir(p)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			remove = append(remove, filepath.Join(p, e.Name()))
+		}
+		r.log().Info("emptied, not removed: a file system is mounted on it", "dir", r.Paths.Rel(p))
+	}
+	if err := modes.RemoveVerified(remove...); err != nil {
 		return err
 	}
 	// The journal directory last but one: without it a resumed run

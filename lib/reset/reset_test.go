@@ -225,3 +225,39 @@ func TestResetCrashAtEveryPointThenRerunEndsAsAnUninterruptedReset(t *testing.T)
 		})
 	}
 }
+
+// A file system the operator mounted under /var/lib/unbounded (the slots
+// on a disk of their own) cannot be removed, and is not reset's to
+// unmount: it is emptied and stays.
+func TestResetEmptiesAMountPointUnderTheHostRootAndKeepsIt(t *testing.T) {
+	w := newWorld(t)
+	if code, out := child(t, w, "bootstrap", ""); code != 0 {
+		t.Fatalf("bootstrap: exit %d\n%s", code, out)
+	}
+	slots := w.P.Join("/var/lib/unbounded/slots")
+	if err := w.Write("/var/lib/unbounded/slots/kube1/containerd/leftover", "x"); err != nil {
+		t.Fatal(err)
+	}
+	r := w.Reset(slog.New(slog.DiscardHandler))
+	r.MountInfo = func() ([]byte, error) {
+		return []byte("1 0 8:1 / / rw - ext4 /dev/vda1 rw\n" +
+			"99 1 8:17 /slots /var/lib/unbounded/slots rw - ext4 /dev/vdb1 rw\n"), nil
+	}
+	if err := r.Run(context.Background()); err != nil {
+		t.Fatalf("reset: %v", err)
+	}
+	ents, err := os.ReadDir(slots)
+	if err != nil || len(ents) != 0 {
+		t.Errorf("mount point %s after reset: %v %v, want kept and empty", slots, ents, err)
+	}
+	// The world's pre-staged offline directory is the operator's, and
+	// stays too.
+	ents, _ = os.ReadDir(w.P.Join("/var/lib/unbounded"))
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, " ") != "offline slots" {
+		t.Errorf("/var/lib/unbounded after reset holds %v, want the offline directory and the mount point", names)
+	}
+}
