@@ -421,12 +421,15 @@ func (m *Mode) Destroy(ctx context.Context, slot string) error {
 	if err := modes.RemoveVerified(append(paths, l...)...); err != nil {
 		return fmt.Errorf("destroy slot %s: %w", slot, err)
 	}
-	// The drop-in directory goes when it holds nothing else (an
-	// operator's own drop-in stays, and with it the directory).
-	dir := m.Paths.NspawnDropInDir(slot)
-	if ents, err := os.ReadDir(dir); err == nil && len(ents) == 0 {
-		if err := modes.RemoveVerified(dir); err != nil {
-			return err
+	// The drop-in directory and /etc/systemd/nspawn (Prepare makes it on
+	// a host that had none) go when they hold nothing else (an
+	// operator's own drop-in or machine settings stay, and with them the
+	// directory).
+	for _, dir := range []string{m.Paths.NspawnDropInDir(slot), filepath.Dir(m.Paths.NspawnConfig(slot))} {
+		if ents, err := os.ReadDir(dir); err == nil && len(ents) == 0 {
+			if err := modes.RemoveVerified(dir); err != nil {
+				return err
+			}
 		}
 	}
 	if err := sd.Reload(ctx); err != nil {

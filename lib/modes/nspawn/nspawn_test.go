@@ -142,7 +142,9 @@ func TestPrepareBuildsTheSlotFromARegistryImage(t *testing.T) {
 			if want := []string{"stop systemd-nspawn@kube1.service", "reload"}; !slices.Equal(f.sd.Calls, want) {
 				t.Errorf("destroy made the calls %q, want %q", f.sd.Calls, want)
 			}
-			for _, p := range append(f.m.SlotPaths("kube1"), f.p.NspawnDropInDir("kube1")) {
+			// /etc/systemd/nspawn, made by Prepare, goes with the slot's
+			// settings when nothing else is in it.
+			for _, p := range append(f.m.SlotPaths("kube1"), f.p.NspawnDropInDir("kube1"), filepath.Dir(f.p.NspawnConfig("kube1"))) {
 				if _, err := os.Lstat(p); !os.IsNotExist(err) {
 					t.Errorf("%s is still there after destroy (%v)", f.p.Rel(p), err)
 				}
