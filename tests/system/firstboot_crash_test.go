@@ -229,14 +229,34 @@ func wantNothingOfOursRunning(t *testing.T, f *firstBoot) {
 	}
 }
 
-// waitUnitDone waits until a oneshot's run that began after since has
-// ended, and returns its properties.
-func waitUnitDone(t *testing.T, f *firstBoot, unit string, timeout time.Duration) map[string]string {
+// journalCursor is the test host's journal position now.
+func journalCursor(t *testing.T, f *firstBoot) string {
+	t.Helper()
+	out, err := f.m.Run("journalctl", "-q", "-n", "0", "--show-cursor")
+	_, c, ok := strings.Cut(out, "-- cursor: ")
+	if err != nil || !ok {
+		t.Fatalf("journal cursor: %v %q", err, out)
+	}
+	return strings.TrimSpace(c)
+}
+
+// waitUnitDone waits until a oneshot's run has ended, and returns its
+// properties. With a cursor, the run is the one systemd journaled after
+// it: a oneshot that succeeded and that nothing references is unloaded at
+// once (its InvocationID gone), so its end is read from the journal.
+func waitUnitDone(t *testing.T, f *firstBoot, unit, cursor string, timeout time.Duration) map[string]string {
 	t.Helper()
 	var p map[string]string
 	waitUntil(t, timeout, unit+" ended", func(context.Context) (bool, error) {
 		p = showProps(t, f.m, unit, "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "InvocationID", "NRestarts")
-		return p["InvocationID"] != "" && (p["ActiveState"] == "inactive" || p["ActiveState"] == "failed"), nil
+		if p["ActiveState"] != "inactive" && p["ActiveState"] != "failed" {
+			return false, nil
+		}
+		if cursor == "" {
+			return p["InvocationID"] != "", nil
+		}
+		j, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "-u", unit, "--after-cursor", cursor)
+		return strings.Contains(j, unit+": Deactivated successfully.") || strings.Contains(j, "Failed with result"), nil
 	})
 	return p
 }
@@ -277,10 +297,11 @@ func startAndCrash(t *testing.T, f *firstBoot, unit, point string, timeout time.
 	begin := time.Now()
 	setCrashPoint(t, f, unit, point)
 	f.m.Systemctl("reset-failed", unit)
+	cursor := journalCursor(t, f)
 	if out, err := f.m.Systemctl("start", "--no-block", unit); err != nil {
 		t.Fatalf("start %s: %v\n%s", unit, err, out)
 	}
-	p := waitUnitDone(t, f, unit, timeout)
+	p := waitUnitDone(t, f, unit, cursor, timeout)
 	wantCrashedAt(t, f, unit, point, p)
 	t.Logf("%s crashed at %s after %v", unit, point, time.Since(begin).Round(time.Millisecond))
 }
@@ -292,10 +313,11 @@ func runToSuccess(t *testing.T, f *firstBoot, unit string, timeout time.Duration
 	begin := time.Now()
 	setCrashPoint(t, f, unit, "")
 	f.m.Systemctl("reset-failed", unit)
+	cursor := journalCursor(t, f)
 	if out, err := f.m.Systemctl("start", "--no-block", unit); err != nil {
 		t.Fatalf("start %s: %v\n%s", unit, err, out)
 	}
-	p := waitUnitDone(t, f, unit, timeout)
+	p := waitUnitDone(t, f, unit, cursor, timeout)
 	if p["ActiveState"] != "inactive" || p["ExecMainStatus"] != "0" {
 		t.Fatalf("%s: %v, want success\n%s", unit, p, f.m.Journal(unit))
 	}
@@ -368,7 +390,7 @@ func TestResetThenBootstrapAgainUnderTheSameName(t *testing.T) {
 	before := rootManifest(t, f.m.Root())
 	begin := time.Now()
 	f.m.Start()
-	p := waitUnitDone(t, f, bootstrapUnit, 8*time.Minute)
+	p := waitUnitDone(t, f, bootstrapUnit, "", 8*time.Minute)
 	if p["ExecMainStatus"] != "0" || p["ActiveState"] != "inactive" {
 		t.Fatalf("first boot: %v\n%s", p, f.m.Journal(bootstrapUnit))
 	}
@@ -454,7 +476,7 @@ func TestBootstrapAndResetCrashAtEveryPointConverge(t *testing.T) {
 	// The first point is hit at the first boot.
 	setCrashPoint(t, f, bootstrapUnit, points[0])
 	f.m.Start()
-	wantCrashedAt(t, f, bootstrapUnit, points[0], waitUnitDone(t, f, bootstrapUnit, 5*time.Minute))
+	wantCrashedAt(t, f, bootstrapUnit, points[0], waitUnitDone(t, f, bootstrapUnit, "", 5*time.Minute))
 	t.Logf("first boot crashed at %s after %v", points[0], time.Since(chain).Round(time.Millisecond))
 	for i, point := range points[1:] {
 		if point == "bootstrap/after-"+bootstrap.PhaseFence {
@@ -464,7 +486,7 @@ func TestBootstrapAndResetCrashAtEveryPointConverge(t *testing.T) {
 			setCrashPoint(t, f, bootstrapUnit, point)
 			rb := time.Now()
 			f.m.Reboot()
-			wantCrashedAt(t, f, bootstrapUnit, point, waitUnitDone(t, f, bootstrapUnit, 5*time.Minute))
+			wantCrashedAt(t, f, bootstrapUnit, point, waitUnitDone(t, f, bootstrapUnit, "", 5*time.Minute))
 			t.Logf("reboot after the crash at %s: bootstrap resumed at boot, crashed at %s; %v", points[i], point, time.Since(rb).Round(time.Millisecond))
 			continue
 		}
@@ -494,7 +516,7 @@ func TestBootstrapAndResetCrashAtEveryPointConverge(t *testing.T) {
 			setCrashPoint(t, f, resetUnit, point)
 			rb := time.Now()
 			f.m.Reboot()
-			wantCrashedAt(t, f, resetUnit, point, waitUnitDone(t, f, resetUnit, 5*time.Minute))
+			wantCrashedAt(t, f, resetUnit, point, waitUnitDone(t, f, resetUnit, "", 5*time.Minute))
 			t.Logf("reboot after the crash at %s: reset resumed at boot, crashed at %s; %v", rpoints[i-1], point, time.Since(rb).Round(time.Millisecond))
 			if isActive(f.m, "systemd-nspawn@kube1.service") == "active" || isActive(f.m, bootstrapUnit) == "active" {
 				t.Errorf("a node or a bootstrap runs on a host whose reset was interrupted")
