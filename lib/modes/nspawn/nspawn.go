@@ -51,6 +51,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -329,6 +330,33 @@ func leftovers(machines, slot string) ([]string, error) {
 	return out, nil
 }
 
+// journalLinks are the links systemd-nspawn made in the host's
+// /var/log/journal to the journal of the slot's machine
+// (--link-journal=try-guest, systemd-nspawn@.service's default): once the
+// rootfs is gone they would dangle there.
+func (m *Mode) journalLinks(slot string) ([]string, error) {
+	dir := m.Paths.Join("/var/log/journal")
+	ents, err := os.ReadDir(dir)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	into := filepath.Join(hostpaths.MachinesDirHost, slot) + "/"
+	var out []string
+	for _, e := range ents {
+		if e.Type()&fs.ModeSymlink == 0 {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		if t, err := os.Readlink(p); err == nil && strings.HasPrefix(t, into) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
 func removeLeftovers(machines, slot string) error {
 	l, err := leftovers(machines, slot)
 	if err != nil {
@@ -418,6 +446,11 @@ func (m *Mode) Destroy(ctx context.Context, slot string) error {
 	if err != nil {
 		return err
 	}
+	links, err := m.journalLinks(slot)
+	if err != nil {
+		return err
+	}
+	l = append(l, links...)
 	if err := modes.RemoveVerified(append(paths, l...)...); err != nil {
 		return fmt.Errorf("destroy slot %s: %w", slot, err)
 	}

@@ -135,9 +135,22 @@ func TestPrepareBuildsTheSlotFromARegistryImage(t *testing.T) {
 				t.Errorf("prepare of a running slot: %v, want ErrSlotActive", err)
 			}
 
+			// The link systemd-nspawn makes to the machine's journal
+			// goes with the machine; another's link stays.
+			journal := f.p.Join("/var/log/journal")
+			os.MkdirAll(journal, 0o755)
+			os.Symlink("/var/lib/machines/kube1/var/log/journal/0123", filepath.Join(journal, "0123"))
+			os.Symlink("/var/lib/machines/other/var/log/journal/4567", filepath.Join(journal, "4567"))
+
 			f.sd.Calls = nil
 			if err := f.m.Destroy(ctx, "kube1"); err != nil {
 				t.Fatal(err)
+			}
+			if _, err := os.Lstat(filepath.Join(journal, "0123")); !os.IsNotExist(err) {
+				t.Errorf("the machine's journal link is still there after destroy (%v)", err)
+			}
+			if _, err := os.Lstat(filepath.Join(journal, "4567")); err != nil {
+				t.Errorf("another machine's journal link: %v", err)
 			}
 			if want := []string{"stop systemd-nspawn@kube1.service", "reload"}; !slices.Equal(f.sd.Calls, want) {
 				t.Errorf("destroy made the calls %q, want %q", f.sd.Calls, want)
