@@ -111,8 +111,8 @@ func rootManifest(t *testing.T, dir string) map[string]string {
 	return out
 }
 
-// manifestDiff lists what differs between two manifests, sorted.
-func manifestDiff(before, after map[string]string) []string {
+// rootManifestDiff lists what differs between two manifests, sorted.
+func rootManifestDiff(before, after map[string]string) []string {
 	var diff []string
 	for p, b := range before {
 		a, ok := after[p]
@@ -141,7 +141,7 @@ func wantManifest(t *testing.T, f *firstBoot, before map[string]string, when str
 	}
 	exclusions := manifestExclusions(strings.TrimSpace(string(id)))
 	var diff, excused []string
-	for _, d := range manifestDiff(before, rootManifest(t, f.m.Root())) {
+	for _, d := range rootManifestDiff(before, rootManifest(t, f.m.Root())) {
 		p := strings.Fields(d)[1]
 		reason := ""
 		for _, ex := range exclusions {
