@@ -1,0 +1,30 @@
+package nodestack
+
+import (
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// SleeperDeployment is the test workload: one replica of image (the
+// busybox image, which sleeps) named "sleeper" in namespace ns, its pod
+// pinned to node by the node's hostname label and given a second to stop.
+func SleeperDeployment(ns, node, image string) *appsv1.Deployment {
+	labels := map[string]string{"app": "sleeper"}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "sleeper", Namespace: ns},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](1),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					NodeSelector:                  map[string]string{corev1.LabelHostname: node},
+					TerminationGracePeriodSeconds: ptr.To[int64](1),
+					Containers:                    []corev1.Container{{Name: "sleep", Image: image}},
+				},
+			},
+		},
+	}
+}
