@@ -25,7 +25,7 @@ GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 # multicall executable (ARCHITECTURE section 3, size budget).
 BINARIES := bin/unbounded bin/unbounded-generator bin/unbounded-agent
 
-.PHONY: all build docs test bench packages clean FORCE
+.PHONY: all build docs test bench demo packages clean FORCE
 all: build
 build: $(BINARIES)
 
@@ -68,6 +68,12 @@ test: build
 
 bench: build
 	tests/bench.sh
+
+# The README's first command: a host becomes a Ready node of a real control
+# plane, on this machine (root, Debian 12), step by step with timings
+# (tests/demo/demo.sh says what it installs, builds and runs).
+demo:
+	@tests/demo/demo.sh
 
 clean:
 	rm -rf bin dist

@@ -12,8 +12,9 @@ export DEBIAN_FRONTEND=noninteractive
 # rpm: rpmbuild and rpm2archive build the .rpm (deb/build-packages.sh), rpm
 # installs it in scratch roots. lintian checks the .deb. busybox-static:
 # the node stack's test image. zsh and fish: the completion scripts are run
-# by the shells they are for.
-need=(systemd-container debootstrap lintian rpm busybox-static zsh fish)
+# by the shells they are for. gcc and libc6-dev: the static pause binary of
+# the node stack (tests/system/nodestack/stage.sh).
+need=(systemd-container debootstrap lintian rpm busybox-static zsh fish gcc libc6-dev)
 missing=()
 for p in "${need[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

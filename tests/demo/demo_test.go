@@ -1,0 +1,508 @@
+//go:build demo
+
+// The demo of `make demo` (tests/demo/demo.sh runs it; the build tag keeps
+// it out of `make test`, whose scenarios assert what it shows).
+//
+// It is a test binary because it reuses the system tier's fixtures, which
+// live in tests: the booted systemd host with the .deb installed
+// (tests/system/harness), the loopback artifact mirror and OCI registry
+// with the real node stack (tests/system/nodestack), and the test control
+// plane (tests/kubeenv, under tests/kube/with-env.sh). What it prints goes
+// to standard output as it happens; the fixtures' own logs (t.Logf) show
+// only when something fails.
+//
+// Ctrl-C (SIGINT) or SIGTERM: the host is powered off (its PID 1 gets
+// SIGRTMIN+4), which ends whatever waits on it, and the test ends through
+// its cleanups: machine stopped, overlay and forwarder sockets removed,
+// cluster objects deleted. with-env.sh then stops the API server.
+package demo_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"unbounded-cloud.io/agent/lib/api/identity"
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/tests/kubeenv"
+	"unbounded-cloud.io/agent/tests/system/harness"
+	"unbounded-cloud.io/agent/tests/system/nodestack"
+)
+
+func TestMain(m *testing.M) { harness.Main(m) }
+
+const bootstrapUnit = "unbounded-bootstrap.service"
+
+// sigPoweroff is systemd's "power off" signal, SIGRTMIN+4.
+const sigPoweroff = syscall.Signal(38)
+
+// nodeIPUnit gives the host an address and a default route of its own
+// inside its private network namespace, for the kubelet's Node address
+// (tests/system/firstboot_test.go explains why; a real host has one).
+const nodeIPUnit = `[Unit]
+Description=The demo host's own address (tests/demo)
+DefaultDependencies=no
+Before=network.target network-online.target
+Wants=network.target
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=ip link add ubt0 type veth peer name ubt1
+ExecStart=ip addr add 192.0.2.10/24 dev ubt0
+ExecStart=ip link set ubt1 up
+ExecStart=ip link set ubt0 up
+ExecStart=ip route add default via 192.0.2.1 dev ubt0
+`
+
+// out prints the demo's lines with the time since it started.
+type out struct {
+	mu    sync.Mutex
+	begin time.Time
+}
+
+func (o *out) say(format string, args ...any) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	fmt.Printf("[%6.1fs] %s\n", time.Since(o.begin).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (o *out) step(format string, args ...any) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	fmt.Printf("\n[%6.1fs] == %s\n", time.Since(o.begin).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// block prints text indented, under the last line.
+func (o *out) block(text string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, l := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
+		fmt.Printf("           %s\n", l)
+	}
+}
+
+func took(d time.Duration) string { return fmt.Sprintf("%.1fs", d.Seconds()) }
+
+func TestDemo(t *testing.T) {
+	o := &out{begin: time.Now()}
+	if s := os.Getenv("UNBOUNDED_DEMO_START_NS"); s != "" {
+		// demo.sh's start: the builds before this binary count too.
+		if ns, err := strconv.ParseInt(s, 10, 64); err == nil {
+			o.begin = time.Unix(0, ns)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var host atomic.Pointer[harness.Machine]
+	// Registered first, so it runs last: every other cleanup is done.
+	t.Cleanup(func() {
+		o.say("cleaned up: host powered off, its overlay, cgroups and sockets removed, cluster objects deleted")
+	})
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	t.Cleanup(func() { signal.Stop(sigs) })
+	go func() {
+		n := 0
+		for s := range sigs {
+			n++
+			if n == 1 {
+				o.say("%v: stopping (powering the host off, then cleaning up; this takes a few seconds)", s)
+			} else {
+				o.say("%v: still cleaning up", s)
+			}
+			cancel()
+			if m := host.Load(); m != nil {
+				if l := m.Leader(); l != 0 {
+					_ = syscall.Kill(l, sigPoweroff)
+				}
+			}
+		}
+	}()
+	interrupted := func() {
+		t.Helper()
+		if ctx.Err() != nil {
+			t.Fatal("interrupted")
+		}
+	}
+
+	o.step("control plane (tests/kube: etcd, kube-apiserver, controller-manager, scheduler, in one process)")
+	env := kubeenv.Get(t)
+	kube := env.Client()
+	o.say("API server at %s", env.Host())
+
+	o.step("node stack: artifact mirror and OCI registry on loopback")
+	s := nodestack.Require(t)
+	reg := nodestack.StartRegistry(t)
+	begin := time.Now()
+	pause := reg.Push(t, "pause:3.10", s.PauseImage(t))
+	app := reg.Push(t, "busybox:1.35", s.BusyboxImage(t))
+	nodeRef := reg.Push(t, "unbounded/node:bookworm", s.NodeImage(t))
+	o.say("registry %s: node image, pause, busybox pushed in %s", reg.Host, took(time.Since(begin)))
+	mirror := nodestack.ServeArtifacts(t, s.Mirror(t))
+	o.say("mirror %s: kubelet %s, containerd %s, runc %s, CNI plugins %s, with SHA256SUMS",
+		mirror.URL, s.Versions["kubelet"], s.Versions["containerd"], s.Versions["runc"], s.Versions["cni-plugins"])
+	interrupted()
+
+	o.step("host: a systemd container with the .deb installed and /etc/unbounded/agent.toml")
+	var rnd [3]byte
+	_, _ = rand.Read(rnd[:])
+	name := "demo-" + hex.EncodeToString(rnd[:]) // the Machine's, the Node's and the host's name
+	machines := env.Dynamic().Resource(schema.GroupVersionResource{Group: v1alpha3.SchemeGroupVersion.Group, Version: v1alpha3.SchemeGroupVersion.Version, Resource: v1alpha3.ResourceMachines})
+	t.Cleanup(func() {
+		ctx := context.Background()
+		machines.Delete(ctx, name, metav1.DeleteOptions{})
+		kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
+	})
+	id, secret := kubeenv.RandomTokenID(t)
+	token := env.CreateBootstrapToken(t, id, secret, strings.Split(identity.BootstrapExtraGroups(name), ",")...)
+	fwd := nodestack.Forward(t, env.Host(), reg.Host, mirror.URL)
+	cfg := fmt.Sprintf(`machine = %q
+mode = "nspawn"
+
+[cluster]
+api-server = %q
+ca-file = "/etc/unbounded/ca.crt"
+bootstrap-token-file = "/etc/unbounded/bootstrap-token"
+kubernetes-version = %q
+cluster-dns = "10.96.0.10"
+
+[node]
+sandbox-image = %q
+pod-cidr = "10.88.0.0/16"
+
+[artifacts]
+base-url = %q
+containerd-version = %q
+runc-version = %q
+cni-plugins-version = %q
+
+[nspawn]
+image = %q
+`, name, env.Host(), s.Versions["kubelet"], pause, mirror.URL,
+		s.Versions["containerd"], s.Versions["runc"], s.Versions["cni-plugins"], nodeRef)
+	files := append(fwd.Files(),
+		harness.File{Path: hostpaths.ConfigFileHost, Data: []byte(cfg), Mode: 0o644},
+		harness.File{Path: "/etc/unbounded/ca.crt", Data: env.CAPEM(t), Mode: 0o644},
+		harness.File{Path: "/etc/unbounded/bootstrap-token", Data: []byte(token + "\n"), Mode: 0o600},
+		harness.File{Path: "/etc/systemd/system/ubt-nodeip.service", Data: []byte(nodeIPUnit), Mode: 0o644},
+		harness.File{Path: "/etc/systemd/system/multi-user.target.d/ubt-nodeip.conf", Data: []byte("[Unit]\nWants=ubt-nodeip.service\n"), Mode: 0o644},
+	)
+	// What TESTING.md's nested kubelet recipe gives a container that runs
+	// a node stack (tests/system/firstboot_test.go says why, item by item).
+	slots := t.TempDir()
+	args := append([]string{
+		"--capability=all",
+		"--system-call-filter=@keyring bpf",
+		"--bind=" + slots + ":" + hostpaths.HostRootHost + "/slots",
+	}, fwd.NspawnArgs()...)
+	begin = time.Now()
+	m := harness.New(t, harness.Options{
+		Package:     true,
+		Files:       files,
+		NspawnArgs:  args,
+		Env:         []string{"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=0", "SYSTEMD_NSPAWN_API_VFS_WRITABLE=1"},
+		BootTimeout: 10 * time.Minute,
+	})
+	host.Store(m)
+	o.say("host %s ready to boot in %s (package installed with dpkg -i in a booted copy of the rootfs; the host's root is an overlay on it)", m.Name, took(time.Since(begin)))
+	o.say("%s (the bootstrap token file, 0600, is not shown):", hostpaths.ConfigFileHost)
+	o.block(cfg)
+	interrupted()
+
+	o.step("boot: systemd starts; unbounded-bootstrap.service turns the host into a node")
+	f := &follower{o: o, m: m}
+	followDone := make(chan struct{})
+	followCtx, stopFollow := context.WithCancel(ctx)
+	go func() { defer close(followDone); f.run(followCtx) }()
+	bootBegin := time.Now()
+	m.Start()
+	stopFollow()
+	<-followDone
+	f.poll(ctx) // what came after the last poll
+	o.say("boot finished (%s, bootstrap included) in %s", m.State, took(time.Since(bootBegin)))
+	f.summary(bootBegin)
+	interrupted()
+
+	o.step("Node Ready")
+	var node *corev1.Node
+	waitUntil(t, ctx, 2*time.Minute, "Node "+name+" Ready", func(ctx context.Context) (bool, error) {
+		n, err := kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				node = n
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			o.say("Node %s Ready since %s (%s after the boot started), kubelet %s, %s",
+				name, c.LastTransitionTime.Format("15:04:05"), took(c.LastTransitionTime.Sub(bootBegin.Truncate(time.Second))),
+				node.Status.NodeInfo.KubeletVersion, node.Status.NodeInfo.ContainerRuntimeVersion)
+		}
+	}
+
+	o.step("unbounded status (inside the host)")
+	st, err := m.Run("unbounded", "status")
+	if err != nil {
+		t.Fatalf("unbounded status: %v\n%s", err, st)
+	}
+	o.block(st)
+	units, _ := m.Systemctl("list-units", "--no-legend", "--plain", "unbounded-*", "systemd-nspawn@*")
+	o.say("$ systemctl list-units 'unbounded-*' 'systemd-nspawn@*'")
+	o.block(units)
+	interrupted()
+
+	o.step("a Deployment, placed by the scheduler, runs a pod on the node")
+	ns := "demo"
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { kube.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	waitUntil(t, ctx, time.Minute, "ServiceAccount default in "+ns, func(ctx context.Context) (bool, error) {
+		_, err := kube.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	labels := map[string]string{"app": "hello"}
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "hello", Namespace: ns},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](1),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					TerminationGracePeriodSeconds: ptr.To[int64](1),
+					Containers:                    []corev1.Container{{Name: "hello", Image: app}},
+				},
+			},
+		},
+	}
+	begin = time.Now()
+	if _, err := kube.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	o.say("Deployment %s/hello created (image %s)", ns, app)
+	var pod corev1.Pod
+	phase := ""
+	waitUntil(t, ctx, 3*time.Minute, "the Deployment's pod Running", func(ctx context.Context) (bool, error) {
+		pods, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil || len(pods.Items) == 0 {
+			return false, nil
+		}
+		p := pods.Items[0]
+		if now := string(p.Status.Phase) + " on " + p.Spec.NodeName; now != phase && p.Spec.NodeName != "" {
+			phase = now
+			o.say("pod %s: %s", p.Name, now)
+		}
+		if p.Spec.NodeName == name && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+			pod = p
+			return true, nil
+		}
+		return false, nil
+	})
+	o.say("pod %s Running on %s with IP %s, %s after the Deployment was created", pod.Name, pod.Spec.NodeName, pod.Status.PodIP, took(time.Since(begin)))
+
+	o.step("$ kubectl get nodes,pods -o wide -n %s   (the API server's own table, as kubectl prints it)", ns)
+	if err := printTables(ctx, kube, ns); err != nil {
+		t.Fatal(err)
+	}
+	o.step("done: a host with a config file became a Ready node running a pod, %s since make demo started; cleaning up", took(time.Since(o.begin)))
+}
+
+func waitUntil(t *testing.T, ctx context.Context, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, cond); err != nil {
+		t.Fatalf("%s: not within %v: %v", what, timeout, err)
+	}
+}
+
+// follower prints unbounded-bootstrap.service's journal as it is written,
+// and times its phases (each "phase NAME: ..." line, which bootstrap also
+// sends as STATUS=, starts one).
+type follower struct {
+	o      *out
+	m      *harness.Machine
+	cursor string
+	phases []phaseMark
+	start  time.Time // systemd's "Starting ..." of the unit
+	end    time.Time // its "Finished ..." (or deactivation)
+}
+
+type phaseMark struct {
+	name string
+	at   time.Time
+}
+
+func (f *follower) run(ctx context.Context) {
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		f.poll(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// poll prints the journal entries written since the last poll. The
+// machine's journal may not be up yet early in the boot: no entries then.
+func (f *follower) poll(ctx context.Context) {
+	leader := f.m.Leader()
+	if leader == 0 {
+		return
+	}
+	args := []string{"-t", strconv.Itoa(leader), "-a", "--", "journalctl", "--no-pager", "-q", "-b", "-o", "json", "-u", bootstrapUnit}
+	if f.cursor != "" {
+		args = append(args, "--after-cursor="+f.cursor)
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, "nsenter", args...)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"}
+	data, err := cmd.Output()
+	if err != nil && len(data) == 0 {
+		return
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(data)))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var e map[string]any
+		if json.Unmarshal(sc.Bytes(), &e) != nil {
+			continue
+		}
+		f.cursor, _ = e["__CURSOR"].(string)
+		msg, _ := e["MESSAGE"].(string) // binary messages are arrays: not ours
+		us, _ := strconv.ParseInt(fmt.Sprint(e["__REALTIME_TIMESTAMP"]), 10, 64)
+		at := time.UnixMicro(us)
+		f.entry(at, msg)
+	}
+}
+
+func (f *follower) entry(at time.Time, msg string) {
+	switch {
+	case strings.HasPrefix(msg, "Starting ") && f.start.IsZero():
+		f.start = at
+	case strings.HasPrefix(msg, "Finished ") || strings.HasSuffix(msg, "Deactivated successfully."):
+		if f.end.IsZero() {
+			f.end = at
+		}
+	case strings.HasPrefix(msg, "phase "):
+		name, _, _ := strings.Cut(strings.TrimPrefix(msg, "phase "), ":")
+		if n := len(f.phases); n == 0 || f.phases[n-1].name != name {
+			if n > 0 {
+				f.o.say("   (%s took %s)", f.phases[n-1].name, took(at.Sub(f.phases[n-1].at)))
+			}
+			f.phases = append(f.phases, phaseMark{name, at})
+		}
+	}
+	if len(msg) > 160 {
+		msg = msg[:157] + "..."
+	}
+	f.o.say("bootstrap: %s", msg)
+}
+
+// summary prints each phase's duration: from its first line to the next
+// phase's (the last one to the unit's end).
+func (f *follower) summary(bootBegin time.Time) {
+	if len(f.phases) == 0 {
+		f.o.say("no bootstrap phases seen in the journal")
+		return
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "           \tphase\tseconds\t")
+	if !f.start.IsZero() {
+		fmt.Fprintf(w, "           \thost boot until bootstrap starts\t%.1f\t\n", f.start.Sub(bootBegin).Seconds())
+	}
+	end := f.end
+	for i, p := range f.phases {
+		next := end
+		if i+1 < len(f.phases) {
+			next = f.phases[i+1].at
+		}
+		if next.IsZero() {
+			continue
+		}
+		fmt.Fprintf(w, "           \t%s\t%.1f\t\n", p.name, next.Sub(p.at).Seconds())
+	}
+	if !f.start.IsZero() && !end.IsZero() {
+		fmt.Fprintf(w, "           \tunbounded-bootstrap.service in all\t%.1f\t\n", end.Sub(f.start).Seconds())
+	}
+	f.o.mu.Lock()
+	w.Flush()
+	f.o.mu.Unlock()
+}
+
+// printTables prints `kubectl get nodes,pods -o wide` as kubectl would:
+// the API server's table (Accept: as=Table, the same columns and cells
+// kubectl shows, -o wide being every column), names prefixed with the
+// resource as kubectl does when it gets more than one kind.
+func printTables(ctx context.Context, kube kubernetes.Interface, ns string) error {
+	for _, r := range []struct{ kind, path string }{{"node", "/api/v1/nodes"}, {"pod", "/api/v1/namespaces/" + ns + "/pods"}} {
+		raw, err := kube.CoreV1().RESTClient().Get().AbsPath(r.path).
+			SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").DoRaw(ctx)
+		if err != nil {
+			return fmt.Errorf("get %s: %w", r.path, err)
+		}
+		var tbl metav1.Table
+		if err := json.Unmarshal(raw, &tbl); err != nil {
+			return fmt.Errorf("table of %s: %w", r.path, err)
+		}
+		w := tabwriter.NewWriter(os.Stdout, 0, 0, 3, ' ', 0)
+		var head []string
+		for _, c := range tbl.ColumnDefinitions {
+			head = append(head, strings.ToUpper(c.Name))
+		}
+		fmt.Fprintln(w, "           "+strings.Join(head, "\t"))
+		rows := tbl.Rows
+		sort.SliceStable(rows, func(i, j int) bool { return fmt.Sprint(rows[i].Cells[0]) < fmt.Sprint(rows[j].Cells[0]) })
+		for _, row := range rows {
+			var cells []string
+			for i, c := range row.Cells {
+				s := fmt.Sprint(c)
+				if i == 0 {
+					s = r.kind + "/" + s
+				}
+				if s == "" {
+					s = "<none>"
+				}
+				cells = append(cells, s)
+			}
+			fmt.Fprintln(w, "           "+strings.Join(cells, "\t"))
+		}
+		w.Flush()
+		fmt.Println()
+	}
+	return nil
+}
