@@ -118,6 +118,7 @@ func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var host atomic.Pointer[harness.Machine]
+	var signalled, deployed atomic.Bool
 	// Registered first, so it runs last: every other cleanup is done.
 	t.Cleanup(func() {
 		o.say("cleaned up: host powered off, its overlay, cgroups and sockets removed, cluster objects deleted")
@@ -130,6 +131,7 @@ func TestDemo(t *testing.T) {
 		n := 0
 		for s := range sigs {
 			n++
+			signalled.Store(true)
 			if n == 1 {
 				o.say("%v: stopping (powering the host off, then cleaning up; this takes a few seconds)", s)
 			} else {
@@ -229,6 +231,38 @@ image = %q
 		BootTimeout: 10 * time.Minute,
 	})
 	host.Store(m)
+	// Runs before the harness powers the host off: the node stack is
+	// stopped first, in the order systemd stops it on a poweroff, so the
+	// demo can say how long it takes.
+	t.Cleanup(func() {
+		if signalled.Load() || m.Leader() == 0 {
+			return
+		}
+		begin := time.Now()
+		// The pod first, by its kubelet: a pod's process left to the
+		// node machine's poweroff holds it for minutes (systemd-nspawn
+		// waits for it, then for its SIGKILL).
+		if deployed.Load() {
+			o.say("deleting the Deployment; waiting for its pod to stop")
+			kube.AppsV1().Deployments("demo").Delete(context.Background(), "hello", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)})
+			err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+				pods, err := kube.CoreV1().Pods("demo").List(ctx, metav1.ListOptions{})
+				return err == nil && len(pods.Items) == 0, nil
+			})
+			if err != nil {
+				o.say("the pod did not stop within 2m: %v", err)
+			}
+		}
+		o.say("stopping the node (systemctl stop unbounded-node.target in the host)")
+		if out, err := m.Systemctl("stop", "unbounded-daemon.service", "unbounded-node.target", "systemd-nspawn@kube1.service"); err != nil {
+			o.say("stopping the node: %v\n%s", err, out)
+		}
+		o.say("node stopped in %s", took(time.Since(begin)))
+		if os.Getenv("UNBOUNDED_DEMO_DEBUG_STOP") != "" {
+			j, _ := m.Run("journalctl", "--no-pager", "-b", "-o", "short-monotonic", "--since", "@"+strconv.FormatInt(begin.Unix(), 10))
+			os.WriteFile(os.Getenv("UNBOUNDED_DEMO_DEBUG_STOP"), []byte(j), 0o644)
+		}
+	})
 	o.say("host %s ready to boot in %s (package installed with dpkg -i in a booted copy of the rootfs; the host's root is an overlay on it)", m.Name, took(time.Since(begin)))
 	o.say("%s (the bootstrap token file, 0600, is not shown):", hostpaths.ConfigFileHost)
 	o.block(cfg)
@@ -311,6 +345,7 @@ image = %q
 	if _, err := kube.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	deployed.Store(true)
 	o.say("Deployment %s/hello created (image %s)", ns, app)
 	var pod corev1.Pod
 	phase := ""
