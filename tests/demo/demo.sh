@@ -13,6 +13,9 @@
 #
 # Environment:
 #   UNBOUNDED_DEMO_NO_APT=1  skip .ci/deps.sh (the packages are installed)
+#   UNBOUNDED_DEMO_BENCH=F   tests/bench.sh: write the measurements to F
+#                            ("NAME SECONDS" lines), reset the host, and
+#                            measure the floor (tests/bench.sh says which)
 set -uo pipefail
 # The patched Go toolchain of the Makefile (tests/lint checks they agree).
 export GOTOOLCHAIN=go1.27.3
@@ -131,4 +134,25 @@ child=$!
 wait_child
 rc=$?
 [ -n "$stopping" ] && exit 130
-exit "$rc"
+[ "$rc" -eq 0 ] || exit "$rc"
+[ -n "${UNBOUNDED_DEMO_BENCH:-}" ] || exit 0
+
+# tests/bench.sh: the floor's boot and kubelet by hand, from the node-stack
+# test that starts the same containerd and kubelet in a systemd-nspawn
+# machine without the product (tests/system/nodestack).
+secs() { # a Go duration (1m2.5s, 850ms, 3.2s) in seconds
+	awk -v d="$1" 'BEGIN { t = 0; while (match(d, /^[0-9.]+(h|ms|m|s)/)) { u = substr(d, RSTART, RLENGTH); d = substr(d, RLENGTH + 1)
+		n = u + 0; if (u ~ /ms$/) t += n / 1000; else if (u ~ /h$/) t += n * 3600; else if (u ~ /m$/) t += n * 60; else t += n }
+		printf "%.3f", t }'
+}
+step floorbin "bench: the floor's by-hand node (tests/system/nodestack)" go test -c -o "$log/nodestack.test" ./tests/system/nodestack
+say "bench: the floor: containerd and kubelet started by hand in a systemd-nspawn machine"
+tests/kube/with-env.sh "$log/nodestack.test" -test.run '^TestKubeletJoinsAndRunsADeploymentPodInAnNspawnMachine$' -test.v -test.timeout 20m >"$log/floor.log" 2>&1 &
+child=$!
+wait_child || { say "the floor's node-stack test FAILED:"; tail -n 40 "$log/floor.log"; exit 1; }
+[ -n "$stopping" ] && exit 130
+boot=$(sed -n 's/.*machine ubt-[0-9a-f]*: [a-z]* after \([0-9.hms]*\) .*/\1/p' "$log/floor.log" | tail -1)
+ready=$(sed -n 's/.*Node Ready \([0-9.hms]*\) after systemctl start kubelet.*/\1/p' "$log/floor.log" | tail -1)
+[ -n "$boot" ] && [ -n "$ready" ] || { say "no boot or Ready time in the floor's log"; tail -n 40 "$log/floor.log"; exit 1; }
+printf 'floor.boot %s\nfloor.kubelet %s\n' "$(secs "$boot")" "$(secs "$ready")" >>"$UNBOUNDED_DEMO_BENCH"
+say "floor: machine booted in $boot, kubelet to Node Ready in $ready"

@@ -37,6 +37,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	ggcrname "github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -48,6 +50,7 @@ import (
 	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/nspawn"
 	"unbounded-cloud.io/agent/tests/kubeenv"
 	"unbounded-cloud.io/agent/tests/system/harness"
 	"unbounded-cloud.io/agent/tests/system/nodestack"
@@ -118,7 +121,11 @@ func TestDemo(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var host atomic.Pointer[harness.Machine]
-	var signalled, deployed atomic.Bool
+	var signalled, deployed, resetDone atomic.Bool
+	// With UNBOUNDED_DEMO_BENCH=FILE (tests/bench.sh) the demo also writes
+	// its measurements to FILE, one "NAME SECONDS" a line, measures the
+	// image unpack of the floor and resets the host.
+	bench := &benchOut{path: os.Getenv("UNBOUNDED_DEMO_BENCH")}
 	// Registered first, so it runs last: every other cleanup is done.
 	t.Cleanup(func() {
 		o.say("cleaned up: host powered off, its overlay, cgroups and sockets removed, cluster objects deleted")
@@ -235,7 +242,7 @@ image = %q
 	// stopped first, in the order systemd stops it on a poweroff, so the
 	// demo can say how long it takes.
 	t.Cleanup(func() {
-		if signalled.Load() || m.Leader() == 0 {
+		if signalled.Load() || resetDone.Load() || m.Leader() == 0 {
 			return
 		}
 		begin := time.Now()
@@ -280,6 +287,7 @@ image = %q
 	f.poll(ctx) // what came after the last poll
 	o.say("boot finished (%s, bootstrap included) in %s", m.State, took(time.Since(bootBegin)))
 	f.summary(bootBegin)
+	f.record(bench)
 	interrupted()
 
 	o.step("Node Ready")
@@ -370,6 +378,36 @@ image = %q
 	o.step("$ kubectl get nodes,pods -o wide -n %s   (the API server's own table, as kubectl prints it)", ns)
 	if err := printTables(ctx, kube, ns); err != nil {
 		t.Fatal(err)
+	}
+	if bench.path != "" {
+		o.step("bench: the floor's image unpack, then reset")
+		ref, err := ggcrname.ParseReference(nodeRef)
+		if err != nil {
+			t.Fatal(err)
+		}
+		begin = time.Now()
+		img, err := remote.Image(ref, remote.WithContext(ctx))
+		if err != nil {
+			t.Fatalf("pull %s: %v", nodeRef, err)
+		}
+		dir := t.TempDir()
+		st, err := nspawn.Unpack(img, dir)
+		if err != nil {
+			t.Fatalf("unpack %s: %v", nodeRef, err)
+		}
+		bench.add("floor.unpack", time.Since(begin))
+		o.say("node image pulled and unpacked by hand (lib/modes/nspawn.Unpack): %d files, %d MB in %s", st.Files, st.Bytes>>20, took(time.Since(begin)))
+		begin = time.Now()
+		resetDone.Store(true)
+		out, err := m.Run("unbounded", "reset", "--yes")
+		if err != nil {
+			t.Fatalf("unbounded reset --yes: %v\n%s", err, out)
+		}
+		bench.add("reset", time.Since(begin))
+		o.say("unbounded reset --yes (the pod still running) in %s", took(time.Since(begin)))
+		if err := bench.write(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	o.step("done: a host with a config file became a Ready node running a pod, %s since make demo started; cleaning up", took(time.Since(o.begin)))
 }
@@ -540,4 +578,43 @@ func printTables(ctx context.Context, kube kubernetes.Interface, ns string) erro
 		fmt.Println()
 	}
 	return nil
+}
+
+// benchOut collects the measurements tests/bench.sh prints.
+type benchOut struct {
+	path  string
+	lines []string
+}
+
+func (b *benchOut) add(name string, d time.Duration) {
+	b.lines = append(b.lines, fmt.Sprintf("%s %.3f", name, d.Seconds()))
+}
+
+func (b *benchOut) write() error {
+	if b.path == "" {
+		return nil
+	}
+	return os.WriteFile(b.path, []byte(strings.Join(b.lines, "\n")+"\n"), 0o644)
+}
+
+// record adds the first boot's measurements: each phase, and from the
+// unit's start to the end of the ready phase (bootstrap saw the Node
+// Ready), which is `systemctl start unbounded-bootstrap.service` to Node
+// Ready.
+func (f *follower) record(b *benchOut) {
+	for i, p := range f.phases {
+		next := f.end
+		if i+1 < len(f.phases) {
+			next = f.phases[i+1].at
+		}
+		if !next.IsZero() {
+			b.add("phase."+p.name, next.Sub(p.at))
+		}
+		if p.name == "ready" && !f.start.IsZero() && !next.IsZero() {
+			b.add("firstboot.start-to-ready", next.Sub(f.start))
+		}
+	}
+	if !f.start.IsZero() && !f.end.IsZero() {
+		b.add("firstboot.unit", f.end.Sub(f.start))
+	}
 }
