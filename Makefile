@@ -7,7 +7,7 @@ SHELL := /bin/bash
 # the go command fetches it from the module proxy as golang.org/toolchain.
 # A machine's own go (GOTOOLCHAIN=local in its go.env) ignores the toolchain
 # line of go.mod, so every entry point sets this: Makefile, .ci/run,
-# tests/run-tiers.sh, tests/bench.sh, tests/kube/with-env.sh, tests/kube/kubelet.sh,
+# tests/run-tiers.sh, tests/bench.sh, tests/demo/demo.sh, tests/kube/with-env.sh, tests/kube/kubelet.sh,
 # deb/build-packages.sh (tests/lint checks that they agree).
 export GOTOOLCHAIN := go1.27.3
 GO ?= go
