@@ -399,7 +399,13 @@ image = %q
 		o.say("node image pulled and unpacked by hand (lib/modes/nspawn.Unpack): %d files, %d MB in %s", st.Files, st.Bytes>>20, took(time.Since(begin)))
 		begin = time.Now()
 		resetDone.Store(true)
-		out, err := m.Run("unbounded", "reset", "--yes")
+		// Not m.Run: its 2-minute bound is shorter than a reset of a
+		// node with a running pod takes here.
+		rctx, rcancel := context.WithTimeout(ctx, 10*time.Minute)
+		cmd := exec.CommandContext(rctx, "nsenter", "-t", strconv.Itoa(m.Leader()), "-a", "--", "unbounded", "reset", "--yes")
+		cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"}
+		out, err := cmd.CombinedOutput()
+		rcancel()
 		if err != nil {
 			t.Fatalf("unbounded reset --yes: %v\n%s", err, out)
 		}
