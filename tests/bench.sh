@@ -99,7 +99,7 @@ firstboot() {
 		line("floor (sum)", floor)
 		printf "%-60s %8.2f x  (goal: under floor + 10 s: %s)\n", "first boot / floor", fb / floor, fb < floor + 10 ? "met" : "NOT met"
 		line("unbounded-bootstrap.service, start to exit", v["firstboot.unit"])
-		line("reset: unbounded reset --yes (a pod running)", v["reset"])
+		line("reset: unbounded reset --yes (a pod running)", v["reset"], v["reset.failed"] ? "  (FAILED: the demo output says why)" : "")
 	}' "$f"
 	rm -f "$f" "$log"
 }
