@@ -53,7 +53,10 @@ trap 'on_signal SIGINT' INT
 trap 'on_signal SIGTERM' TERM
 finish() {
 	local rc=$?
-	if [ "$rc" -eq 0 ]; then
+	if [ "$rc" -eq 130 ] && [ -n "$stopping" ]; then
+		rm -rf "$log"
+		say "make demo: stopped by $stopping after $(elapsed | tr -d ' ')s; everything it started is stopped and removed"
+	elif [ "$rc" -eq 0 ]; then
 		rm -rf "$log"
 		say "make demo: done in $(elapsed | tr -d ' ')s in all; nothing left running"
 	else
