@@ -265,10 +265,6 @@ image = %q
 			o.say("stopping the node: %v\n%s", err, out)
 		}
 		o.say("node stopped in %s", took(time.Since(begin)))
-		if os.Getenv("UNBOUNDED_DEMO_DEBUG_STOP") != "" {
-			j, _ := m.Run("journalctl", "--no-pager", "-b", "-o", "short-monotonic", "--since", "@"+strconv.FormatInt(begin.Unix(), 10))
-			os.WriteFile(os.Getenv("UNBOUNDED_DEMO_DEBUG_STOP"), []byte(j), 0o644)
-		}
 	})
 	o.say("host %s ready to boot in %s (package installed with dpkg -i in a booted copy of the rootfs; the host's root is an overlay on it)", m.Name, took(time.Since(begin)))
 	o.say("%s (the bootstrap token file, 0600, is not shown):", hostpaths.ConfigFileHost)
