@@ -276,22 +276,6 @@ func kubeletConfig(n modes.Node, l Layout, cg Cgroup) ([]byte, error) {
 		// poll; loopback only.
 		"healthzBindAddress": "127.0.0.1",
 		"healthzPort":        10248,
-		// How often the kubelet computes its Node's status, and the tick
-		// at which it first registers the Node (once its container
-		// manager is up, about 10 s after start). At the default 10s the
-		// registration lands about 20 s after start, where the kubelet's
-		// CSINode initialization (csi_plugin.go: attempts at about 0.4,
-		// 0.8, 1.4, 4 and 20 s, then one after 140 s, then exit) has
-		// often just missed its last early attempt: the Node stayed
-		// NotReady ("CSINode is not yet initialized") for 2.5 minutes in
-		// about half of the first boots measured. 4s registers it at
-		// about 12 s. Status is still posted to the API server only when
-		// it changes or every nodeStatusReportFrequency, set explicitly
-		// to its usual 5m: when nodeStatusUpdateFrequency is set, the
-		// kubelet would otherwise default the report frequency to it and
-		// write the Node every 4 s.
-		"nodeStatusUpdateFrequency": "4s",
-		"nodeStatusReportFrequency": "5m",
 	}
 	if n.ClusterDNS != "" {
 		c["clusterDNS"] = []string{n.ClusterDNS}
