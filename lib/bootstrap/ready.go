@@ -44,7 +44,7 @@ type NodeStatus struct {
 }
 
 // DefaultCSINodeGrace: see ready.
-const DefaultCSINodeGrace = 30 * time.Second
+const DefaultCSINodeGrace = 15 * time.Second
 
 // csiNodePending says whether a NotReady Node's detail is the kubelet's
 // "CSINode is not yet initialized" (or "failed to initialize CSINode").
@@ -59,8 +59,12 @@ func csiNodePending(detail string) bool { return strings.Contains(detail, "CSINo
 // (k8s.io/kubernetes pkg/volume/csi/csi_plugin.go); until then the Node
 // is NotReady. A kubelet that registers its Node after its early tries
 // (TLS bootstrap, then its container manager, then the next status tick)
-// leaves the node NotReady for about two and a half minutes. When the
-// Node is registered and still waits for its CSINode after CSINodeGrace,
+// leaves the node NotReady for about two and a half minutes; here that is
+// about half of the first boots, the Node registering about 20 s after
+// the kubelet starts (its container manager needs 10 s). The Node is seen
+// registered at the earliest about 10 s after the kubelet starts, so 15 s
+// later the kubelet's last early try is behind it. When the Node is
+// registered and still waits for its CSINode after CSINodeGrace,
 // the mode restarts the node stack once (its soft restart, never the
 // host): the new kubelet finds its Node and initializes at once.
 func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string, m restarter) error {
