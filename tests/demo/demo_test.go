@@ -39,7 +39,6 @@ import (
 
 	ggcrname "github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -47,7 +46,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
@@ -62,24 +60,6 @@ const bootstrapUnit = "unbounded-bootstrap.service"
 
 // sigPoweroff is systemd's "power off" signal, SIGRTMIN+4.
 const sigPoweroff = syscall.Signal(38)
-
-// nodeIPUnit gives the host an address and a default route of its own
-// inside its private network namespace, for the kubelet's Node address
-// (tests/system/firstboot_test.go explains why; a real host has one).
-const nodeIPUnit = `[Unit]
-Description=The demo host's own address (tests/demo)
-DefaultDependencies=no
-Before=network.target network-online.target
-Wants=network.target
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=ip link add ubt0 type veth peer name ubt1
-ExecStart=ip addr add 192.0.2.10/24 dev ubt0
-ExecStart=ip link set ubt1 up
-ExecStart=ip link set ubt0 up
-ExecStart=ip route add default via 192.0.2.1 dev ubt0
-`
 
 // out prints the demo's lines with the time since it started.
 type out struct {
@@ -187,56 +167,13 @@ func TestDemo(t *testing.T) {
 		machines.Delete(ctx, name, metav1.DeleteOptions{})
 		kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
 	})
-	id, secret := kubeenv.RandomTokenID(t)
-	token := env.CreateBootstrapToken(t, id, secret, strings.Split(identity.BootstrapExtraGroups(name), ",")...)
-	fwd := nodestack.Forward(t, env.Host(), reg.Host, mirror.URL)
-	cfg := fmt.Sprintf(`machine = %q
-mode = "nspawn"
-
-[cluster]
-api-server = %q
-ca-file = "/etc/unbounded/ca.crt"
-bootstrap-token-file = "/etc/unbounded/bootstrap-token"
-kubernetes-version = %q
-cluster-dns = "10.96.0.10"
-
-[node]
-sandbox-image = %q
-pod-cidr = "10.88.0.0/16"
-
-[artifacts]
-base-url = %q
-containerd-version = %q
-runc-version = %q
-cni-plugins-version = %q
-
-[nspawn]
-image = %q
-`, name, env.Host(), s.Versions["kubelet"], pause, mirror.URL,
-		s.Versions["containerd"], s.Versions["runc"], s.Versions["cni-plugins"], nodeRef)
-	files := append(fwd.Files(),
-		harness.File{Path: hostpaths.ConfigFileHost, Data: []byte(cfg), Mode: 0o644},
-		harness.File{Path: "/etc/unbounded/ca.crt", Data: env.CAPEM(t), Mode: 0o644},
-		harness.File{Path: "/etc/unbounded/bootstrap-token", Data: []byte(token + "\n"), Mode: 0o600},
-		harness.File{Path: "/etc/systemd/system/ubt-nodeip.service", Data: []byte(nodeIPUnit), Mode: 0o644},
-		harness.File{Path: "/etc/systemd/system/multi-user.target.d/ubt-nodeip.conf", Data: []byte("[Unit]\nWants=ubt-nodeip.service\n"), Mode: 0o644},
-	)
-	// What TESTING.md's nested kubelet recipe gives a container that runs
-	// a node stack (tests/system/firstboot_test.go says why, item by item).
-	slots := t.TempDir()
-	args := append([]string{
-		"--capability=all",
-		"--system-call-filter=@keyring bpf",
-		"--bind=" + slots + ":" + hostpaths.HostRootHost + "/slots",
-	}, fwd.NspawnArgs()...)
-	begin = time.Now()
-	m := harness.New(t, harness.Options{
-		Package:     true,
-		Files:       files,
-		NspawnArgs:  args,
-		Env:         []string{"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=0", "SYSTEMD_NSPAWN_API_VFS_WRITABLE=1"},
-		BootTimeout: 10 * time.Minute,
+	// What the host gets, and why: nodestack.FirstBootHost.
+	h := nodestack.NewFirstBootHost(t, nodestack.FirstBootOptions{
+		Env: env, Stage: s, Name: name, Mode: "nspawn",
+		RegistryHost: reg.Host, MirrorURL: mirror.URL, Pause: pause, NodeRef: nodeRef,
 	})
+	begin = time.Now()
+	m := harness.New(t, h.Options(10*time.Minute))
 	host.Store(m)
 	// Runs before the harness powers the host off: the node stack is
 	// stopped first, in the order systemd stops it on a poweroff, so the
@@ -251,7 +188,7 @@ image = %q
 		// waits for it, then for its SIGKILL).
 		if deployed.Load() {
 			o.say("deleting the Deployment; waiting for its pod to stop")
-			kube.AppsV1().Deployments("demo").Delete(context.Background(), "hello", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)})
+			kube.AppsV1().Deployments("demo").Delete(context.Background(), "sleeper", metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)})
 			err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 				pods, err := kube.CoreV1().Pods("demo").List(ctx, metav1.ListOptions{})
 				return err == nil && len(pods.Items) == 0, nil
@@ -268,7 +205,7 @@ image = %q
 	})
 	o.say("host %s ready to boot in %s (package installed with dpkg -i in a booted copy of the rootfs; the host's root is an overlay on it)", m.Name, took(time.Since(begin)))
 	o.say("%s (the bootstrap token file, 0600, is not shown):", hostpaths.ConfigFileHost)
-	o.block(cfg)
+	o.block(h.Config)
 	interrupted()
 
 	o.step("boot: systemd starts; unbounded-bootstrap.service turns the host into a node")
@@ -330,27 +267,13 @@ image = %q
 		_, err := kube.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, nil
 	})
-	labels := map[string]string{"app": "hello"}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "hello", Namespace: ns},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](1),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					TerminationGracePeriodSeconds: ptr.To[int64](1),
-					Containers:                    []corev1.Container{{Name: "hello", Image: app}},
-				},
-			},
-		},
-	}
+	dep := nodestack.SleeperDeployment(ns, name, app)
 	begin = time.Now()
 	if _, err := kube.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	deployed.Store(true)
-	o.say("Deployment %s/hello created (image %s)", ns, app)
+	o.say("Deployment %s/%s created (image %s, pinned to %s)", ns, dep.Name, app, name)
 	var pod corev1.Pod
 	phase := ""
 	waitUntil(t, ctx, 3*time.Minute, "the Deployment's pod Running", func(ctx context.Context) (bool, error) {

@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -31,35 +30,7 @@ import (
 // images from the loopback registry.
 //
 // What the test host gets from the test, and why (none of it is the
-// product's: a real host has these already):
-//   - the API server, the mirror and the registry on its own loopback
-//     (nodestack.Forward: unix sockets and systemd-socket-proxyd);
-//   - an address and a default route of its own for the kubelet's Node
-//     (firstBootNodeIPUnit): a veth pair inside the host's private network
-//     namespace, where nothing sent leaves the namespace;
-//   - what TESTING.md's nested kubelet recipe gives a container that runs
-//     a node stack: every capability, the keyring and bpf system calls,
-//     a writable /proc/sys, cgroup v1 controllers (this VM binds them all
-//     to v1);
-//   - /var/lib/unbounded/slots on a directory of the VM's own file system:
-//     containerd's overlayfs snapshotter cannot put its layers on the
-//     host's overlay root.
-
-// firstBootNodeIPUnit gives the test host its address (see above).
-const firstBootNodeIPUnit = `[Unit]
-Description=The test host's own address (tests/system/firstboot_test.go)
-DefaultDependencies=no
-Before=network.target network-online.target
-Wants=network.target
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=ip link add ubt0 type veth peer name ubt1
-ExecStart=ip addr add 192.0.2.10/24 dev ubt0
-ExecStart=ip link set ubt1 up
-ExecStart=ip link set ubt0 up
-ExecStart=ip route add default via 192.0.2.1 dev ubt0
-`
+// product's: a real host has these already): nodestack.FirstBootHost.
 
 // firstBoot is a test host about to boot for the first time, with its
 // cluster side: a bootstrap token of its own, no Machine yet (bootstrap
@@ -120,62 +91,12 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 	}
 	f.mirrorDir = s.Mirror(t)
 	f.mirror = nodestack.ServeArtifacts(t, f.mirrorDir)
-	forwarded := []string{env.Host(), f.reg.Host, f.mirror.URL}
-	if o.offline {
-		forwarded = forwarded[:1]
-	}
-	fwd := nodestack.Forward(t, forwarded...)
-
-	id, secret := kubeenv.RandomTokenID(t)
-	token := env.CreateBootstrapToken(t, id, secret, strings.Split(identity.BootstrapExtraGroups(f.name), ",")...)
-
-	cfg := fmt.Sprintf(`machine = %q
-mode = %q
-
-[cluster]
-api-server = %q
-ca-file = "/etc/unbounded/ca.crt"
-bootstrap-token-file = "/etc/unbounded/bootstrap-token"
-kubernetes-version = %q
-cluster-dns = "10.96.0.10"
-
-[node]
-sandbox-image = %q
-pod-cidr = "10.88.0.0/16"
-
-[artifacts]
-base-url = %q
-containerd-version = %q
-runc-version = %q
-cni-plugins-version = %q
-`, f.name, o.mode, env.Host(), s.Versions["kubelet"], f.pause, f.mirror.URL,
-		s.Versions["containerd"], s.Versions["runc"], s.Versions["cni-plugins"])
-	if f.nodeRef != "" {
-		cfg += fmt.Sprintf("\n[nspawn]\nimage = %q\n", f.nodeRef)
-	}
-	cfg += o.extra
-
-	files := append(fwd.Files(),
-		harness.File{Path: hostpaths.ConfigFileHost, Data: []byte(cfg), Mode: 0o644},
-		harness.File{Path: "/etc/unbounded/ca.crt", Data: env.caPEM, Mode: 0o644},
-		harness.File{Path: "/etc/unbounded/bootstrap-token", Data: []byte(token + "\n"), Mode: 0o600},
-		harness.File{Path: "/etc/systemd/system/ubt-nodeip.service", Data: []byte(firstBootNodeIPUnit), Mode: 0o644},
-		harness.File{Path: "/etc/systemd/system/multi-user.target.d/ubt-nodeip.conf", Data: []byte("[Unit]\nWants=ubt-nodeip.service\n"), Mode: 0o644},
-	)
-	slots := t.TempDir()
-	args := append([]string{
-		"--capability=all",
-		"--system-call-filter=@keyring bpf",
-		"--bind=" + slots + ":" + hostpaths.HostRootHost + "/slots",
-	}, fwd.NspawnArgs()...)
-	args = append(args, o.nspawnArgs...)
-	f.m = harness.New(t, harness.Options{
-		Package:     true,
-		Files:       files,
-		NspawnArgs:  args,
-		Env:         []string{"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=0", "SYSTEMD_NSPAWN_API_VFS_WRITABLE=1"},
-		BootTimeout: 8 * time.Minute,
+	h := nodestack.NewFirstBootHost(t, nodestack.FirstBootOptions{
+		Env: env.Env, Stage: s, Name: f.name, Mode: o.mode,
+		RegistryHost: f.reg.Host, MirrorURL: f.mirror.URL, Pause: f.pause, NodeRef: f.nodeRef,
+		Offline: o.offline, Extra: o.extra,
 	})
+	f.m = harness.New(t, h.Options(8*time.Minute, o.nspawnArgs...))
 	f.paths = hostpaths.New(f.m.Root())
 	if _, err := config.Load(f.paths); err != nil {
 		t.Fatalf("the first-boot config is not valid: %v", err)
@@ -232,16 +153,7 @@ func (f *firstBoot) machine(t *testing.T) *v1alpha3.Machine {
 
 // nodeReady says whether the Node is Ready.
 func (f *firstBoot) nodeReady(ctx context.Context) (bool, error) {
-	n, err := f.env.kube.CoreV1().Nodes().Get(ctx, f.name, metav1.GetOptions{})
-	if err != nil {
-		return false, nil
-	}
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue, nil
-		}
-	}
-	return false, nil
+	return nodestack.NodeReady(ctx, f.env.kube, f.name)
 }
 
 // runPod creates a namespace and a Deployment of one pod pinned to the

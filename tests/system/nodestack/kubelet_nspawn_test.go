@@ -149,17 +149,7 @@ failSwapOn: false
 		// The kubelet needs an address of its own for the Node: a veth
 		// pair inside the machine's private network namespace; nothing
 		// sent on it leaves the machine.
-		"/etc/systemd/system/ubt-nodeip.service": `[Unit]
-Before=kubelet.service
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=ip link add ubt0 type veth peer name ubt1
-ExecStart=ip addr add 192.0.2.10/24 dev ubt0
-ExecStart=ip link set ubt1 up
-ExecStart=ip link set ubt0 up
-ExecStart=ip route add default via 192.0.2.1 dev ubt0
-`,
+		"/etc/systemd/system/ubt-nodeip.service": "[Unit]\nBefore=kubelet.service\n" + nodestack.NodeIPService,
 		// nspawn mounts the v1 controllers read-only; only the machine's
 		// own subtree becomes writable (TESTING.md).
 		"/etc/systemd/system/ubt-cgroup-rw.service": `[Unit]
@@ -233,16 +223,7 @@ ExecStart=/bin/sh -c 'exec /usr/local/bin/kubelet --config=/var/lib/kubelet/conf
 	// runs; the bound covers it. (The product's bootstrap restarts the
 	// node stack once instead: lib/bootstrap ready.)
 	waitFor(t, 240*time.Second, "Node "+node+" Ready", func(ctx context.Context) (bool, error) {
-		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady {
-				return cond.Status == corev1.ConditionTrue, nil
-			}
-		}
-		return false, nil
+		return nodestack.NodeReady(ctx, c, node)
 	})
 	t.Logf("Node Ready %v after systemctl start kubelet", time.Since(started).Round(time.Millisecond))
 

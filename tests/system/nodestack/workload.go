@@ -1,9 +1,12 @@
 package nodestack
 
 import (
+	"context"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 )
 
@@ -27,4 +30,19 @@ func SleeperDeployment(ns, node, image string) *appsv1.Deployment {
 			},
 		},
 	}
+}
+
+// NodeReady says whether Node name is Ready; a Node not there (yet) is
+// not, and neither is an error reading it (for polls).
+func NodeReady(ctx context.Context, c kubernetes.Interface, name string) (bool, error) {
+	n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return false, nil
+	}
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status == corev1.ConditionTrue, nil
+		}
+	}
+	return false, nil
 }

@@ -1,0 +1,160 @@
+package nodestack
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/api/identity"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/tests/kubeenv"
+	"unbounded-cloud.io/agent/tests/system/harness"
+)
+
+// NodeIPService is the [Service] section of a unit that gives a machine an
+// address and a default route of its own, for the kubelet's Node address:
+// a veth pair inside the machine's private network namespace, where
+// nothing sent leaves the namespace. A real host has one.
+const NodeIPService = `[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=ip link add ubt0 type veth peer name ubt1
+ExecStart=ip addr add 192.0.2.10/24 dev ubt0
+ExecStart=ip link set ubt1 up
+ExecStart=ip link set ubt0 up
+ExecStart=ip route add default via 192.0.2.1 dev ubt0
+`
+
+// firstBootNodeIPUnit is NodeIPService as a unit of a first-boot test host:
+// up before the network is, so before unbounded-bootstrap.service.
+const firstBootNodeIPUnit = `[Unit]
+Description=The test host's own address (tests/system/nodestack)
+DefaultDependencies=no
+Before=network.target network-online.target
+Wants=network.target
+` + NodeIPService
+
+// FirstBootOptions describe a first-boot test host: the cluster it joins
+// and the node stack it bootstraps from (all on the test machine's
+// loopback).
+type FirstBootOptions struct {
+	Env   *kubeenv.Env
+	Stage *Stage
+	// Name is the Machine's and the Node's name.
+	Name string
+	// Mode is agent.toml's isolation mode: "nspawn" or "none".
+	Mode string
+	// RegistryHost and MirrorURL are the loopback registry's host and the
+	// artifact mirror's URL.
+	RegistryHost, MirrorURL string
+	// Pause is the sandbox image's reference; NodeRef the node image's,
+	// empty for no [nspawn] section.
+	Pause, NodeRef string
+	// Offline forwards only the API server to the host: the mirror's and
+	// the registry's ports on its loopback stay closed, so base-url and
+	// the image references in agent.toml reach nothing.
+	Offline bool
+	// Extra is appended to agent.toml.
+	Extra string
+}
+
+// FirstBootHost is what a test host (a systemd container with the .deb
+// installed and a private network) gets to boot for the first time and
+// become a Node: /etc/unbounded/agent.toml, the CA, a bootstrap token of
+// its own, and what a real host has already:
+//   - the API server, the mirror and the registry on its own loopback
+//     (Forward: unix sockets and systemd-socket-proxyd);
+//   - an address and a default route of its own for the kubelet's Node
+//     (NodeIPService);
+//   - what TESTING.md's nested kubelet recipe gives a container that runs
+//     a node stack: every capability, the keyring and bpf system calls,
+//     a writable /proc/sys, cgroup v1 controllers (this VM binds them all
+//     to v1);
+//   - /var/lib/unbounded/slots on a directory of the VM's own file system:
+//     containerd's overlayfs snapshotter cannot put its layers on the
+//     host's overlay root.
+type FirstBootHost struct {
+	// Config is agent.toml's text.
+	Config string
+	// Files, NspawnArgs and Env are for harness.Options.
+	Files      []harness.File
+	NspawnArgs []string
+	Env        []string
+}
+
+// NewFirstBootHost creates the host's bootstrap token and starts the
+// forwarding of the API server, the registry and the mirror (until the
+// test ends).
+func NewFirstBootHost(t testing.TB, o FirstBootOptions) *FirstBootHost {
+	t.Helper()
+	s := o.Stage
+	forwarded := []string{o.Env.Host(), o.RegistryHost, o.MirrorURL}
+	if o.Offline {
+		forwarded = forwarded[:1]
+	}
+	fwd := Forward(t, forwarded...)
+
+	id, secret := kubeenv.RandomTokenID(t)
+	token := o.Env.CreateBootstrapToken(t, id, secret, strings.Split(identity.BootstrapExtraGroups(o.Name), ",")...)
+
+	cfg := fmt.Sprintf(`machine = %q
+mode = %q
+
+[cluster]
+api-server = %q
+ca-file = "/etc/unbounded/ca.crt"
+bootstrap-token-file = "/etc/unbounded/bootstrap-token"
+kubernetes-version = %q
+cluster-dns = "10.96.0.10"
+
+[node]
+sandbox-image = %q
+pod-cidr = "10.88.0.0/16"
+
+[artifacts]
+base-url = %q
+containerd-version = %q
+runc-version = %q
+cni-plugins-version = %q
+`, o.Name, o.Mode, o.Env.Host(), s.Versions["kubelet"], o.Pause, o.MirrorURL,
+		s.Versions["containerd"], s.Versions["runc"], s.Versions["cni-plugins"])
+	if o.NodeRef != "" {
+		cfg += fmt.Sprintf("\n[nspawn]\nimage = %q\n", o.NodeRef)
+	}
+	cfg += o.Extra
+
+	files := append(fwd.Files(),
+		harness.File{Path: hostpaths.ConfigFileHost, Data: []byte(cfg), Mode: 0o644},
+		harness.File{Path: "/etc/unbounded/ca.crt", Data: o.Env.CAPEM(t), Mode: 0o644},
+		harness.File{Path: "/etc/unbounded/bootstrap-token", Data: []byte(token + "\n"), Mode: 0o600},
+		harness.File{Path: "/etc/systemd/system/ubt-nodeip.service", Data: []byte(firstBootNodeIPUnit), Mode: 0o644},
+		harness.File{Path: "/etc/systemd/system/multi-user.target.d/ubt-nodeip.conf", Data: []byte("[Unit]\nWants=ubt-nodeip.service\n"), Mode: 0o644},
+	)
+	slots := t.TempDir()
+	args := append([]string{
+		"--capability=all",
+		"--system-call-filter=@keyring bpf",
+		"--bind=" + slots + ":" + hostpaths.HostRootHost + "/slots",
+	}, fwd.NspawnArgs()...)
+	return &FirstBootHost{
+		Config:     cfg,
+		Files:      files,
+		NspawnArgs: args,
+		Env:        []string{"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=0", "SYSTEMD_NSPAWN_API_VFS_WRITABLE=1"},
+	}
+}
+
+// Options are harness.Options for the host, with extraArgs added to its
+// systemd-nspawn command line. bootTimeout bounds its boot, which includes
+// the whole first boot (unbounded-bootstrap.service runs until the Node is
+// Ready).
+func (h *FirstBootHost) Options(bootTimeout time.Duration, extraArgs ...string) harness.Options {
+	return harness.Options{
+		Package:     true,
+		Files:       h.Files,
+		NspawnArgs:  append(append([]string(nil), h.NspawnArgs...), extraArgs...),
+		Env:         h.Env,
+		BootTimeout: bootTimeout,
+	}
+}
