@@ -540,11 +540,9 @@ func (b *Bootstrap) hostPrep(ctx context.Context) error {
 	if b.HostPrep != nil {
 		return b.HostPrep(ctx)
 	}
+	// lib/hostprep logs each change as it makes it.
 	h := &hostprep.Host{Paths: b.Paths, CrashPoint: b.crash, Log: b.log()}
-	changed, err := h.Prepare(ctx, hostprep.DefaultPlan())
-	for _, c := range changed {
-		b.log().Info("host prepared", "change", c.String())
-	}
+	_, err := h.Prepare(ctx, hostprep.DefaultPlan())
 	return err
 }
 
