@@ -23,23 +23,6 @@ import (
 // First boot in mode none and offline first boot, on the first-boot
 // fixture (firstboot_test.go).
 
-// cgroupRWUnit makes the test host's cgroup v1 controllers writable before
-// anything runs. nspawn mounts them read-only in a container that shares
-// the VM's users; a real host's are writable, and in mode none the test
-// host is the host, so this is the host's part, not the product's (the
-// nspawn mode does the same inside its machines, where it is the
-// product's: lib/modes/nspawn's unbounded-cgroup-rw.service).
-const cgroupRWUnit = `[Unit]
-Description=Writable cgroup v1 controllers, as on a real host (tests/system/firstboot_none_test.go)
-DefaultDependencies=no
-After=local-fs.target
-Before=sysinit.target
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/bin/sh -c 'for m in $(awk "\\$3 == \\"cgroup\\" {print \\$2}" /proc/self/mounts); do mount -o remount,bind,rw "$m" "$m" || exit 1; done'
-`
-
 // TestFirstBootNoneBringsUpAReadyNode: first boot in mode none. The
 // shipped unbounded-containerd.service and unbounded-kubelet.service run
 // the node stack on the test host itself, from
@@ -48,30 +31,15 @@ ExecStart=/bin/sh -c 'for m in $(awk "\\$3 == \\"cgroup\\" {print \\$2}" /proc/s
 // /opt while the host booted and bootstrapped (ARCHITECTURE section 4).
 func TestFirstBootNoneBringsUpAReadyNode(t *testing.T) {
 	t.Parallel()
-	// containerd's store must not be on the test host's overlay root: its
-	// overlayfs snapshotter cannot use an overlay as upper layer. Mode
-	// none keeps it where every tool expects it (lib/modes/none Layout).
-	store := t.TempDir()
-	f := newFirstBoot(t, firstBootOptions{
-		mode:       "none",
-		nspawnArgs: []string{"--bind=" + store + ":" + none.Layout.ContainerdRoot},
-	})
+	// The host's OS (iptables, writable cgroup v1 controllers) and
+	// containerd's store at /var/lib/containerd on the VM's file system:
+	// nodestack.FirstBootHost in mode none.
+	f := newFirstBoot(t, firstBootOptions{mode: "none"})
 	t.Cleanup(func() {
 		if t.Failed() {
 			f.diagnoseNone(t)
 		}
 	})
-	// The host's OS: iptables (the CNI bridge masquerades with it, kubelet
-	// manages its chains). The test rootfs has none; the nspawn node image
-	// gets it from an extra layer (nodestack.NodeImage), and in mode none
-	// the test host is the node's OS, so it gets the same files. A real
-	// host has iptables from its distribution; installing it is not the
-	// product's job.
-	if out, err := exec.Command("cp", "-a", filepath.Join(f.stage.Dir, "layers", "iptables")+"/.", f.m.Root()+"/").CombinedOutput(); err != nil {
-		t.Fatalf("iptables into the test host: %v\n%s", err, out)
-	}
-	f.m.WriteFile("/etc/systemd/system/ubt-cgroup-rw.service", []byte(cgroupRWUnit), 0o644)
-	f.m.WriteFile("/etc/systemd/system/sysinit.target.d/ubt-cgroup-rw.conf", []byte("[Unit]\nWants=ubt-cgroup-rw.service\n"), 0o644)
 
 	// What /usr and /opt hold before the first boot (package installed,
 	// the host's OS complete), to compare after the node runs.

@@ -96,7 +96,7 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 		RegistryHost: f.reg.Host, MirrorURL: f.mirror.URL, Pause: f.pause, NodeRef: f.nodeRef,
 		Offline: o.offline, Extra: o.extra,
 	})
-	f.m = harness.New(t, h.Options(8*time.Minute, o.nspawnArgs...))
+	f.m = h.Machine(t, 8*time.Minute, o.nspawnArgs...)
 	f.paths = hostpaths.New(f.m.Root())
 	if _, err := config.Load(f.paths); err != nil {
 		t.Fatalf("the first-boot config is not valid: %v", err)

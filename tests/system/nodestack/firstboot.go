@@ -2,12 +2,15 @@ package nodestack
 
 import (
 	"fmt"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/tests/kubeenv"
 	"unbounded-cloud.io/agent/tests/system/harness"
 )
@@ -34,6 +37,23 @@ DefaultDependencies=no
 Before=network.target network-online.target
 Wants=network.target
 ` + NodeIPService
+
+// cgroupRWUnit makes a mode none test host's cgroup v1 controllers
+// writable before anything runs. nspawn mounts them read-only in a
+// container that shares the VM's users; a real host's are writable, and in
+// mode none the test host is the host, so this is the host's part, not the
+// product's (the nspawn mode does the same inside its machines, where it
+// is the product's: lib/modes/nspawn's unbounded-cgroup-rw.service).
+const cgroupRWUnit = `[Unit]
+Description=Writable cgroup v1 controllers, as on a real host (tests/system/nodestack)
+DefaultDependencies=no
+After=local-fs.target
+Before=sysinit.target
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'for m in $(awk "\\$3 == \\"cgroup\\" {print \\$2}" /proc/self/mounts); do mount -o remount,bind,rw "$m" "$m" || exit 1; done'
+`
 
 // FirstBootOptions describe a first-boot test host: the cluster it joins
 // and the node stack it bootstraps from (all on the test machine's
@@ -74,6 +94,17 @@ type FirstBootOptions struct {
 //   - /var/lib/unbounded/slots on a directory of the VM's own file system:
 //     containerd's overlayfs snapshotter cannot put its layers on the
 //     host's overlay root.
+//
+// In mode none the test host is the node's OS, so it also gets what that
+// OS has on a real host (installing it is not the product's job):
+//   - iptables (the CNI bridge masquerades with it, the kubelet manages
+//     its chains): the test rootfs has none; the files of the stage's
+//     iptables layer, the one the nspawn node image gets
+//     (Machine copies them into the host's root);
+//   - writable cgroup v1 controllers (cgroupRWUnit);
+//   - /var/lib/containerd (lib/modes/none Layout: where every tool
+//     expects it) on a directory of the VM's own file system, for the
+//     same reason as the slots.
 type FirstBootHost struct {
 	// Config is agent.toml's text.
 	Config string
@@ -81,6 +112,9 @@ type FirstBootHost struct {
 	Files      []harness.File
 	NspawnArgs []string
 	Env        []string
+
+	mode  string
+	stage *Stage
 }
 
 // NewFirstBootHost creates the host's bootstrap token and starts the
@@ -137,12 +171,35 @@ cni-plugins-version = %q
 		"--system-call-filter=@keyring bpf",
 		"--bind=" + slots + ":" + hostpaths.HostRootHost + "/slots",
 	}, fwd.NspawnArgs()...)
+	if o.Mode == "none" {
+		files = append(files,
+			harness.File{Path: "/etc/systemd/system/ubt-cgroup-rw.service", Data: []byte(cgroupRWUnit), Mode: 0o644},
+			harness.File{Path: "/etc/systemd/system/sysinit.target.d/ubt-cgroup-rw.conf", Data: []byte("[Unit]\nWants=ubt-cgroup-rw.service\n"), Mode: 0o644},
+		)
+		args = append(args, "--bind="+t.TempDir()+":"+none.Layout.ContainerdRoot)
+	}
 	return &FirstBootHost{
 		Config:     cfg,
 		Files:      files,
 		NspawnArgs: args,
 		Env:        []string{"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=0", "SYSTEMD_NSPAWN_API_VFS_WRITABLE=1"},
+		mode:       o.Mode,
+		stage:      s,
 	}
+}
+
+// Machine creates the host (harness.New with Options) and, in mode none,
+// copies the stage's iptables layer into its root (FirstBootHost says
+// why); the host is not started.
+func (h *FirstBootHost) Machine(t testing.TB, bootTimeout time.Duration, extraArgs ...string) *harness.Machine {
+	t.Helper()
+	m := harness.New(t, h.Options(bootTimeout, extraArgs...))
+	if h.mode == "none" {
+		if out, err := exec.Command("cp", "-a", filepath.Join(h.stage.Dir, "layers", "iptables")+"/.", m.Root()+"/").CombinedOutput(); err != nil {
+			t.Fatalf("iptables into the test host: %v\n%s", err, out)
+		}
+	}
+	return m
 }
 
 // Options are harness.Options for the host, with extraArgs added to its
