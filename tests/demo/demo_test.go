@@ -106,6 +106,17 @@ func TestDemo(t *testing.T) {
 	// its measurements to FILE, one "NAME SECONDS" a line, measures the
 	// image unpack of the floor and resets the host.
 	bench := &benchOut{path: os.Getenv("UNBOUNDED_DEMO_BENCH")}
+	// With UNBOUNDED_DEMO_MODE=none the host is a mode none host: the node
+	// stack runs on it directly, no node image (tests/bench.sh measures
+	// both modes).
+	mode := os.Getenv("UNBOUNDED_DEMO_MODE")
+	switch mode {
+	case "":
+		mode = "nspawn"
+	case "nspawn", "none":
+	default:
+		t.Fatalf("UNBOUNDED_DEMO_MODE=%q: want nspawn or none", mode)
+	}
 	// Registered first, so it runs last: every other cleanup is done.
 	t.Cleanup(func() {
 		o.say("cleaned up: host powered off, its overlay, cgroups and sockets removed, cluster objects deleted")
@@ -150,14 +161,17 @@ func TestDemo(t *testing.T) {
 	begin := time.Now()
 	pause := reg.Push(t, "pause:3.10", s.PauseImage(t))
 	app := reg.Push(t, "busybox:1.35", s.BusyboxImage(t))
-	nodeRef := reg.Push(t, "unbounded/node:bookworm", s.NodeImage(t))
-	o.say("registry %s: node image, pause, busybox pushed in %s", reg.Host, took(time.Since(begin)))
+	nodeRef, pushed := "", "pause, busybox"
+	if mode == "nspawn" {
+		nodeRef, pushed = reg.Push(t, "unbounded/node:bookworm", s.NodeImage(t)), "node image, pause, busybox"
+	}
+	o.say("registry %s: %s pushed in %s", reg.Host, pushed, took(time.Since(begin)))
 	mirror := nodestack.ServeArtifacts(t, s.Mirror(t))
 	o.say("mirror %s: kubelet %s, containerd %s, runc %s, CNI plugins %s, with SHA256SUMS",
 		mirror.URL, s.Versions["kubelet"], s.Versions["containerd"], s.Versions["runc"], s.Versions["cni-plugins"])
 	interrupted()
 
-	o.step("host: a systemd container with the .deb installed and /etc/unbounded/agent.toml")
+	o.step("host: a systemd container with the .deb installed and /etc/unbounded/agent.toml (mode %s)", mode)
 	var rnd [3]byte
 	_, _ = rand.Read(rnd[:])
 	name := "demo-" + hex.EncodeToString(rnd[:]) // the Machine's, the Node's and the host's name
@@ -169,11 +183,11 @@ func TestDemo(t *testing.T) {
 	})
 	// What the host gets, and why: nodestack.FirstBootHost.
 	h := nodestack.NewFirstBootHost(t, nodestack.FirstBootOptions{
-		Env: env, Stage: s, Name: name, Mode: "nspawn",
+		Env: env, Stage: s, Name: name, Mode: mode,
 		RegistryHost: reg.Host, MirrorURL: mirror.URL, Pause: pause, NodeRef: nodeRef,
 	})
 	begin = time.Now()
-	m := harness.New(t, h.Options(10*time.Minute))
+	m := h.Machine(t, 10*time.Minute)
 	host.Store(m)
 	// Runs before the harness powers the host off: the node stack is
 	// stopped first, in the order systemd stops it on a poweroff, so the
@@ -198,7 +212,11 @@ func TestDemo(t *testing.T) {
 			}
 		}
 		o.say("stopping the node (systemctl stop unbounded-node.target in the host)")
-		if out, err := m.Systemctl("stop", "unbounded-daemon.service", "unbounded-node.target", "systemd-nspawn@kube1.service"); err != nil {
+		stop := []string{"stop", "unbounded-daemon.service", "unbounded-node.target", "systemd-nspawn@kube1.service"}
+		if mode == "none" {
+			stop = []string{"stop", "unbounded-daemon.service", "unbounded-kubelet.service", "unbounded-containerd.service"}
+		}
+		if out, err := m.Systemctl(stop...); err != nil {
 			o.say("stopping the node: %v\n%s", err, out)
 		}
 		o.say("node stopped in %s", took(time.Since(begin)))
@@ -299,23 +317,27 @@ func TestDemo(t *testing.T) {
 		t.Fatal(err)
 	}
 	if bench.path != "" {
-		o.step("bench: the floor's image unpack, then reset")
-		ref, err := ggcrname.ParseReference(nodeRef)
-		if err != nil {
-			t.Fatal(err)
+		if mode == "nspawn" {
+			o.step("bench: the floor's image unpack, then reset")
+			ref, err := ggcrname.ParseReference(nodeRef)
+			if err != nil {
+				t.Fatal(err)
+			}
+			begin = time.Now()
+			img, err := remote.Image(ref, remote.WithContext(ctx))
+			if err != nil {
+				t.Fatalf("pull %s: %v", nodeRef, err)
+			}
+			dir := t.TempDir()
+			st, err := nspawn.Unpack(img, dir)
+			if err != nil {
+				t.Fatalf("unpack %s: %v", nodeRef, err)
+			}
+			bench.add("floor.unpack", time.Since(begin))
+			o.say("node image pulled and unpacked by hand (lib/modes/nspawn.Unpack): %d files, %d MB in %s", st.Files, st.Bytes>>20, took(time.Since(begin)))
+		} else {
+			o.step("bench: reset")
 		}
-		begin = time.Now()
-		img, err := remote.Image(ref, remote.WithContext(ctx))
-		if err != nil {
-			t.Fatalf("pull %s: %v", nodeRef, err)
-		}
-		dir := t.TempDir()
-		st, err := nspawn.Unpack(img, dir)
-		if err != nil {
-			t.Fatalf("unpack %s: %v", nodeRef, err)
-		}
-		bench.add("floor.unpack", time.Since(begin))
-		o.say("node image pulled and unpacked by hand (lib/modes/nspawn.Unpack): %d files, %d MB in %s", st.Files, st.Bytes>>20, took(time.Since(begin)))
 		begin = time.Now()
 		resetDone.Store(true)
 		// Not m.Run: its 2-minute bound is shorter than a reset of a
