@@ -144,7 +144,7 @@ firstboot_none() {
 		line("  none floor: artifacts download + SHA-256 + unpack", v["floor.install"])
 		line("  none floor: systemctl start kubelet -> Node Ready", v["floor.kubelet"])
 		line("none: floor (sum)", floor)
-		printf "%-60s %8.2f x  (goal: under floor + 10 s: %s)\n", "none: first boot / floor", floor > 0 ? fb / floor : 0, fb < floor + 10 ? "met" : "NOT met"
+		printf "%-60s %8.2f x  (goal: under floor + 10 s: %s)\n", "none: first boot / floor", (floor > 0 ? fb / floor : 0), fb < floor + 10 ? "met" : "NOT met"
 		if (v["phase.ready"] > 100 || v["floor.kubelet"] > 100)
 			print "  note: a kubelet above waited for its CSINode initialization retry (2 min: its Node registered after\n  the first 18 s of retries); the ratio then compares unlike runs: run again"
 		line("none: unbounded-bootstrap.service, start to exit", v["firstboot.unit"])
