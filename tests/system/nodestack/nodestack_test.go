@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
@@ -191,55 +192,47 @@ func TestNodeImageIsTheRootfsAndPushes(t *testing.T) {
 	if err != nil || len(layers) != 2 {
 		t.Fatalf("%d layers, %v; want 2 (the rootfs, iptables)", len(layers), err)
 	}
-	rc, err := layers[0].Uncompressed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	tr := tar.NewReader(rc)
-	found := map[string]bool{}
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch strings.TrimPrefix(h.Name, "./") {
-		case "usr/lib/systemd/systemd", "etc/machine-id":
-			found[strings.TrimPrefix(h.Name, "./")] = true
-		}
-		if n := strings.TrimPrefix(h.Name, "./"); strings.HasPrefix(n, "dev/") && n != "dev/" {
-			t.Errorf("layer holds %s: device nodes are the runtime's", h.Name)
+	rootfs := layerEntries(t, layers[0])
+	for _, n := range []string{"usr/lib/systemd/systemd", "etc/machine-id"} {
+		if _, ok := rootfs[n]; !ok {
+			t.Errorf("layer of the node image lacks %s", n)
 		}
 	}
-	if !found["usr/lib/systemd/systemd"] || !found["etc/machine-id"] {
-		t.Errorf("layer of the node image lacks systemd or /etc/machine-id: %v", found)
+	for n := range rootfs {
+		if strings.HasPrefix(n, "dev/") && n != "dev/" {
+			t.Errorf("layer holds %s: device nodes are the runtime's", n)
+		}
 	}
 
 	// The second layer: iptables on the legacy backend.
-	rc2, err := layers[1].Uncompressed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc2.Close()
-	tr = tar.NewReader(rc2)
-	links := map[string]string{}
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		links[strings.TrimPrefix(h.Name, "./")] = h.Linkname
-	}
+	links := layerEntries(t, layers[1])
 	if links["usr/sbin/iptables"] != "iptables-legacy" {
 		t.Errorf("iptables layer: usr/sbin/iptables -> %q, want iptables-legacy", links["usr/sbin/iptables"])
 	}
 	if _, ok := links["usr/sbin/xtables-legacy-multi"]; !ok {
 		t.Error("iptables layer lacks usr/sbin/xtables-legacy-multi")
+	}
+}
+
+// layerEntries maps each path of a layer (without "./") to its link
+// target ("" for anything but a link).
+func layerEntries(t *testing.T, l v1.Layer) map[string]string {
+	t.Helper()
+	rc, err := l.Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	out := map[string]string{}
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[strings.TrimPrefix(h.Name, "./")] = h.Linkname
 	}
 }
