@@ -42,9 +42,18 @@ type Mode interface {
 	// Restart restarts the node stack of slot in place, a soft reboot of
 	// the node, never of the host.
 	Restart(ctx context.Context, slot string) error
-	// Repave replaces the node stack from the running slot to s
-	// (blue/green for nspawn, in place for none).
-	Repave(ctx context.Context, running string, s Slot) error
+	// Repave replaces the node stack running as slot `running` by s
+	// (blue/green for nspawn: s.Name is the other slot; in place for
+	// none: s.Name names the record, both slots are the same units).
+	// The steps that are not the mode's (the fence, the health wait,
+	// crash points) are h's. It is resumable: called again with the same
+	// arguments after a crash at any point, it finishes or rolls back.
+	// On failure it rolls back (the old stack runs again, the new one is
+	// removed and checked gone) and returns an error that says so and
+	// wraps ErrRolledBack; an error that does not wrap it means the
+	// rollback itself failed. Recording the applied config is the
+	// caller's (lib/repave), after Repave returned nil.
+	Repave(ctx context.Context, running string, s Slot, h RepaveHooks) error
 	// EnsureHooks makes the lifecycle hooks of the running node in slot
 	// current.
 	EnsureHooks(ctx context.Context, slot string) error
@@ -57,6 +66,23 @@ type Mode interface {
 // ErrNotImplemented is returned by operations this release does not
 // carry yet (repave, lifecycle hooks: issue 8). A caller maps it to exit 1.
 var ErrNotImplemented = errors.New("not implemented in this release")
+
+// ErrRolledBack is wrapped by a Repave error after which the old node
+// stack runs again and the new one is gone: the host is as it was before
+// the repave (apart from the drain, which the caller undoes).
+var ErrRolledBack = errors.New("rolled back to the previous node stack")
+
+// RepaveHooks are the steps of a repave that are not the mode's.
+type RepaveHooks struct {
+	// Fence runs the allocation fence (unbounded-fence.service) before
+	// the new stack starts; nil error means allowed.
+	Fence func(ctx context.Context) error
+	// Healthy waits, bounded, until the node stack of slot is healthy
+	// (kubelet healthz, and the Node Ready when the cluster is reachable).
+	Healthy func(ctx context.Context, slot string) error
+	// Crash is called at each named step ("repave/<point>", lib/crashpoint).
+	Crash func(point string)
+}
 
 // ErrSlotActive is returned by Prepare for a slot whose supervising unit is
 // active or activating.

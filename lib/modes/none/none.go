@@ -333,7 +333,7 @@ func (m *Mode) Restart(ctx context.Context, slot string) error {
 }
 
 // Repave is not in this release.
-func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot) error {
+func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes.RepaveHooks) error {
 	return fmt.Errorf("none repave of %s: %w", running, modes.ErrNotImplemented)
 }
 

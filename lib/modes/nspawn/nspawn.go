@@ -399,7 +399,7 @@ func (m *Mode) Restart(ctx context.Context, slot string) error {
 }
 
 // Repave is not in this release.
-func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot) error {
+func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes.RepaveHooks) error {
 	return fmt.Errorf("nspawn repave %s -> %s: %w", running, s.Name, modes.ErrNotImplemented)
 }
 
