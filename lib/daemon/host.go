@@ -4,15 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"time"
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
+
+	"unbounded-cloud.io/agent/lib/unitjournal"
 )
 
 // Systemd is the part of the service manager the daemon talks to. The real
@@ -68,25 +68,9 @@ func (s UnitState) Succeeded() bool {
 	return s.ActiveState != "failed" && (s.Result == "" || s.Result == "success")
 }
 
-// JournalQuery selects the journal lines of one unit.
-type JournalQuery struct {
-	Unit string
-	// Invocation limits the lines to one run of the unit when not empty.
-	Invocation string
-	// StartedAt is when that run began, when known. journalctl then
-	// selects the unit's lines since then instead of matching the
-	// invocation ID: journald attaches _SYSTEMD_INVOCATION_ID to a line
-	// of the unit's stdout only if it can still read it from the unit's
-	// cgroup, which a short-lived process may have left already (seen
-	// under real systemd in tests/system: a failed oneshot's own lines
-	// carried _SYSTEMD_UNIT but no invocation ID, and the report held
-	// only systemd's lines about the unit).
-	StartedAt time.Time
-	// Since limits the lines to those logged at or after it when not zero.
-	Since time.Time
-	// Lines is how many of the last lines to return.
-	Lines int
-}
+// JournalQuery selects the journal lines of one unit (lib/unitjournal,
+// shared with recovery's report of a failed unit).
+type JournalQuery = unitjournal.Query
 
 // Host holds every step that touches the host outside the daemon's own
 // files. The zero value is the real host; tests replace single fields.
@@ -125,7 +109,7 @@ func (h Host) journal(ctx context.Context, q JournalQuery) ([]string, error) {
 	if h.Journal != nil {
 		return h.Journal(ctx, q)
 	}
-	return journalctl(ctx, q)
+	return unitjournal.Read(ctx, q)
 }
 
 func (h Host) now() time.Time {
@@ -219,86 +203,4 @@ func (s *dbusSystemd) Close() { s.conn.Close() }
 func str(v any) string {
 	s, _ := v.(string)
 	return s
-}
-
-// journalOutputWait bounds how long journalctl waits for a finished
-// unit's own output to reach the journal. systemd's messages about the unit
-// ("Failed with result ...") come over the native protocol and can be in
-// the journal before journald has read the last lines the unit's process
-// wrote to its stdout stream. `journalctl --sync` is the barrier journald
-// offers (it answers once what is queued has been processed); this bound
-// is the fallback for a journald that refuses it or a unit that printed
-// nothing, short enough not to delay the report of a failure noticeably.
-const journalOutputWait = 2 * time.Second
-
-// journalOutputPoll is the step of that wait.
-const journalOutputPoll = 100 * time.Millisecond
-
-// journalctl reads the journal through journalctl: the journal's own C
-// library (sdjournal) needs cgo, and the agent is built CGO_ENABLED=0.
-func journalctl(ctx context.Context, q JournalQuery) ([]string, error) {
-	if !q.StartedAt.IsZero() {
-		// One run of the unit: every line about it or from it since it
-		// began (see JournalQuery.StartedAt), once its own output is in.
-		awaitUnitOutput(ctx, q.Unit, q.StartedAt)
-		q.Since, q.Invocation = q.StartedAt, ""
-	}
-	args := []string{"--no-pager", "-q", "-o", "cat", "-n", fmt.Sprint(q.Lines)}
-	if !q.Since.IsZero() {
-		// To the microsecond: whole seconds would take in the lines of a
-		// run that ended earlier in the same second.
-		args = append(args, "--since", journalTime(q.Since))
-	}
-	if q.Invocation != "" {
-		// The unit's own output carries _SYSTEMD_INVOCATION_ID; systemd's
-		// messages about the unit ("Failed with result ...") carry
-		// INVOCATION_ID. journalctl 252 has no --invocation.
-		args = append(args, "_SYSTEMD_INVOCATION_ID="+q.Invocation, "+", "INVOCATION_ID="+q.Invocation)
-	} else {
-		args = append(args, "-u", q.Unit)
-	}
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "journalctl", args...)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return nil, fmt.Errorf("journalctl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
-		}
-		return nil, fmt.Errorf("journalctl: %w", err)
-	}
-	text := strings.TrimRight(string(out), "\n")
-	if text == "" {
-		return nil, nil
-	}
-	return strings.Split(text, "\n"), nil
-}
-
-// journalTime is a --since argument to the microsecond.
-func journalTime(t time.Time) string {
-	return fmt.Sprintf("@%d.%06d", t.Unix(), t.Nanosecond()/1000)
-}
-
-// awaitUnitOutput returns once the journal holds a line that the unit's own
-// processes wrote since since (_SYSTEMD_UNIT: systemd's lines about the
-// unit carry UNIT= instead), or after journalOutputWait. Errors are not
-// reported here: the read that follows reports its own.
-func awaitUnitOutput(ctx context.Context, unit string, since time.Time) {
-	// Best effort: without the privilege to ask, the poll below still
-	// bounds the wait.
-	_ = exec.CommandContext(ctx, "journalctl", "--sync").Run()
-	deadline := time.Now().Add(journalOutputWait)
-	for {
-		out, err := exec.CommandContext(ctx, "journalctl", "--no-pager", "-q", "-o", "cat", "-n", "1",
-			"--since", journalTime(since), "_SYSTEMD_UNIT="+unit).Output()
-		if err != nil || len(bytes.TrimSpace(out)) > 0 || !time.Now().Before(deadline) {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(journalOutputPoll):
-		}
-	}
 }
