@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -141,30 +140,7 @@ func (c *cluster) watchNodes(ctx context.Context, node, rv string) (watch.Interf
 // finds them there). Best effort: an event that cannot be written is
 // logged, never a reason to fail an operation.
 func (d *daemon) recordEvent(ctx context.Context, eventType, reason, message string) {
-	now := metav1.NewTime(d.host.now())
-	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      d.machine + "." + strconv.FormatInt(now.UnixNano(), 16),
-			Namespace: metav1.NamespaceDefault,
-		},
-		InvolvedObject: corev1.ObjectReference{
-			APIVersion: v1alpha3.SchemeGroupVersion.String(),
-			Kind:       "Machine",
-			Name:       d.machine,
-			UID:        d.machineUIDValue(),
-		},
-		Reason:              reason,
-		Message:             truncate(message, 1024),
-		Type:                eventType,
-		Source:              corev1.EventSource{Component: "unbounded-daemon", Host: d.machine},
-		FirstTimestamp:      now,
-		LastTimestamp:       now,
-		EventTime:           metav1.NewMicroTime(now.Time),
-		Count:               1,
-		Action:              reason,
-		ReportingController: "unbounded-cloud.io/daemon",
-		ReportingInstance:   d.machine,
-	}
+	ev := kube.MachineEvent(d.machine, d.machineUIDValue(), "unbounded-daemon", eventType, reason, message, d.host.now())
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	err := d.cluster.core.Post().Namespace(metav1.NamespaceDefault).Resource("events").Body(ev).Do(ctx).Error()
@@ -173,12 +149,7 @@ func (d *daemon) recordEvent(ctx context.Context, eventType, reason, message str
 	}
 }
 
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
-}
+func truncate(s string, n int) string { return kube.Truncate(s, n) }
 
 func isGone(err error) bool {
 	return apierrors.IsGone(err) || apierrors.IsResourceExpired(err)
