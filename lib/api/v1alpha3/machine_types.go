@@ -73,6 +73,11 @@ const (
 	ConditionIsolationChanged = "IsolationChanged"
 	// ConditionReady is True while the node stack of the active slot is healthy.
 	ConditionReady = "Ready"
+	// ConditionRecovered reports the last run of recovery (a failed agent
+	// unit, or state the generator found unusable at boot): True when it
+	// repaired what the failure needed, False when it could not or held
+	// back, Unknown when an installation owned the host.
+	ConditionRecovered = "Recovered"
 )
 
 // Reasons for ConditionAllocationLaunchRefused, so that the fence and whoever
