@@ -151,11 +151,11 @@ func (m *MachineReporter) Report(ctx context.Context, rep Report) error {
 		})
 	})
 	if err != nil {
-		return fmt.Errorf("Machine %s: condition %s: %w", machine, v1alpha3.ConditionRecovered, err)
+		return fmt.Errorf("machine %s: condition %s: %w", machine, v1alpha3.ConditionRecovered, err)
 	}
 	ev := kube.MachineEvent(machine, uid, "unbounded-recover", corev1.EventTypeWarning, rep.Reason, rep.text(1024), m.now())
 	if err := kube.PostEvent(ctx, rc, ev); err != nil {
-		return fmt.Errorf("Machine %s: event: %w", machine, err)
+		return fmt.Errorf("machine %s: event: %w", machine, err)
 	}
 	return nil
 }
