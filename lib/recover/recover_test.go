@@ -1,0 +1,349 @@
+package recover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitjournal"
+)
+
+// fakeSystemd is the service manager of a unit test: unit states that
+// starts and unmasks change, and a record of the calls.
+type fakeSystemd struct {
+	units   map[string]UnitStatus
+	calls   []string
+	startFn func(unit string) error
+}
+
+func (f *fakeSystemd) Reload(context.Context) error { f.calls = append(f.calls, "reload"); return nil }
+func (f *fakeSystemd) StartUnit(_ context.Context, u string) error {
+	f.calls = append(f.calls, "start "+u)
+	if f.startFn != nil {
+		if err := f.startFn(u); err != nil {
+			return err
+		}
+	}
+	st := f.units[u]
+	st.ActiveState = "active"
+	f.units[u] = st
+	return nil
+}
+func (f *fakeSystemd) RestartUnit(ctx context.Context, u string) error { return f.StartUnit(ctx, u) }
+func (f *fakeSystemd) StopUnit(context.Context, string) error        { return nil }
+func (f *fakeSystemd) EnqueueStart(_ context.Context, u string) error {
+	f.calls = append(f.calls, "enqueue "+u)
+	return nil
+}
+func (f *fakeSystemd) ActiveState(_ context.Context, u string) (string, error) {
+	if st, ok := f.units[u]; ok {
+		return st.ActiveState, nil
+	}
+	return "inactive", nil
+}
+func (f *fakeSystemd) ExecMainStatus(_ context.Context, u string) (int, error) {
+	return f.units[u].ExecMainStatus, nil
+}
+func (f *fakeSystemd) ResetFailed(_ context.Context, u string) error {
+	f.calls = append(f.calls, "reset-failed "+u)
+	return nil
+}
+func (f *fakeSystemd) Close() {}
+func (f *fakeSystemd) UnitStatus(_ context.Context, u string) (UnitStatus, error) {
+	if st, ok := f.units[u]; ok {
+		return st, nil
+	}
+	return UnitStatus{LoadState: "not-found", ActiveState: "inactive"}, nil
+}
+func (f *fakeSystemd) Unmask(_ context.Context, u string) error {
+	f.calls = append(f.calls, "unmask "+u)
+	st := f.units[u]
+	st.LoadState = "loaded"
+	f.units[u] = st
+	return nil
+}
+
+func (f *fakeSystemd) called(c string) bool {
+	for _, x := range f.calls {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+// host is a bootstrapped host under a temporary root: an applied config
+// for kube1, the daemon's executable, the generator's link to the daemon.
+type host struct {
+	p       hostpaths.Paths
+	sd      *fakeSystemd
+	reports []Report
+	now     time.Time
+}
+
+func newHost(t *testing.T) *host {
+	t.Helper()
+	p := hostpaths.New(t.TempDir())
+	if err := os.MkdirAll(p.HostRoot(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(p.RunDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := state.WriteApplied(p, &state.AppliedConfig{Slot: "kube1", Mode: "nspawn", Machine: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	bin := p.Libexec("daemon")
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, []byte("#!/bin/true\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := p.Join("/run/systemd/generator/multi-user.target.wants/" + DaemonUnit)
+	if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/usr/lib/systemd/system/"+DaemonUnit, link); err != nil {
+		t.Fatal(err)
+	}
+	return &host{
+		p:   p,
+		now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC),
+		sd: &fakeSystemd{units: map[string]UnitStatus{
+			DaemonUnit:                    {LoadState: "loaded", ActiveState: "active"},
+			"unbounded-bootstrap.service": {LoadState: "loaded", ActiveState: "failed", Result: "exit-code", ExecMainCode: 1, ExecMainStatus: 1},
+		}},
+	}
+}
+
+func (h *host) run(t *testing.T, f Failure) error {
+	t.Helper()
+	r := &Recovery{
+		Paths:   h.p,
+		Failure: f,
+		Host: Host{
+			Systemd: func(context.Context) (Systemd, error) { return h.sd, nil },
+			Journal: func(_ context.Context, q unitjournal.Query) ([]string, error) {
+				return []string{"line 1 of " + q.Unit, "bootstrap: artifact kubelet: checksum mismatch"}, nil
+			},
+			Report: func(_ context.Context, rep Report) error { h.reports = append(h.reports, rep); return nil },
+			Now:    func() time.Time { return h.now },
+		},
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	return r.Run(context.Background())
+}
+
+func exited(unit string, status int) Failure {
+	return Failure{Unit: unit, Result: "exit-code", ExitCode: "exited", ExitStatus: fmt.Sprint(status)}
+}
+
+func TestExitsThatAreNotFailuresAreLeftAlone(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		f        Failure
+		subState string
+	}{
+		{"refused by the fence", exited("unbounded-fence.service", 77), "failed"},
+		{"configuration invalid", exited("unbounded-daemon.service", 78), "failed"},
+		{"deferred", exited("unbounded-reset.service", 69), "dead"},
+		{"temporary and retried", exited("unbounded-bootstrap.service", 75), "auto-restart"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHost(t)
+			h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "inactive"}
+			h.sd.units[c.f.Unit] = UnitStatus{LoadState: "loaded", ActiveState: "failed", SubState: c.subState}
+			if err := h.run(t, c.f); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if len(h.reports) != 0 || len(h.sd.calls) != 0 {
+				t.Errorf("reports %v, systemd calls %v: want none", h.reports, h.sd.calls)
+			}
+			if _, err := os.Stat(h.p.Ownership()); !os.IsNotExist(err) {
+				t.Errorf("ownership record: %v", err)
+			}
+		})
+	}
+}
+
+func TestATemporaryFailureThatIsNotRetriedIsRecovered(t *testing.T) {
+	h := newHost(t)
+	h.sd.units["unbounded-bootstrap.service"] = UnitStatus{LoadState: "loaded", ActiveState: "failed", SubState: "failed"}
+	if err := h.run(t, exited("unbounded-bootstrap.service", 75)); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.reports) != 1 {
+		t.Fatalf("reports %v, want 1", h.reports)
+	}
+}
+
+func TestAFailedUnitIsReportedWithItsResultAndLastLinesAndTheDaemonStarted(t *testing.T) {
+	h := newHost(t)
+	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "failed"}
+	if err := h.run(t, exited("unbounded-bootstrap.service", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if !h.sd.called("reset-failed "+DaemonUnit) || !h.sd.called("start "+DaemonUnit) {
+		t.Errorf("systemd calls %v: want the failed daemon reset and started", h.sd.calls)
+	}
+	if len(h.reports) != 1 {
+		t.Fatalf("reports %v", h.reports)
+	}
+	rep := h.reports[0]
+	text := rep.text(4096)
+	for _, w := range []string{"unbounded-bootstrap.service failed", "result exit-code", "exit status 1", "checksum mismatch", DaemonUnit + " was failed: started it"} {
+		if !strings.Contains(text, w) {
+			t.Errorf("report lacks %q:\n%s", w, text)
+		}
+	}
+	if rep.Reason != ReasonUnitFailed || !rep.Repaired {
+		t.Errorf("reason %s repaired %v", rep.Reason, rep.Repaired)
+	}
+	if _, err := os.Stat(h.p.Ownership()); !os.IsNotExist(err) {
+		t.Errorf("the lock was not released: %v", err)
+	}
+}
+
+// A unit killed by SIGKILL (a crash point) is a failure: reported, never
+// started again by recovery.
+func TestAKilledUnitIsReportedAndNotStartedAgain(t *testing.T) {
+	h := newHost(t)
+	err := h.run(t, Failure{Unit: "unbounded-bootstrap.service", Result: "signal", ExitCode: "killed", ExitStatus: "KILL"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.sd.called("start unbounded-bootstrap.service") {
+		t.Errorf("recovery started the killed unit: %v", h.sd.calls)
+	}
+	if len(h.reports) != 1 || !strings.Contains(h.reports[0].Message, "killed by SIGKILL") {
+		t.Errorf("reports %+v", h.reports)
+	}
+}
+
+func TestAHostOwnedByAnInstallationIsOnlyReported(t *testing.T) {
+	h := newHost(t)
+	lock, err := state.AcquireOwnership(h.p, "bootstrap", "unbounded-bootstrap.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release()
+	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "inactive"}
+	err = h.run(t, Failure{Unit: "unbounded-bootstrap.service", Result: "signal", ExitCode: "killed", ExitStatus: "KILL"})
+	if !errors.Is(err, state.ErrOwned) {
+		t.Fatalf("Run: %v, want ErrOwned", err)
+	}
+	if h.sd.called("start " + DaemonUnit) {
+		t.Errorf("the daemon was started on an owned host: %v", h.sd.calls)
+	}
+	if len(h.reports) != 1 || h.reports[0].Reason != ReasonDeferred {
+		t.Errorf("reports %+v", h.reports)
+	}
+	own, _ := state.ReadOwnership(h.p)
+	if own == nil || own.Owner != "bootstrap" {
+		t.Errorf("ownership now %+v, want bootstrap's untouched", own)
+	}
+}
+
+func TestAMaskedDaemonIsUnmaskedAndStarted(t *testing.T) {
+	h := newHost(t)
+	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "masked", ActiveState: "inactive"}
+	if err := h.run(t, exited("unbounded-bootstrap.service", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if !h.sd.called("unmask "+DaemonUnit) || !h.sd.called("start "+DaemonUnit) {
+		t.Errorf("calls %v", h.sd.calls)
+	}
+}
+
+func TestAGoneDaemonExecutableIsReportedAndNotRepaired(t *testing.T) {
+	h := newHost(t)
+	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "failed"}
+	if err := os.Remove(h.p.Libexec("daemon")); err != nil {
+		t.Fatal(err)
+	}
+	err := h.run(t, exited("unbounded-daemon.service", 1))
+	if !errors.Is(err, ErrUnrepaired) {
+		t.Fatalf("Run: %v, want ErrUnrepaired", err)
+	}
+	if h.sd.called("start " + DaemonUnit) {
+		t.Errorf("started a daemon without its executable: %v", h.sd.calls)
+	}
+	if len(h.reports) != 1 || h.reports[0].Reason != ReasonRepairFailed || !strings.Contains(h.reports[0].Message, "/usr/libexec/unbounded/daemon is gone") {
+		t.Errorf("reports %+v", h.reports)
+	}
+}
+
+func TestAUnitFailingInALoopIsRecoveredAtMostBurstTimesPerWindow(t *testing.T) {
+	h := newHost(t)
+	f := exited("unbounded-bootstrap.service", 1)
+	for i := 0; i < 6; i++ {
+		if err := h.run(t, f); err != nil {
+			t.Fatal(err)
+		}
+		h.now = h.now.Add(time.Minute)
+	}
+	var failed, held int
+	for _, r := range h.reports {
+		switch r.Reason {
+		case ReasonUnitFailed:
+			failed++
+		case ReasonHeldBack:
+			held++
+		}
+	}
+	if failed != DefaultLimit.Burst || held != 1 {
+		t.Errorf("%d reports of the failure and %d of the hold-back, want %d and 1", failed, held, DefaultLimit.Burst)
+	}
+	// Another unit has its own budget; the same one, an hour later, again.
+	if err := h.run(t, exited("unbounded-reset.service", 1)); err != nil {
+		t.Fatal(err)
+	}
+	h.now = h.now.Add(time.Hour)
+	n := len(h.reports)
+	if err := h.run(t, f); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.reports) != n+1 || h.reports[n].Reason != ReasonUnitFailed {
+		t.Errorf("after the window: %+v", h.reports[n:])
+	}
+}
+
+func TestTwoAppliedConfigsAreResolvedByTheRunningSlotAndTheDaemonIsNotStarted(t *testing.T) {
+	h := newHost(t)
+	if err := state.WriteApplied(h.p, &state.AppliedConfig{Slot: "kube2", Mode: "nspawn", Machine: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "failed"}
+	h.sd.units["systemd-nspawn@kube2.service"] = UnitStatus{LoadState: "loaded", ActiveState: "active"}
+	err := h.run(t, exited("unbounded-daemon.service", 1))
+	if !errors.Is(err, ErrUnrepaired) {
+		t.Fatalf("Run: %v", err)
+	}
+	if h.sd.called("start " + DaemonUnit) {
+		t.Errorf("calls %v", h.sd.calls)
+	}
+	if len(h.reports) != 1 || !strings.Contains(h.reports[0].Message, "slot kube2 (systemd-nspawn@kube2.service active)") {
+		t.Errorf("reports %+v", h.reports)
+	}
+}
+
+func TestReportKeepsTheLastJournalLinesWhenCut(t *testing.T) {
+	var lines []string
+	for i := 0; i < 100; i++ {
+		lines = append(lines, fmt.Sprintf("line %03d of a long failure", i))
+	}
+	got := Report{Unit: "u", Message: "u failed.", Lines: lines}.text(1024)
+	if len(got) > 1024 || !strings.Contains(got, "line 099") || !strings.HasPrefix(got, "u failed.") {
+		t.Errorf("text (%d bytes):\n%s", len(got), got)
+	}
+}
