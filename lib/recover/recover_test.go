@@ -39,7 +39,7 @@ func (f *fakeSystemd) StartUnit(_ context.Context, u string) error {
 	return nil
 }
 func (f *fakeSystemd) RestartUnit(ctx context.Context, u string) error { return f.StartUnit(ctx, u) }
-func (f *fakeSystemd) StopUnit(context.Context, string) error        { return nil }
+func (f *fakeSystemd) StopUnit(context.Context, string) error          { return nil }
 func (f *fakeSystemd) EnqueueStart(_ context.Context, u string) error {
 	f.calls = append(f.calls, "enqueue "+u)
 	return nil
