@@ -484,20 +484,48 @@ func (r *Recovery) checkDaemon(ctx context.Context, log *slog.Logger, sd Systemd
 	}
 	// The daemon is pulled in at boot by the generator's link, not by
 	// enablement (the preset disables it: see units/80-unbounded.preset).
-	// No link means the generator last ran while the state was unusable,
-	// or has not run since it became usable: a reload re-runs it.
+	// The generator's decision wins: when it holds the daemon back (a
+	// missing fence or node unit, say), recovery does not start it
+	// either, and says why. When it would pull the daemon in but its
+	// output has no link (it last ran while the state was unusable), a
+	// reload re-runs it. Recovery decides from the same code in-process
+	// first, so that a reload (which makes the generator report on kmsg
+	// again) happens only when it changes something.
+	plan := generator.Decide(generatorAfterLock.Read(p))
+	if !wantsDaemon(plan) {
+		o.cannot("the generator holds %s back: %s", DaemonUnit, orNone(rel(p, plan.Problem)))
+		return false
+	}
 	if !r.generatorWantsDaemon() {
 		if err := sd.Reload(ctx); err != nil {
 			o.cannot("daemon-reload to re-run the generator: %v", err)
-		} else if r.generatorWantsDaemon() {
-			o.did("The generator had not pulled %s in at boot: reloaded, it does now", DaemonUnit)
-		} else {
-			problem := generator.Decide(generator.Host{}.Read(p)).Problem
-			o.cannot("the generator does not pull %s in at boot: %s", DaemonUnit, orNone(rel(p, problem)))
+			return false
 		}
+		if !r.generatorWantsDaemon() {
+			o.cannot("the generator's output does not pull %s in after a daemon-reload", DaemonUnit)
+			return false
+		}
+		o.did("The generator had not pulled %s in at boot: reloaded, it does now", DaemonUnit)
 	}
 	log.Debug("daemon checked", "active-slot", active.Slot, "mode", active.Mode, "state", st.ActiveState, "unit-file", st.UnitFileState)
 	return ok
+}
+
+// generatorAfterLock reads the host as the generator will once recovery
+// has released the installation lock: recovery's own record is not one
+// that holds the node back.
+var generatorAfterLock = generator.Host{
+	ReadOwnership: func(hostpaths.Paths) (*state.Ownership, error) { return nil, nil },
+}
+
+// wantsDaemon reports whether plan pulls the daemon in at boot.
+func wantsDaemon(plan generator.Plan) bool {
+	for _, l := range plan.Links {
+		if l.Path == "multi-user.target.wants/"+DaemonUnit {
+			return true
+		}
+	}
+	return false
 }
 
 // generatorWantsDaemon reports whether the generator's output pulls the

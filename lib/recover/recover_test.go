@@ -109,6 +109,15 @@ func newHost(t *testing.T) *host {
 	if err := os.WriteFile(bin, []byte("#!/bin/true\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// What the generator needs to start the node and the daemon.
+	for _, u := range []string{"unbounded-fence.service", "systemd-nspawn@.service"} {
+		if err := os.MkdirAll(p.UnitDir(), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(p.UnitDir(), u), []byte("[Service]\nExecStart=/bin/true\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	link := p.Join("/run/systemd/generator/multi-user.target.wants/" + DaemonUnit)
 	if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
 		t.Fatal(err)
@@ -345,5 +354,23 @@ func TestReportKeepsTheLastJournalLinesWhenCut(t *testing.T) {
 	got := Report{Unit: "u", Message: "u failed.", Lines: lines}.text(1024)
 	if len(got) > 1024 || !strings.Contains(got, "line 099") || !strings.HasPrefix(got, "u failed.") {
 		t.Errorf("text (%d bytes):\n%s", len(got), got)
+	}
+}
+
+func TestADaemonTheGeneratorHoldsBackIsNotStarted(t *testing.T) {
+	h := newHost(t)
+	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "inactive"}
+	if err := os.Remove(filepath.Join(h.p.UnitDir(), "unbounded-fence.service")); err != nil {
+		t.Fatal(err)
+	}
+	err := h.run(t, Failure{Unit: GeneratorInstance})
+	if !errors.Is(err, ErrUnrepaired) {
+		t.Fatalf("Run: %v", err)
+	}
+	if h.sd.called("start "+DaemonUnit) || h.sd.called("reload") {
+		t.Errorf("calls %v: want neither a start of the daemon nor a reload", h.sd.calls)
+	}
+	if len(h.reports) != 1 || !strings.Contains(h.reports[0].Message, "unbounded-fence.service") || !strings.Contains(h.reports[0].Message, "generator found") {
+		t.Errorf("reports %+v", h.reports)
 	}
 }
