@@ -279,39 +279,20 @@ func (r *Recovery) Run(ctx context.Context) error {
 		lines = r.journal(ctx, log, f, st)
 	}
 
-	// 2. The rate limit.
-	now := r.Host.now()
-	file, err := historyFile(r.Paths, f.Unit)
-	if err != nil {
-		return err
-	}
-	h, err := readHistory(file)
-	if err != nil {
-		log.Warn("recovery history unreadable; starting it afresh", "file", r.Paths.Rel(file), "error", err)
-	}
-	if held, next := limit.admit(&h, now); held {
-		say := limit.sayHeldBack(&h, now)
-		if err := writeHistory(file, h); err != nil {
-			log.Warn("cannot record the recovery history", "error", err)
+	// 2. An installation owns the host: report only.
+	o, owned, tookOver := r.owned()
+	if !owned {
+		// 3. The rate limit.
+		if held, err := r.admit(ctx, log, limit, f, what, lines); held || err != nil {
+			return err
 		}
-		msg := fmt.Sprintf("%s. Recovery held back: %d recoveries of %s within the last %v already (at most %d per %v); the next can run after %s. Its failures stay in `journalctl -u %s`.",
-			what, len(h.Runs), f.Unit, limit.Window, limit.Burst, limit.Window, next.UTC().Format(time.RFC3339), f.Unit)
-		log.Warn(msg)
-		if say {
-			r.report(ctx, log, Report{Unit: f.Unit, Reason: ReasonHeldBack, Message: msg, Lines: lines})
-		}
-		return nil
+		log.Info("recovering: " + what)
+		// 4. The repair.
+		o = r.repair(ctx, log, sd, tookOver)
 	}
-	if err := writeHistory(file, h); err != nil {
-		log.Warn("cannot record the recovery history", "error", err)
-	}
-	log.Info("recovering: " + what)
 
-	// 3. The repair.
-	o := r.repair(ctx, log, sd)
-
-	// 4. The report.
-	rep := Report{Unit: f.Unit, Message: what + ".", Lines: lines, Repaired: len(o.problems) == 0 && !o.owned}
+	// 5. The report.
+	rep := Report{Unit: f.Unit, Lines: lines, Repaired: len(o.problems) == 0 && !o.owned}
 	var b strings.Builder
 	b.WriteString(what + ".")
 	for _, a := range o.actions {
@@ -344,6 +325,38 @@ func (r *Recovery) Run(ctx context.Context) error {
 	return nil
 }
 
+// admit applies the rate limit to this recovery of f.Unit and records it;
+// held reports that recovery holds back (said in the journal, and on the
+// Machine once per window).
+func (r *Recovery) admit(ctx context.Context, log *slog.Logger, limit Limit, f Failure, what string, lines []string) (held bool, err error) {
+	now := r.Host.now()
+	file, err := historyFile(r.Paths, f.Unit)
+	if err != nil {
+		return false, err
+	}
+	h, err := readHistory(file)
+	if err != nil {
+		log.Warn("recovery history unreadable; starting it afresh", "file", r.Paths.Rel(file), "error", err)
+	}
+	if held, next := limit.admit(&h, now); held {
+		say := limit.sayHeldBack(&h, now)
+		if err := writeHistory(file, h); err != nil {
+			log.Warn("cannot record the recovery history", "error", err)
+		}
+		msg := fmt.Sprintf("%s. Recovery held back: %d recoveries of %s within the last %v already (at most %d per %v); the next can run after %s. Its failures stay in `journalctl -u %s`.",
+			what, len(h.Runs), f.Unit, limit.Window, limit.Burst, limit.Window, next.UTC().Format(time.RFC3339), f.Unit)
+		log.Warn(msg)
+		if say {
+			r.report(ctx, log, Report{Unit: f.Unit, Reason: ReasonHeldBack, Message: msg, Lines: lines})
+		}
+		return true, nil
+	}
+	if err := writeHistory(file, h); err != nil {
+		log.Warn("cannot record the recovery history", "error", err)
+	}
+	return false, nil
+}
+
 // journal returns the failed run's last lines.
 func (r *Recovery) journal(ctx context.Context, log *slog.Logger, f Failure, st UnitStatus) []string {
 	read := r.Host.Journal
@@ -374,46 +387,54 @@ func (o *outcome) cannot(format string, args ...any) {
 	o.problems = append(o.problems, fmt.Sprintf(format, args...))
 }
 
-// repair repairs the daemon. See the package comment for the order and
-// for why the lock is held only around the checks.
-func (r *Recovery) repair(ctx context.Context, log *slog.Logger, sd Systemd) outcome {
-	var o outcome
+// owned looks at the ownership record before anything is touched: a host
+// that an installation owns (also one that crashed and left its record)
+// is only reported on, and recovery writes nothing on it, not even its
+// history. tookOver reports a record of an earlier recovery, which this
+// one takes over.
+func (r *Recovery) owned() (o outcome, owned, tookOver bool) {
 	p := r.Paths
-	own, ownErr := state.ReadOwnership(p)
-	tookOver := false
+	own, err := state.ReadOwnership(p)
 	switch {
-	case own != nil && ownErr != nil:
+	case own == nil:
+		return o, false, false
+	case err != nil:
 		o.owned = true
-		o.cannot("the ownership record %s is unreadable (%v), so the host is treated as owned by an installation and nothing else starts; if no installation runs (`systemctl list-jobs`, `unbounded status`), remove it and run `systemctl daemon-reload`", p.Rel(p.Ownership()), ownErr)
-		return o
-	case own != nil && own.Owner != Owner:
+		o.cannot("the ownership record %s is unreadable (%v), so the host is treated as owned by an installation and nothing else starts; if no installation runs (`systemctl list-jobs`, `unbounded status`), remove it and run `systemctl daemon-reload`", p.Rel(p.Ownership()), err)
+		return o, true, false
+	case own.Owner != Owner:
 		o.owned = true
 		o.did("Nothing repaired: the installation %q owns the host since %s (%s resumes it and starts the node and the daemon when it is done)",
 			own.Owner, own.Since.UTC().Format(time.RFC3339), orNone(own.Unit))
-		return o
-	case own != nil:
-		// An earlier recovery was killed while it held the lock; the
-		// generator held the node and the daemon back for it at boot.
-		tookOver = true
+		return o, true, false
 	}
-	lock, err := state.AcquireOwnership(p, Owner, "unbounded-recover@"+r.Failure.Unit+".service")
-	if errors.Is(err, state.ErrOwned) {
-		o.owned = true
-		o.did("Nothing repaired: an installation took the host meanwhile (%v)", err)
-		return o
-	}
-	if err != nil {
-		o.cannot("take the installation lock: %v", err)
-		return o
-	}
-	startDaemon := r.checkDaemon(ctx, log, sd, &o)
-	if err := lock.Release(); err != nil {
-		o.cannot("release the installation lock: %v", err)
-		return o
-	}
+	// An earlier recovery was killed while it held the lock; the
+	// generator held the node and the daemon back for it at boot.
+	return o, false, true
+}
+
+// repair repairs the daemon. See the package comment for the order and
+// for why the lock is held only around the checks.
+func (r *Recovery) repair(ctx context.Context, log *slog.Logger, sd Systemd, tookOver bool) outcome {
+	var o outcome
+	p := r.Paths
 	if tookOver {
-		// Released now: what the generator held back for the lock
-		// starts (the node behind its fence; the daemon below).
+		// The record is recovery's own: take it over, release it, and
+		// start what the generator held back for it (the node behind
+		// its fence; the daemon below).
+		l, err := state.AcquireOwnership(p, Owner, "unbounded-recover@"+r.Failure.Unit+".service")
+		if err == nil {
+			err = l.Release()
+		}
+		switch {
+		case errors.Is(err, state.ErrOwned):
+			o.owned = true
+			o.did("Nothing repaired: an installation took the host meanwhile (%v)", err)
+			return o
+		case err != nil:
+			o.cannot("remove the ownership record an interrupted recovery left: %v", err)
+			return o
+		}
 		if err := sd.Reload(ctx); err != nil {
 			o.cannot("daemon-reload after the ownership record of an interrupted recovery was removed: %v", err)
 		} else if err := sd.EnqueueStart(ctx, generator.NodeTarget); err != nil {
@@ -421,6 +442,40 @@ func (r *Recovery) repair(ctx context.Context, log *slog.Logger, sd Systemd) out
 		} else {
 			o.did("Removed the ownership record an interrupted recovery left, and started %s (behind the allocation fence)", generator.NodeTarget)
 		}
+	}
+	// The lock is taken only for what changes the host (an unmask, a
+	// daemon-reload) and released before the daemon starts (the daemon
+	// exits 69 while any ownership record exists). Checks that find
+	// nothing to change take no lock: an installation that starts at the
+	// same moment (a rerun of bootstrap after its crash) would otherwise
+	// find the host owned by recovery and defer (69).
+	var lock *state.Lock
+	withLock := func(change func() error) error {
+		if lock == nil {
+			l, err := state.AcquireOwnership(p, Owner, "unbounded-recover@"+r.Failure.Unit+".service")
+			if err != nil {
+				return err
+			}
+			lock = l
+		}
+		return change()
+	}
+	startDaemon, err := r.checkDaemon(ctx, log, sd, &o, withLock)
+	if errors.Is(err, state.ErrOwned) {
+		o.owned = true
+		o.did("Nothing repaired: an installation took the host meanwhile (%v)", err)
+		startDaemon = false
+	} else if err != nil {
+		o.cannot("take the installation lock: %v", err)
+	}
+	if lock != nil {
+		if err := lock.Release(); err != nil {
+			o.cannot("release the installation lock: %v", err)
+			return o
+		}
+	}
+	if o.owned {
+		return o
 	}
 	if startDaemon {
 		r.startDaemon(ctx, sd, &o)
@@ -435,9 +490,11 @@ func orNone(s string) string {
 	return s
 }
 
-// checkDaemon verifies, under the lock, what the daemon needs and repairs
-// what it can; it reports whether the daemon should be started.
-func (r *Recovery) checkDaemon(ctx context.Context, log *slog.Logger, sd Systemd, o *outcome) bool {
+// checkDaemon verifies what the daemon needs and repairs what it can,
+// each change through withLock (which takes the installation lock on its
+// first call); it reports whether the daemon should be started. Its error
+// is the lock's: state.ErrOwned when an installation took the host.
+func (r *Recovery) checkDaemon(ctx context.Context, log *slog.Logger, sd Systemd, o *outcome, withLock func(func() error) error) (bool, error) {
 	p := r.Paths
 	active, err := state.ReadActive(p)
 	if err != nil {
@@ -446,11 +503,11 @@ func (r *Recovery) checkDaemon(ctx context.Context, log *slog.Logger, sd Systemd
 			msg += fmt.Sprintf("; the node that runs is slot %s (%s active)", slot, strings.Join(units, ", "))
 		}
 		o.cannot("%s: unbounded-lifecycle.service finishes or rolls back an interrupted repave at the next boot; otherwise remove the record that does not describe the running node", rel(p, msg))
-		return false
+		return false, nil
 	}
 	if active == nil {
 		o.did("No daemon to repair: the host has no applied config (not bootstrapped)")
-		return false
+		return false, nil
 	}
 	ok := true
 	bin := p.Libexec("daemon")
@@ -464,23 +521,25 @@ func (r *Recovery) checkDaemon(ctx context.Context, log *slog.Logger, sd Systemd
 	st, err := sd.UnitStatus(ctx, DaemonUnit)
 	if err != nil {
 		o.cannot("read the state of %s: %v", DaemonUnit, err)
-		return false
+		return false, nil
 	}
 	switch st.LoadState {
 	case "loaded":
 	case "masked":
-		if err := sd.Unmask(ctx, DaemonUnit); err != nil {
+		if err := withLock(func() error { return sd.Unmask(ctx, DaemonUnit) }); errors.Is(err, state.ErrOwned) {
+			return false, err
+		} else if err != nil {
 			o.cannot("%s is masked and the unmask failed: %v", DaemonUnit, err)
-			return false
+			return false, nil
 		}
 		o.did("%s was masked: unmasked it (the daemon must run on a bootstrapped host; reset the host to retire it)", DaemonUnit)
 		if st, err = sd.UnitStatus(ctx, DaemonUnit); err != nil || st.LoadState != "loaded" {
 			o.cannot("%s is still not loaded after the unmask (%s, %v)", DaemonUnit, st.LoadState, err)
-			return false
+			return false, nil
 		}
 	default:
 		o.cannot("%s is %s (its unit file %s is gone or broken): reinstall the unbounded-agent package", DaemonUnit, st.LoadState, filepath.Join(hostpaths.UnitDirHost, DaemonUnit))
-		return false
+		return false, nil
 	}
 	// The daemon is pulled in at boot by the generator's link, not by
 	// enablement (the preset disables it: see units/80-unbounded.preset).
@@ -494,21 +553,23 @@ func (r *Recovery) checkDaemon(ctx context.Context, log *slog.Logger, sd Systemd
 	plan := generator.Decide(generatorAfterLock.Read(p))
 	if !wantsDaemon(plan) {
 		o.cannot("the generator holds %s back: %s", DaemonUnit, orNone(rel(p, plan.Problem)))
-		return false
+		return false, nil
 	}
 	if !r.generatorWantsDaemon() {
-		if err := sd.Reload(ctx); err != nil {
+		if err := withLock(func() error { return sd.Reload(ctx) }); errors.Is(err, state.ErrOwned) {
+			return false, err
+		} else if err != nil {
 			o.cannot("daemon-reload to re-run the generator: %v", err)
-			return false
+			return false, nil
 		}
 		if !r.generatorWantsDaemon() {
 			o.cannot("the generator's output does not pull %s in after a daemon-reload", DaemonUnit)
-			return false
+			return false, nil
 		}
 		o.did("The generator had not pulled %s in at boot: reloaded, it does now", DaemonUnit)
 	}
 	log.Debug("daemon checked", "active-slot", active.Slot, "mode", active.Mode, "state", st.ActiveState, "unit-file", st.UnitFileState)
-	return ok
+	return ok, nil
 }
 
 // generatorAfterLock reads the host as the generator will once recovery
