@@ -1,0 +1,257 @@
+package system_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+)
+
+// Recovery on a bootstrapped host (the first-boot fixture, nspawn): agent
+// one-shots that fail start unbounded-recover@.service by themselves
+// through OnFailure=, and recovery reports them on the Machine and repairs
+// the daemon. The failing one-shots are the test's own units (named
+// unbounded-test-*, with the OnFailure= line every agent service has): a
+// shipped one-shot cannot be made to fail on purpose without changing what
+// it does, and units/graph_test.go checks that every shipped service
+// carries the line.
+
+// recoverOf is the recovery instance systemd starts for unit.
+func recoverOf(unit string) string { return "unbounded-recover@" + unit + ".service" }
+
+// testOneShot is a oneshot that prints two lines and exits with code.
+func testOneShot(code int) []byte {
+	return fmt.Appendf(nil, `[Unit]
+Description=recovery test one-shot (exit %d)
+OnFailure=unbounded-recover@%%n.service
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c 'echo "test one-shot: step 1 done"; echo "test one-shot: the disk is on fire (exit %d)" >&2; exit %d'
+`, code, code, code)
+}
+
+// failAndRecover starts unit, which fails, and waits (bounded) until the
+// recovery run that its failure started has finished; it returns that
+// run's properties.
+func failAndRecover(t *testing.T, f *firstBoot, unit string) map[string]string {
+	t.Helper()
+	rec := recoverOf(unit)
+	before := showProps(t, f.m, rec, "InvocationID")["InvocationID"]
+	begin := time.Now()
+	if out, err := f.m.Systemctl("start", unit); err == nil {
+		t.Fatalf("systemctl start %s succeeded; the test unit must fail:\n%s", unit, out)
+	}
+	var p map[string]string
+	waitUntil(t, 2*time.Minute, "recovery of "+unit+" finished", func(context.Context) (bool, error) {
+		p = showProps(t, f.m, rec, "InvocationID", "ActiveState", "Result", "ExecMainStatus")
+		return p["InvocationID"] != "" && p["InvocationID"] != before && (p["ActiveState"] == "inactive" || p["ActiveState"] == "failed"), nil
+	})
+	t.Logf("%s failed and its recovery ran in %v: %v", unit, time.Since(begin).Round(time.Millisecond), p)
+	return p
+}
+
+// recoveryEvents are the Events recovery recorded on the Machine about
+// unit, oldest first.
+func recoveryEvents(t *testing.T, f *firstBoot, unit string) []corev1.Event {
+	t.Helper()
+	l, err := f.env.kube.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(),
+		metav1.ListOptions{FieldSelector: "involvedObject.name=" + f.name})
+	if err != nil {
+		t.Fatalf("list events: %v", err)
+	}
+	var out []corev1.Event
+	for _, e := range l.Items {
+		if e.Source.Component == "unbounded-recover" && strings.HasPrefix(e.Message, unit+" failed") {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// recovered returns the Machine's Recovered condition (nil when unset).
+func recovered(t *testing.T, f *firstBoot) *metav1.Condition {
+	t.Helper()
+	m := f.machine(t)
+	for i := range m.Status.Conditions {
+		if m.Status.Conditions[i].Type == v1alpha3.ConditionRecovered {
+			return &m.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func wantSays(t *testing.T, what, text string, words ...string) {
+	t.Helper()
+	for _, w := range words {
+		if !strings.Contains(text, w) {
+			t.Errorf("%s does not say %q:\n%s", what, w, text)
+		}
+	}
+}
+
+func TestRecoveryReportsAFailedOneShotAndRepairsTheDaemon(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{})
+	units := map[string]int{
+		"unbounded-test-fails.service":    1,
+		"unbounded-test-refused.service":  77,
+		"unbounded-test-invalid.service":  78,
+		"unbounded-test-disabled.service": 1,
+		"unbounded-test-masked.service":   1,
+		"unbounded-test-nobinary.service": 1,
+		"unbounded-test-flapping.service": 1,
+	}
+	for u, code := range units {
+		f.m.WriteFile("/etc/systemd/system/"+u, testOneShot(code), 0o644)
+	}
+	begin := time.Now()
+	f.m.Start()
+	waitUntil(t, 8*time.Minute, "bootstrap finished and the daemon active", func(context.Context) (bool, error) {
+		p := showProps(t, f.m, bootstrapUnit, "ActiveState", "ExecMainStatus", "InvocationID")
+		if p["ActiveState"] == "failed" {
+			return false, fmt.Errorf("bootstrap failed: %v\n%s", p, f.m.Journal(bootstrapUnit))
+		}
+		return p["InvocationID"] != "" && p["ActiveState"] == "inactive" && isActive(f.m, "unbounded-daemon.service") == "active", nil
+	})
+	t.Logf("first boot to the daemon active: %v", time.Since(begin).Round(time.Millisecond))
+
+	t.Run("AFailedOneShotIsReportedWithItsResultAndLastLines", func(t *testing.T) {
+		u := "unbounded-test-fails.service"
+		p := failAndRecover(t, f, u)
+		if p["Result"] != "success" {
+			t.Errorf("recovery: %v\n%s", p, f.m.Journal(recoverOf(u)))
+		}
+		c := recovered(t, f)
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != "UnitFailed" {
+			t.Fatalf("Machine condition Recovered = %+v, want True UnitFailed", c)
+		}
+		wantSays(t, "the Recovered condition", c.Message, u+" failed", "result exit-code", "exit status 1",
+			"the disk is on fire (exit 1)", "unbounded-daemon.service runs")
+		ev := recoveryEvents(t, f, u)
+		if len(ev) != 1 || ev[0].Type != corev1.EventTypeWarning || ev[0].Reason != "UnitFailed" {
+			t.Fatalf("recovery's Events about %s: %+v, want one Warning UnitFailed", u, ev)
+		}
+		wantSays(t, "the Event", ev[0].Message, "result exit-code", "exit status 1", "the disk is on fire (exit 1)")
+		wantSays(t, "recovery's journal", f.m.Journal(recoverOf(u)), "recovery reported on the Machine")
+		assertNoSandboxDenials(t, f.m, recoverOf(u))
+	})
+
+	t.Run("ExitsSeventySevenAndSeventyEightAreNotReported", func(t *testing.T) {
+		for _, u := range []string{"unbounded-test-refused.service", "unbounded-test-invalid.service"} {
+			p := failAndRecover(t, f, u)
+			if p["Result"] != "success" {
+				t.Errorf("recovery of %s: %v", u, p)
+			}
+			wantSays(t, "recovery's journal", f.m.Journal(recoverOf(u)), "nothing to recover")
+			if ev := recoveryEvents(t, f, u); len(ev) != 0 {
+				t.Errorf("recovery reported %s: %+v", u, ev)
+			}
+			if c := recovered(t, f); c != nil && strings.Contains(c.Message, u) {
+				t.Errorf("the Recovered condition names %s: %s", u, c.Message)
+			}
+		}
+	})
+
+	t.Run("AStoppedAndDisabledDaemonIsStartedAgain", func(t *testing.T) {
+		out, err := f.m.Systemctl("disable", "--now", "unbounded-daemon.service")
+		t.Logf("systemctl disable --now unbounded-daemon.service: %v %s", err, out)
+		if a := isActive(f.m, "unbounded-daemon.service"); a == "active" {
+			t.Fatalf("the daemon is still %s", a)
+		}
+		u := "unbounded-test-disabled.service"
+		failAndRecover(t, f, u)
+		if a := isActive(f.m, "unbounded-daemon.service"); a != "active" {
+			t.Errorf("the daemon is %s after recovery, want active\n%s", a, f.m.Journal(recoverOf(u)))
+		}
+		c := recovered(t, f)
+		if c == nil || c.Status != metav1.ConditionTrue {
+			t.Fatalf("Recovered = %+v", c)
+		}
+		wantSays(t, "the Recovered condition", c.Message, u+" failed", "unbounded-daemon.service was inactive: started it")
+	})
+
+	t.Run("AMaskedDaemonIsUnmaskedAndStarted", func(t *testing.T) {
+		if out, err := f.m.Systemctl("mask", "--now", "unbounded-daemon.service"); err != nil {
+			t.Fatalf("mask: %v %s", err, out)
+		}
+		u := "unbounded-test-masked.service"
+		failAndRecover(t, f, u)
+		if s := f.m.UnitState("unbounded-daemon.service"); s.ActiveState != "active" || s.LoadState != "loaded" {
+			t.Errorf("the daemon is %s after recovery, want loaded and active\n%s", s, f.m.Journal(recoverOf(u)))
+		}
+		c := recovered(t, f)
+		if c == nil || c.Status != metav1.ConditionTrue {
+			t.Fatalf("Recovered = %+v", c)
+		}
+		wantSays(t, "the Recovered condition", c.Message, "unbounded-daemon.service was masked: unmasked it", "started it")
+	})
+
+	t.Run("AMissingDaemonExecutableIsReportedAsNotRepaired", func(t *testing.T) {
+		bin := f.paths.Libexec("daemon")
+		link, err := os.Readlink(bin)
+		if err != nil {
+			t.Fatalf("the package's %s: %v", f.paths.Rel(bin), err)
+		}
+		if out, err := f.m.Systemctl("stop", "unbounded-daemon.service"); err != nil {
+			t.Fatalf("stop: %v %s", err, out)
+		}
+		if err := os.Remove(bin); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			os.Symlink(link, bin)
+			f.m.Systemctl("start", "unbounded-daemon.service")
+		}()
+		u := "unbounded-test-nobinary.service"
+		p := failAndRecover(t, f, u)
+		if p["Result"] != "exit-code" || p["ExecMainStatus"] != "1" {
+			t.Errorf("recovery that cannot repair: %v, want failed with exit status 1", p)
+		}
+		if a := isActive(f.m, "unbounded-daemon.service"); a == "active" {
+			t.Errorf("the daemon is %s without its executable", a)
+		}
+		c := recovered(t, f)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != "RepairFailed" {
+			t.Fatalf("Recovered = %+v, want False RepairFailed", c)
+		}
+		wantSays(t, "the Recovered condition", c.Message, u+" failed", "/usr/libexec/unbounded/daemon is gone", "reinstall the unbounded-agent package")
+		wantSays(t, "recovery's journal", f.m.Journal(recoverOf(u)), "NOT REPAIRED", "/usr/libexec/unbounded/daemon is gone")
+		if ev := recoveryEvents(t, f, u); len(ev) != 1 || ev[0].Reason != "RepairFailed" {
+			t.Errorf("Events: %+v", ev)
+		}
+	})
+
+	t.Run("AUnitFailingInALoopIsRecoveredAtMostThreeTimes", func(t *testing.T) {
+		u := "unbounded-test-flapping.service"
+		for i := 0; i < 5; i++ {
+			failAndRecover(t, f, u)
+		}
+		var failed, held int
+		for _, e := range recoveryEvents(t, f, u) {
+			switch e.Reason {
+			case "UnitFailed":
+				failed++
+			case "RecoveryHeldBack":
+				held++
+			}
+		}
+		if failed != 3 || held != 1 {
+			t.Errorf("%d reports of the failure and %d of the hold-back after 5 failures, want 3 and 1", failed, held)
+		}
+		j := f.m.Journal(recoverOf(u))
+		if n := strings.Count(j, "Recovery held back: 3 recoveries of "+u); n != 2 {
+			t.Errorf("recovery said it held back %d times, want 2:\n%s", n, j)
+		}
+	})
+
+	if _, err := os.Stat(f.paths.Ownership()); !os.IsNotExist(err) {
+		t.Errorf("recovery left the ownership record (%v)", err)
+	}
+}
