@@ -16,26 +16,27 @@
 //     alone: one journal line, exit 0.
 //  2. The rate limit (Limit): at most Burst recoveries of one unit per
 //     Window; past it recovery says so and does nothing.
-//  3. The repair, under the installation lock (lib/state
-//     AcquireOwnership), held only while it checks and fixes files and
-//     unit state: the daemon exits 69 while any ownership record exists,
-//     so the lock is released before the daemon is started. A host owned
-//     by an installation (bootstrap, reset, reprovision; also one that
-//     crashed and left its record) is not touched: that installation
-//     resumes or finishes the host itself, and recovery only reports.
-//     The repair is the daemon's: from the current applied config (the
-//     active slot's record, never the bootstrap input, which may name a
-//     slot a repave has retired), its executable and unit file are
-//     verified, a mask removed, the generator's link checked (a reload
-//     re-runs the generator), and the daemon started if it is not
-//     running. Recovery does not start the failed unit again: a unit
-//     that failed for a reason (a repave that rolled back, a bootstrap
-//     whose artifact checksum did not match) would fail the same way, and
-//     one that was killed (SIGKILL: a crash point, the OOM killer, kill
-//     -9) finishes or rolls back its own journal at its next run
-//     (unbounded-lifecycle at the next boot, or the daemon resuming its
-//     operation); restarting it from here could loop a unit the OOM
-//     killer keeps killing.
+//  3. The repair. A host that an installation owns (bootstrap, reset,
+//     reprovision; also one that crashed and left its record) is not
+//     touched: that installation resumes or finishes the host itself,
+//     and recovery only reports. Otherwise recovery repairs the daemon
+//     from the current applied config (the active slot's record, never
+//     the bootstrap input, which may name a slot a repave has retired):
+//     its executable and unit file are verified, a mask removed, the
+//     generator's link checked (a reload re-runs the generator; a daemon
+//     the generator holds back is not started), and the daemon started if
+//     it does not run. The installation lock (lib/state AcquireOwnership)
+//     is held only around what changes the host (unmask, daemon-reload)
+//     and released before the daemon starts: the daemon exits 69 while
+//     any ownership record exists, and an installation rerun at that
+//     moment (bootstrap after its crash) would defer. Recovery does not
+//     start the failed unit again: a unit that failed for a reason (a
+//     repave that rolled back, a bootstrap whose artifact checksum did
+//     not match) would fail the same way, and one that was killed
+//     (SIGKILL: a crash point, the OOM killer, kill -9) finishes or rolls
+//     back its own journal at its next run (unbounded-lifecycle at the
+//     next boot, or the daemon resuming its operation); restarting it
+//     from here could loop a unit the OOM killer keeps killing.
 //  4. The report: on the Machine (condition Recovered and an Event with
 //     the failed unit, its result and its last journal lines) when the
 //     cluster answers, and always in the journal.
