@@ -444,40 +444,55 @@ func (r *Recovery) repair(ctx context.Context, log *slog.Logger, sd Systemd, too
 			o.did("Removed the ownership record an interrupted recovery left, and started %s (behind the allocation fence)", generator.NodeTarget)
 		}
 	}
-	// The lock is taken only for what changes the host (an unmask, a
-	// daemon-reload) and released before the daemon starts (the daemon
-	// exits 69 while any ownership record exists). Checks that find
-	// nothing to change take no lock: an installation that starts at the
-	// same moment (a rerun of bootstrap after its crash) would otherwise
-	// find the host owned by recovery and defer (69).
-	var lock *state.Lock
-	withLock := func(change func() error) error {
-		if lock == nil {
-			l, err := state.AcquireOwnership(p, Owner, "unbounded-recover@"+r.Failure.Unit+".service")
-			if err != nil {
-				return err
-			}
-			lock = l
-		}
-		return change()
-	}
-	startDaemon, err := r.checkDaemon(ctx, log, sd, &o, withLock)
-	if errors.Is(err, state.ErrOwned) {
-		o.owned = true
-		o.did("Nothing repaired: an installation took the host meanwhile (%v)", err)
-		startDaemon = false
-	} else if err != nil {
-		o.cannot("take the installation lock: %v", err)
-	}
-	if lock != nil {
-		if err := lock.Release(); err != nil {
-			o.cannot("release the installation lock: %v", err)
+	// The lock is taken only for what changes the host's files (an
+	// unmask), and released before the daemon-reload and the start: a
+	// generator run while recovery's ownership record exists would hold
+	// the node and the daemon back, and the daemon exits 69 while any
+	// record exists. Checks that find nothing to change take no lock: an
+	// installation that starts at the same moment (a rerun of bootstrap
+	// after its crash) would otherwise find the host owned by recovery
+	// and defer (69).
+	d := r.checkDaemon(ctx, log, sd, &o)
+	if d.unmask {
+		lock, err := state.AcquireOwnership(p, Owner, "unbounded-recover@"+r.Failure.Unit+".service")
+		if errors.Is(err, state.ErrOwned) {
+			o.owned = true
+			o.did("Nothing repaired: an installation took the host meanwhile (%v)", err)
 			return o
 		}
+		if err != nil {
+			o.cannot("take the installation lock: %v", err)
+			return o
+		}
+		err = sd.Unmask(ctx, DaemonUnit)
+		if rerr := lock.Release(); rerr != nil {
+			o.cannot("release the installation lock: %v", rerr)
+			return o
+		}
+		if err != nil {
+			o.cannot("%s is masked and the unmask failed: %v", DaemonUnit, err)
+			return o
+		}
+		o.did("%s was masked: unmasked it (the daemon must run on a bootstrapped host; reset the host to retire it)", DaemonUnit)
 	}
-	if o.owned {
-		return o
+	if d.reload {
+		if err := sd.Reload(ctx); err != nil {
+			o.cannot("daemon-reload: %v", err)
+			return o
+		}
+		if st, err := sd.UnitStatus(ctx, DaemonUnit); err != nil || st.LoadState != "loaded" {
+			o.cannot("%s is %s after a daemon-reload (%v)", DaemonUnit, st.LoadState, err)
+			return o
+		}
+		if !r.generatorWantsDaemon() {
+			o.cannot("the generator's output does not pull %s in after a daemon-reload", DaemonUnit)
+			return o
+		}
+		if !d.unmask {
+			o.did("The generator had not pulled %s in: reloaded, it does now", DaemonUnit)
+		}
 	}
+	startDaemon := d.start
 	if startDaemon {
 		r.startDaemon(ctx, sd, &o)
 	}
@@ -491,12 +506,23 @@ func orNone(s string) string {
 	return s
 }
 
-// checkDaemon verifies what the daemon needs and repairs what it can,
-// each change through withLock (which takes the installation lock on its
-// first call); it reports whether the daemon should be started. Its error
-// is the lock's: state.ErrOwned when an installation took the host.
-func (r *Recovery) checkDaemon(ctx context.Context, log *slog.Logger, sd Systemd, o *outcome, withLock func(func() error) error) (bool, error) {
+// daemonRepair is what checkDaemon found to do.
+type daemonRepair struct {
+	// start: the daemon can run; start it if it does not.
+	start bool
+	// unmask: its unit is masked (a change under /etc: under the lock).
+	unmask bool
+	// reload: the generator's output does not pull it in (a reload,
+	// after the lock is released: a generator run while recovery's
+	// ownership record exists would hold the node and the daemon back).
+	reload bool
+}
+
+// checkDaemon verifies what the daemon needs, from the current applied
+// config, and says what to repair. It changes nothing.
+func (r *Recovery) checkDaemon(ctx context.Context, log *slog.Logger, sd Systemd, o *outcome) daemonRepair {
 	p := r.Paths
+	var d daemonRepair
 	active, err := state.ReadActive(p)
 	if err != nil {
 		msg := fmt.Sprintf("the applied state is not usable (%v), and the daemon reads it too, so it is not started", err)
@@ -504,43 +530,33 @@ func (r *Recovery) checkDaemon(ctx context.Context, log *slog.Logger, sd Systemd
 			msg += fmt.Sprintf("; the node that runs is slot %s (%s active)", slot, strings.Join(units, ", "))
 		}
 		o.cannot("%s: unbounded-lifecycle.service finishes or rolls back an interrupted repave at the next boot; otherwise remove the record that does not describe the running node", rel(p, msg))
-		return false, nil
+		return d
 	}
 	if active == nil {
 		o.did("No daemon to repair: the host has no applied config (not bootstrapped)")
-		return false, nil
+		return d
 	}
-	ok := true
+	d.start = true
 	bin := p.Libexec("daemon")
 	if fi, err := os.Stat(bin); err != nil {
-		ok = false
+		d.start = false
 		o.cannot("the daemon's executable %s is gone (%v): recovery cannot reinstall it; reinstall the unbounded-agent package", p.Rel(bin), err)
 	} else if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
-		ok = false
+		d.start = false
 		o.cannot("the daemon's executable %s is not an executable file (%v): reinstall the unbounded-agent package", p.Rel(bin), fi.Mode())
 	}
 	st, err := sd.UnitStatus(ctx, DaemonUnit)
 	if err != nil {
 		o.cannot("read the state of %s: %v", DaemonUnit, err)
-		return false, nil
+		return daemonRepair{}
 	}
 	switch st.LoadState {
 	case "loaded":
 	case "masked":
-		if err := withLock(func() error { return sd.Unmask(ctx, DaemonUnit) }); errors.Is(err, state.ErrOwned) {
-			return false, err
-		} else if err != nil {
-			o.cannot("%s is masked and the unmask failed: %v", DaemonUnit, err)
-			return false, nil
-		}
-		o.did("%s was masked: unmasked it (the daemon must run on a bootstrapped host; reset the host to retire it)", DaemonUnit)
-		if st, err = sd.UnitStatus(ctx, DaemonUnit); err != nil || st.LoadState != "loaded" {
-			o.cannot("%s is still not loaded after the unmask (%s, %v)", DaemonUnit, st.LoadState, err)
-			return false, nil
-		}
+		d.unmask = true
 	default:
 		o.cannot("%s is %s (its unit file %s is gone or broken): reinstall the unbounded-agent package", DaemonUnit, st.LoadState, filepath.Join(hostpaths.UnitDirHost, DaemonUnit))
-		return false, nil
+		return daemonRepair{}
 	}
 	// The daemon is pulled in at boot by the generator's link, not by
 	// enablement (the preset disables it: see units/80-unbounded.preset).
@@ -554,28 +570,16 @@ func (r *Recovery) checkDaemon(ctx context.Context, log *slog.Logger, sd Systemd
 	plan := generator.Decide(generatorAfterLock.Read(p))
 	if !wantsDaemon(plan) {
 		o.cannot("the generator holds %s back: %s", DaemonUnit, orNone(rel(p, plan.Problem)))
-		return false, nil
+		return daemonRepair{}
 	}
-	if !r.generatorWantsDaemon() {
-		if err := withLock(func() error { return sd.Reload(ctx) }); errors.Is(err, state.ErrOwned) {
-			return false, err
-		} else if err != nil {
-			o.cannot("daemon-reload to re-run the generator: %v", err)
-			return false, nil
-		}
-		if !r.generatorWantsDaemon() {
-			o.cannot("the generator's output does not pull %s in after a daemon-reload", DaemonUnit)
-			return false, nil
-		}
-		o.did("The generator had not pulled %s in at boot: reloaded, it does now", DaemonUnit)
-	}
+	d.reload = d.unmask || !r.generatorWantsDaemon()
 	log.Debug("daemon checked", "active-slot", active.Slot, "mode", active.Mode, "state", st.ActiveState, "unit-file", st.UnitFileState)
-	return ok, nil
+	return d
 }
 
 // generatorAfterLock reads the host as the generator will once recovery
-// has released the installation lock: recovery's own record is not one
-// that holds the node back.
+// has released the installation lock: recovery's own record (one it took
+// over) is not one that holds the node back.
 var generatorAfterLock = generator.Host{
 	ReadOwnership: func(hostpaths.Paths) (*state.Ownership, error) { return nil, nil },
 }

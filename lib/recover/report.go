@@ -2,6 +2,7 @@ package recover
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -130,7 +132,8 @@ func (m *MachineReporter) Report(ctx context.Context, rep Report) error {
 		Certs:     kube.CertStore{Dir: m.Paths.PKIDir()},
 	}
 	rc, _, err := creds.CertConfig(m.now())
-	if err != nil {
+	usingToken := err != nil
+	if usingToken {
 		if rc, err = creds.BootstrapConfig(); err != nil {
 			return fmt.Errorf("no usable credential: %w", err)
 		}
@@ -140,7 +143,7 @@ func (m *MachineReporter) Report(ctx context.Context, rep Report) error {
 		return err
 	}
 	var uid types.UID
-	_, err = ms.MutateStatus(ctx, machine, func(mc *v1alpha3.Machine) bool {
+	_, cerr := ms.MutateStatus(ctx, machine, func(mc *v1alpha3.Machine) bool {
 		uid = mc.UID
 		return meta.SetStatusCondition(&mc.Status.Conditions, metav1.Condition{
 			Type:               v1alpha3.ConditionRecovered,
@@ -150,14 +153,22 @@ func (m *MachineReporter) Report(ctx context.Context, rep Report) error {
 			ObservedGeneration: mc.Generation,
 		})
 	})
-	if err != nil {
-		return fmt.Errorf("machine %s: condition %s: %w", machine, v1alpha3.ConditionRecovered, err)
+	if cerr != nil {
+		cerr = fmt.Errorf("machine %s: condition %s: %w", machine, v1alpha3.ConditionRecovered, cerr)
+		if usingToken && apierrors.IsForbidden(cerr) {
+			// The cluster's admission policy keeps the bootstrap token
+			// to the bootstrap's conditions; the rest of the status is
+			// the daemon's identity's, whose certificate this host has
+			// not been issued yet. The Event below still tells.
+			cerr = fmt.Errorf("%w (the bootstrap token may not set it; the agent's client certificate, once issued, may)", cerr)
+		}
 	}
+	// The Event is recorded whether or not the condition was taken.
 	ev := kube.MachineEvent(machine, uid, "unbounded-recover", corev1.EventTypeWarning, rep.Reason, rep.text(1024), m.now())
 	if err := kube.PostEvent(ctx, rc, ev); err != nil {
-		return fmt.Errorf("machine %s: event: %w", machine, err)
+		return errors.Join(cerr, fmt.Errorf("machine %s: event: %w", machine, err))
 	}
-	return nil
+	return cerr
 }
 
 // rel shows the paths in s as the host sees them (p's root stripped).

@@ -24,7 +24,7 @@ type Systemd interface {
 	UnitStatus(ctx context.Context, unit string) (UnitStatus, error)
 	// Unmask removes a mask of unit (a link to /dev/null in
 	// /etc/systemd/system or /run/systemd/system), as `systemctl unmask`
-	// does, and reloads.
+	// does, without a reload.
 	Unmask(ctx context.Context, unit string) error
 }
 
@@ -104,7 +104,7 @@ func (s *dbusSystemd) Unmask(ctx context.Context, unit string) error {
 			return fmt.Errorf("unmask %s: %w", unit, err)
 		}
 	}
-	return s.Reload(ctx)
+	return nil
 }
 
 func str(v any) string {

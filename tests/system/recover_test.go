@@ -121,6 +121,14 @@ func TestRecoveryReportsAFailedOneShotAndRepairsTheDaemon(t *testing.T) {
 		return p["InvocationID"] != "" && p["ActiveState"] == "inactive" && isActive(f.m, "unbounded-daemon.service") == "active", nil
 	})
 	t.Logf("first boot to the daemon active: %v", time.Since(begin).Round(time.Millisecond))
+	// The Recovered condition is written with the agent's client
+	// certificate (the cluster keeps the bootstrap token to the
+	// bootstrap's conditions): approve the daemon's CSR, as the cluster
+	// side does, and wait until the certificate is stored.
+	approveAgentCSR(t, f.env, f.m, f.name)
+	waitUntil(t, 2*time.Minute, "the daemon switched to its certificate", func(context.Context) (bool, error) {
+		return strings.Contains(f.m.Journal("unbounded-daemon.service"), "kind=certificate"), nil
+	})
 
 	t.Run("AFailedOneShotIsReportedWithItsResultAndLastLines", func(t *testing.T) {
 		u := "unbounded-test-fails.service"
