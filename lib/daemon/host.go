@@ -1,9 +1,7 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"strings"
@@ -13,6 +11,7 @@ import (
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
 
 	"unbounded-cloud.io/agent/lib/unitjournal"
+	"unbounded-cloud.io/agent/lib/units"
 )
 
 // Systemd is the part of the service manager the daemon talks to. The real
@@ -162,31 +161,18 @@ func (s *dbusSystemd) StartUnit(ctx context.Context, unit string) (string, error
 }
 
 func (s *dbusSystemd) UnitState(ctx context.Context, unit string) (UnitState, error) {
-	u, err := s.conn.GetUnitPropertiesContext(ctx, unit)
+	st, err := units.ReadStatus(ctx, s.conn, unit)
 	if err != nil {
-		return UnitState{}, fmt.Errorf("read state of %s: %w", unit, err)
+		return UnitState{}, err
 	}
-	st := UnitState{
-		ActiveState: str(u["ActiveState"]),
-		SubState:    str(u["SubState"]),
-	}
-	if id, ok := u["InvocationID"].([]byte); ok && len(id) > 0 && !bytes.Equal(id, make([]byte, len(id))) {
-		st.InvocationID = hex.EncodeToString(id)
-	}
-	if us, ok := u["InactiveExitTimestamp"].(uint64); ok && us > 0 {
-		st.StartedAt = time.UnixMicro(int64(us))
-	}
-	if strings.HasSuffix(unit, ".service") {
-		svc, err := s.conn.GetUnitTypePropertiesContext(ctx, unit, "Service")
-		if err != nil {
-			return UnitState{}, fmt.Errorf("read service state of %s: %w", unit, err)
-		}
-		st.Result = str(svc["Result"])
-		if v, ok := svc["ExecMainStatus"].(int32); ok {
-			st.ExecMainStatus = int(v)
-		}
-	}
-	return st, nil
+	return UnitState{
+		ActiveState:    st.ActiveState,
+		SubState:       st.SubState,
+		Result:         st.Result,
+		ExecMainStatus: st.ExecMainStatus,
+		InvocationID:   st.InvocationID,
+		StartedAt:      st.StartedAt,
+	}, nil
 }
 
 func (s *dbusSystemd) Reboot(ctx context.Context) error {
@@ -199,8 +185,3 @@ func (s *dbusSystemd) Reboot(ctx context.Context) error {
 }
 
 func (s *dbusSystemd) Close() { s.conn.Close() }
-
-func str(v any) string {
-	s, _ := v.(string)
-	return s
-}

@@ -1,12 +1,8 @@
 package recover
 
 import (
-	"bytes"
 	"context"
-	"encoding/hex"
 	"fmt"
-	"strings"
-	"time"
 
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
 
@@ -28,25 +24,9 @@ type Systemd interface {
 	Unmask(ctx context.Context, unit string) error
 }
 
-// UnitStatus is what recovery reads of a unit.
-type UnitStatus struct {
-	LoadState     string // loaded, not-found, masked, bad-setting, error
-	ActiveState   string // active, inactive, failed, activating, ...
-	SubState      string // for a service: running, dead, failed, auto-restart, ...
-	UnitFileState string // enabled, disabled, static, masked, masked-runtime, generated, ...
-	// Result is the service's result of its last run: "success",
-	// "exit-code", "signal", "core-dump", "timeout", "watchdog",
-	// "start-limit-hit", ...
-	Result string
-	// ExecMainCode is how the main process ended (1 exited, 2 killed,
-	// 3 dumped: CLD_* of waitid(2)); ExecMainStatus its exit status or
-	// signal number.
-	ExecMainCode   int
-	ExecMainStatus int
-	InvocationID   string
-	// StartedAt is when the unit's last run began (InactiveExitTimestamp).
-	StartedAt time.Time
-}
+// UnitStatus is what recovery reads of a unit (lib/units, shared with the
+// daemon).
+type UnitStatus = units.Status
 
 // Dial connects to the system manager over the system bus.
 func Dial(ctx context.Context) (Systemd, error) {
@@ -65,36 +45,7 @@ type dbusSystemd struct {
 func (s *dbusSystemd) Close() { s.conn.Close() }
 
 func (s *dbusSystemd) UnitStatus(ctx context.Context, unit string) (UnitStatus, error) {
-	u, err := s.conn.GetUnitPropertiesContext(ctx, unit)
-	if err != nil {
-		return UnitStatus{}, fmt.Errorf("read state of %s: %w", unit, err)
-	}
-	st := UnitStatus{
-		LoadState:     str(u["LoadState"]),
-		ActiveState:   str(u["ActiveState"]),
-		SubState:      str(u["SubState"]),
-		UnitFileState: str(u["UnitFileState"]),
-	}
-	if id, ok := u["InvocationID"].([]byte); ok && len(id) > 0 && !bytes.Equal(id, make([]byte, len(id))) {
-		st.InvocationID = hex.EncodeToString(id)
-	}
-	if us, ok := u["InactiveExitTimestamp"].(uint64); ok && us > 0 {
-		st.StartedAt = time.UnixMicro(int64(us))
-	}
-	if strings.HasSuffix(unit, ".service") && st.LoadState == "loaded" {
-		svc, err := s.conn.GetUnitTypePropertiesContext(ctx, unit, "Service")
-		if err != nil {
-			return UnitStatus{}, fmt.Errorf("read service state of %s: %w", unit, err)
-		}
-		st.Result = str(svc["Result"])
-		if v, ok := svc["ExecMainCode"].(int32); ok {
-			st.ExecMainCode = int(v)
-		}
-		if v, ok := svc["ExecMainStatus"].(int32); ok {
-			st.ExecMainStatus = int(v)
-		}
-	}
-	return st, nil
+	return units.ReadStatus(ctx, s.conn, unit)
 }
 
 func (s *dbusSystemd) Unmask(ctx context.Context, unit string) error {
@@ -105,9 +56,4 @@ func (s *dbusSystemd) Unmask(ctx context.Context, unit string) error {
 		}
 	}
 	return nil
-}
-
-func str(v any) string {
-	s, _ := v.(string)
-	return s
 }
