@@ -65,7 +65,47 @@ func Journal(level slog.Leveler) (slog.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &textMessage{next: h}, nil
+	var next slog.Handler = h
+	if unit := ownUnit(); unit != "" {
+		// journald finds a native message's unit (_SYSTEMD_UNIT) from
+		// the sender's cgroup, which it can no longer read once the
+		// process has exited: the last lines of a one-shot that exits
+		// at once (an error, then exit 1) were missing from `journalctl
+		// -u`, and so from the failure reports that copy a unit's last
+		// lines (the daemon's, recovery's). journalctl -u also matches
+		// OBJECT_SYSTEMD_UNIT= on messages of uid 0 (_UID is trusted),
+		// which every agent unit runs as. Not rendered into MESSAGE.
+		next = h.WithAttrs([]slog.Attr{slog.String("OBJECT_SYSTEMD_UNIT", unit)})
+	}
+	return &textMessage{next: next}, nil
+}
+
+// ownUnit is the service unit whose cgroup this process is in, from
+// /proc/self/cgroup (the unified hierarchy's line, or the legacy
+// name=systemd one); "" when it is not in a service's cgroup.
+func ownUnit() string {
+	data, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return ""
+	}
+	return unitOfCgroup(string(data))
+}
+
+// unitOfCgroup reads the service unit from the text of /proc/PID/cgroup.
+func unitOfCgroup(text string) string {
+	for _, line := range strings.Split(text, "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 || (parts[1] != "" && parts[1] != "name=systemd") {
+			continue
+		}
+		elems := strings.Split(parts[2], "/")
+		for i := len(elems) - 1; i >= 0; i-- {
+			if strings.HasSuffix(elems[i], ".service") {
+				return elems[i]
+			}
+		}
+	}
+	return ""
 }
 
 // FieldName maps an slog key to a journal field name, which must match

@@ -80,3 +80,15 @@ func TestNewLogsTextWhenStderrIsNotTheJournal(t *testing.T) {
 		t.Error("a temp file taken for the journal stream")
 	}
 }
+
+func TestUnitOfCgroupFindsTheServiceInEitherHierarchy(t *testing.T) {
+	for text, want := range map[string]string{
+		"0::/system.slice/system-unbounded\\x2drecover.slice/unbounded-recover@unbounded-bootstrap.service.service\n": "unbounded-recover@unbounded-bootstrap.service.service",
+		"12:cpu,cpuacct:/\n1:name=systemd:/system.slice/unbounded-fence.service\n0::/\n":                              "unbounded-fence.service",
+		"0::/user.slice/user-0.slice/session-1.scope\n":                                                               "",
+	} {
+		if got := unitOfCgroup(text); got != want {
+			t.Errorf("unitOfCgroup(%q) = %q, want %q", text, got, want)
+		}
+	}
+}
