@@ -91,7 +91,10 @@ func (r *Recovery) report(ctx context.Context, log *slog.Logger, rep Report) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := send(ctx, rep); err != nil {
+	if err := send(ctx, rep); errors.Is(err, ErrEventOnly) {
+		log.Warn("recovery reported on the Machine as an Event; its condition was not set", "reason", rep.Reason, "error", err)
+		return
+	} else if err != nil {
 		log.Warn("recovery not reported on the Machine (it is in this journal)", "reason", rep.Reason, "error", err)
 		return
 	}
@@ -168,8 +171,14 @@ func (m *MachineReporter) Report(ctx context.Context, rep Report) error {
 	if err := kube.PostEvent(ctx, rc, ev); err != nil {
 		return errors.Join(cerr, fmt.Errorf("machine %s: event: %w", machine, err))
 	}
-	return cerr
+	if cerr != nil {
+		return fmt.Errorf("%w: %w", ErrEventOnly, cerr)
+	}
+	return nil
 }
+
+// ErrEventOnly: the Event was recorded, the condition was not.
+var ErrEventOnly = errors.New("reported as an Event only")
 
 // rel shows the paths in s as the host sees them (p's root stripped).
 func rel(p hostpaths.Paths, s string) string {
