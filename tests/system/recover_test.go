@@ -111,6 +111,26 @@ func TestRecoveryReportsAFailedOneShotAndRepairsTheDaemon(t *testing.T) {
 	for u, code := range units {
 		f.m.WriteFile("/etc/systemd/system/"+u, testOneShot(code), 0o644)
 	}
+	// Killed by SIGKILL, as a crash point or the OOM killer does it ("$$$$"
+	// is the shell's "$$" in a unit file).
+	f.m.WriteFile("/etc/systemd/system/unbounded-test-killed.service", []byte(`[Unit]
+Description=recovery test one-shot (SIGKILL)
+OnFailure=unbounded-recover@%n.service
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c 'echo "test one-shot: about to be killed"; kill -9 $$$$'
+`), 0o644)
+	// A temporary failure (75) that the unit retries, then a success.
+	f.m.WriteFile("/etc/systemd/system/unbounded-test-retried.service", []byte(`[Unit]
+Description=recovery test one-shot (75 once, retried)
+OnFailure=unbounded-recover@%n.service
+StartLimitIntervalSec=0
+[Service]
+Type=oneshot
+Restart=on-failure
+RestartSec=100ms
+ExecStart=/bin/sh -c 'if [ -e /run/test-retried ]; then exit 0; fi; touch /run/test-retried; exit 75'
+`), 0o644)
 	begin := time.Now()
 	f.m.Start()
 	waitUntil(t, 8*time.Minute, "bootstrap finished and the daemon active", func(context.Context) (bool, error) {
@@ -165,6 +185,36 @@ func TestRecoveryReportsAFailedOneShotAndRepairsTheDaemon(t *testing.T) {
 				t.Errorf("the Recovered condition names %s: %s", u, c.Message)
 			}
 		}
+	})
+
+	t.Run("ATemporaryFailureTheUnitRetriesStartsNoRecovery", func(t *testing.T) {
+		u := "unbounded-test-retried.service"
+		if out, err := f.m.Systemctl("start", u); err != nil {
+			t.Fatalf("start %s: %v %s", u, err, out)
+		}
+		p := showProps(t, f.m, u, "NRestarts", "Result")
+		if p["NRestarts"] != "1" || p["Result"] != "success" {
+			t.Fatalf("%s: %v, want one restart after the 75, then success", u, p)
+		}
+		if p := showProps(t, f.m, recoverOf(u), "InvocationID"); p["InvocationID"] != "" {
+			t.Errorf("recovery ran for a 75 the unit retried:\n%s", f.m.Journal(recoverOf(u)))
+		}
+	})
+
+	t.Run("AKilledOneShotIsReportedAndNotStartedAgain", func(t *testing.T) {
+		u := "unbounded-test-killed.service"
+		p := failAndRecover(t, f, u)
+		if p["Result"] != "success" {
+			t.Errorf("recovery: %v\n%s", p, f.m.Journal(recoverOf(u)))
+		}
+		if s := showProps(t, f.m, u, "ActiveState", "NRestarts"); s["ActiveState"] != "failed" || s["NRestarts"] != "0" {
+			t.Errorf("%s after recovery: %v, want still failed, never started again", u, s)
+		}
+		ev := recoveryEvents(t, f, u)
+		if len(ev) != 1 {
+			t.Fatalf("Events about %s: %+v", u, ev)
+		}
+		wantSays(t, "the Event", ev[0].Message, "result signal", "killed by SIGKILL", "its next run finishes or rolls back its work", "about to be killed")
 	})
 
 	t.Run("AStoppedAndDisabledDaemonIsStartedAgain", func(t *testing.T) {
