@@ -374,3 +374,27 @@ func TestADaemonTheGeneratorHoldsBackIsNotStarted(t *testing.T) {
 		t.Errorf("reports %+v", h.reports)
 	}
 }
+
+// A recovery killed while it held the lock left its record: the generator
+// held the node and the daemon back for it at boot and pulled in that
+// recovery again, which takes the record over, removes it and starts what
+// was held back.
+func TestTheRecordOfAnInterruptedRecoveryIsTakenOverAndTheNodeStarted(t *testing.T) {
+	h := newHost(t)
+	rec := `{"owner":"recover","unit":"unbounded-recover@unbounded-bootstrap.service.service","since":"2026-12-01T11:00:00Z"}` + "\n"
+	if err := state.WriteFileAtomic(h.p.Ownership(), []byte(rec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "inactive"}
+	if err := h.run(t, Failure{Unit: "unbounded-bootstrap.service"}); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, err := os.Stat(h.p.Ownership()); !os.IsNotExist(err) {
+		t.Errorf("ownership record still there: %v", err)
+	}
+	for _, c := range []string{"reload", "enqueue unbounded-node.target", "start " + DaemonUnit} {
+		if !h.sd.called(c) {
+			t.Errorf("calls %v: want %q", h.sd.calls, c)
+		}
+	}
+}
