@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/hostpaths"
 )
 
 // Recovery on a bootstrapped host (the first-boot fixture, nspawn): agent
@@ -160,6 +161,7 @@ ExecStart=/bin/sh -c 'if [ -e /run/test-retried ]; then exit 0; fi; touch /run/t
 		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != "UnitFailed" {
 			t.Fatalf("Machine condition Recovered = %+v, want True UnitFailed", c)
 		}
+		t.Logf("Recovered=%s %s: %s", c.Status, c.Reason, c.Message)
 		wantSays(t, "the Recovered condition", c.Message, u+" failed", "result exit-code", "exit status 1",
 			"the disk is on fire (exit 1)", "unbounded-daemon.service runs")
 		ev := recoveryEvents(t, f, u)
@@ -316,4 +318,53 @@ ExecStart=/bin/sh -c 'if [ -e /run/test-retried ]; then exit 0; fi; touch /run/t
 	if _, err := os.Stat(f.paths.Ownership()); !os.IsNotExist(err) {
 		t.Errorf("recovery left the ownership record (%v)", err)
 	}
+
+	// The applied record no longer matches its checksum (a torn or
+	// tampered write): at the next boot the generator starts neither the
+	// node nor the daemon and pulls in recovery, which cannot guess which
+	// node to run and says so on the Machine.
+	t.Run("CorruptStateAtBootIsReportedByTheGeneratorsRecovery", func(t *testing.T) {
+		record := f.paths.AppliedConfig("kube1")
+		data, err := os.ReadFile(record)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(record, append(data, ' '), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		begin := time.Now()
+		f.m.Reboot()
+		t.Logf("reboot: %v", time.Since(begin).Round(time.Millisecond))
+		rec := "unbounded-recover@generator.service"
+		p := waitFinished(t, f.m, rec, "Result", "ExecMainStatus")
+		if p["Result"] != "exit-code" || p["ExecMainStatus"] != "1" {
+			t.Errorf("%s: %v, want failed with 1 (nothing it may repair)\n%s", rec, p, f.m.Journal(rec))
+		}
+		for _, u := range []string{"unbounded-node.target", "systemd-nspawn@kube1.service", "unbounded-daemon.service"} {
+			if a := isActive(f.m, u); a == "active" || a == "activating" {
+				t.Errorf("%s is %s on a host whose state is corrupt", u, a)
+			}
+		}
+		c := recovered(t, f)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != "RepairFailed" {
+			t.Fatalf("Recovered = %+v, want False RepairFailed", c)
+		}
+		wantSays(t, "the Recovered condition", c.Message, "the generator found this host's state unusable",
+			hostpaths.New("").AppliedConfig("kube1"), "NOT REPAIRED")
+		l, err := f.env.kube.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(),
+			metav1.ListOptions{FieldSelector: "involvedObject.name=" + f.name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, e := range l.Items {
+			if e.Source.Component == "unbounded-recover" && strings.HasPrefix(e.Message, "the generator found") {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("%d Events from the generator's recovery, want 1", n)
+		}
+		assertNoSandboxDenials(t, f.m, rec)
+	})
 }
