@@ -464,7 +464,9 @@ func (f *fakeMode) Restart(ctx context.Context, slot string) error {
 	return f.Start(ctx, slot)
 }
 
-func (f *fakeMode) Repave(context.Context, string, modes.Slot, modes.RepaveHooks) error { return modes.ErrNotImplemented }
+func (f *fakeMode) Repave(context.Context, string, modes.Slot, modes.RepaveHooks) error {
+	return modes.ErrNotImplemented
+}
 
 func (f *fakeMode) EnsureHooks(context.Context, string) error { return modes.ErrNotImplemented }
 
