@@ -13,16 +13,19 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"unbounded-cloud.io/agent/lib/concern"
 
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/fence"
+	"unbounded-cloud.io/agent/lib/fence/record"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/logging"
 	"unbounded-cloud.io/agent/lib/privilege"
+	"unbounded-cloud.io/agent/lib/state"
 )
 
 type cli struct {
@@ -33,7 +36,7 @@ type cli struct {
 // exit code.
 func Main(args []string) int {
 	var c cli
-	if code, done := concern.Parse("fence", "Check with the cluster that this host may still start the node of its allocation. Exit 0: allowed; 75: interrupted (SIGTERM) before a decision; 77: refused (final); 78: configuration invalid.", &c, args, os.Stdout, os.Stderr); done {
+	if code, done := concern.Parse("fence", "Check with the cluster that this host may still start the node of its allocation. Exit 0: allowed; 75: interrupted (SIGTERM) before a decision; 77: refused (the kind, explicit or for lack of an answer, is recorded in /run/unbounded/fence.json); 78: configuration invalid.", &c, args, os.Stdout, os.Stderr); done {
 		return code
 	}
 
@@ -75,7 +78,34 @@ func Main(args []string) int {
 		},
 		Log: log,
 	}
-	return exitcode.For(check.Run(ctx))
+	err = check.Run(ctx)
+	// The record tells the health timer and the daemon which kind of
+	// "no" keeps the node down (lib/fence/record). Best effort: the exit
+	// code is the decision, and the node unit acts on it alone. A root
+	// without /run/unbounded (an offline root, not a booted host) has
+	// nobody to read it.
+	if _, rerr := state.RunDir(paths); rerr == nil {
+		if werr := record.Write(paths, recordOf(err, cfg.Allocation.UID)); werr != nil {
+			log.Warn("cannot record the fence's outcome", "file", record.File(paths), "error", werr.Error())
+		}
+	}
+	return exitcode.For(err)
+}
+
+// recordOf is the record of the check's outcome err.
+func recordOf(err error, allocation string) record.Record {
+	r := record.Record{Outcome: record.Allowed, AllocationUID: allocation, At: time.Now().UTC()}
+	var refusal *fence.Refusal
+	switch {
+	case err == nil:
+	case errors.As(err, &refusal) && refusal.NoAnswer:
+		r.Outcome, r.Reason, r.Message = record.NoAnswer, refusal.Reason, refusal.Message
+	case errors.As(err, &refusal):
+		r.Outcome, r.Reason, r.Message = record.Refused, refusal.Reason, refusal.Message
+	default:
+		r.Outcome, r.Message = record.Interrupted, err.Error()
+	}
+	return r
 }
 
 var levels = map[string]slog.Level{

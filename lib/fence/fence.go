@@ -9,9 +9,26 @@
 // refuse too. A SIGTERM (the caller's context) ends the check at once with
 // one log line and a non-zero exit: the node does not start on a check
 // that did not finish. A refusal is final for this start (exit 77, which the unit
-// lists in RestartPreventExitStatus=): the node stays down until someone
-// starts it again, and the node unit, which Requires= the fence, does not
-// start.
+// lists in RestartPreventExitStatus=): the node unit, which Requires= the
+// fence, does not start.
+//
+// Refusals are of two kinds, and what brings the node back differs
+// (Refusal.NoAnswer, recorded by cmd/fence in /run/unbounded/fence.json,
+// lib/fence/record):
+//   - an explicit refusal: the cluster answered no (fenced, deleting,
+//     another allocation, token revoked, certificate rejected, RBAC), or
+//     the host cannot ask (no usable credential, an API server its CA
+//     does not verify). The node stays down until the Machine changes:
+//     the daemon, which watches the Machine, starts unbounded-node.target
+//     once the Machine no longer refuses, and that start runs this check
+//     again.
+//   - a refusal for lack of an answer: the retry budget ran out with the
+//     API server unreachable, or with a server certificate that is not
+//     valid at this host's time (a clock far off: the certificate is "not
+//     yet valid" or "expired" to it). unbounded-health retries the node
+//     start, and with it this check, with a growing delay.
+//
+// Nothing starts the node without a check that allowed it.
 //
 // Which credential a read uses is decided before the read, from the
 // certificate store: the daemon's client certificate while one is stored
@@ -35,6 +52,7 @@ package fence
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -68,10 +86,16 @@ const (
 	// this allocation.
 	ReasonMachineNotFound = "MachineNotFound"
 	// ReasonServerUntrusted: the API server's TLS certificate does not
-	// verify against the configured CA file (wrong CA, wrong name,
-	// expired). Not "unreachable": something answered, and it is not a
-	// server this host can trust.
+	// verify against the configured CA file (wrong CA, wrong name). Not
+	// "unreachable": something answered, and it is not a server this
+	// host can trust.
 	ReasonServerUntrusted = "APIServerUntrusted"
+	// ReasonClockSkew: until the budget ran out, the API server's
+	// certificate chain was not valid at this host's time ("not yet
+	// valid" or "expired"): the host's clock is far off (or the server's
+	// certificate expired). A refusal for lack of an answer: the clock is
+	// usually set a little later (NTP), and the check is retried.
+	ReasonClockSkew = "CertificateNotValidAtHostTime"
 )
 
 // ErrInterrupted is returned when the caller's context ends (SIGTERM)
@@ -89,6 +113,10 @@ type Refusal struct {
 	// Err is the error behind the refusal, if any (for example
 	// kube.ErrBootstrapTokenRejected).
 	Err error
+	// NoAnswer is set when the refusal is for lack of an answer within
+	// the budget (unreachable, or TLS failing on this host's clock), not
+	// a decision: it is worth asking again later.
+	NoAnswer bool
 }
 
 func (r *Refusal) Error() string {
@@ -274,10 +302,19 @@ func (c *Check) Run(ctx context.Context) error {
 	if last.noAnswer != nil {
 		msg += " (last: " + last.noAnswer.Error() + ")"
 	}
-	r := &Refusal{Reason: v1alpha3.ReasonClusterUnreachable, Message: msg, Err: last.noAnswer}
-	c.log().Error("allocation launch refused", "machine", c.Machine, "allocation", c.AllocationUID,
+	r := &Refusal{Reason: v1alpha3.ReasonClusterUnreachable, Message: msg, Err: last.noAnswer, NoAnswer: true}
+	if notValidNow(last.noAnswer) {
+		// The report would fail on the same certificate; the log line
+		// below is the record, as for an untrusted server.
+		r.Reason = ReasonClockSkew
+		r.Message = fmt.Sprintf("the API server's certificate was not valid at this host's time (%s) until the retry budget of %s ran out: is the clock far off? (last: %v)",
+			c.now().UTC().Format(time.RFC3339), budget, last.noAnswer)
+	}
+	c.log().Error("allocation launch refused for lack of an answer; the node start is retried later", "machine", c.Machine, "allocation", c.AllocationUID,
 		"reason", r.Reason, "message", r.Message)
-	c.reportRefusal(ctx, r)
+	if r.Reason != ReasonClockSkew {
+		c.reportRefusal(ctx, r)
+	}
 	return r
 }
 
@@ -292,8 +329,14 @@ func (c *Check) interrupted(ctx context.Context, attempts int) error {
 	return fmt.Errorf("%w (%w): %w", ErrInterrupted, exitcode.ErrTemporary, cause)
 }
 
-// untrusted is the refusal for a TLS trust failure.
+// untrusted is the refusal for a TLS trust failure. A chain that is only
+// outside its validity period at this host's time is no answer instead:
+// the clock may be far off (set a little later by NTP, or by hand), and
+// no Machine can say anything about that.
 func (c *Check) untrusted(via path, err error) outcome {
+	if notValidNow(err) {
+		return outcome{via: via, noAnswer: err}
+	}
 	return outcome{via: via, refusal: &Refusal{Reason: ReasonServerUntrusted,
 		Message: fmt.Sprintf("the API server %s presented a certificate that the cluster CA in %s does not verify (wrong CA file, or not the API server): %v",
 			c.Credentials.APIServer, c.Credentials.CAFile, err), Err: err}}
@@ -553,4 +596,14 @@ func (restAPI) MutateStatus(ctx context.Context, cfg *rest.Config, name string, 
 	}
 	_, err = ms.MutateStatus(ctx, name, mutate)
 	return err
+}
+
+// notValidNow reports whether err is a TLS verification failure only
+// because a certificate of the chain is outside its validity period at
+// this host's time (crypto/x509 says "expired" for both "not yet valid"
+// and "expired"). With a trusted CA and the right name, that is what a
+// host whose clock is far off sees.
+func notValidNow(err error) bool {
+	var invalid x509.CertificateInvalidError
+	return err != nil && errors.As(err, &invalid) && invalid.Reason == x509.Expired
 }

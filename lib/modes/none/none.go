@@ -58,6 +58,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
+	"unbounded-cloud.io/agent/lib/modes/softreboot"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/units"
 )
@@ -315,6 +316,8 @@ func (m *Mode) Start(ctx context.Context, slot string) error {
 // Restart restarts containerd and kubelet. Pods keep running:
 // unbounded-containerd.service has KillMode=process, so the shims and
 // their containers outlive the restart, and kubelet adopts them again.
+// The body is lib/modes/softreboot's, which unbounded-restart links
+// without the rest of this mode.
 func (m *Mode) Restart(ctx context.Context, slot string) error {
 	if !hostpaths.ValidSlot(slot) {
 		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
@@ -324,12 +327,7 @@ func (m *Mode) Restart(ctx context.Context, slot string) error {
 		return err
 	}
 	defer sd.Close()
-	for _, u := range []string{ContainerdUnit, KubeletUnit} {
-		if err := sd.RestartUnit(ctx, u); err != nil {
-			return err
-		}
-	}
-	return nil
+	return softreboot.Restart(ctx, sd, m.Name(), slot)
 }
 
 // Repave is not in this release.

@@ -62,6 +62,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
+	"unbounded-cloud.io/agent/lib/modes/softreboot"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/units"
 )
@@ -385,7 +386,8 @@ func (m *Mode) Start(ctx context.Context, slot string) error {
 
 // Restart reboots the machine (systemd restarts
 // systemd-nspawn@<slot>.service: its payload shuts down cleanly and boots
-// again); the host is not touched.
+// again); the host is not touched. The body is lib/modes/softreboot's,
+// which unbounded-restart links without the rest of this mode.
 func (m *Mode) Restart(ctx context.Context, slot string) error {
 	if !hostpaths.ValidSlot(slot) {
 		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
@@ -395,7 +397,7 @@ func (m *Mode) Restart(ctx context.Context, slot string) error {
 		return err
 	}
 	defer sd.Close()
-	return sd.RestartUnit(ctx, Unit(slot))
+	return softreboot.Restart(ctx, sd, m.Name(), slot)
 }
 
 // Repave is not in this release.

@@ -1,0 +1,99 @@
+// Package record is the outcome of the last allocation fence check, as a
+// small file that the units which act on it read without a Kubernetes
+// client: unbounded-health (retries a check that got no answer) and the
+// daemon (starts the node once the Machine no longer refuses). The fence
+// (lib/fence, cmd/fence) writes it after every decision.
+//
+// It lives in /run/unbounded/fence.json: it is about this boot only. A
+// new boot runs the fence again before the node starts and writes a new
+// one; a record from an earlier boot would describe a check that no
+// longer holds anything down.
+package record
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/regfile"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// Outcome of a fence check.
+type Outcome string
+
+const (
+	// Allowed: the node may start (and did, unless something else failed).
+	Allowed Outcome = "allowed"
+	// Refused: the cluster said no (fenced, deleting, another allocation,
+	// token revoked or rejected, RBAC), or the host cannot ask (no usable
+	// credential, an API server its CA does not trust). Final until
+	// something changes: the daemon starts the node again once the
+	// Machine no longer refuses; nothing retries it on a timer.
+	Refused Outcome = "refused"
+	// NoAnswer: the check ran out of its retry budget without a decision
+	// (API server unreachable, or a TLS certificate that is not valid at
+	// this host's time: a clock far off). unbounded-health retries it
+	// with a growing delay.
+	NoAnswer Outcome = "no-answer"
+	// Interrupted: stopped (SIGTERM) before a decision. Nothing decided,
+	// nothing to retry: whoever stopped it decides.
+	Interrupted Outcome = "interrupted"
+)
+
+// Record is the file's content.
+type Record struct {
+	Outcome Outcome `json:"outcome"`
+	// Reason is the refusal's reason (a Machine condition reason), "" when
+	// allowed.
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+	// AllocationUID is the allocation the check was made for ("" when the
+	// host has none: allowed without asking).
+	AllocationUID string    `json:"allocationUID,omitempty"`
+	At            time.Time `json:"at"`
+}
+
+// File is where the record lives.
+func File(p hostpaths.Paths) string { return filepath.Join(p.RunDir(), "fence.json") }
+
+// maxSize bounds a read: the record is a few hundred bytes.
+const maxSize = 64 << 10
+
+// Write replaces the record atomically (mode 0644: it holds no secret).
+func Write(p hostpaths.Paths, r Record) error {
+	if _, err := state.RunDir(p); err != nil {
+		return err
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return state.WriteFileAtomic(File(p), append(data, '\n'), 0o644)
+}
+
+// Read returns the record, or nil when there is none (no check ran in this
+// boot). A record that does not decode is an error naming the file.
+func Read(p hostpaths.Paths) (*Record, error) {
+	data, err := regfile.Read(File(p), maxSize)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r Record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", File(p), err)
+	}
+	switch r.Outcome {
+	case Allowed, Refused, NoAnswer, Interrupted:
+	default:
+		return nil, fmt.Errorf("%s: unknown outcome %q", File(p), r.Outcome)
+	}
+	return &r, nil
+}

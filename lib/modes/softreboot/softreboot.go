@@ -1,0 +1,54 @@
+// Package softreboot is the soft reboot of each mode's node stack: the
+// body of the modes' Restart (lib/modes/nspawn, lib/modes/none), kept
+// apart from the rest of each mode so that unbounded-restart
+// (cmd/restart), which needs nothing else of a mode, stays a small binary
+// (ARCHITECTURE section 3: under 5 MB without a Kubernetes client; the
+// nspawn mode's image code alone would put it over).
+//
+// A soft reboot restarts the slot's supervising units in order, over
+// D-Bus, never the host:
+//   - nspawn: systemd-nspawn@<slot>.service. The machine shuts down
+//     cleanly and boots again; the restart job finishes once it has
+//     booted (NotifyReady=yes).
+//   - none: unbounded-containerd.service, then unbounded-kubelet.service.
+//     Pods keep running: containerd's unit has KillMode=process, so the
+//     shims and their containers outlive it, and the kubelet adopts them.
+//
+// Each restart job also starts what the unit Requires=: the generator's
+// drop-in makes that the allocation fence, which runs again (a oneshot
+// without RemainAfterExit), so a soft reboot never starts a node the fence
+// refuses.
+package softreboot
+
+import (
+	"context"
+	"fmt"
+
+	"unbounded-cloud.io/agent/lib/generator"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+)
+
+// Units is the part of the service manager a soft reboot uses
+// (lib/modes.Systemd and lib/units.Manager have it).
+type Units interface {
+	// RestartUnit queues a restart job (mode "replace") and waits for it;
+	// an error names the unit and the job's result.
+	RestartUnit(ctx context.Context, unit string) error
+}
+
+// Restart soft-reboots the node stack of mode in slot.
+func Restart(ctx context.Context, sd Units, mode, slot string) error {
+	if !hostpaths.ValidSlot(slot) {
+		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
+	}
+	us := generator.SupervisingUnits(mode, slot)
+	if len(us) == 0 {
+		return fmt.Errorf("isolation mode %q has no node stack to restart in this release", mode)
+	}
+	for _, u := range us {
+		if err := sd.RestartUnit(ctx, u); err != nil {
+			return fmt.Errorf("restart of the %s node stack of slot %s: %w", mode, slot, err)
+		}
+	}
+	return nil
+}
