@@ -20,10 +20,11 @@ PKG_ARCH ?= amd64
 LDFLAGS := -s -w -X unbounded-cloud.io/agent/lib/version.Version=$(VERSION)
 GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 
-# Binaries: the operator CLI and the generator are separate and small (no
-# Kubernetes client); the one-shots that talk to the cluster share one
+# Binaries: the operator CLI, the generator, the soft reboot and the health
+# check are separate and small (no Kubernetes client; restart and health
+# under 5 MB each); the one-shots that talk to the cluster share one
 # multicall executable (ARCHITECTURE section 3, size budget).
-BINARIES := bin/unbounded bin/unbounded-generator bin/unbounded-agent
+BINARIES := bin/unbounded bin/unbounded-generator bin/unbounded-agent bin/unbounded-restart bin/unbounded-health
 
 .PHONY: all build docs test bench demo packages clean FORCE
 all: build
@@ -35,6 +36,10 @@ bin/unbounded-generator: FORCE
 	$(GOBUILD) -o $@ ./generators/unbounded-generator
 bin/unbounded-agent: FORCE
 	$(GOBUILD) -o $@ ./cmd/unbounded-agent
+bin/unbounded-restart: FORCE
+	$(GOBUILD) -o $@ ./cmd/restart
+bin/unbounded-health: FORCE
+	$(GOBUILD) -o $@ ./cmd/health
 
 # Man pages and shell completion scripts, made from the CLI's own models
 # (its kong command line, lib/config/reference.toml: lib/cli/man.go and

@@ -39,7 +39,7 @@ PKG_ARCH=${PKG_ARCH:-amd64}
 export VERSION PKG_ARCH
 
 missing=""
-for b in bin/unbounded bin/unbounded-generator ${CONCERNS:+bin/unbounded-agent}; do
+for b in bin/unbounded bin/unbounded-generator bin/unbounded-restart bin/unbounded-health ${CONCERNS:+bin/unbounded-agent}; do
 	[ -f "$b" ] && [ -x "$b" ] || missing="$missing $b"
 done
 [ -z "$missing" ] || die "missing binaries:$missing (run make build first)"

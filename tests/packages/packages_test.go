@@ -121,6 +121,8 @@ func expected(t *testing.T, format string) contents {
 
 	file("/usr/bin/unbounded", 0o755)
 	file("/usr/lib/systemd/system-generators/unbounded-generator", 0o755)
+	file("/usr/libexec/unbounded/restart", 0o755)
+	file("/usr/libexec/unbounded/health", 0o755)
 	file("/usr/lib/systemd/system-preset/80-unbounded.preset", 0o644)
 	file(tmpfilesConf, 0o644)
 	dir("/usr/libexec/unbounded", 0o755)

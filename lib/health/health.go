@@ -1,0 +1,348 @@
+// Package health is the periodic check of the node stack
+// (unbounded-health.service, started by unbounded-health.timer) and the
+// health wait of unbounded-restart. It links no Kubernetes client and no
+// net/http (ARCHITECTURE section 3: under 5 MB).
+//
+// What "healthy" means here: the supervising unit(s) of the active slot
+// are active, and the kubelet's healthz answers ok. The Node's Ready
+// condition is not read: a TLS client alone (crypto/tls with a
+// hand-written request) puts the binary over its 5 MB budget, and the
+// daemon already watches the Node (see the report of the health helper,
+// issue 8); a payload that dies, hangs or cannot start shows in the units
+// and the healthz.
+//
+// One run (Check.Run) decides, from the state it keeps between runs:
+//
+//   - the host is not bootstrapped, an installation owns it, or an
+//     operation on the node runs (restart, repave, bootstrap, lifecycle,
+//     reset): nothing to check, exit 0.
+//   - the last fence check refused explicitly (lib/fence/record): the
+//     node is down on purpose; the daemon starts it once the Machine no
+//     longer refuses. Exit 0.
+//   - the last fence check refused for lack of an answer and the node is
+//     not up: the node start (which runs the fence again) is retried, with
+//     a delay that doubles from FirstFenceRetry up to MaxFenceRetry
+//     (10 min). Exit 0.
+//   - healthy: the counters are reset; if it had given up, it says the
+//     node is healthy again. Exit 0.
+//   - unhealthy: Failures consecutive unhealthy runs start
+//     unbounded-restart.service (at most MaxRestarts times without a
+//     healthy run in between); when the node is still unhealthy after
+//     those, it gives up: this run fails (exit 1, the message says why),
+//     so that recovery (OnFailure=) reports it on the Machine, and the
+//     runs after it stay quiet (exit 0, no restart) until something
+//     changes: the node healthy again, a new applied config (a repave), or
+//     a new boot.
+//
+// The first run of a boot waits (bounded by BootWait) for the node to
+// become healthy, and fails when it does not: the unit is ordered
+// Before=boot-complete.target, so systemd's boot assessment sees an
+// unhealthy node as a bad boot (greenboot's pattern).
+package health
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/fence/record"
+	"unbounded-cloud.io/agent/lib/generator"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// Defaults of Check's knobs (flags of unbounded-health; an operator's
+// drop-in on the unit changes them).
+const (
+	// DefaultFailures (K): consecutive unhealthy runs before a restart.
+	// With the timer's 30 s, a node down for 1.5 min is restarted; one
+	// missed healthz (a kubelet restarting itself) is not enough.
+	DefaultFailures = 3
+	// DefaultMaxRestarts: restarts without a healthy run in between
+	// before health gives up. A restart that did not help twice will not
+	// help a third time; a person must look.
+	DefaultMaxRestarts = 2
+	// DefaultBootWait bounds the first run of a boot: the node stack
+	// starts in about a minute (nspawn machine boot, kubelet).
+	DefaultBootWait = 4 * time.Minute
+	// FirstFenceRetry and MaxFenceRetry: the delay between node starts
+	// after a fence that got no answer doubles from the first to the
+	// cap. The cap is the issue's: a cluster back after an outage is
+	// noticed within 10 min, and a fleet of hosts does not hammer an API
+	// server that is coming back.
+	FirstFenceRetry = 30 * time.Second
+	MaxFenceRetry   = 10 * time.Minute
+)
+
+// Units whose run means "an operation changes the node right now": health
+// neither judges nor restarts the node under them.
+var busyUnits = []string{
+	"unbounded-restart.service", "unbounded-repave.service", "unbounded-bootstrap.service",
+	"unbounded-lifecycle.service", "unbounded-reset.service", "unbounded-isolation.service",
+}
+
+// RestartUnit is what health starts after Failures unhealthy runs.
+const RestartUnit = "unbounded-restart.service"
+
+// NodeTarget is what health starts to retry a fence that got no answer.
+const NodeTarget = "unbounded-node.target"
+
+// Units is the part of the service manager health uses (lib/units.Manager).
+type Units interface {
+	ActiveState(ctx context.Context, unit string) (string, error)
+	// EnqueueStart queues a start job and returns at once.
+	EnqueueStart(ctx context.Context, unit string) error
+}
+
+// ErrGaveUp is returned by the run that gives up (exit 1).
+var ErrGaveUp = errors.New("gave up restarting the node stack")
+
+// Problems returns what is wrong with the node stack of mode in slot, or
+// nil when it is healthy.
+func Problems(ctx context.Context, sd Units, healthz func(context.Context) error, mode, slot string) []string {
+	var out []string
+	for _, u := range generator.SupervisingUnits(mode, slot) {
+		st, err := sd.ActiveState(ctx, u)
+		if err != nil {
+			st = err.Error()
+		}
+		if st != "active" {
+			out = append(out, fmt.Sprintf("%s is %s", u, st))
+		}
+	}
+	if err := healthz(ctx); err != nil {
+		out = append(out, fmt.Sprintf("kubelet healthz (%s): %v", KubeletHealthzAddr, err))
+	}
+	return out
+}
+
+// WaitHealthy polls Problems every interval until the node is healthy
+// (nil) or timeout passes (an error listing what is still wrong).
+func WaitHealthy(ctx context.Context, sd Units, healthz func(context.Context) error, mode, slot string, timeout, interval time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		probs := Problems(ctx, sd, healthz, mode, slot)
+		if len(probs) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not healthy within %s: %s", timeout, strings.Join(probs, "; "))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stopped while waiting for the node to be healthy (%s): %w", strings.Join(probs, "; "), ctx.Err())
+		case <-time.After(interval):
+		}
+	}
+}
+
+// Check is one run of unbounded-health. The zero value of each
+// host-touching field is the real host; tests replace them.
+type Check struct {
+	Paths       hostpaths.Paths
+	Failures    int
+	MaxRestarts int
+	BootWait    time.Duration
+	// PollInterval is the boot wait's poll; 0 means 2 s.
+	PollInterval time.Duration
+
+	Units   Units
+	Healthz func(context.Context) error
+	Now     func() time.Time
+	Log     *slog.Logger
+}
+
+func (c *Check) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+func (c *Check) healthz(ctx context.Context) error {
+	if c.Healthz != nil {
+		return c.Healthz(ctx)
+	}
+	return Healthz(ctx, KubeletHealthzAddr)
+}
+
+// Run is one check. Its error is the give-up (ErrGaveUp) or the boot's
+// failed first check (both exit 1), or a host it cannot read.
+func (c *Check) Run(ctx context.Context) error {
+	log := c.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	k := max(c.Failures, 1)
+	if c.Failures == 0 {
+		k = DefaultFailures
+	}
+	maxRestarts := c.MaxRestarts
+	if maxRestarts < 0 {
+		maxRestarts = 0
+	}
+
+	active, err := state.ReadActive(c.Paths)
+	if err != nil {
+		return fmt.Errorf("applied state: %w", err)
+	}
+	if active == nil {
+		log.Info("host not bootstrapped: no node to check")
+		return nil
+	}
+	if own, _ := state.ReadOwnership(c.Paths); own != nil {
+		log.Info("an installation owns the host; not checking the node", "owner", own.Owner)
+		return nil
+	}
+	for _, u := range busyUnits {
+		if st, err := c.Units.ActiveState(ctx, u); err == nil && (st == "activating" || st == "active" || st == "deactivating") {
+			log.Info("an operation on the node runs; not checking it", "unit", u, "state", st)
+			return nil
+		}
+	}
+
+	st, err := loadState(c.Paths)
+	if err != nil {
+		log.Warn("health state unreadable; starting afresh", "file", stateFile(c.Paths), "error", err.Error())
+		st = &State{}
+	}
+	applied := appliedID(active)
+	if st.Applied != applied {
+		if st.Applied != "" {
+			log.Info("new applied config: counters reset", "applied", applied)
+		}
+		*st = State{Applied: applied, BootChecked: st.BootChecked}
+	}
+	defer func() {
+		if err := st.save(c.Paths); err != nil {
+			log.Warn("cannot save the health state", "file", stateFile(c.Paths), "error", err.Error())
+		}
+	}()
+
+	nodeUp, _ := c.Units.ActiveState(ctx, NodeTarget)
+	rec, err := record.Read(c.Paths)
+	if err != nil {
+		log.Warn("fence record unreadable", "error", err.Error())
+	}
+	if rec != nil && nodeUp != "active" && nodeUp != "activating" {
+		switch rec.Outcome {
+		case record.Refused:
+			st.BootChecked = true
+			log.Info("the node is kept down by the allocation fence; the daemon starts it once the Machine no longer refuses",
+				"reason", rec.Reason, "message", rec.Message, "since", rec.At.Format(time.RFC3339))
+			return nil
+		case record.NoAnswer:
+			st.BootChecked = true
+			return c.retryFence(ctx, log, st, rec)
+		}
+	}
+	st.FenceRetries, st.NextFenceRetry = 0, time.Time{}
+	if nodeUp == "inactive" && c.stoppedCleanly(ctx, active) {
+		// Stopped (not failed) by someone: an operator's `systemctl
+		// stop`, a drain before maintenance. Not health's to undo.
+		log.Info("the node stack is stopped, not failed: left alone (start unbounded-node.target to bring it back)")
+		st.BootChecked = true
+		return nil
+	}
+
+	wait := c.BootWait
+	if wait <= 0 {
+		wait = DefaultBootWait
+	}
+	probs := Problems(ctx, c.Units, c.healthz, active.Mode, active.Slot)
+	if len(probs) > 0 && !st.BootChecked {
+		log.Info("first check of this boot: waiting for the node to become healthy", "atMost", wait, "problems", strings.Join(probs, "; "))
+		interval := c.PollInterval
+		if interval <= 0 {
+			interval = 2 * time.Second
+		}
+		if err := WaitHealthy(ctx, c.Units, c.healthz, active.Mode, active.Slot, wait, interval); err == nil {
+			probs = nil
+		} else {
+			probs = Problems(ctx, c.Units, c.healthz, active.Mode, active.Slot)
+		}
+	}
+	if len(probs) == 0 {
+		if st.GaveUp {
+			log.Info("the node is healthy again; restarts are allowed again", "gaveUpAt", st.GaveUpAt.Format(time.RFC3339))
+		} else if st.Failures > 0 || st.Restarts > 0 {
+			log.Info("the node is healthy again", "failures", st.Failures, "restarts", st.Restarts)
+		} else {
+			log.Debug("node healthy")
+		}
+		*st = State{Applied: applied, BootChecked: true}
+		return nil
+	}
+	what := strings.Join(probs, "; ")
+	if !st.BootChecked {
+		// The boot's assessment: a node that does not come up is a bad
+		// boot. The next runs restart it as usual.
+		st.BootChecked = true
+		st.Failures = k
+		return fmt.Errorf("the node stack (%s, slot %s) is not healthy %s after boot: %s", active.Mode, active.Slot, wait, what)
+	}
+	if st.GaveUp {
+		log.Info("node still unhealthy; gave up earlier, not restarting until the node is healthy again, a new config is applied, or the host reboots",
+			"gaveUpAt", st.GaveUpAt.Format(time.RFC3339), "problems", what)
+		return nil
+	}
+	st.Failures++
+	if st.Failures < k {
+		log.Warn("node unhealthy", "failures", st.Failures, "of", k, "problems", what)
+		return nil
+	}
+	if st.Restarts >= maxRestarts {
+		st.GaveUp, st.GaveUpAt = true, c.now().UTC()
+		return fmt.Errorf("%w: the node stack (%s, slot %s) is still unhealthy after %d restart(s) by %s (%s); "+
+			"no more restarts until the node is healthy again, a new config is applied, or the host reboots",
+			ErrGaveUp, active.Mode, active.Slot, st.Restarts, RestartUnit, what)
+	}
+	st.Restarts++
+	st.Failures = 0
+	log.Warn("node unhealthy; starting a restart of the node stack", "unit", RestartUnit,
+		"restart", st.Restarts, "of", maxRestarts, "problems", what)
+	if err := c.Units.EnqueueStart(ctx, RestartUnit); err != nil {
+		return fmt.Errorf("start %s: %w", RestartUnit, err)
+	}
+	return nil
+}
+
+// stoppedCleanly says whether every supervising unit of the active slot is
+// inactive (stopped, or never started) rather than failed or restarting.
+func (c *Check) stoppedCleanly(ctx context.Context, a *state.AppliedConfig) bool {
+	for _, u := range generator.SupervisingUnits(a.Mode, a.Slot) {
+		if st, err := c.Units.ActiveState(ctx, u); err != nil || st != "inactive" {
+			return false
+		}
+	}
+	return true
+}
+
+// retryFence starts the node again (and with it the fence) once the
+// current delay has passed.
+func (c *Check) retryFence(ctx context.Context, log *slog.Logger, st *State, rec *record.Record) error {
+	now := c.now()
+	if !st.NextFenceRetry.IsZero() && now.Before(st.NextFenceRetry) {
+		log.Info("the allocation fence got no answer; waiting before the next try",
+			"reason", rec.Reason, "nextTry", st.NextFenceRetry.UTC().Format(time.RFC3339), "tries", st.FenceRetries)
+		return nil
+	}
+	delay := FirstFenceRetry << min(st.FenceRetries, 10)
+	delay = min(delay, MaxFenceRetry)
+	st.FenceRetries++
+	st.NextFenceRetry = now.Add(delay)
+	log.Warn("the allocation fence got no answer; starting the node again, which runs the fence again",
+		"reason", rec.Reason, "message", rec.Message, "try", st.FenceRetries, "nextTryIn", delay)
+	if err := c.Units.EnqueueStart(ctx, NodeTarget); err != nil {
+		return fmt.Errorf("start %s: %w", NodeTarget, err)
+	}
+	return nil
+}
+
+// appliedID names the applied config: a repave writes a new one.
+func appliedID(a *state.AppliedConfig) string {
+	return a.Mode + "/" + a.Slot + "@" + a.AppliedAt.UTC().Format(time.RFC3339Nano)
+}

@@ -1,0 +1,129 @@
+// Package restart is unbounded-restart: the soft reboot of the node stack
+// in the active mode and slot, never of the host (ARCHITECTURE section 6).
+//
+//	nspawn: systemd-nspawn@<slot>.service restarts; the machine shuts down
+//	        and boots again.
+//	none:   unbounded-containerd.service, then unbounded-kubelet.service;
+//	        pods keep running (containerd's KillMode=process).
+//
+// The restart goes through the mode's own Restart (lib/modes/softreboot,
+// the body the modes share with this binary), which re-runs the allocation
+// fence: a refused fence leaves the node down and this run fails with 77.
+// Then it starts unbounded-node.target (a no-op for the units already
+// running) so that the target is active again even if it had failed, and
+// waits, bounded, until the supervising units are active and the kubelet's
+// healthz answers ok.
+//
+// It takes no ownership lock: the lock marks installations that resume
+// across reboots (bootstrap, reset, reprovision), and a restart interrupted
+// by a power cut has nothing to resume (the boot starts the node anyway).
+// It does not run while an installation owns the host (exit 69).
+package restart
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/fence/record"
+	"unbounded-cloud.io/agent/lib/generator"
+	"unbounded-cloud.io/agent/lib/health"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/softreboot"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// DefaultTimeout bounds the wait for the node to be healthy after the
+// restart: an nspawn machine boots and its kubelet answers in about a
+// minute here; five leave room for a slow host without hiding a node that
+// does not come back.
+const DefaultTimeout = 5 * time.Minute
+
+// Units is the service manager as a restart uses it (lib/units.Manager).
+type Units interface {
+	softreboot.Units
+	health.Units
+	StartUnit(ctx context.Context, unit string) error
+	ResetFailed(ctx context.Context, unit string) error
+}
+
+// ErrNotBootstrapped: the host has no applied config, so no node stack.
+var ErrNotBootstrapped = errors.New("the host is not bootstrapped: no node stack to restart")
+
+// Restart is one run. The zero value of each host-touching field is the
+// real host, except Units, which the caller dials.
+type Restart struct {
+	Paths   hostpaths.Paths
+	Timeout time.Duration
+	// PollInterval is the health wait's; 0 means 1 s.
+	PollInterval time.Duration
+	Units        Units
+	Healthz      func(context.Context) error
+	Log          *slog.Logger
+}
+
+// Run restarts the node stack and waits until it is healthy.
+func (r *Restart) Run(ctx context.Context) error {
+	log := r.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	own, err := state.ReadOwnership(r.Paths)
+	if own != nil {
+		log.Info("an installation owns the host; not restarting its node", "owner", own.Owner, "unit", own.Unit)
+		return fmt.Errorf("%w (owner %s)", state.ErrOwned, own.Owner)
+	}
+	if err != nil {
+		return err
+	}
+	active, err := state.ReadActive(r.Paths)
+	if err != nil {
+		return fmt.Errorf("applied state: %w", err)
+	}
+	if active == nil {
+		return ErrNotBootstrapped
+	}
+	timeout := r.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	interval := r.PollInterval
+	if interval <= 0 {
+		interval = time.Second
+	}
+	healthz := r.Healthz
+	if healthz == nil {
+		healthz = func(ctx context.Context) error { return health.Healthz(ctx, health.KubeletHealthzAddr) }
+	}
+	log = log.With("mode", active.Mode, "slot", active.Slot)
+	begin := time.Now()
+	log.Info("restarting the node stack (the host is not restarted)", "units", strings.Join(generator.SupervisingUnits(active.Mode, active.Slot), " "))
+	// A unit that hit its start limit (a payload that kept dying) would
+	// refuse the restart job; the restart is the deliberate new start.
+	for _, u := range generator.SupervisingUnits(active.Mode, active.Slot) {
+		if err := r.Units.ResetFailed(ctx, u); err != nil {
+			log.Warn("reset-failed", "unit", u, "error", err.Error())
+		}
+	}
+	if err := softreboot.Restart(ctx, r.Units, active.Mode, active.Slot); err != nil {
+		if rec, _ := record.Read(r.Paths); rec != nil && !rec.At.Before(begin) && (rec.Outcome == record.Refused || rec.Outcome == record.NoAnswer) {
+			return fmt.Errorf("%w: the allocation fence refused the restarted node (%s: %s); it stays down: %w",
+				exitcode.ErrRefused, rec.Reason, rec.Message, err)
+		}
+		return err
+	}
+	restarted := time.Since(begin)
+	if err := r.Units.StartUnit(ctx, health.NodeTarget); err != nil {
+		return fmt.Errorf("the node stack restarted, but %s did not start: %w", health.NodeTarget, err)
+	}
+	log.Info("node stack restarted; waiting for it to be healthy", "took", restarted.Round(time.Millisecond), "atMost", timeout)
+	if err := health.WaitHealthy(ctx, r.Units, healthz, active.Mode, active.Slot, timeout, interval); err != nil {
+		return fmt.Errorf("the node stack restarted in %s but is %w", restarted.Round(time.Millisecond), err)
+	}
+	log.Info("node stack healthy again", "restart", restarted.Round(time.Millisecond), "total", time.Since(begin).Round(time.Millisecond))
+	return nil
+}
