@@ -259,6 +259,10 @@ type daemon struct {
 	// Machine watch's failures (RBAC removed with the Machine) are
 	// expected and logged at debug level.
 	idle atomic.Bool
+
+	// The node's start once an explicit fence refusal no longer holds
+	// (unfence.go).
+	unfenceState unfenceState
 }
 
 func (d *daemon) machineUIDValue() types.UID {
@@ -390,6 +394,7 @@ func (d *daemon) apply(ctx context.Context, u update) {
 		}
 		d.followMachine(ctx)
 		d.reportMachine(ctx)
+		d.unfence(ctx)
 	}
 }
 
