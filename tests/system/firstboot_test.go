@@ -49,6 +49,10 @@ type firstBoot struct {
 	pause     string
 	nodeRef   string
 	paths     hostpaths.Paths
+	// fwd forwards the API server (and the mirror and the registry) to
+	// the test host's loopback: fwd.SetFault(f.env.Host(), ...) cuts the
+	// API server off from the host.
+	fwd *nodestack.Forwarder
 }
 
 type firstBootOptions struct {
@@ -96,6 +100,7 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 		RegistryHost: f.reg.Host, MirrorURL: f.mirror.URL, Pause: f.pause, NodeRef: f.nodeRef,
 		Offline: o.offline, Extra: o.extra,
 	})
+	f.fwd = h.Forward
 	f.m = h.Machine(t, 8*time.Minute, o.nspawnArgs...)
 	f.paths = hostpaths.New(f.m.Root())
 	if _, err := config.Load(f.paths); err != nil {

@@ -112,6 +112,10 @@ type FirstBootHost struct {
 	Files      []harness.File
 	NspawnArgs []string
 	Env        []string
+	// Forward carries the API server (and the mirror and the registry
+	// unless Offline) to the host's loopback; SetFault on it makes the API
+	// server unreachable, or present another certificate, to the host.
+	Forward *Forwarder
 
 	mode  string
 	stage *Stage
@@ -183,6 +187,7 @@ cni-plugins-version = %q
 		Files:      files,
 		NspawnArgs: args,
 		Env:        []string{"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=0", "SYSTEMD_NSPAWN_API_VFS_WRITABLE=1"},
+		Forward:    fwd,
 		mode:       o.Mode,
 		stage:      s,
 	}

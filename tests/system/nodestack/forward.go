@@ -1,6 +1,7 @@
 package nodestack
 
 import (
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -34,6 +35,39 @@ type Forwarder struct {
 	addrs []string
 	lns   []net.Listener
 	wg    sync.WaitGroup
+
+	mu     sync.Mutex
+	faults map[string]ForwardFault // by "127.0.0.1:PORT"
+}
+
+// ForwardFault is what a forwarded address does instead of forwarding.
+type ForwardFault struct {
+	// Down: every connection is closed at once, as a host whose API
+	// server is unreachable sees it (connection reset, EOF).
+	Down bool
+	// TLS: the connection is answered by a TLS server presenting this
+	// certificate instead of the service's (for example one valid only
+	// from next year, signed by the cluster CA: what a host whose clock is
+	// a year behind sees of the real one), and closed after the
+	// handshake.
+	TLS *tls.Certificate
+}
+
+// SetFault makes addr (as given to Forward) fail as f says, from the next
+// connection on; the zero ForwardFault forwards again.
+func (f *Forwarder) SetFault(addr string, fault ForwardFault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.faults == nil {
+		f.faults = map[string]ForwardFault{}
+	}
+	f.faults[hostPort(addr)] = fault
+}
+
+func (f *Forwarder) fault(addr string) ForwardFault {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.faults[addr]
 }
 
 // Forward starts the host side for each address ("127.0.0.1:PORT", or a URL
@@ -89,6 +123,15 @@ func (f *Forwarder) serve(ln net.Listener, target string) {
 		}
 		go func() {
 			defer c.Close()
+			switch fault := f.fault(target); {
+			case fault.Down:
+				return
+			case fault.TLS != nil:
+				tc := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{*fault.TLS}})
+				_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+				_ = tc.Handshake()
+				return
+			}
 			up, err := net.DialTimeout("tcp", target, 5*time.Second)
 			if err != nil {
 				return
