@@ -1,0 +1,110 @@
+package system_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/uuid"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/fence/record"
+)
+
+// Mode nspawn, one host launched for an allocation: a restart by hand
+// and one by a Restart MachineOperation each reboot the node machine
+// (a new machine process), never the test host (same PID 1, same boot);
+// the Node stays registered (same object) and is Ready again. Then the
+// allocation is fenced: a restart runs the fence, which refuses (77), and
+// the node stays down; once the Machine is unfenced the daemon starts the
+// node by itself within seconds, through the fence.
+func TestRestartNspawnRebootsOnlyTheMachineAndAnUnfencedMachineComesBackByItself(t *testing.T) {
+	t.Parallel()
+	uid := string(uuid.NewUUID())
+	f := newFirstBoot(t, firstBootOptions{extra: fmt.Sprintf("\n[allocation]\nuid = %q\n\n[fence]\nretry-budget = \"10s\"\n", uid)})
+	allocatedHost(t, f, uid)
+	begin := time.Now()
+	f.m.Start()
+	f.wantBootstrapped(t, "nspawn", nspawnKube1)
+	t.Logf("first boot: %v", time.Since(begin).Round(time.Millisecond))
+	if t.Failed() {
+		return
+	}
+	node := nodeUID(t, f)
+	host := hostIdentityOf(t, f.m)
+
+	// By hand.
+	machine0 := mainPID(t, f.m, nspawnKube1)
+	begin = time.Now()
+	if out, err := f.m.Systemctl("start", restartUnit); err != nil {
+		t.Fatalf("systemctl start %s: %v\n%s\n%s", restartUnit, err, out, f.m.Journal(restartUnit))
+	}
+	t.Logf("restart by hand (machine stop, boot, kubelet healthy): %v", time.Since(begin).Round(time.Millisecond))
+	machine1 := mainPID(t, f.m, nspawnKube1)
+	if machine1 == machine0 || machine1 == "0" {
+		t.Errorf("%s main pid %s -> %s: want a new, running machine", nspawnKube1, machine0, machine1)
+	}
+	wantSameHost(t, f.m, host)
+	if a := isActive(f.m, nodeTarget); a != "active" {
+		t.Errorf("%s is %s after the restart", nodeTarget, a)
+	}
+	waitNodeReadySince(t, f, node, begin, 3*time.Minute)
+
+	// By a Restart MachineOperation: the daemon starts the unit and
+	// completes the operation.
+	begin = time.Now()
+	op := f.env.createOp(t, f.name, v1alpha3.OperationRestart)
+	done := waitOpFinished(t, f, op.Name, 6*time.Minute)
+	t.Logf("Restart operation %s: %s %s %q after %v", op.Name, done.Status.State, done.Status.Reason, done.Status.Message, time.Since(begin).Round(time.Millisecond))
+	if done.Status.State != v1alpha3.OperationComplete {
+		t.Errorf("Restart operation ended %s (%s: %s), want Complete\n%s", done.Status.State, done.Status.Reason, done.Status.Message, f.m.Journal(restartUnit))
+	}
+	if m2 := mainPID(t, f.m, nspawnKube1); m2 == machine1 || m2 == "0" {
+		t.Errorf("%s main pid %s -> %s after the Restart operation: want a new, running machine", nspawnKube1, machine1, m2)
+	}
+	wantSameHost(t, f.m, host)
+	waitNodeReadySince(t, f, node, begin, 3*time.Minute)
+
+	// Fenced: the restart runs the fence, which refuses; the node stays
+	// down.
+	setFenced(t, f, true)
+	fenced := time.Now()
+	if out, err := f.m.Systemctl("start", restartUnit); err == nil {
+		t.Errorf("restart of a fenced node succeeded:\n%s\n%s", out, f.m.Journal(restartUnit))
+	}
+	if p := showProps(t, f.m, restartUnit, "ExecMainStatus"); p["ExecMainStatus"] != "77" {
+		t.Errorf("restart of a fenced node: %v, want exit 77\n%s", p, f.m.Journal(restartUnit))
+	}
+	if a := isActive(f.m, nspawnKube1); a == "active" || a == "activating" {
+		t.Errorf("%s is %s after the fence refused", nspawnKube1, a)
+	}
+	if r := fenceRecord(t, f.m); r == nil || r.Outcome != record.Refused || r.Reason != v1alpha3.ReasonAllocationFenced {
+		t.Errorf("fence record after the refusal: %+v, want refused/%s", r, v1alpha3.ReasonAllocationFenced)
+	}
+	t.Logf("fenced: restart refused %v after the fence flag was set", time.Since(fenced).Round(time.Millisecond))
+	// Nothing brings it back while the Machine refuses (health neither:
+	// an explicit refusal is not retried).
+	allowedBefore := journalCount(f.m, fenceUnit, "allocation launch allowed")
+
+	// Unfenced: the daemon starts the node, through the fence.
+	setFenced(t, f, false)
+	unfenced := time.Now()
+	waitUntil(t, 2*time.Minute, "the node started after the unfence", func(context.Context) (bool, error) {
+		return isActive(f.m, nspawnKube1) == "active" && isActive(f.m, nodeTarget) == "active", nil
+	})
+	took := time.Since(unfenced)
+	t.Logf("node machine running %v after the unfence", took.Round(time.Millisecond))
+	if n := journalCount(f.m, fenceUnit, "allocation launch allowed"); n <= allowedBefore {
+		t.Errorf("the node started without a fence that allowed it (allowed lines %d -> %d)\n%s", allowedBefore, n, f.m.Journal(fenceUnit))
+	}
+	if !strings.Contains(f.m.Journal(daemonUnit), "no longer refuses") {
+		t.Errorf("the daemon's journal does not say it started the node:\n%s", f.m.Journal(daemonUnit))
+	}
+	if took > 30*time.Second {
+		t.Errorf("the node started %v after the unfence, want within seconds (the machine's boot included: 30 s)", took)
+	}
+	waitNodeReadySince(t, f, node, unfenced, 3*time.Minute)
+	wantSameHost(t, f.m, host)
+}
