@@ -1,0 +1,191 @@
+package health
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/fence/record"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// fakeUnits is the service manager as health sees it: unit states, and
+// the starts health asked for.
+type fakeUnits struct {
+	states  map[string]string
+	started []string
+}
+
+func (f *fakeUnits) ActiveState(_ context.Context, u string) (string, error) {
+	if s, ok := f.states[u]; ok {
+		return s, nil
+	}
+	return "inactive", nil
+}
+
+func (f *fakeUnits) EnqueueStart(_ context.Context, u string) error {
+	f.started = append(f.started, u)
+	return nil
+}
+
+type host struct {
+	p       hostpaths.Paths
+	units   *fakeUnits
+	healthy bool
+	now     time.Time
+}
+
+func newHost(t *testing.T) *host {
+	t.Helper()
+	p := hostpaths.New(t.TempDir())
+	if err := os.MkdirAll(p.RunDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := state.WriteApplied(p, &state.AppliedConfig{Slot: "kube1", Mode: "none", Machine: "w1", AppliedAt: time.Unix(1000, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	return &host{p: p, healthy: true, now: time.Unix(2000, 0), units: &fakeUnits{states: map[string]string{
+		"unbounded-containerd.service": "active", "unbounded-kubelet.service": "active", NodeTarget: "active",
+	}}}
+}
+
+func (h *host) check() *Check {
+	return &Check{Paths: h.p, Failures: 2, MaxRestarts: 1, BootWait: time.Millisecond, PollInterval: time.Millisecond,
+		Units: h.units, Now: func() time.Time { return h.now },
+		Healthz: func(context.Context) error {
+			if h.healthy {
+				return nil
+			}
+			return errors.New("connection refused")
+		}}
+}
+
+func (h *host) run(t *testing.T) error {
+	t.Helper()
+	return h.check().Run(context.Background())
+}
+
+// A kubelet that keeps dying: a restart after Failures checks, then,
+// still unhealthy after MaxRestarts restarts, one failed run saying it
+// gave up, then quiet runs without restarts until the node is healthy
+// again, which allows restarts again.
+func TestHealthRestartsThenGivesUpOnceThenStaysQuietUntilHealthyAgain(t *testing.T) {
+	h := newHost(t)
+	if err := h.run(t); err != nil { // the boot's first check: healthy
+		t.Fatal(err)
+	}
+	h.healthy = false
+	var errs []error
+	for range 8 {
+		errs = append(errs, h.run(t))
+	}
+	if n := slices.Index(h.units.started, RestartUnit); n != 0 || len(h.units.started) != 1 {
+		t.Fatalf("starts %v, want one %s", h.units.started, RestartUnit)
+	}
+	var gaveUp []int
+	for i, err := range errs {
+		if err != nil {
+			if !errors.Is(err, ErrGaveUp) {
+				t.Fatalf("run %d: %v", i, err)
+			}
+			gaveUp = append(gaveUp, i)
+		}
+	}
+	// Runs 0,1: failures 1,2 -> restart at run 1; runs 2,3 -> give up at 3.
+	if !slices.Equal(gaveUp, []int{3}) {
+		t.Fatalf("gave up at runs %v, want [3] (errors %v)", gaveUp, errs)
+	}
+	h.healthy = true
+	if err := h.run(t); err != nil {
+		t.Fatal(err)
+	}
+	h.healthy = false
+	for range 2 {
+		if err := h.run(t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(h.units.started) != 2 {
+		t.Errorf("after the node was healthy again: starts %v, want a second restart", h.units.started)
+	}
+}
+
+// A new applied config (a repave) ends a give-up too.
+func TestHealthGiveUpEndsWithANewAppliedConfig(t *testing.T) {
+	h := newHost(t)
+	_ = h.run(t)
+	h.healthy = false
+	for range 4 {
+		_ = h.run(t)
+	}
+	st, _ := loadState(h.p)
+	if !st.GaveUp {
+		t.Fatalf("state %+v, want given up", st)
+	}
+	if err := state.WriteApplied(h.p, &state.AppliedConfig{Slot: "kube1", Mode: "none", Machine: "w1", AppliedAt: time.Unix(3000, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	_ = h.run(t)
+	if st, _ := loadState(h.p); st.GaveUp || st.Failures != 1 {
+		t.Errorf("state after a new applied config %+v, want counting afresh", st)
+	}
+}
+
+// The first check of a boot fails (boot assessment) when the node does
+// not come up within the boot wait.
+func TestHealthFirstCheckOfABootFailsForANodeThatIsNotUp(t *testing.T) {
+	h := newHost(t)
+	h.healthy = false
+	if err := h.run(t); err == nil || errors.Is(err, ErrGaveUp) {
+		t.Fatalf("first check of the boot with the kubelet down: %v, want a failure", err)
+	}
+	if err := h.run(t); err != nil {
+		t.Fatalf("second check: %v, want quiet (counting)", err)
+	}
+}
+
+// A fence that got no answer: health starts the node again with a delay
+// that doubles up to the cap; an explicit refusal is left to the daemon.
+func TestHealthRetriesAFenceWithoutAnswerWithAGrowingDelayButNotAnExplicitRefusal(t *testing.T) {
+	h := newHost(t)
+	h.units.states = map[string]string{} // node down
+	if err := record.Write(h.p, record.Record{Outcome: record.Refused, Reason: "AllocationFenced", At: h.now}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := h.run(t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(h.units.started) != 0 {
+		t.Fatalf("explicit refusal: health started %v", h.units.started)
+	}
+	if err := record.Write(h.p, record.Record{Outcome: record.NoAnswer, Reason: "ClusterUnreachable", At: h.now}); err != nil {
+		t.Fatal(err)
+	}
+	var at []time.Duration
+	start := h.now
+	for range 60 * 30 { // 30 min in steps of 1 s
+		n := len(h.units.started)
+		if err := h.run(t); err != nil {
+			t.Fatal(err)
+		}
+		if len(h.units.started) > n {
+			at = append(at, h.now.Sub(start))
+		}
+		h.now = h.now.Add(time.Second)
+	}
+	want := []time.Duration{0, 30 * time.Second, 90 * time.Second, 210 * time.Second, 450 * time.Second, 930 * time.Second, 1530 * time.Second}
+	if !slices.Equal(at, want) {
+		t.Errorf("node starts at %v, want %v (30 s doubling, capped at 10 min)", at, want)
+	}
+	for _, u := range h.units.started {
+		if u != NodeTarget {
+			t.Errorf("started %s, want only %s", u, NodeTarget)
+		}
+	}
+}
