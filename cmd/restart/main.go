@@ -20,7 +20,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -62,9 +61,9 @@ func run(args []string) int {
 	log := logging.New(os.Stderr, slog.LevelInfo)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	sd, err := units.Dial(dctx)
-	cancel()
+	// The connection lives as long as the context it is dialled with
+	// (godbus closes it when that ends): the run's own.
+	sd, err := units.Dial(ctx)
 	if err != nil {
 		log.Error("restart: " + err.Error())
 		return exitcode.Failed

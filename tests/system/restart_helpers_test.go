@@ -218,3 +218,17 @@ func futureServerCert(t *testing.T, f *firstBoot) *tls.Certificate {
 	}
 	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
+
+// logJournalsOnFailure logs the journals of the units these scenarios are
+// about when the test fails (before the fixture stops the host).
+func logJournalsOnFailure(t *testing.T, f *firstBoot) {
+	t.Cleanup(func() {
+		if !t.Failed() || f.m.Leader() == 0 {
+			return
+		}
+		for _, u := range []string{healthUnit, restartUnit, fenceUnit, daemonUnit} {
+			out, _ := f.m.Run("sh", "-c", "journalctl -b --no-pager -q -o short-precise -u "+u+" | tail -n 60")
+			t.Logf("journal of %s (last lines):\n%s", u, out)
+		}
+	})
+}

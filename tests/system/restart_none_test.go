@@ -19,6 +19,7 @@ import (
 func TestRestartNoneKeepsPodsRunningAndHealthGivesUpOnAPayloadThatKeepsDying(t *testing.T) {
 	t.Parallel()
 	f := newFirstBoot(t, firstBootOptions{mode: "none"})
+	logJournalsOnFailure(t, f)
 	healthTimings{interval: 3 * time.Second, failures: 2, maxRestarts: 1, restartTimeout: 30 * time.Second}.write(f)
 	begin := time.Now()
 	f.m.Start()

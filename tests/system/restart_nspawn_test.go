@@ -24,6 +24,7 @@ func TestRestartNspawnRebootsOnlyTheMachineAndAnUnfencedMachineComesBackByItself
 	t.Parallel()
 	uid := string(uuid.NewUUID())
 	f := newFirstBoot(t, firstBootOptions{extra: fmt.Sprintf("\n[allocation]\nuid = %q\n\n[fence]\nretry-budget = \"10s\"\n", uid)})
+	logJournalsOnFailure(t, f)
 	allocatedHost(t, f, uid)
 	begin := time.Now()
 	f.m.Start()
