@@ -3,6 +3,7 @@ package system_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,7 +74,7 @@ func TestHealthStartsTheNodeOnceTheFenceGetsAnAnswerAgainAfterBoot(t *testing.T)
 		// Health tries again (each try runs the fence), and the fence
 		// refuses again while the cluster stays out of reach.
 		waitUntil(t, 3*time.Minute, "health retried the node start", func(context.Context) (bool, error) {
-			return journalCount(f.m, fenceUnit, "refused for lack of an answer") >= 2, nil
+			return strings.Count(progLog(f.m, "fence"), "refused for lack of an answer") >= 2, nil
 		})
 		if a := isActive(f.m, kubeletUnit); a == "active" {
 			t.Errorf("%s: the kubelet runs although every fence refused", c.name)
@@ -85,7 +86,7 @@ func TestHealthStartsTheNodeOnceTheFenceGetsAnAnswerAgainAfterBoot(t *testing.T)
 			return isActive(f.m, nodeTarget) == "active" && isActive(f.m, kubeletUnit) == "active", nil
 		})
 		t.Logf("%s: node up %v after the cluster answered again (%d fence refusals in this boot)", c.name,
-			time.Since(back).Round(time.Millisecond), journalCount(f.m, fenceUnit, "refused for lack of an answer"))
+			time.Since(back).Round(time.Millisecond), strings.Count(progLog(f.m, "fence"), "refused for lack of an answer"))
 		if r := fenceRecord(t, f.m); r == nil || r.Outcome != record.Allowed {
 			t.Errorf("%s: fence record %+v, want allowed", c.name, r)
 		}

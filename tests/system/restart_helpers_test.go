@@ -232,3 +232,15 @@ func logJournalsOnFailure(t *testing.T, f *firstBoot) {
 		}
 	})
 }
+
+// progLog is what a one-shot wrote in this boot, found by its program's
+// name (SYSLOG_IDENTIFIER) rather than by unit: journald attributes a
+// message sent over its native socket to a unit by reading the sender's
+// /proc/PID/cgroup, and a one-shot that exits right after its last line
+// (health, every few seconds) is often gone by then, so `journalctl -u`
+// misses its lines. systemd's own lines about the unit are in
+// m.Journal(unit).
+func progLog(m *harness.Machine, prog string) string {
+	out, _ := m.Run("journalctl", "--no-pager", "-b", "-o", "cat", "-t", prog)
+	return out
+}
