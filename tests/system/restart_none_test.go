@@ -116,4 +116,7 @@ func TestRestartNoneKeepsPodsRunningAndHealthGivesUpOnAPayloadThatKeepsDying(t *
 	})
 	waitNodeReadySince(t, f, node, time.Now(), 3*time.Minute)
 	wantSameHost(t, f.m, host)
+	// The pod, which outlived every restart, is drained before the
+	// poweroff (drainAndPowerOff says why).
+	f.drainAndPowerOff(t, ns)
 }
