@@ -33,6 +33,9 @@ func TestRestartNspawnRebootsOnlyTheMachineAndAnUnfencedMachineComesBackByItself
 	if t.Failed() {
 		return
 	}
+	// The daemon reads operations with its client certificate, once the
+	// cluster side approved its CSR (as an approver does).
+	approveAgentCSR(t, f.env, f.m, f.name)
 	node := nodeUID(t, f)
 	host := hostIdentityOf(t, f.m)
 
