@@ -8,6 +8,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	fencerecord "unbounded-cloud.io/agent/lib/fence/record"
+	"unbounded-cloud.io/agent/lib/state"
 )
 
 // nodeTarget is what the daemon starts once an explicit fence refusal no
@@ -49,6 +50,12 @@ func (d *daemon) unfence(ctx context.Context) {
 		return
 	}
 	if rec == nil || rec.Outcome != fencerecord.Refused || !machineAllows(m, rec.AllocationUID) {
+		return
+	}
+	if active, err := state.ReadActive(d.p); err != nil || active == nil {
+		// No node to start: a first boot refused by its fence is
+		// finished by bootstrap's next run, not by the node target
+		// (which the generator links to nothing on such a host).
 		return
 	}
 	u := &d.unfenceState

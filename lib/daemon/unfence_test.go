@@ -13,6 +13,7 @@ import (
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	fencerecord "unbounded-cloud.io/agent/lib/fence/record"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
 )
 
 // The daemon starts the node once the Machine no longer refuses what the
@@ -22,6 +23,9 @@ import (
 func TestUnfenceStartsTheNodeOncePerMachineChangeThatLiftsAnExplicitRefusal(t *testing.T) {
 	p := hostpaths.New(t.TempDir())
 	if err := os.MkdirAll(p.RunDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := state.WriteApplied(p, &state.AppliedConfig{Slot: "kube1", Mode: "nspawn", Machine: "w1"}); err != nil {
 		t.Fatal(err)
 	}
 	sd := newFakeSystemd()
