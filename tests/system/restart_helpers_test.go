@@ -152,7 +152,7 @@ func waitNodeReadySince(t *testing.T, f *firstBoot, uid types.UID, since time.Ti
 		}
 		for _, c := range n.Status.Conditions {
 			if c.Type == corev1.NodeReady {
-				return c.Status == corev1.ConditionTrue && c.LastHeartbeatTime.Time.After(since.Add(-time.Second)), nil
+				return c.Status == corev1.ConditionTrue && !c.LastHeartbeatTime.Time.Before(since.Truncate(time.Second)), nil
 			}
 		}
 		return false, nil

@@ -45,7 +45,8 @@ func TestRestartNoneKeepsPodsRunningAndHealthGivesUpOnAPayloadThatKeepsDying(t *
 		t.Errorf("kubelet pid %s -> %s, containerd pid %s -> %s: want both restarted and running", kubelet0, k, containerd0, c)
 	}
 	wantSameHost(t, f.m, host)
-	waitNodeReadySince(t, f, node, begin, 3*time.Minute)
+	// A heartbeat after the restart ended is the new kubelet's.
+	waitNodeReadySince(t, f, node, time.Now(), 3*time.Minute)
 	p, err := f.env.kube.CoreV1().Pods(ns).Get(context.Background(), pod.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
