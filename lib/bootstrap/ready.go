@@ -22,6 +22,7 @@ import (
 	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/regfile"
 )
 
@@ -319,3 +320,17 @@ func (r *NodeReader) readCert() ([]byte, error) {
 	}
 	return data, err
 }
+
+// WaitReady is the ready phase's bounded wait (units active, kubelet
+// healthz, Node registered and Ready, with the one CSINode restart through
+// m), for the other integrators that start a node stack (lib/repave's
+// health hook). b's ReadyTimeout, PollInterval, CSINodeGrace, Probe,
+// Systemd, Notify and Log apply.
+func (b *Bootstrap) WaitReady(ctx context.Context, cfg *config.Config, slot string, m modes.Mode) error {
+	return b.ready(ctx, cfg, slot, m)
+}
+
+// RunFence starts unbounded-fence.service and waits for its verdict, as
+// the fence phase does: nil is allowed; a refusal wraps
+// exitcode.ErrRefused (77), a config error exitcode.ErrConfigInvalid.
+func (b *Bootstrap) RunFence(ctx context.Context) error { return b.fence(ctx) }

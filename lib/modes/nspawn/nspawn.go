@@ -44,7 +44,9 @@
 // written only into the machine's bootstrap kubeconfig (0600) and appears
 // in no error or log line.
 //
-// Repave and EnsureHooks return modes.ErrNotImplemented in this release.
+// Repave (repave.go) builds the other slot, switches to it and rolls back
+// when it does not come up; EnsureHooks rewrites the running slot's
+// settings file and drop-in when this release writes them differently.
 package nspawn
 
 import (
@@ -86,6 +88,9 @@ type Mode struct {
 	// stub 127.0.0.53 is of no use to pods), else the host's
 	// /etc/resolv.conf.
 	ResolvConf string
+	// CleanNetwork cleans what a stopped node stack left in the host's
+	// network namespace (Repave); nil is the real host (netclean.go).
+	CleanNetwork func(ctx context.Context, slot string)
 	// Log receives progress lines; nil is slog.Default().
 	Log *slog.Logger
 }
@@ -197,6 +202,10 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	}
 	if err := state.WriteFileAtomic(filepath.Join(m.Paths.NspawnDropInDir(s.Name), DropInName),
 		[]byte(dropIn(s.Name, cg)), 0o644); err != nil {
+		return err
+	}
+	// Last: the stamp says the slot is complete for this input (Repave).
+	if err := m.writeStamp(s); err != nil {
 		return err
 	}
 	m.log().Info("slot prepared", "slot", s.Name, "mode", "nspawn", "cgroup", string(cg))
@@ -400,14 +409,53 @@ func (m *Mode) Restart(ctx context.Context, slot string) error {
 	return softreboot.Restart(ctx, sd, m.Name(), slot)
 }
 
-// Repave is not in this release.
-func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes.RepaveHooks) error {
-	return fmt.Errorf("nspawn repave %s -> %s: %w", running, s.Name, modes.ErrNotImplemented)
-}
-
-// EnsureHooks is not in this release.
+// EnsureHooks makes the host-side files of the running slot's machine
+// current (the .nspawn settings file and the unit drop-in, as this
+// release's Prepare writes them): a file that differs is rewritten and
+// systemd reloaded, so that the next start of the machine uses it; the
+// running machine is not restarted. A slot with no rootfs is an error
+// (there is no node to hook).
 func (m *Mode) EnsureHooks(ctx context.Context, slot string) error {
-	return fmt.Errorf("nspawn lifecycle hooks of %s: %w", slot, modes.ErrNotImplemented)
+	if !hostpaths.ValidSlot(slot) {
+		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
+	}
+	if _, err := os.Stat(m.Paths.MachineDir(slot)); err != nil {
+		return fmt.Errorf("lifecycle hooks of slot %s: %w", slot, err)
+	}
+	cgs, err := m.Host.CgroupHierarchy()
+	if err != nil {
+		return fmt.Errorf("lifecycle hooks of slot %s: %w", slot, err)
+	}
+	containerd := filepath.Join(m.Paths.SlotDir(slot), "containerd")
+	want := map[string]string{
+		m.Paths.NspawnConfig(slot):                               nspawnFile(slot, m.Paths.Rel(containerd)),
+		filepath.Join(m.Paths.NspawnDropInDir(slot), DropInName): dropIn(slot, nodestack.Cgroup(cgs)),
+	}
+	var changed []string
+	for file, text := range want {
+		if got, err := os.ReadFile(file); err == nil && string(got) == text {
+			continue
+		}
+		if err := state.WriteFileAtomic(file, []byte(text), 0o644); err != nil {
+			return fmt.Errorf("lifecycle hooks of slot %s: %w", slot, err)
+		}
+		changed = append(changed, m.Paths.Rel(file))
+	}
+	if len(changed) == 0 {
+		m.log().Info("lifecycle hooks current", "slot", slot)
+		return nil
+	}
+	sd, err := m.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	if err := sd.Reload(ctx); err != nil {
+		return err
+	}
+	m.log().Info("lifecycle hooks made current; the running machine keeps running and uses them from its next start",
+		"slot", slot, "rewritten", strings.Join(changed, " "))
+	return nil
 }
 
 // SlotPaths lists everything Prepare writes on the host for slot (for

@@ -1,0 +1,190 @@
+package nspawn
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+)
+
+// CNIBridge is the bridge the node stack's bridge CNI config makes
+// (lib/modes/nodestack's CNI config) in the host's network namespace.
+const CNIBridge = "cni0"
+
+// ownedChainPrefixes are the iptables chains the node stack makes in the
+// host's network namespace (the machine shares it): kubelet's KUBE-*
+// (KUBE-FIREWALL, KUBE-KUBELET-CANARY, ...) and the CNI plugins' CNI-*
+// (bridge's masquerade chains per container, portmap's CNI-HOSTPORT-*).
+var ownedChainPrefixes = []string{"KUBE-", "CNI-"}
+
+// cleanNetwork removes what the stopped node stack of slot left in the
+// host's network namespace: its iptables chains (and the rules that jump
+// to them) in every table, for IPv4 and IPv6, and the CNI bridge. The
+// pods' veth ends went with their network namespaces when the machine
+// stopped. It is best effort: every step is logged, none fails the
+// repave, because the next node stack makes its own chains and bridge
+// again whatever is left (a stale rule can only be redundant). The
+// iptables tools are the node image's own (the host may have none), run
+// chrooted in the slot's rootfs, or the other slot's when that one is
+// gone; with neither the chains are left and a line says so.
+func (m *Mode) cleanNetwork(ctx context.Context, slot string) {
+	if m.CleanNetwork != nil {
+		m.CleanNetwork(ctx, slot)
+		return
+	}
+	start := time.Now()
+	var root string
+	for _, s := range []string{slot, hostpaths.OtherSlot(slot)} {
+		r := m.Paths.MachineDir(s)
+		if _, err := os.Stat(filepath.Join(r, "usr/sbin/iptables-save")); err == nil {
+			root = r
+			break
+		}
+	}
+	removed := 0
+	if root == "" {
+		m.log().Warn("host networking: no iptables-save in either slot's rootfs; the node stack's iptables chains are left to the next node stack", "slot", slot)
+	} else {
+		for _, fam := range []string{"iptables", "ip6tables"} {
+			n, err := cleanChains(ctx, root, fam)
+			removed += n
+			if err != nil {
+				m.log().Warn("host networking: chains not cleaned", "tool", fam, "error", err.Error())
+			}
+		}
+	}
+	bridge := "absent"
+	if err := deleteBridge(CNIBridge); err == nil {
+		bridge = "removed"
+	} else if !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.ENXIO) {
+		bridge = "left: " + err.Error()
+		m.log().Warn("host networking: CNI bridge not removed", "bridge", CNIBridge, "error", err.Error())
+	}
+	m.log().Info("host networking of the stopped node cleaned", "slot", slot, "chains_removed", removed,
+		"bridge_"+CNIBridge, bridge, "took", time.Since(start).Round(time.Millisecond).String())
+}
+
+// owned reports whether chain is one of the node stack's.
+func owned(chain string) bool {
+	for _, p := range ownedChainPrefixes {
+		if strings.HasPrefix(chain, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// filterOwned drops from an iptables-save dump the owned chains, their
+// rules and every rule that jumps (-j) or goes (-g) to one. It returns
+// the dump to restore and how many chains it dropped.
+func filterOwned(dump []byte) ([]byte, int) {
+	var out bytes.Buffer
+	n := 0
+	sc := bufio.NewScanner(bytes.NewReader(dump))
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, ":"):
+			name, _, _ := strings.Cut(line[1:], " ")
+			if owned(name) {
+				n++
+				continue
+			}
+		case strings.HasPrefix(line, "-A "):
+			f := strings.Fields(line)
+			if len(f) > 1 && owned(f[1]) {
+				continue
+			}
+			skip := false
+			for i := 0; i+1 < len(f); i++ {
+				if (f[i] == "-j" || f[i] == "-g" || f[i] == "--jump" || f[i] == "--goto") && owned(f[i+1]) {
+					skip = true
+				}
+			}
+			if skip {
+				continue
+			}
+		}
+		out.WriteString(line + "\n")
+	}
+	return out.Bytes(), n
+}
+
+// cleanChains removes the owned chains of one family (iptables or
+// ip6tables) with the tools in rootfs.
+func cleanChains(ctx context.Context, rootfs, family string) (int, error) {
+	dump, err := chrootRun(ctx, rootfs, nil, "/usr/sbin/"+family+"-save")
+	if err != nil {
+		return 0, err
+	}
+	kept, n := filterOwned(dump)
+	if n == 0 {
+		return 0, nil
+	}
+	if _, err := chrootRun(ctx, rootfs, kept, "/usr/sbin/"+family+"-restore"); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// chrootRun runs name chrooted in rootfs, in the host's network namespace,
+// with stdin, and returns its stdout.
+func chrootRun(ctx context.Context, rootfs string, stdin []byte, name string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: rootfs}
+	cmd.Dir = "/"
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s (in %s): %w: %s", name, rootfs, err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.Bytes(), nil
+}
+
+// deleteBridge takes the bridge down and deletes it (SIOCBRDELBR, as
+// brctl delbr does). A bridge that does not exist is ENXIO or ENODEV.
+func deleteBridge(name string) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return err
+	}
+	ifr.SetUint16(ifr.Uint16() &^ unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return err
+	}
+	b, err := unix.BytePtrFromString(name)
+	if err != nil {
+		return err
+	}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCBRDELBR, uintptr(unsafe.Pointer(b))); errno != 0 {
+		return errno
+	}
+	return nil
+}

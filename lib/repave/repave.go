@@ -1,0 +1,865 @@
+// Package repave replaces the node stack of a bootstrapped host from the
+// desired config (unbounded-repave.service, ARCHITECTURE sections 2 and 6):
+// blue/green into the other slot in mode nspawn, in place in mode none.
+// What is the mode's (build, stop, switch, roll back) is Mode.Repave of
+// lib/modes; this package does everything around it and stays
+// mode-agnostic.
+//
+// Steps, in order; each one journaled in /var/lib/unbounded/journal/
+// repave.json once done (atomic, SHA-256 sidecar) and followed by a crash
+// point "repave/after-<step>" (lib/crashpoint):
+//
+//	lock       the ownership lock, owner "repave", naming
+//	           unbounded-repave.service (see Lock below for why)
+//	plan       the desired config (the daemon's request file when there
+//	           is one: the config on disk with the Machine's spec laid
+//	           over it; else the config on disk) against the active
+//	           applied config: unchanged is nothing to do (exit 0) unless
+//	           forced; a mode change is refused (an isolation change, exit
+//	           1); else the plan (from, to, the desired config) is
+//	           journaled and every later run resumes it unchanged
+//	artifacts  kubelet, containerd, runc, CNI plugins of the desired
+//	           config, verified (lib/artifacts; a cache hit costs nothing)
+//	build      blue/green only: the mode prepares the other slot while
+//	           the old node still serves
+//	cordon     the Node is cordoned (when the cluster is reachable and the
+//	           Node exists)
+//	drain      its pods are evicted through the eviction API (lib/kube
+//	           Drainer: PodDisruptionBudgets honoured, DaemonSet and mirror
+//	           pods left), bounded by the drain timeout; on timeout the
+//	           Node is uncordoned and the repave fails, unless forced
+//	switch     Mode.Repave: the old stack stopped, its networking cleaned,
+//	           then the Fence hook (the Node deleted now that its kubelet
+//	           is gone, so that it is not registered again by the old
+//	           kubelet, then unbounded-fence.service), the new stack
+//	           started, the Healthy hook (units, kubelet healthz, Node
+//	           registered afresh and Ready); a failure rolls back inside
+//	           the mode (modes.ErrRolledBack)
+//	record     the new slot's applied config, only now that it is healthy
+//	retire     blue/green only: the old slot's record removed, then its
+//	           files (Mode.Destroy)
+//
+// Then the journal is removed, the lock released, and the node handed to
+// systemd as bootstrap does: daemon-reload (the generator wires the node
+// target to the new slot), unbounded-node.target started (its fence does
+// not run again: the new slot's unit already runs) and the daemon started.
+//
+// Lock. A repave holds the installation lock from start to end, as
+// bootstrap does, because between "old stopped" and "record removed" the
+// host is in no state the generator should start a node from (two
+// records, or a record whose slot is stopped): while the host is owned,
+// the generator starts only the unit the record names, so a power cut
+// anywhere in the repave boots into unbounded-repave.service, which
+// resumes from its journal and finishes or rolls back; recovery, reset,
+// bootstrap and a second repave wait (69). The daemon: one that runs keeps
+// running (it checks the lock only at its start and before dispatching a
+// new operation) and reports the repave it started; one that starts while
+// the repave runs exits 69, and the repave starts it again at the end.
+package repave
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
+	corev1 "k8s.io/api/core/v1"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/artifacts"
+	"unbounded-cloud.io/agent/lib/bootstrap"
+	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/crashpoint"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/generator"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/request"
+	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/units"
+	"unbounded-cloud.io/agent/lib/version"
+)
+
+// Operation is the owner name of the ownership lock and the journal's name.
+const Operation = "repave"
+
+// Unit is the unit that runs a repave; the ownership record names it, so
+// that the generator resumes it after a reboot mid-repave.
+const Unit = "unbounded-repave.service"
+
+// Concern is the request file's name (/run/unbounded/requests/repave.json).
+const Concern = "repave"
+
+// Request parameters (MachineOperation spec.parameters) a repave reads.
+const (
+	// ParamForce "true": repave even when the desired config is the
+	// applied one, and go on when the drain times out (or the cluster
+	// cannot be asked) instead of failing.
+	ParamForce = "force"
+	// ParamDrainTimeout is a Go duration ("90s", "10m") bounding the
+	// drain; absent: the --drain-timeout flag (default 5 min).
+	ParamDrainTimeout = "drainTimeout"
+)
+
+// Steps, in order.
+const (
+	StepPlan      = "plan"
+	StepArtifacts = "artifacts"
+	StepBuild     = "build"
+	StepCordon    = "cordon"
+	StepDrain     = "drain"
+	StepSwitch    = "switch"
+	StepRecord    = "record"
+	StepRetire    = "retire"
+)
+
+// Steps lists the steps in the order they run.
+var Steps = []string{StepPlan, StepArtifacts, StepBuild, StepCordon, StepDrain, StepSwitch, StepRecord, StepRetire}
+
+// CrashPoints are the crash points of lib/repave, in the order a repave
+// reaches them; the mode's own ("repave/after-old-stopped", ...) come in
+// the switch, and "repave/after-node-deleted" in its Fence hook.
+var CrashPoints = func() []string {
+	out := []string{"repave/after-lock"}
+	for _, s := range Steps {
+		out = append(out, "repave/after-"+s)
+	}
+	return append(out, "repave/after-release")
+}()
+
+// ErrModeChange is returned when the desired config names another
+// isolation mode: that is an isolation change, not a repave.
+var ErrModeChange = errors.New("the desired config changes the isolation mode")
+
+// Journal is what a repave keeps between runs.
+type Journal struct {
+	// From is the running slot, To the slot the new stack goes into (the
+	// same in an in-place mode), Mode their mode.
+	From string `json:"from"`
+	To   string `json:"to"`
+	Mode string `json:"mode"`
+	// Config is the desired effective config (lib/config, as JSON, the
+	// bootstrap token referenced by file): a resumed run applies exactly
+	// this, whatever the files on disk say by then.
+	Config json.RawMessage `json:"config"`
+	// Force and DrainTimeout are the run's options, kept for a resume.
+	Force        bool          `json:"force,omitempty"`
+	DrainTimeout time.Duration `json:"drain-timeout,omitempty"`
+	// Request is the UID of the daemon's request this run carries out
+	// ("" for a start by hand).
+	Request string   `json:"request,omitempty"`
+	Done    []string `json:"done"`
+	// Cordoned says the Node was cordoned by this repave (a failure
+	// uncordons it).
+	Cordoned bool `json:"cordoned,omitempty"`
+	// Step says where the last run got to, for `unbounded status`.
+	Step      string    `json:"step,omitempty"`
+	StartedAt time.Time `json:"started-at,omitzero"`
+}
+
+func (j *Journal) done(step string) bool { return slices.Contains(j.Done, step) }
+
+// Cluster is what a repave asks of the cluster about its Node; the real
+// one is lib/kube's Drainer with the daemon's client certificate.
+type Cluster interface {
+	GetNode(ctx context.Context) (*corev1.Node, error)
+	SetUnschedulable(ctx context.Context, on bool) error
+	Drain(ctx context.Context) error
+	DeleteNode(ctx context.Context) error
+}
+
+// Repave runs one repave on one host. The zero value of every field but
+// Paths is the real host; tests replace them.
+type Repave struct {
+	Paths hostpaths.Paths
+	// Force repaves an unchanged config, and goes on past a drain that
+	// timed out (the request's "force" parameter does the same).
+	Force bool
+	// DrainTimeout bounds the drain; 0 is kube.DefaultDrainTimeout (the
+	// request's "drainTimeout" parameter wins).
+	DrainTimeout time.Duration
+	// ReadyTimeout bounds the wait for the new node; 0 is
+	// bootstrap.DefaultReadyTimeout.
+	ReadyTimeout time.Duration
+	// Mode returns the isolation mode named by the config; nil: the real
+	// nspawn or none mode.
+	Mode func(name string) (modes.Mode, error)
+	// Systemd connects to the service manager; nil: the system bus.
+	Systemd func(ctx context.Context) (units.Manager, error)
+	// Fetch fetches the verified artifacts; nil: lib/artifacts.
+	Fetch func(ctx context.Context, cfg *config.Config) ([]artifacts.Result, error)
+	// Cluster returns the cluster client for cfg's Node; nil: lib/kube's
+	// Drainer with the stored client certificate.
+	Cluster func(cfg *config.Config, drainTimeout time.Duration) (Cluster, error)
+	// Healthy waits for the new node; nil: bootstrap's ready wait.
+	Healthy func(ctx context.Context, cfg *config.Config, slot string, m modes.Mode) error
+	// Fence runs the allocation fence; nil: unbounded-fence.service.
+	Fence func(ctx context.Context) error
+	// Notify sends an sd_notify state; nil: sd_notify.
+	Notify     func(state string)
+	CrashPoint func(name string)
+	Clock      func() time.Time
+	Log        *slog.Logger
+}
+
+func (r *Repave) log() *slog.Logger {
+	if r.Log != nil {
+		return r.Log
+	}
+	return slog.Default()
+}
+
+func (r *Repave) now() time.Time {
+	if r.Clock != nil {
+		return r.Clock()
+	}
+	return time.Now()
+}
+
+func (r *Repave) crash(name string) {
+	if r.CrashPoint != nil {
+		r.CrashPoint(name)
+		return
+	}
+	crashpoint.Hit(name)
+}
+
+func (r *Repave) status(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	r.log().Info(msg)
+	if r.Notify != nil {
+		r.Notify("STATUS=" + msg)
+		return
+	}
+	sddaemon.SdNotify(false, "STATUS="+msg)
+}
+
+func (r *Repave) systemd(ctx context.Context) (units.Manager, error) {
+	if r.Systemd != nil {
+		return r.Systemd(ctx)
+	}
+	return units.Dial(ctx)
+}
+
+func (r *Repave) mode(name string) (modes.Mode, error) {
+	if r.Mode != nil {
+		return r.Mode(name)
+	}
+	return bootstrap.ModeFor(r.Paths, r.log())(name)
+}
+
+// TargetSlot is the slot a repave of mode builds the new stack into: the
+// other slot for the blue/green modes, the running slot's record for none
+// (in place: both slots are the same units).
+func TargetSlot(mode, running string) string {
+	if mode == "none" {
+		return running
+	}
+	return hostpaths.OtherSlot(running)
+}
+
+// ErrNothingToDo is returned (and maps to exit 0) when the desired config
+// is the applied one and the repave was not forced.
+var ErrNothingToDo = errors.New("the desired config is the applied one: nothing to repave (--force repaves anyway)")
+
+// Run repaves the host, or resumes an interrupted repave. Its error maps
+// to the exit code with exitcode.For (ErrNothingToDo is a success: the
+// caller says so and exits 0).
+func (r *Repave) Run(ctx context.Context) error {
+	r.status("taking the ownership lock")
+	lock, err := state.AcquireOwnership(r.Paths, Operation, Unit)
+	if err != nil {
+		return err // 69: another installation owns the host
+	}
+	r.crash("repave/after-lock")
+	j, cfg, m, err := r.plan(ctx)
+	if err != nil {
+		lock.Release()
+		return err
+	}
+	if j == nil {
+		if err := lock.Release(); err != nil {
+			return err
+		}
+		return ErrNothingToDo
+	}
+	err = r.steps(ctx, j, cfg, m)
+	if err != nil {
+		return r.fail(ctx, j, cfg, lock, err)
+	}
+	if err := state.RemoveJournal(r.Paths, Operation); err != nil {
+		return err
+	}
+	if err := lock.Release(); err != nil {
+		return fmt.Errorf("release the ownership lock: %w", err)
+	}
+	r.crash("repave/after-release")
+	if err := r.handOver(ctx); err != nil {
+		return err
+	}
+	r.status("repaved: slot %s runs the desired config (mode %s), slot %s retired", j.To, j.Mode, retired(j))
+	return nil
+}
+
+func retired(j *Journal) string {
+	if j.From == j.To {
+		return "none"
+	}
+	return j.From
+}
+
+// plan returns the journal to run (resumed, or new), the desired config
+// and the mode; a nil journal means nothing to do.
+func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode, error) {
+	var j Journal
+	found, err := state.ReadJournal(r.Paths, Operation, &j)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("repave journal: %w", err)
+	}
+	if found {
+		cfg, err := r.journalConfig(&j)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		m, err := r.mode(j.Mode)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		r.status("resuming the repave of slot %s into %s (mode %s) from step %q", j.From, j.To, j.Mode, j.Step)
+		return &j, cfg, m, nil
+	}
+	active, err := state.ReadActive(r.Paths)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("applied state: %w", err)
+	}
+	if active == nil {
+		return nil, nil, nil, fmt.Errorf("this host has no applied config: it was never bootstrapped, so there is no node to repave (unbounded-bootstrap.service builds the first one)")
+	}
+	r.status("step %s: reading the desired config", StepPlan)
+	cfg, req, err := r.desired()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	force, drainTimeout, err := r.options(req)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if cfg.Mode != active.Mode {
+		return nil, nil, nil, fmt.Errorf("%w from %s to %s (%s): changing the isolation mode is an isolation change (unbounded-isolation.service, not shipped yet), not a repave; the node was left as it is",
+			ErrModeChange, active.Mode, cfg.Mode, strings.Join(cfg.Files, ", "))
+	}
+	if cfg.Machine != active.Machine && active.Machine != "" {
+		return nil, nil, nil, fmt.Errorf("%w: the desired config names machine %q, the node runs as %q: a repave keeps the Node's name (reset and bootstrap the host to rename it)",
+			exitcode.ErrConfigInvalid, cfg.Machine, active.Machine)
+	}
+	want, err := effective(cfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if same, err := sameConfig(want, active.Config); err != nil {
+		return nil, nil, nil, err
+	} else if same && !force {
+		r.status("the desired config is the one slot %s runs: nothing to do", active.Slot)
+		return nil, nil, nil, nil
+	}
+	j = Journal{
+		From: active.Slot, To: TargetSlot(active.Mode, active.Slot), Mode: active.Mode,
+		Config: want, Force: force, DrainTimeout: drainTimeout, StartedAt: r.now().UTC(),
+	}
+	if req != nil {
+		j.Request = req.UID
+	}
+	m, err := r.mode(j.Mode)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := r.finish(&j, StepPlan); err != nil {
+		return nil, nil, nil, err
+	}
+	r.log().Info("repave planned", "from", j.From, "to", j.To, "mode", j.Mode,
+		"kubernetes_version", cfg.Cluster.KubernetesVersion, "force", force, "drain_timeout", drainTimeout.String())
+	return &j, cfg, m, nil
+}
+
+// desired is the config to apply: the config on disk, with the Machine's
+// spec from the daemon's request laid over it when there is a request.
+func (r *Repave) desired() (*config.Config, *request.Request, error) {
+	cfg, err := config.Load(r.Paths)
+	if err != nil {
+		return nil, nil, err
+	}
+	req, err := request.Read(r.Paths, Concern)
+	switch {
+	case err == nil:
+	case errors.Is(err, os.ErrNotExist):
+		return cfg, nil, nil
+	default:
+		return nil, nil, fmt.Errorf("the daemon's request: %w", err)
+	}
+	if len(req.Desired) > 0 {
+		var spec v1alpha3.MachineSpec
+		if err := json.Unmarshal(req.Desired, &spec); err != nil {
+			return nil, nil, fmt.Errorf("the daemon's request %s: desired: %w", r.Paths.Request(Concern), err)
+		}
+		overlay(cfg, &spec)
+	}
+	r.log().Info("desired config: the config on disk with the Machine's spec from the daemon's request",
+		"request", r.Paths.Request(Concern), "operation", req.Operation, "uid", req.UID)
+	return cfg, req, nil
+}
+
+// overlay lays the Machine's spec over the config: what the cluster says
+// wins for the fields it has (Kubernetes version, node labels and
+// taints, isolation mode); an unset field keeps the config's value.
+func overlay(cfg *config.Config, spec *v1alpha3.MachineSpec) {
+	if v := strings.TrimPrefix(spec.Kubernetes.Version, "v"); v != "" {
+		cfg.Cluster.KubernetesVersion = v
+	}
+	if len(spec.Kubernetes.NodeLabels) > 0 {
+		cfg.Node.Labels = spec.Kubernetes.NodeLabels
+	}
+	if len(spec.Kubernetes.Taints) > 0 {
+		var ts []string
+		for _, t := range spec.Kubernetes.Taints {
+			s := t.Key
+			if t.Value != "" {
+				s += "=" + t.Value
+			}
+			ts = append(ts, s+":"+string(t.Effect))
+		}
+		cfg.Node.Taints = ts
+	}
+	if m := string(spec.Isolation.Mode); m != "" {
+		cfg.Mode = m
+	}
+}
+
+// options are the run's force and drain timeout: the request's parameters
+// win over the flags.
+func (r *Repave) options(req *request.Request) (bool, time.Duration, error) {
+	force, timeout := r.Force, r.DrainTimeout
+	if req != nil {
+		if v, ok := req.Parameters[ParamForce]; ok {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return false, 0, fmt.Errorf("the daemon's request: parameter %s=%q: want true or false", ParamForce, v)
+			}
+			force = force || b
+		}
+		if v, ok := req.Parameters[ParamDrainTimeout]; ok {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return false, 0, fmt.Errorf("the daemon's request: parameter %s=%q: want a positive duration such as 90s or 10m", ParamDrainTimeout, v)
+			}
+			timeout = d
+		}
+	}
+	if timeout <= 0 {
+		timeout = kube.DefaultDrainTimeout
+	}
+	return force, timeout, nil
+}
+
+// effective is the config as an applied record stores it (the JSON
+// bootstrap records), without the list of files it was read from.
+func effective(cfg *config.Config) (json.RawMessage, error) {
+	c := *cfg
+	c.Files = nil
+	return json.Marshal(&c)
+}
+
+// sameConfig compares two effective configs by meaning (decoded and
+// encoded again, so that field order and the file list do not count).
+func sameConfig(want, applied json.RawMessage) (bool, error) {
+	norm := func(raw json.RawMessage) ([]byte, error) {
+		var c config.Config
+		if err := json.Unmarshal(raw, &c); err != nil {
+			return nil, err
+		}
+		c.Files = nil
+		return json.Marshal(&c)
+	}
+	a, err := norm(want)
+	if err != nil {
+		return false, err
+	}
+	if len(applied) == 0 {
+		return false, nil
+	}
+	b, err := norm(applied)
+	if err != nil {
+		// An applied config this build cannot read is not "the same".
+		return false, nil
+	}
+	return bytes.Equal(a, b), nil
+}
+
+// journalConfig is the journaled desired config, bound to this host's
+// root (paths in it resolve under r.Paths).
+func (r *Repave) journalConfig(j *Journal) (*config.Config, error) {
+	// Loaded for the root its paths resolve under; the journal's
+	// config is what is applied, whatever the files say by now.
+	cfg, err := config.Load(r.Paths)
+	if err != nil {
+		return nil, fmt.Errorf("resuming the repave: %w", err)
+	}
+	files := cfg.Files
+	if err := json.Unmarshal(j.Config, cfg); err != nil {
+		return nil, fmt.Errorf("%w: repave journal: config: %v", state.ErrCorrupt, err)
+	}
+	cfg.Files = files
+	return cfg, nil
+}
+
+// finish journals step as done.
+func (r *Repave) finish(j *Journal, step string) error {
+	if !j.done(step) {
+		j.Done = append(j.Done, step)
+	}
+	j.Step = step
+	return state.WriteJournal(r.Paths, Operation, j)
+}
+
+// steps runs every step not done yet.
+func (r *Repave) steps(ctx context.Context, j *Journal, cfg *config.Config, m modes.Mode) error {
+	r.crash("repave/after-" + StepPlan)
+	var results []artifacts.Result
+	var slot modes.Slot
+	needSlot := func() error {
+		if slot.Name != "" {
+			return nil
+		}
+		if results == nil {
+			var err error
+			if results, err = r.fetch(ctx, cfg); err != nil {
+				return err
+			}
+		}
+		files := map[string]string{}
+		for _, res := range results {
+			files[res.Name] = res.File
+		}
+		a, err := modes.ArtifactsByName(files)
+		if err != nil {
+			return err
+		}
+		slot, err = modes.SlotFromConfig(cfg, j.To, a)
+		return err
+	}
+	var cl Cluster
+	cluster := func() (Cluster, error) {
+		if cl != nil {
+			return cl, nil
+		}
+		var err error
+		cl, err = r.cluster(cfg, j.DrainTimeout)
+		return cl, err
+	}
+	steps := []struct {
+		step string
+		run  func() error
+	}{
+		{StepArtifacts, func() error { return needSlot() }},
+		{StepBuild, func() error {
+			if j.From == j.To {
+				return nil // in place: the mode builds beside the running stack itself
+			}
+			if err := needSlot(); err != nil {
+				return err
+			}
+			r.status("step %s: building slot %s while slot %s serves", StepBuild, j.To, j.From)
+			start := time.Now()
+			if err := m.Prepare(ctx, slot); err != nil {
+				return err
+			}
+			r.log().Info("new slot built while the old node serves", "slot", j.To, "took", time.Since(start).Round(time.Millisecond).String())
+			return nil
+		}},
+		{StepCordon, func() error { return r.cordon(ctx, j, cfg, cluster) }},
+		{StepDrain, func() error { return r.drain(ctx, j, cfg, cluster) }},
+		{StepSwitch, func() error {
+			if err := needSlot(); err != nil {
+				return err
+			}
+			return r.switchOver(ctx, j, cfg, m, slot, cluster)
+		}},
+		{StepRecord, func() error { return r.record(j, cfg) }},
+		{StepRetire, func() error { return r.retire(ctx, j, m) }},
+	}
+	for _, s := range steps {
+		if j.done(s.step) {
+			continue
+		}
+		if err := s.run(); err != nil {
+			return &stepError{s.step, err}
+		}
+		if err := r.finish(j, s.step); err != nil {
+			return &stepError{s.step, err}
+		}
+		r.crash("repave/after-" + s.step)
+	}
+	return nil
+}
+
+type stepError struct {
+	step string
+	err  error
+}
+
+func (e *stepError) Error() string { return "step " + e.step + ": " + e.err.Error() }
+func (e *stepError) Unwrap() error { return e.err }
+
+func (r *Repave) fetch(ctx context.Context, cfg *config.Config) ([]artifacts.Result, error) {
+	r.status("step %s: kubelet %s, containerd, runc, CNI plugins", StepArtifacts, cfg.Cluster.KubernetesVersion)
+	if r.Fetch != nil {
+		return r.Fetch(ctx, cfg)
+	}
+	f := artifacts.New(cfg, r.Paths)
+	f.Log = r.log()
+	return f.FetchAll(ctx, artifacts.FromConfig(cfg, runtime.GOARCH))
+}
+
+func (r *Repave) cluster(cfg *config.Config, drainTimeout time.Duration) (Cluster, error) {
+	if r.Cluster != nil {
+		return r.Cluster(cfg, drainTimeout)
+	}
+	creds := kube.Credentials{
+		APIServer: cfg.Cluster.APIServer,
+		CAFile:    cfg.Resolve(cfg.Cluster.CAFile),
+		TokenFile: cfg.Resolve(cfg.Cluster.BootstrapTokenFile),
+		Certs:     kube.CertStore{Dir: r.Paths.PKIDir()},
+	}
+	// Only the daemon's certificate may cordon and delete the Node (the
+	// admission policy of lib/api/manifests refuses a bootstrap token).
+	rc, _, err := creds.CertConfig(r.now())
+	if err != nil {
+		return nil, fmt.Errorf("the daemon's client certificate (%s), which cordons, drains and deletes the Node: %w", creds.Certs.Path(), err)
+	}
+	d, err := kube.NewDrainer(rc, cfg.Machine)
+	if err != nil {
+		return nil, err
+	}
+	d.Timeout, d.Log = drainTimeout, r.log()
+	return d, nil
+}
+
+// unreachable reports an error after which a forced repave goes on
+// without the cluster: no answer, or no credential to ask with.
+func unreachable(err error) bool {
+	return kube.NoAnswer(err) || errors.Is(err, kube.ErrNoCertificate)
+}
+
+func (r *Repave) cordon(ctx context.Context, j *Journal, cfg *config.Config, cluster func() (Cluster, error)) error {
+	r.status("step %s: cordoning Node %s", StepCordon, cfg.Machine)
+	c, err := cluster()
+	if err == nil {
+		var n *corev1.Node
+		if n, err = c.GetNode(ctx); err == nil && n == nil {
+			r.log().Info("the Node does not exist: nothing to cordon or drain", "node", cfg.Machine)
+			return nil
+		}
+		if err == nil {
+			// Journaled before the patch: a crash after it still
+			// uncordons on failure.
+			j.Cordoned = true
+			if err = state.WriteJournal(r.Paths, Operation, j); err == nil {
+				err = c.SetUnschedulable(ctx, true)
+			}
+		}
+	}
+	if err != nil && j.Force && unreachable(err) {
+		r.log().Warn("the cluster cannot be asked; forced: repaving without cordon and drain", "error", err.Error())
+		return nil
+	}
+	if err != nil && unreachable(err) {
+		return fmt.Errorf("%w: cordon Node %s: %w (the repave did not touch the node; force repaves without the drain)", exitcode.ErrTemporary, cfg.Machine, err)
+	}
+	return err
+}
+
+func (r *Repave) drain(ctx context.Context, j *Journal, cfg *config.Config, cluster func() (Cluster, error)) error {
+	if !j.Cordoned {
+		return nil
+	}
+	r.status("step %s: evicting the pods of Node %s (at most %s)", StepDrain, cfg.Machine, j.DrainTimeout)
+	c, err := cluster()
+	if err == nil {
+		err = c.Drain(ctx)
+	}
+	switch {
+	case err == nil:
+		return nil
+	case j.Force:
+		r.log().Warn("drain did not finish; forced: repaving anyway", "error", err.Error())
+		return nil
+	case errors.Is(err, kube.ErrDrainTimeout):
+		return fmt.Errorf("%w; the Node is uncordoned and the node left as it was (force repaves anyway)", err)
+	}
+	return err
+}
+
+// switchOver is Mode.Repave with the hooks.
+func (r *Repave) switchOver(ctx context.Context, j *Journal, cfg *config.Config, m modes.Mode, s modes.Slot, cluster func() (Cluster, error)) error {
+	r.status("step %s: replacing the node stack of slot %s by slot %s", StepSwitch, j.From, j.To)
+	h := modes.RepaveHooks{
+		Fence: func(ctx context.Context) error {
+			// The old kubelet is stopped now: a Node deleted before
+			// would have been registered again by it.
+			if c, err := cluster(); err == nil {
+				if err := c.DeleteNode(ctx); err != nil && !(j.Force && unreachable(err)) {
+					return err
+				}
+				r.log().Info("Node deleted: the new kubelet registers it afresh under the same name", "node", cfg.Machine)
+			} else if !(j.Force && unreachable(err)) {
+				return err
+			}
+			r.crash("repave/after-node-deleted")
+			r.status("step %s: running the allocation fence for slot %s", StepSwitch, j.To)
+			return r.fence(ctx)
+		},
+		Healthy: func(ctx context.Context, slot string) error {
+			r.status("step %s: waiting for slot %s to be healthy", StepSwitch, slot)
+			return r.healthy(ctx, cfg, slot, m)
+		},
+		Crash: r.crash,
+	}
+	start := time.Now()
+	if err := m.Repave(ctx, j.From, s, h); err != nil {
+		return err
+	}
+	r.log().Info("node stack switched", "from", j.From, "to", j.To, "took", time.Since(start).Round(time.Millisecond).String())
+	return nil
+}
+
+func (r *Repave) helper() *bootstrap.Bootstrap {
+	return &bootstrap.Bootstrap{
+		Paths: r.Paths, Systemd: r.Systemd, ReadyTimeout: r.ReadyTimeout,
+		Notify: r.Notify, Log: r.log(),
+	}
+}
+
+func (r *Repave) fence(ctx context.Context) error {
+	if r.Fence != nil {
+		return r.Fence(ctx)
+	}
+	return r.helper().RunFence(ctx)
+}
+
+func (r *Repave) healthy(ctx context.Context, cfg *config.Config, slot string, m modes.Mode) error {
+	if r.Healthy != nil {
+		return r.Healthy(ctx, cfg, slot, m)
+	}
+	return r.helper().WaitReady(ctx, cfg, slot, m)
+}
+
+// record writes the new slot's applied config.
+func (r *Repave) record(j *Journal, cfg *config.Config) error {
+	r.status("step %s: recording the applied config of slot %s", StepRecord, j.To)
+	a := &state.AppliedConfig{
+		Slot: j.To, Mode: j.Mode, Machine: cfg.Machine,
+		KubernetesVersion: cfg.Cluster.KubernetesVersion,
+		AgentVersion:      version.Version,
+		AppliedAt:         r.now().UTC(),
+		Config:            j.Config,
+	}
+	return state.WriteApplied(r.Paths, a)
+}
+
+// retire removes the old slot's record, then its files.
+func (r *Repave) retire(ctx context.Context, j *Journal, m modes.Mode) error {
+	if j.From == j.To {
+		return nil
+	}
+	r.status("step %s: removing slot %s (its record, then its files)", StepRetire, j.From)
+	if err := state.RemoveApplied(r.Paths, j.From); err != nil {
+		return err
+	}
+	return m.Destroy(ctx, j.From)
+}
+
+// fail ends a run that failed in a step: a rolled-back (or never
+// switched) node is uncordoned and handed back to systemd; the journal
+// goes when the host is as it was, else it stays for the next run.
+func (r *Repave) fail(ctx context.Context, j *Journal, cfg *config.Config, lock *state.Lock, err error) error {
+	step := ""
+	var se *stepError
+	if errors.As(err, &se) {
+		step = se.step
+	}
+	// A context that a SIGTERM ended must still let the clean-up through.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	switched := j.done(StepSwitch)
+	asBefore := !switched && (step != StepSwitch || errors.Is(err, modes.ErrRolledBack))
+	if asBefore {
+		if j.Cordoned {
+			if c, cerr := r.cluster(cfg, j.DrainTimeout); cerr == nil {
+				if uerr := c.SetUnschedulable(cctx, false); uerr != nil {
+					r.log().Error("Node not uncordoned after the failed repave", "error", uerr.Error())
+				} else {
+					r.log().Info("Node uncordoned: the repave failed and the node is as it was", "node", cfg.Machine)
+				}
+			}
+		}
+		if j.From != j.To && !errors.Is(err, modes.ErrRolledBack) && j.done(StepBuild) {
+			// Built but never started: the old node never stopped.
+			// The new slot goes, so that nothing half-made stays.
+			if m, merr := r.mode(j.Mode); merr == nil {
+				if derr := m.Destroy(cctx, j.To); derr != nil {
+					r.log().Error("new slot not removed after the failed repave", "slot", j.To, "error", derr.Error())
+				}
+			}
+		}
+		if rerr := state.RemoveJournal(r.Paths, Operation); rerr != nil {
+			r.log().Error("repave journal not removed", "error", rerr.Error())
+		}
+	} else {
+		j.Step = fmt.Sprintf("%s failed: %v", step, err)
+		if werr := state.WriteJournal(r.Paths, Operation, j); werr != nil {
+			r.log().Error("repave journal not written", "error", werr.Error())
+		}
+	}
+	r.status("repave failed in step %s: %v", step, err)
+	if rerr := lock.Release(); rerr != nil {
+		r.log().Error("ownership lock not released", "error", rerr.Error())
+	}
+	if asBefore {
+		// The old node runs again (or never stopped): hand it back to
+		// systemd as it was (the generator wires it again).
+		if herr := r.handOver(cctx); herr != nil {
+			r.log().Error("node not handed back to systemd", "error", herr.Error())
+		}
+	}
+	return err
+}
+
+// handOver reloads (the generator wires the node target to the active
+// slot now that the host is no longer owned) and starts the node target
+// and the daemon.
+func (r *Repave) handOver(ctx context.Context) error {
+	sd, err := r.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	if err := sd.Reload(ctx); err != nil {
+		return err
+	}
+	if err := sd.StartUnit(ctx, generator.NodeTarget); err != nil {
+		return err
+	}
+	// Queued, not waited for: a daemon that runs (the one that started
+	// this repave, waiting for it) is left alone; one that exited 69
+	// while the host was owned starts again.
+	return sd.EnqueueStart(ctx, generator.DaemonService)
+}
