@@ -1,0 +1,270 @@
+package system_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+const repaveService = "unbounded-repave.service"
+
+// Repave of the nspawn mode end to end, on a host that booted for the
+// first time (newFirstBoot): the real kubelet, containerd and CNI in the
+// nested machine, the real control plane (its node lifecycle, garbage
+// collector, scheduler and disruption controllers).
+
+// nodeHistory records what happens to the Node while it is watched: the
+// cordon, the deletion, a new Node (another UID) under the same name.
+type nodeHistory struct {
+	mu       sync.Mutex
+	uids     []types.UID
+	cordoned bool
+	deleted  bool
+	stop     func()
+}
+
+func (f *firstBoot) watchNode(t *testing.T) *nodeHistory {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := f.env.kube.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", f.name).String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &nodeHistory{stop: func() { cancel(); w.Stop() }}
+	t.Cleanup(h.stop)
+	go func() {
+		for ev := range w.ResultChan() {
+			n, ok := ev.Object.(*corev1.Node)
+			if !ok {
+				continue
+			}
+			h.mu.Lock()
+			if len(h.uids) == 0 || h.uids[len(h.uids)-1] != n.UID {
+				h.uids = append(h.uids, n.UID)
+			}
+			if n.Spec.Unschedulable {
+				h.cordoned = true
+			}
+			if ev.Type == watch.Deleted {
+				h.deleted = true
+			}
+			h.mu.Unlock()
+		}
+	}()
+	return h
+}
+
+func (h *nodeHistory) snapshot() (uids []types.UID, cordoned, deleted bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]types.UID(nil), h.uids...), h.cordoned, h.deleted
+}
+
+// waitAgentCertificate approves the daemon's CSR as the cluster side does
+// and waits until the certificate is stored: only that certificate may
+// cordon, drain and delete the Node.
+func (f *firstBoot) waitAgentCertificate(t *testing.T) {
+	t.Helper()
+	approveAgentCSR(t, f.env, f.m, f.name)
+	store := kube.CertStore{Dir: f.paths.PKIDir()}
+	waitUntil(t, 2*time.Minute, "the daemon's certificate stored", func(context.Context) (bool, error) {
+		_, err := store.Load()
+		return err == nil, nil
+	})
+}
+
+// bootNode boots the first-boot host and waits for a Ready node with a
+// running pod and the daemon's certificate.
+func (f *firstBoot) bootNode(t *testing.T) (ns string) {
+	t.Helper()
+	begin := time.Now()
+	f.m.Start()
+	p := waitUnitDone(t, f, bootstrapUnit, "", 8*time.Minute)
+	if p["ExecMainStatus"] != "0" {
+		t.Fatalf("first boot failed: %v\n%s", p, f.m.Journal(bootstrapUnit))
+	}
+	t.Logf("first boot: %v", time.Since(begin).Round(time.Millisecond))
+	f.waitAgentCertificate(t)
+	return f.runPod(t)
+}
+
+// setNodeImage pushes the node image under tag and makes agent.toml name
+// it: a new desired config with the same artifacts.
+func (f *firstBoot) setNodeImage(t *testing.T, tag string) string {
+	t.Helper()
+	ref := f.reg.Push(t, "unbounded/node:"+tag, f.stage.NodeImage(t))
+	file := f.paths.ConfigFile()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	replaced := false
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "image = ") {
+			l, replaced = "image = \""+ref+"\"", true
+		}
+		out = append(out, l)
+	}
+	if !replaced {
+		t.Fatalf("agent.toml names no node image:\n%s", data)
+	}
+	if err := os.WriteFile(file, []byte(strings.Join(out, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
+// wantSlot asserts the converged host: exactly slot `slot`, with its one
+// applied config naming ref, its machine running, the node target active.
+func (f *firstBoot) wantSlot(t *testing.T, slot, ref string) {
+	t.Helper()
+	for _, s := range hostpaths.Slots {
+		_, errApplied := os.Stat(f.paths.AppliedConfig(s))
+		_, errMachine := os.Lstat(f.paths.MachineDir(s))
+		_, errNspawn := os.Stat(f.paths.NspawnConfig(s))
+		want := s == slot
+		for what, err := range map[string]error{"applied config": errApplied, "machine directory": errMachine, "nspawn settings": errNspawn} {
+			if (err == nil) != want {
+				t.Errorf("slot %s %s: %v, want present=%v", s, what, err, want)
+			}
+		}
+	}
+	a, err := state.ReadActive(f.paths)
+	if err != nil || a == nil || a.Slot != slot {
+		t.Fatalf("active applied config: %+v, %v; want slot %s", a, err, slot)
+	}
+	if ref != "" && !strings.Contains(string(a.Config), ref) {
+		t.Errorf("the applied config of %s does not name image %s", slot, ref)
+	}
+	for _, p := range []string{f.paths.Ownership(), f.paths.Journal("repave")} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("repave left %s (%v)", f.paths.Rel(p), err)
+		}
+	}
+	for _, u := range []string{"unbounded-node.target", "systemd-nspawn@" + slot + ".service", "unbounded-daemon.service"} {
+		waitUntil(t, time.Minute, u+" active", func(context.Context) (bool, error) { return isActive(f.m, u) == "active", nil })
+	}
+	other := "systemd-nspawn@" + hostpaths.OtherSlot(slot) + ".service"
+	if s := isActive(f.m, other); s == "active" || s == "activating" {
+		t.Errorf("%s is %s after the repave", other, s)
+	}
+	if out, err := f.m.Run("unbounded", "status"); err != nil || !strings.Contains(out, slot) {
+		t.Errorf("unbounded status does not show slot %s (%v):\n%s", slot, err, out)
+	} else {
+		t.Logf("unbounded status:\n%s", out)
+	}
+}
+
+// TestRepaveNspawnByHandThenByOperation: the operator changes the node
+// image and starts unbounded-repave.service: the Node is cordoned,
+// drained, deleted and registered afresh under the same name from slot
+// kube2, the Deployment's pod runs again, slot kube1 and its record are
+// gone. Then a Repave MachineOperation (forced: the config is unchanged)
+// goes back to kube1 through the daemon: Complete, with an Event on the
+// Machine.
+func TestRepaveNspawnByHandThenByOperation(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{})
+	ns := f.bootNode(t)
+	before := f.nodeObject(t)
+
+	ref := f.setNodeImage(t, "bookworm-2")
+	hist := f.watchNode(t)
+	begin := time.Now()
+	cursor := journalCursor(t, f)
+	if out, err := f.m.Systemctl("start", "--no-block", repaveService); err != nil {
+		t.Fatalf("start %s: %v\n%s", repaveService, err, out)
+	}
+	p := waitUnitDone(t, f, repaveService, cursor, 10*time.Minute)
+	took := time.Since(begin)
+	if p["ExecMainStatus"] != "0" || p["ActiveState"] != "inactive" {
+		t.Fatalf("repave by hand: %v\n%s", p, f.m.Journal(repaveService))
+	}
+	t.Logf("repave kube1 -> kube2 by hand: %v", took.Round(time.Millisecond))
+	out, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "short-precise", "-u", repaveService)
+	t.Logf("repave's journal:\n%s", out)
+	uids, cordoned, deleted := hist.snapshot()
+	if !cordoned || !deleted {
+		t.Errorf("Node history: cordoned=%v deleted=%v, want both", cordoned, deleted)
+	}
+	if ok, _ := f.nodeReady(context.Background()); !ok {
+		t.Errorf("Node %s not Ready after the repave", f.name)
+	}
+	after := f.nodeObject(t)
+	if after.UID == before.UID {
+		t.Errorf("Node %s has the UID it had before the repave (%s): not registered afresh (history %v)", f.name, after.UID, uids)
+	}
+	if after.Spec.Unschedulable {
+		t.Errorf("the new Node is cordoned")
+	}
+	f.wantSlot(t, "kube2", ref)
+	pod := f.waitPodRunning(t, ns, 3*time.Minute)
+	t.Logf("the Deployment's pod %s runs again on the new node", pod.Name)
+	if failed := failedUnits(t, f.m, "unbounded*"); len(failed) != 0 {
+		t.Errorf("failed units after the repave: %v", failed)
+	}
+	if t.Failed() {
+		return
+	}
+
+	// A Repave MachineOperation, forced through its parameters: the
+	// daemon writes the request, starts the unit and reports.
+	op := &v1alpha3.MachineOperation{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: f.name + "-", Labels: map[string]string{v1alpha3.MachineLabel: f.name}},
+		Spec: v1alpha3.MachineOperationSpec{MachineRef: v1alpha3.MachineRef{Name: f.name}, Operation: v1alpha3.OperationRepave,
+			Parameters: map[string]string{"force": "true"}},
+	}
+	created := &v1alpha3.MachineOperation{}
+	if err := f.env.api.Post().Resource(v1alpha3.ResourceMachineOperations).Body(op).Do(context.Background()).Into(created); err != nil {
+		t.Fatalf("create operation: %v", err)
+	}
+	begin = time.Now()
+	var done *v1alpha3.MachineOperation
+	waitUntil(t, 10*time.Minute, "the Repave operation finished", func(ctx context.Context) (bool, error) {
+		o := &v1alpha3.MachineOperation{}
+		if err := f.env.api.Get().Resource(v1alpha3.ResourceMachineOperations).Name(created.Name).Do(ctx).Into(o); err != nil {
+			return false, nil
+		}
+		done = o
+		return o.Status.State.Finished(), nil
+	})
+	t.Logf("Repave operation %s: %s (%s) after %v", created.Name, done.Status.State, done.Status.Message, time.Since(begin).Round(time.Millisecond))
+	if done.Status.State != v1alpha3.OperationComplete {
+		t.Fatalf("operation %s ended %s: %s\ndaemon:\n%s", created.Name, done.Status.State, done.Status.Message, f.m.Journal(daemonUnit))
+	}
+	f.wantSlot(t, "kube1", ref)
+	f.waitPodRunning(t, ns, 3*time.Minute)
+	evs, err := f.env.kube.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("involvedObject.name", f.name).String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range evs.Items {
+		if strings.Contains(e.Message, created.Name) && e.Reason == "Operation"+string(v1alpha3.OperationComplete) {
+			found = true
+		}
+	}
+	if !found {
+		var got []string
+		for _, e := range evs.Items {
+			got = append(got, e.Reason+": "+e.Message)
+		}
+		t.Errorf("no OperationComplete Event on Machine %s naming %s; events: %q", f.name, created.Name, got)
+	}
+}
