@@ -39,10 +39,10 @@
 //	retire     blue/green only: the old slot's record removed, then its
 //	           files (Mode.Destroy)
 //
-// Then the journal is removed, the lock released, and the node handed to
-// systemd as bootstrap does: daemon-reload (the generator wires the node
-// target to the new slot), unbounded-node.target started (its fence does
-// not run again: the new slot's unit already runs) and the daemon started.
+// Then the lock is released, the node handed to systemd as bootstrap does
+// (daemon-reload: the generator wires the node target to the new slot;
+// unbounded-node.target started, whose fence does not run again as the new
+// slot's unit already runs; the daemon started), and the journal removed.
 //
 // Lock. A repave holds the installation lock from start to end, as
 // bootstrap does, because between "old stopped" and "record removed" the
@@ -297,14 +297,19 @@ func (r *Repave) Run(ctx context.Context) error {
 	if err != nil {
 		return r.fail(ctx, j, cfg, lock, err)
 	}
-	if err := state.RemoveJournal(r.Paths, Operation); err != nil {
-		return err
-	}
+	// The lock goes before the hand-over (the generator wires the node
+	// target only on a host no installation owns), the journal after it:
+	// a crash in between leaves a journal with every step done, and the
+	// next run (or unbounded-lifecycle at the next boot) only hands the
+	// node over.
 	if err := lock.Release(); err != nil {
 		return fmt.Errorf("release the ownership lock: %w", err)
 	}
 	r.crash("repave/after-release")
 	if err := r.handOver(ctx); err != nil {
+		return err
+	}
+	if err := state.RemoveJournal(r.Paths, Operation); err != nil {
 		return err
 	}
 	r.status("repaved: slot %s runs the desired config (mode %s), slot %s retired", j.To, j.Mode, retired(j))

@@ -1,0 +1,448 @@
+package repave_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/bootstrap/bootstraptest"
+	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/crashpoint"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/generator"
+	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/repave"
+	"unbounded-cloud.io/agent/lib/request"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// childEnv makes the test binary run one repave on the world whose root
+// it names and exit with its code: a crash point then kills a real
+// process.
+const childEnv = "REPAVE_TEST_CHILD_ROOT"
+
+func TestMain(m *testing.M) {
+	if root := os.Getenv(childEnv); root != "" {
+		w := &bootstraptest.World{Root: root}
+		w.P.Root = root
+		r := newRepave(w, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+		err := r.Run(context.Background())
+		if errors.Is(err, repave.ErrNothingToDo) {
+			os.Exit(0)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "repave:", err)
+		}
+		os.Exit(exitcode.For(err))
+	}
+	os.Exit(m.Run())
+}
+
+// The fakes keep their state in files under the world's root (fake/), as
+// bootstraptest's do, so that a crashed child leaves it for the next run.
+
+func fake(w *bootstraptest.World, name string) string { return filepath.Join(w.Root, "fake", name) }
+
+func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// cluster is the fake Node: fake/node holds its UID, fake/unschedulable
+// says it is cordoned, fake/drain-stuck makes a drain time out.
+type cluster struct{ w *bootstraptest.World }
+
+func (c cluster) GetNode(context.Context) (*corev1.Node, error) {
+	uid, err := os.ReadFile(fake(c.w, "node"))
+	if err != nil {
+		return nil, nil
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: bootstraptest.Machine, UID: k8stypes.UID(typesUID(uid))}}
+	n.Spec.Unschedulable = exists(fake(c.w, "unschedulable"))
+	return n, nil
+}
+
+func typesUID(b []byte) string { return strings.TrimSpace(string(b)) }
+
+func (c cluster) SetUnschedulable(_ context.Context, on bool) error {
+	c.w.Log(fmt.Sprintf("cluster unschedulable=%t", on))
+	if on {
+		return os.WriteFile(fake(c.w, "unschedulable"), nil, 0o644)
+	}
+	os.Remove(fake(c.w, "unschedulable"))
+	return nil
+}
+
+func (c cluster) Drain(context.Context) error {
+	c.w.Log("cluster drain")
+	if exists(fake(c.w, "drain-stuck")) {
+		return fmt.Errorf("%w (1s) on node %s: 1 pod(s) left; ns/p: eviction refused (429)", kube.ErrDrainTimeout, bootstraptest.Machine)
+	}
+	return nil
+}
+
+func (c cluster) DeleteNode(context.Context) error {
+	// The old kubelet must be gone: it would register the Node again.
+	if c.w.UnitState("systemd-nspawn@kube1.service") == "active" && c.w.UnitState("systemd-nspawn@kube2.service") == "active" {
+		return errors.New("both machines run")
+	}
+	c.w.Log("cluster delete-node")
+	os.Remove(fake(c.w, "node"))
+	os.Remove(fake(c.w, "unschedulable"))
+	return nil
+}
+
+// repaveMode is the world's fake mode with a blue/green Repave over its
+// files and fake units.
+type repaveMode struct {
+	modes.Mode
+	w *bootstraptest.World
+}
+
+func (m repaveMode) Repave(ctx context.Context, running string, s modes.Slot, h modes.RepaveHooks) error {
+	newUnit := "systemd-nspawn@" + s.Name + ".service"
+	if m.w.UnitState(newUnit) != "active" {
+		if !exists(filepath.Join(m.w.P.MachineDir(s.Name), "prepared")) {
+			if err := m.Prepare(ctx, s); err != nil {
+				return err
+			}
+		}
+		h.Crash("repave/after-new-built")
+		m.w.SetUnitState("systemd-nspawn@"+running+".service", "inactive")
+		m.w.Log("stop systemd-nspawn@" + running + ".service")
+		h.Crash("repave/after-old-stopped")
+		if err := h.Fence(ctx); err != nil {
+			return err
+		}
+		if err := m.Start(ctx, s.Name); err != nil {
+			return err
+		}
+		h.Crash("repave/after-new-started")
+	}
+	if err := h.Healthy(ctx, s.Name); err != nil {
+		if derr := m.Destroy(ctx, s.Name); derr != nil {
+			return derr
+		}
+		if err := m.Start(ctx, running); err != nil {
+			return err
+		}
+		return fmt.Errorf("%v; rolled back: %w", err, modes.ErrRolledBack)
+	}
+	return nil
+}
+
+func newRepave(w *bootstraptest.World, log *slog.Logger) *repave.Repave {
+	b := w.Bootstrap(log)
+	return &repave.Repave{
+		Paths: w.P,
+		Mode: func(name string) (modes.Mode, error) {
+			m, err := w.Mode(name)
+			if err != nil {
+				return nil, err
+			}
+			return repaveMode{Mode: m, w: w}, nil
+		},
+		Systemd: b.Systemd,
+		Cluster: func(*config.Config, time.Duration) (repave.Cluster, error) { return cluster{w}, nil },
+		Healthy: func(_ context.Context, _ *config.Config, slot string, _ modes.Mode) error {
+			if w.UnitState("systemd-nspawn@"+slot+".service") != "active" {
+				return errors.New("machine not running")
+			}
+			if exists(fake(w, "unhealthy-"+slot)) {
+				return fmt.Errorf("node not up within 1s; still missing: Node %s Ready", bootstraptest.Machine)
+			}
+			// The new kubelet registers the Node afresh.
+			return os.WriteFile(fake(w, "node"), []byte(slot), 0o644)
+		},
+		Notify:     func(string) {},
+		CrashPoint: crashpoint.Hit,
+		Log:        log,
+	}
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// bootstrapped is a world whose first boot ran (slot kube1, Node there).
+func bootstrapped(t *testing.T) *bootstraptest.World {
+	t.Helper()
+	w, err := bootstraptest.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Bootstrap(slog.New(slog.NewTextHandler(io.Discard, nil))).Run(context.Background()); err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	if err := os.WriteFile(fake(w, "node"), []byte("kube1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w.ClearCalls()
+	return w
+}
+
+// changeImage gives agent.toml another node image: a new desired config.
+func changeImage(t *testing.T, w *bootstraptest.World) {
+	t.Helper()
+	if err := w.Write("/etc/unbounded/agent.toml", strings.Replace(bootstraptest.Config, "node:1.36.3", "node:1.36.3-2", 1)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func run(t *testing.T, w *bootstraptest.World, tweak ...func(*repave.Repave)) error {
+	t.Helper()
+	r := newRepave(w, slog.New(slog.NewTextHandler(tWriter{t}, nil)))
+	r.CrashPoint = func(string) {}
+	for _, f := range tweak {
+		f(r)
+	}
+	return r.Run(context.Background())
+}
+
+func order(t *testing.T, calls []string, want ...string) {
+	t.Helper()
+	last := -1
+	for _, c := range want {
+		i := slices.Index(calls, c)
+		if i < 0 {
+			t.Fatalf("no call %q in %q", c, calls)
+		}
+		if i < last {
+			t.Fatalf("call %q came before %q; calls: %q", c, want[slices.Index(want, c)-1], calls)
+		}
+		last = i
+	}
+}
+
+// wantActive asserts exactly slot's record, slot's machine directory only,
+// no journal, no lock.
+func wantActive(t *testing.T, w *bootstraptest.World, slot string) *state.AppliedConfig {
+	t.Helper()
+	a, err := state.ReadActive(w.P)
+	if err != nil || a == nil || a.Slot != slot {
+		t.Fatalf("active applied config %+v (%v), want slot %s", a, err, slot)
+	}
+	for _, s := range []string{"kube1", "kube2"} {
+		_, errA := os.Stat(w.P.AppliedConfig(s))
+		_, errM := os.Stat(w.P.MachineDir(s))
+		if (errA == nil) != (s == slot) || (errM == nil) != (s == slot) {
+			t.Errorf("slot %s: record %v, machine %v; want present=%v", s, errA, errM, s == slot)
+		}
+	}
+	for _, p := range []string{w.P.Journal(repave.Operation), w.P.Ownership()} {
+		if exists(p) {
+			t.Errorf("%s left behind", w.P.Rel(p))
+		}
+	}
+	return a
+}
+
+func TestUnchangedConfigIsNothingToDo(t *testing.T) {
+	w := bootstrapped(t)
+	if err := run(t, w); !errors.Is(err, repave.ErrNothingToDo) {
+		t.Fatalf("repave of an unchanged config: %v, want ErrNothingToDo", err)
+	}
+	for _, c := range w.Calls() {
+		if strings.HasPrefix(c, "prepare") || strings.HasPrefix(c, "cluster") || strings.HasPrefix(c, "stop") {
+			t.Errorf("an unchanged config made call %q", c)
+		}
+	}
+	wantActive(t, w, "kube1")
+}
+
+func TestBlueGreenBuildsBesideDrainsSwitchesAndRetiresTheOldSlot(t *testing.T) {
+	w := bootstrapped(t)
+	changeImage(t, w)
+	if err := run(t, w); err != nil {
+		t.Fatalf("repave: %v", err)
+	}
+	calls := w.Calls()
+	order(t, calls, "prepare kube2", "cluster unschedulable=true", "cluster drain", "stop systemd-nspawn@kube1.service",
+		"cluster delete-node", "start "+generator.FenceService+"(owned)", "start systemd-nspawn@kube2.service(owned)",
+		"destroy kube1", "start "+generator.NodeTarget, "enqueue "+generator.DaemonService)
+	a := wantActive(t, w, "kube2")
+	if !strings.Contains(string(a.Config), "node:1.36.3-2") {
+		t.Errorf("kube2's record does not hold the desired config:\n%s", a.Config)
+	}
+	if w.UnitState("systemd-nspawn@kube2.service") != "active" || w.UnitState("systemd-nspawn@kube1.service") == "active" {
+		t.Errorf("after the repave kube2 is %s, kube1 %s", w.UnitState("systemd-nspawn@kube2.service"), w.UnitState("systemd-nspawn@kube1.service"))
+	}
+	// A second repave of the same config is nothing to do; forced, it
+	// goes back to kube1.
+	if err := run(t, w); !errors.Is(err, repave.ErrNothingToDo) {
+		t.Fatalf("second repave: %v, want nothing to do", err)
+	}
+	if err := run(t, w, func(r *repave.Repave) { r.Force = true }); err != nil {
+		t.Fatalf("forced repave: %v", err)
+	}
+	wantActive(t, w, "kube1")
+}
+
+func TestModeChangeIsRefusedAsAnIsolationChange(t *testing.T) {
+	w := bootstrapped(t)
+	if err := w.Write("/etc/unbounded/agent.toml", strings.Replace(bootstraptest.Config, `mode = "nspawn"`, `mode = "none"`, 1)); err != nil {
+		t.Fatal(err)
+	}
+	err := run(t, w)
+	if !errors.Is(err, repave.ErrModeChange) || exitcode.For(err) != exitcode.Failed {
+		t.Fatalf("mode change: %v (exit %d), want ErrModeChange, exit 1", err, exitcode.For(err))
+	}
+	for _, word := range []string{"nspawn", "none", "isolation"} {
+		if !strings.Contains(err.Error(), word) {
+			t.Errorf("the refusal does not say %q: %v", word, err)
+		}
+	}
+	if slices.ContainsFunc(w.Calls(), func(c string) bool { return strings.HasPrefix(c, "cluster") || strings.HasPrefix(c, "prepare") }) {
+		t.Errorf("a refused repave touched the node: %q", w.Calls())
+	}
+	wantActive(t, w, "kube1")
+}
+
+func TestRepaveRollsBackWhenNewSlotNeverHealthy(t *testing.T) {
+	w := bootstrapped(t)
+	changeImage(t, w)
+	if err := os.WriteFile(fake(w, "unhealthy-kube2"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := run(t, w)
+	if !errors.Is(err, modes.ErrRolledBack) || exitcode.For(err) != exitcode.Failed {
+		t.Fatalf("repave with a new slot never healthy: %v, want ErrRolledBack (exit 1)", err)
+	}
+	a := wantActive(t, w, "kube1")
+	if strings.Contains(string(a.Config), "node:1.36.3-2") {
+		t.Errorf("kube1's record was replaced by the desired config")
+	}
+	if w.UnitState("systemd-nspawn@kube1.service") != "active" {
+		t.Errorf("kube1 is %s after the rollback", w.UnitState("systemd-nspawn@kube1.service"))
+	}
+	if exists(fake(w, "unschedulable")) {
+		t.Errorf("the Node is still cordoned after the rollback")
+	}
+	order(t, w.Calls(), "cluster unschedulable=true", "destroy kube2", "start systemd-nspawn@kube1.service(owned)", "cluster unschedulable=false", "start "+generator.NodeTarget)
+}
+
+func TestDrainTimeoutUncordonsAndLeavesTheNodeUnlessForced(t *testing.T) {
+	w := bootstrapped(t)
+	changeImage(t, w)
+	if err := os.WriteFile(fake(w, "drain-stuck"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := run(t, w)
+	if !errors.Is(err, kube.ErrDrainTimeout) || exitcode.For(err) != exitcode.Failed {
+		t.Fatalf("repave with a drain that times out: %v, want ErrDrainTimeout (exit 1)", err)
+	}
+	if !strings.Contains(err.Error(), "uncordoned") {
+		t.Errorf("the error does not say the Node is uncordoned: %v", err)
+	}
+	wantActive(t, w, "kube1")
+	if exists(fake(w, "unschedulable")) {
+		t.Errorf("the Node is still cordoned")
+	}
+	if w.UnitState("systemd-nspawn@kube1.service") != "active" {
+		t.Errorf("kube1 is %s", w.UnitState("systemd-nspawn@kube1.service"))
+	}
+	if slices.Contains(w.Calls(), "stop systemd-nspawn@kube1.service") {
+		t.Errorf("the old node was stopped although the drain failed")
+	}
+	// Forced through the daemon's request: it proceeds.
+	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "op-1", Type: string(v1alpha3.OperationRepave),
+		Machine: bootstraptest.Machine, Parameters: map[string]string{repave.ParamForce: "true"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t, w); err != nil {
+		t.Fatalf("forced repave: %v", err)
+	}
+	wantActive(t, w, "kube2")
+}
+
+func TestRequestWithABadParameterChangesNothing(t *testing.T) {
+	w := bootstrapped(t)
+	changeImage(t, w)
+	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "op-1", Type: "Repave", Machine: bootstraptest.Machine,
+		Parameters: map[string]string{repave.ParamDrainTimeout: "soon"}}); err != nil {
+		t.Fatal(err)
+	}
+	err := run(t, w)
+	if err == nil || !strings.Contains(err.Error(), repave.ParamDrainTimeout) {
+		t.Fatalf("bad drainTimeout: %v, want an error naming it", err)
+	}
+	wantActive(t, w, "kube1")
+}
+
+// crashPoints are the points a repave of the fake mode passes.
+func crashPoints() []string {
+	var out []string
+	for _, p := range repave.CrashPoints {
+		out = append(out, p)
+		if p == "repave/after-"+repave.StepDrain {
+			out = append(out, "repave/after-new-built", "repave/after-old-stopped", "repave/after-node-deleted", "repave/after-new-started")
+		}
+	}
+	return out
+}
+
+func child(t *testing.T, w *bootstraptest.World, point string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+w.Root, crashpoint.Env+"="+point)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, string(out)
+	case errors.As(err, &ee):
+		if ee.ExitCode() < 0 {
+			return crashpoint.ExitCode, string(out)
+		}
+		return ee.ExitCode(), string(out)
+	}
+	t.Fatal(err)
+	return 0, ""
+}
+
+func TestCrashAtEveryPointThenRerunConverges(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a child process per crash point; skipped with -short")
+	}
+	for _, point := range crashPoints() {
+		t.Run(strings.ReplaceAll(point, "/", "_"), func(t *testing.T) {
+			w := bootstrapped(t)
+			changeImage(t, w)
+			code, out := child(t, w, point)
+			if code != crashpoint.ExitCode || !strings.Contains(out, "crash point "+point) {
+				t.Fatalf("crash at %s: exit %d, want %d there\n%s", point, code, crashpoint.ExitCode, out)
+			}
+			if code, out := child(t, w, ""); code != 0 {
+				t.Fatalf("rerun after the crash at %s: exit %d\n%s", point, code, out)
+			}
+			a := wantActive(t, w, "kube2")
+			if !strings.Contains(string(a.Config), "node:1.36.3-2") {
+				t.Errorf("kube2's record does not hold the desired config")
+			}
+			if w.UnitState("systemd-nspawn@kube2.service") != "active" || w.UnitState("systemd-nspawn@kube1.service") == "active" {
+				t.Errorf("kube2 %s, kube1 %s", w.UnitState("systemd-nspawn@kube2.service"), w.UnitState("systemd-nspawn@kube1.service"))
+			}
+			if !exists(fake(w, "node")) || exists(fake(w, "unschedulable")) {
+				t.Errorf("the Node is not back schedulable")
+			}
+			if !slices.Contains(w.Calls(), "enqueue "+generator.DaemonService) {
+				t.Errorf("daemon never started: %q", w.Calls())
+			}
+		})
+	}
+}
