@@ -131,6 +131,26 @@ var graphRules = []graphRule{
 		},
 	},
 	{
+		name:    "lifecycle runs before the daemon, which pulls it in (a repave is never started over a half-done one)",
+		applies: isNamed(generator.DaemonService),
+		check: func(t *testing.T, u *parsed) {
+			requireAll(t, u, "Unit", "Wants", "unbounded-lifecycle.service")
+			requireAll(t, u, "Unit", "After", "unbounded-lifecycle.service")
+		},
+	},
+	{
+		name:    "repave runs after lifecycle and after the node target's start, and is no part of the node target (it stops the old node and starts the target itself)",
+		applies: isNamed("unbounded-repave.service"),
+		check: func(t *testing.T, u *parsed) {
+			requireAll(t, u, "Unit", "After", "unbounded-lifecycle.service", generator.NodeTarget)
+			for _, k := range []string{"Requires", "BindsTo", "PartOf", "Requisite"} {
+				if u.has("Unit", k, generator.NodeTarget) {
+					t.Errorf("%s: %s=%s: stopping the old node would stop the repave", u.name, k, generator.NodeTarget)
+				}
+			}
+		},
+	},
+	{
 		name:    "the fence is a oneshot without RemainAfterExit, so every node start runs it again",
 		applies: isNamed(generator.FenceService),
 		check: func(t *testing.T, u *parsed) {

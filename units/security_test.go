@@ -48,6 +48,9 @@ var exposureTable = map[string]exposure{
 	// sets no bound, only "as low as its work allows"; the unit file
 	// explains each privilege left. held pins the measured value.
 	"unbounded-bootstrap.service": {held: 4.0, contract: 10.0},
+	// Lifecycle queues units, reloads and rewrites the active slot's
+	// settings under /etc/systemd; no network, no capability.
+	"unbounded-lifecycle.service": {held: 1.0, contract: 2.5},
 	// Repave builds a slot as bootstrap does (a rootfs with owners and
 	// setuid bits, the machine's settings in /etc) and removes the old
 	// node's iptables chains and bridge from the host's network. Section
