@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,25 +46,20 @@ func (m *Mode) cleanNetwork(ctx context.Context, slot string) {
 		return
 	}
 	start := time.Now()
-	var root string
-	for _, s := range []string{slot, hostpaths.OtherSlot(slot)} {
-		r := m.Paths.MachineDir(s)
-		if _, err := os.Stat(filepath.Join(r, "usr/sbin/iptables-save")); err == nil {
-			root = r
-			break
+	removed, tried := 0, false
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		n, err := m.cleanFamily(ctx, slot, fam)
+		if errors.Is(err, errNoTools) {
+			continue
+		}
+		tried = true
+		removed += n
+		if err != nil {
+			m.log().Warn("host networking: chains not cleaned", "tool", fam, "error", err.Error())
 		}
 	}
-	removed := 0
-	if root == "" {
-		m.log().Warn("host networking: no iptables-save in either slot's rootfs; the node stack's iptables chains are left to the next node stack", "slot", slot)
-	} else {
-		for _, fam := range []string{"iptables", "ip6tables"} {
-			n, err := cleanChains(ctx, root, fam)
-			removed += n
-			if err != nil {
-				m.log().Warn("host networking: chains not cleaned", "tool", fam, "error", err.Error())
-			}
-		}
+	if !tried {
+		m.log().Warn("host networking: no iptables-save and iptables-restore in either slot's rootfs; the node stack's iptables chains are left to the next node stack", "slot", slot)
 	}
 	bridge := "absent"
 	if err := deleteBridge(CNIBridge); err == nil {
@@ -123,21 +119,55 @@ func filterOwned(dump []byte) ([]byte, int) {
 	return out.Bytes(), n
 }
 
-// cleanChains removes the owned chains of one family (iptables or
-// ip6tables) with the tools in rootfs.
-func cleanChains(ctx context.Context, rootfs, family string) (int, error) {
-	dump, err := chrootRun(ctx, rootfs, nil, "/usr/sbin/"+family+"-save")
-	if err != nil {
-		return 0, err
+// iptablesTables are the tables the node stack's chains live in.
+var iptablesTables = []string{"filter", "nat", "mangle", "raw"}
+
+// errNoTools: neither slot's rootfs has a working pair of save and
+// restore tools of a family.
+var errNoTools = errors.New("no iptables tools")
+
+// cleanFamily removes the owned chains of one family (iptables or
+// ip6tables) with the tools of the slot's rootfs, else the other slot's.
+// The tools are tried under their plain names first (the backend the
+// node image selected, the one its kubelet used), then as the legacy
+// ones; a link that leads nowhere inside the rootfs is skipped.
+func (m *Mode) cleanFamily(ctx context.Context, slot, family string) (int, error) {
+	for _, s := range []string{slot, hostpaths.OtherSlot(slot)} {
+		root := m.Paths.MachineDir(s)
+		if _, err := os.Stat(filepath.Join(root, "usr")); err != nil {
+			continue
+		}
+		for _, pair := range [][2]string{{family + "-save", family + "-restore"}, {family + "-legacy-save", family + "-legacy-restore"}} {
+			// Table by table: without a /proc in the chroot the tools
+			// cannot list the tables, and a table whose module is not
+			// loaded has nothing of the node's.
+			removed, found := 0, false
+			var errs []error
+			for _, table := range iptablesTables {
+				dump, err := chrootRun(ctx, root, nil, "/usr/sbin/"+pair[0], "-t", table)
+				if errors.Is(err, fs.ErrNotExist) || errors.Is(err, exec.ErrNotFound) {
+					break
+				}
+				found = true
+				if err != nil {
+					continue // no such table here
+				}
+				kept, n := filterOwned(dump)
+				if n == 0 {
+					continue
+				}
+				if _, err := chrootRun(ctx, root, kept, "/usr/sbin/"+pair[1]); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				removed += n
+			}
+			if found {
+				return removed, errors.Join(errs...)
+			}
+		}
 	}
-	kept, n := filterOwned(dump)
-	if n == 0 {
-		return 0, nil
-	}
-	if _, err := chrootRun(ctx, rootfs, kept, "/usr/sbin/"+family+"-restore"); err != nil {
-		return 0, err
-	}
-	return n, nil
+	return 0, errNoTools
 }
 
 // chrootRun runs name chrooted in rootfs, in the host's network namespace,
