@@ -286,6 +286,30 @@ func (m *Machine) Reboot() {
 	m.Start()
 }
 
+// PowerCut ends the machine as a power cut would: nspawn and every process
+// in the machine's cgroups get SIGKILL, nothing shuts down, no unit
+// stops. What was written to its file systems stays (the VM's page cache
+// is not lost: a power cut of the machine, not of the VM); /run goes.
+// Start boots it again.
+func (m *Machine) PowerCut() {
+	m.helper()
+	m.mu.Lock()
+	bus := m.bus
+	m.bus = nil
+	m.mu.Unlock()
+	if bus != nil {
+		bus.Close()
+	}
+	m.kill()
+	m.mu.Lock()
+	m.cmd, m.done = nil, nil
+	m.mu.Unlock()
+	if err := removeCgroups(m.cgDirs); err != nil {
+		m.fatalf("power cut of %s: %v", m.Name, err)
+	}
+	m.cgDirs = nil
+}
+
 // Leader is the host PID of the machine's PID 1 (0 when stopped).
 func (m *Machine) Leader() int {
 	m.mu.Lock()
