@@ -696,6 +696,15 @@ func (r *Repave) drain(ctx context.Context, j *Journal, cfg *config.Config, clus
 	if !j.Cordoned {
 		return nil
 	}
+	if running, err := r.oldRuns(ctx, j); err == nil && !running {
+		// A resumed repave after a reboot or a power cut: the old node
+		// is not running, its pods are gone with it and its kubelet
+		// cannot confirm an eviction. The Node's deletion (switch) lets
+		// the cluster's garbage collector remove their objects, and
+		// their controllers place them again.
+		r.log().Warn("the old node is not running (a repave resumed after a reboot): nothing to drain gracefully", "slot", j.From)
+		return nil
+	}
 	r.status("step %s: evicting the pods of Node %s (at most %s)", StepDrain, cfg.Machine, j.DrainTimeout)
 	c, err := cluster()
 	if err == nil {
@@ -711,6 +720,25 @@ func (r *Repave) drain(ctx context.Context, j *Journal, cfg *config.Config, clus
 		return fmt.Errorf("%w; the Node is uncordoned and the node left as it was (force repaves anyway)", err)
 	}
 	return err
+}
+
+// oldRuns says whether every supervising unit of the old stack runs.
+func (r *Repave) oldRuns(ctx context.Context, j *Journal) (bool, error) {
+	sd, err := r.systemd(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer sd.Close()
+	for _, u := range generator.SupervisingUnits(j.Mode, j.From) {
+		st, err := sd.ActiveState(ctx, u)
+		if err != nil {
+			return false, err
+		}
+		if st != "active" {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // switchOver is Mode.Repave with the hooks.
