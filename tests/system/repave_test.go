@@ -107,6 +107,13 @@ func (f *firstBoot) bootNode(t *testing.T) (ns string) {
 func (f *firstBoot) setNodeImage(t *testing.T, tag string) string {
 	t.Helper()
 	ref := f.reg.Push(t, "unbounded/node:"+tag, f.stage.NodeImage(t))
+	f.setImageRef(t, ref)
+	return ref
+}
+
+// setImageRef makes agent.toml name the node image ref.
+func (f *firstBoot) setImageRef(t *testing.T, ref string) {
+	t.Helper()
 	file := f.paths.ConfigFile()
 	data, err := os.ReadFile(file)
 	if err != nil {
@@ -126,7 +133,6 @@ func (f *firstBoot) setNodeImage(t *testing.T, tag string) string {
 	if err := os.WriteFile(file, []byte(strings.Join(out, "\n")), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return ref
 }
 
 // wantSlot asserts the converged host: exactly slot `slot`, with its one

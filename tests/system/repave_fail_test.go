@@ -1,0 +1,171 @@
+package system_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// repaveFlags gives unbounded-repave.service's command line flags through
+// a drop-in, as an operator would (empty: the shipped command line).
+func (f *firstBoot) repaveFlags(t *testing.T, flags ...string) {
+	t.Helper()
+	dropin := "/etc/systemd/system/" + repaveService + ".d/flags.conf"
+	if len(flags) == 0 {
+		os.Remove(f.m.Root() + dropin)
+	} else {
+		f.m.WriteFile(dropin, []byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/repave "+strings.Join(flags, " ")+"\n"), 0o644)
+	}
+	if out, err := f.m.Systemctl("daemon-reload"); err != nil {
+		t.Fatalf("daemon-reload: %v\n%s", err, out)
+	}
+}
+
+// repave starts the unit and waits until its run ended.
+func (f *firstBoot) repave(t *testing.T, timeout time.Duration) (map[string]string, time.Duration) {
+	t.Helper()
+	f.m.Systemctl("reset-failed", repaveService)
+	cursor := journalCursor(t, f)
+	begin := time.Now()
+	if out, err := f.m.Systemctl("start", "--no-block", repaveService); err != nil {
+		t.Fatalf("start %s: %v\n%s", repaveService, err, out)
+	}
+	p := waitUnitDone(t, f, repaveService, cursor, timeout)
+	return p, time.Since(begin)
+}
+
+// lastRunJournal is the repave unit's journal since cursor-less: its last
+// invocation's lines.
+func (f *firstBoot) lastRunJournal(t *testing.T, p map[string]string) string {
+	t.Helper()
+	out, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "_SYSTEMD_INVOCATION_ID="+p["InvocationID"])
+	return out
+}
+
+// neverHealthyImage is the node image with one more layer: a drop-in that
+// keeps the kubelet from ever running (it sleeps instead), so a node from
+// it never gets healthy.
+func neverHealthyImage(t *testing.T, base v1.Image) v1.Image {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	body := []byte("[Service]\nExecStart=\nExecStart=/bin/sleep infinity\n")
+	for _, d := range []string{"etc/", "etc/systemd/", "etc/systemd/system/", "etc/systemd/system/kubelet.service.d/"} {
+		tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755})
+	}
+	tw.WriteHeader(&tar.Header{Name: "etc/systemd/system/kubelet.service.d/99-never.conf", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(body))})
+	tw.Write(body)
+	tw.Close()
+	data := buf.Bytes()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(base, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// TestRepaveFailuresLeaveTheNodeAsItWas: on one host, (1) a
+// PodDisruptionBudget that forbids the eviction: the repave fails after
+// its drain timeout, the Node is uncordoned and unchanged (same UID, same
+// slot, the pod untouched); (2) forced, onto a node image whose kubelet
+// never runs: the new slot never becomes healthy, the repave rolls back
+// to kube1 (the Node Ready again, the pod Running) and the unit fails
+// with a message saying so; (3) forced onto a good image: it proceeds
+// past the budget and the node comes up in kube2.
+func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{})
+	ns := f.bootNode(t)
+	ctx := context.Background()
+	before := f.nodeObject(t)
+	podBefore := f.waitPodRunning(t, ns, time.Minute)
+
+	min1 := intstr.FromInt32(1)
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "sleeper", Namespace: ns},
+		Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: &min1, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "sleeper"}}},
+	}
+	if _, err := f.env.kube.PolicyV1().PodDisruptionBudgets(ns).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, time.Minute, "the budget allows no disruption", func(ctx context.Context) (bool, error) {
+		p, err := f.env.kube.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, "sleeper", metav1.GetOptions{})
+		return err == nil && p.Status.ObservedGeneration == p.Generation && p.Status.CurrentHealthy == 1 && p.Status.DisruptionsAllowed == 0, nil
+	})
+
+	// (1) The budget holds: fail after the timeout, nothing changed.
+	good := f.setNodeImage(t, "bookworm-2")
+	f.repaveFlags(t, "--drain-timeout=15s")
+	p, took := f.repave(t, 5*time.Minute)
+	j := f.lastRunJournal(t, p)
+	if p["ExecMainStatus"] != "1" || p["ActiveState"] != "failed" {
+		t.Fatalf("repave against the budget: %v, want exit 1\n%s", p, j)
+	}
+	t.Logf("repave against the budget failed after %v", took.Round(time.Millisecond))
+	for _, words := range []string{"drain did not finish", podBefore.Name, "429", "uncordoned"} {
+		if !strings.Contains(j, words) {
+			t.Errorf("the repave's journal does not say %q:\n%s", words, j)
+		}
+	}
+	n := f.nodeObject(t)
+	if n.UID != before.UID || n.Spec.Unschedulable {
+		t.Errorf("after the failed drain the Node is UID %s (was %s), unschedulable=%v: want it unchanged and uncordoned", n.UID, before.UID, n.Spec.Unschedulable)
+	}
+	f.wantSlot(t, "kube1", "")
+	if pod := f.waitPodRunning(t, ns, time.Minute); pod.UID != podBefore.UID {
+		t.Errorf("the pod was replaced (%s -> %s) although the budget forbade it", podBefore.Name, pod.Name)
+	}
+	if t.Failed() {
+		return
+	}
+
+	// (2) Forced onto a node that never gets healthy: rollback.
+	bad := f.reg.Push(t, "unbounded/node:never-healthy", neverHealthyImage(t, f.stage.NodeImage(t)))
+	f.setImageRef(t, bad)
+	f.repaveFlags(t, "--force", "--drain-timeout=15s", "--ready-timeout=100s")
+	p, took = f.repave(t, 10*time.Minute)
+	j = f.lastRunJournal(t, p)
+	if p["ExecMainStatus"] != "1" || p["ActiveState"] != "failed" {
+		t.Fatalf("repave onto a node that never gets healthy: %v, want exit 1\n%s", p, j)
+	}
+	t.Logf("repave onto a node that never gets healthy rolled back and failed after %v", took.Round(time.Millisecond))
+	for _, words := range []string{"did not become healthy", "rolled back", "stopped and removed", "kube1 started again"} {
+		if !strings.Contains(j, words) {
+			t.Errorf("the repave's journal does not say %q:\n%s", words, j)
+		}
+	}
+	f.wantSlot(t, "kube1", "")
+	waitUntil(t, 3*time.Minute, "Node Ready again after the rollback", f.nodeReady)
+	f.waitPodRunning(t, ns, 3*time.Minute)
+	if t.Failed() {
+		return
+	}
+
+	// (3) Forced onto the good image: past the budget, into kube2.
+	f.setImageRef(t, good)
+	p, took = f.repave(t, 10*time.Minute)
+	if p["ExecMainStatus"] != "0" {
+		t.Fatalf("forced repave: %v\n%s", p, f.lastRunJournal(t, p))
+	}
+	t.Logf("forced repave past the budget: %v", took.Round(time.Millisecond))
+	f.wantSlot(t, "kube2", good)
+	waitUntil(t, 3*time.Minute, "Node Ready", f.nodeReady)
+	f.waitPodRunning(t, ns, 3*time.Minute)
+	f.repaveFlags(t)
+}
