@@ -1,0 +1,126 @@
+package lifecycle_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+
+	"unbounded-cloud.io/agent/lib/bootstrap/bootstraptest"
+	"unbounded-cloud.io/agent/lib/lifecycle"
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/units"
+)
+
+// hooksMode records EnsureHooks on the world's fake mode.
+type hooksMode struct {
+	modes.Mode
+	w *bootstraptest.World
+}
+
+func (m hooksMode) EnsureHooks(_ context.Context, slot string) error {
+	m.w.Log("ensure-hooks " + slot)
+	return nil
+}
+
+func newWorld(t *testing.T, bootstrapped bool) *bootstraptest.World {
+	t.Helper()
+	w, err := bootstraptest.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bootstrapped {
+		if err := w.Bootstrap(nil).Run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.ClearCalls()
+	return w
+}
+
+func run(t *testing.T, w *bootstraptest.World) error {
+	t.Helper()
+	b := w.Bootstrap(nil)
+	l := &lifecycle.Lifecycle{
+		Paths: w.P,
+		Mode: func(name string) (modes.Mode, error) {
+			m, err := w.Mode(name)
+			return hooksMode{m, w}, err
+		},
+		Systemd: func(ctx context.Context) (units.Manager, error) { return b.Systemd(ctx) },
+		Log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	return l.Run(context.Background())
+}
+
+func TestLifecycleMakesTheRunningNodesHooksCurrent(t *testing.T) {
+	w := newWorld(t, true)
+	if err := run(t, w); err != nil {
+		t.Fatal(err)
+	}
+	if c := w.Calls(); !slices.Equal(c, []string{"ensure-hooks kube1"}) {
+		t.Errorf("calls %q, want only the hooks of kube1", c)
+	}
+}
+
+func TestLifecycleOnAFreshHostDoesNothing(t *testing.T) {
+	w := newWorld(t, false)
+	if err := run(t, w); err != nil {
+		t.Fatal(err)
+	}
+	if c := w.Calls(); len(c) != 0 {
+		t.Errorf("calls %q on a fresh host", c)
+	}
+}
+
+func TestLifecycleResumesTheRepaveThatOwnsTheHost(t *testing.T) {
+	w := newWorld(t, true)
+	lock, err := state.AcquireOwnership(w.P, "repave", lifecycle.RepaveUnit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The repave's process is gone (a reboot), its record stays.
+	lock.Release()
+	if err := state.WriteFileAtomic(w.P.Ownership(), []byte(`{"owner":"repave","unit":"unbounded-repave.service","since":"2026-12-01T00:00:00Z"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t, w); err != nil {
+		t.Fatal(err)
+	}
+	if c := w.Calls(); !slices.Equal(c, []string{"enqueue unbounded-repave.service(owned)"}) {
+		t.Errorf("calls %q, want the repave queued and nothing else while owned", c)
+	}
+	// Running already: not queued twice.
+	w.ClearCalls()
+	w.SetUnitState(lifecycle.RepaveUnit, "activating")
+	if err := run(t, w); err != nil {
+		t.Fatal(err)
+	}
+	if c := w.Calls(); len(c) != 0 {
+		t.Errorf("calls %q with the repave running", c)
+	}
+}
+
+func TestLifecycleFinishesARepaveWhoseJournalIsLeft(t *testing.T) {
+	w := newWorld(t, true)
+	if err := state.WriteJournal(w.P, lifecycle.RepaveJournal, map[string]any{"from": "kube1", "to": "kube2", "done": []string{"plan"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t, w); err != nil {
+		t.Fatal(err)
+	}
+	if c := w.Calls(); !slices.Equal(c, []string{"enqueue unbounded-repave.service"}) {
+		t.Errorf("calls %q, want the repave queued (it finishes or rolls back from its journal)", c)
+	}
+	// A journal that does not verify is an error (recovery's), never a
+	// guess.
+	if err := w.Write(w.P.Rel(w.P.Journal(lifecycle.RepaveJournal)), "{}\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t, w); !errors.Is(err, state.ErrCorrupt) {
+		t.Errorf("corrupt journal: %v, want ErrCorrupt", err)
+	}
+}
