@@ -1,21 +1,17 @@
 package system_test
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
-	"io"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
 
 // repaveFlags gives unbounded-repave.service's command line flags through
@@ -52,32 +48,6 @@ func (f *firstBoot) lastRunJournal(t *testing.T, p map[string]string) string {
 	t.Helper()
 	out, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "_SYSTEMD_INVOCATION_ID="+p["InvocationID"])
 	return out
-}
-
-// neverHealthyImage is the node image with one more layer: a drop-in that
-// keeps the kubelet from ever running (it sleeps instead), so a node from
-// it never gets healthy.
-func neverHealthyImage(t *testing.T, base v1.Image) v1.Image {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	body := []byte("[Service]\nExecStart=\nExecStart=/bin/sleep infinity\n")
-	for _, d := range []string{"etc/", "etc/systemd/", "etc/systemd/system/", "etc/systemd/system/kubelet.service.d/"} {
-		tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755})
-	}
-	tw.WriteHeader(&tar.Header{Name: "etc/systemd/system/kubelet.service.d/99-never.conf", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(body))})
-	tw.Write(body)
-	tw.Close()
-	data := buf.Bytes()
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := mutate.AppendLayers(base, layer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return img
 }
 
 // TestRepaveFailuresLeaveTheNodeAsItWas: on one host, (1) a
@@ -136,7 +106,7 @@ func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 	}
 
 	// (2) Forced onto a node that never gets healthy: rollback.
-	bad := f.reg.Push(t, "unbounded/node:never-healthy", neverHealthyImage(t, f.stage.NodeImage(t)))
+	bad := f.reg.Push(t, "unbounded/node:never-healthy", nodestack.NeverHealthyNodeImage(t, f.stage.NodeImage(t)))
 	f.setImageRef(t, bad)
 	f.repaveFlags(t, "--force", "--drain-timeout=15s", "--ready-timeout=100s")
 	p, took = f.repave(t, 10*time.Minute)
