@@ -217,7 +217,7 @@ func TestDemo(t *testing.T) {
 			}
 		}
 		o.say("stopping the node (systemctl stop unbounded-node.target in the host)")
-		stop := []string{"stop", "unbounded-daemon.service", "unbounded-node.target", "systemd-nspawn@kube1.service"}
+		stop := []string{"stop", "unbounded-daemon.service", "unbounded-node.target", "systemd-nspawn@kube1.service", "systemd-nspawn@kube2.service"}
 		if mode == "none" {
 			stop = []string{"stop", "unbounded-daemon.service", "unbounded-kubelet.service", "unbounded-containerd.service"}
 		}
@@ -321,6 +321,11 @@ func TestDemo(t *testing.T) {
 	if err := printTables(ctx, kube, ns); err != nil {
 		t.Fatal(err)
 	}
+	if mode == "nspawn" {
+		d := &repaveDemo{o: o, m: m, env: env, kube: kube, reg: reg, stage: s, name: name, ns: ns, bench: bench}
+		d.run(t, ctx)
+		interrupted()
+	}
 	if bench.path != "" {
 		if mode == "nspawn" {
 			o.step("bench: the floor's image unpack, then reset")
@@ -372,7 +377,11 @@ func TestDemo(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	o.step("done: a host with a config file became a Ready node running a pod, %s since make demo started; cleaning up", took(time.Since(o.begin)))
+	what := "a host with a config file became a Ready node running a pod"
+	if mode == "nspawn" {
+		what += ", repaved blue/green into its other slot"
+	}
+	o.step("done: %s, %s since make demo started; cleaning up", what, took(time.Since(o.begin)))
 }
 
 func waitUntil(t *testing.T, ctx context.Context, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {

@@ -1,0 +1,274 @@
+//go:build demo
+
+package demo_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/tests/kubeenv"
+	"unbounded-cloud.io/agent/tests/system/harness"
+	"unbounded-cloud.io/agent/tests/system/nodestack"
+)
+
+const repaveUnit = "unbounded-repave.service"
+
+// repaveDemo is the demo's second act (mode nspawn): a new node image in
+// agent.toml, then `systemctl start unbounded-repave.service` in the host:
+// kube1 -> kube2, blue/green. It prints the repave's steps, the downtime
+// (old kubelet stopped -> new kubelet healthy and its Node Ready, from the
+// repave's own log lines; and the Node's absence as the API server saw
+// it) and the pod moving back to Running. With a bench file it also
+// measures a rollback: a node image whose kubelet never runs.
+type repaveDemo struct {
+	o     *out
+	m     *harness.Machine
+	env   *kubeenv.Env
+	kube  kubernetes.Interface
+	reg   *nodestack.Registry
+	stage *nodestack.Stage
+	name  string
+	ns    string
+	bench *benchOut
+}
+
+// journalLine is one line of `journalctl -o short-unix`.
+type journalLine struct {
+	at  time.Time
+	msg string
+}
+
+func (d *repaveDemo) journal(t *testing.T, since time.Time) []journalLine {
+	t.Helper()
+	out, err := d.m.Run("journalctl", "-q", "--no-pager", "-o", "short-unix", "-u", repaveUnit, "--since", "@"+strconv.FormatInt(since.Unix()-1, 10))
+	if err != nil {
+		t.Fatalf("journalctl: %v\n%s", err, out)
+	}
+	var lines []journalLine
+	for _, l := range strings.Split(out, "\n") {
+		ts, rest, ok := strings.Cut(l, " ")
+		if !ok {
+			continue
+		}
+		f, err := strconv.ParseFloat(ts, 64)
+		if err != nil {
+			continue
+		}
+		// "host repave[457]: message"
+		if _, msg, ok := strings.Cut(rest, ": "); ok {
+			lines = append(lines, journalLine{at: time.Unix(0, int64(f*1e9)), msg: msg})
+		}
+	}
+	return lines
+}
+
+func find(lines []journalLine, prefix string) (journalLine, bool) {
+	for _, l := range lines {
+		if strings.HasPrefix(l.msg, prefix) {
+			return l, true
+		}
+	}
+	return journalLine{}, false
+}
+
+// setImage makes agent.toml name ref as the node image.
+func (d *repaveDemo) setImage(t *testing.T, ref string) {
+	t.Helper()
+	file := hostpaths.New(d.m.Root()).ConfigFile()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "image = ") {
+			l = fmt.Sprintf("image = %q", ref)
+		}
+		out = append(out, l)
+	}
+	if err := os.WriteFile(file, []byte(strings.Join(out, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// certificate approves the daemon's CSR as the cluster side would and
+// waits until it is stored: only the daemon's certificate may cordon,
+// drain and delete the Node.
+func (d *repaveDemo) certificate(t *testing.T, ctx context.Context) {
+	t.Helper()
+	prefix := "unbounded-agent-" + d.name + "-"
+	waitUntil(t, ctx, 2*time.Minute, "the daemon's CSR", func(ctx context.Context) (bool, error) {
+		l, err := d.kube.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range l.Items {
+			if strings.HasPrefix(c.Name, prefix) {
+				if len(c.Status.Conditions) == 0 {
+					d.env.ApproveCSR(t, c.Name)
+				}
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	store := kube.CertStore{Dir: hostpaths.New(d.m.Root()).PKIDir()}
+	waitUntil(t, ctx, 2*time.Minute, "the daemon's certificate stored", func(context.Context) (bool, error) {
+		_, err := store.Load()
+		return err == nil, nil
+	})
+}
+
+// start starts the repave unit and waits for the end of that run (its
+// lines since begin); it returns whether it succeeded.
+func (d *repaveDemo) start(t *testing.T, ctx context.Context, begin time.Time) bool {
+	t.Helper()
+	d.m.Systemctl("reset-failed", repaveUnit)
+	if out, err := d.m.Systemctl("start", "--no-block", repaveUnit); err != nil {
+		t.Fatalf("start %s: %v\n%s", repaveUnit, err, out)
+	}
+	ok := false
+	waitUntil(t, ctx, 15*time.Minute, repaveUnit+" ended", func(context.Context) (bool, error) {
+		for _, l := range d.journal(t, begin) {
+			switch {
+			case strings.HasPrefix(l.msg, repaveUnit+": Deactivated successfully"):
+				ok = true
+				return true, nil
+			case strings.HasPrefix(l.msg, repaveUnit+": Failed with result"):
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	return ok
+}
+
+func (d *repaveDemo) run(t *testing.T, ctx context.Context) {
+	t.Helper()
+	o := d.o
+	o.step("repave: a new node image in agent.toml, then `systemctl start unbounded-repave.service` in the host (kube1 -> kube2, blue/green)")
+	d.certificate(t, ctx)
+	ref := d.reg.Push(t, "unbounded/node:bookworm-2", d.stage.NodeImage(t))
+	d.setImage(t, ref)
+	o.say("[nspawn] image = %q (the same node image under a new tag: a new desired config, the same artifacts)", ref)
+
+	// The Node as the API server sees it.
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	w, err := d.kube.CoreV1().Nodes().Watch(wctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", d.name).String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var deletedAt, readyAt time.Time
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for ev := range w.ResultChan() {
+			n, ok := ev.Object.(*corev1.Node)
+			if !ok {
+				continue
+			}
+			switch {
+			case ev.Type == watch.Deleted:
+				deletedAt = time.Now()
+			case !deletedAt.IsZero() && readyAt.IsZero():
+				for _, c := range n.Status.Conditions {
+					if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+						readyAt = time.Now()
+					}
+				}
+			}
+		}
+	}()
+
+	begin := time.Now()
+	if !d.start(t, ctx, begin) {
+		t.Fatalf("the repave failed:\n%s", d.m.Journal(repaveUnit))
+	}
+	unit := time.Since(begin)
+	lines := d.journal(t, begin)
+	for _, l := range lines {
+		if strings.Contains(l.msg, "step ") || strings.Contains(l.msg, "took=") || strings.Contains(l.msg, "Node deleted") || strings.HasPrefix(l.msg, "repaved") {
+			o.say("  +%5.1fs  %s", l.at.Sub(begin).Seconds(), l.msg)
+		}
+	}
+	stopped, ok1 := find(lines, "old node stopped")
+	up, ok2 := find(lines, "node up")
+	built, ok3 := find(lines, "new slot built while the old node serves")
+	var pod corev1.Pod
+	waitUntil(t, ctx, 3*time.Minute, "the Deployment's pod Running on the new node", func(ctx context.Context) (bool, error) {
+		pods, err := d.kube.CoreV1().Pods(d.ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil && p.Spec.NodeName == d.name && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+				pod = p
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	podBack := time.Now()
+	stopWatch()
+	<-watched
+	o.say("repaved in %s (systemctl start to the unit's end)", took(unit))
+	if ok1 && ok2 {
+		down := up.at.Sub(stopped.at)
+		o.say("downtime: old kubelet stopped -> new kubelet healthy and its Node Ready: %s", took(down))
+		d.bench.add("repave.downtime", down)
+	}
+	if !deletedAt.IsZero() && !readyAt.IsZero() {
+		o.say("the Node, as the API server saw it: deleted -> registered afresh and Ready: %s", took(readyAt.Sub(deletedAt)))
+		d.bench.add("repave.node-gap", readyAt.Sub(deletedAt))
+	}
+	if ok3 {
+		if _, v, ok := strings.Cut(built.msg, "took="); ok {
+			if dur, err := time.ParseDuration(strings.Fields(v)[0]); err == nil {
+				o.say("slot kube2 built while kube1 served: %s", took(dur))
+				d.bench.add("repave.build", dur)
+			}
+		}
+	}
+	d.bench.add("repave.unit", unit)
+	o.say("pod %s Running again on %s (IP %s), %s after the repave started", pod.Name, pod.Spec.NodeName, pod.Status.PodIP, took(podBack.Sub(begin)))
+	st, _ := d.m.Run("unbounded", "status")
+	o.say("$ unbounded status")
+	o.block(st)
+
+	if d.bench.path == "" {
+		return
+	}
+	o.step("bench: a rollback (a node image whose kubelet never runs; the new node is given up after 60 s)")
+	bad := d.reg.Push(t, "unbounded/node:never-healthy", nodestack.NeverHealthyNodeImage(t, d.stage.NodeImage(t)))
+	d.setImage(t, bad)
+	dropin := "/etc/systemd/system/" + repaveUnit + ".d/bench.conf"
+	d.m.WriteFile(dropin, []byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/repave --ready-timeout=60s\n"), 0o644)
+	d.m.Systemctl("daemon-reload")
+	begin = time.Now()
+	if d.start(t, ctx, begin) {
+		t.Fatalf("the repave onto a never-healthy node succeeded:\n%s", d.m.Journal(repaveUnit))
+	}
+	lines = d.journal(t, begin)
+	failed, ok1 := find(lines, "new node failed; rolling back")
+	back, ok2 := find(lines, "rolled back")
+	if ok1 && ok2 {
+		o.say("rolled back: new node given up -> kube2 running and healthy again: %s", took(back.at.Sub(failed.at)))
+		d.bench.add("repave.rollback", back.at.Sub(failed.at))
+	}
+	os.Remove(d.m.Root() + dropin)
+	d.m.Systemctl("daemon-reload")
+}
