@@ -16,7 +16,8 @@
 //	err = m.Destroy(ctx, "kube1")                       // reset: stop, remove, verify gone
 //
 // Errors: modes.ErrSlotActive (Prepare of a running slot: Destroy first),
-// modes.ErrNotImplemented (Repave, EnsureHooks in this release: exit 1),
+// modes.ErrNotImplemented (an operation a mode does not carry yet: exit 1),
+// modes.ErrRolledBack (wrapped by a Repave that failed and rolled back),
 // exitcode.ErrTemporary wrapped for a registry that may answer later
 // (exit 75), exitcode.ErrConfigInvalid for a missing nspawn.image (exit
 // 78); everything else is exit 1. No error or log line holds the bootstrap

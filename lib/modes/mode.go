@@ -74,8 +74,12 @@ var ErrRolledBack = errors.New("rolled back to the previous node stack")
 
 // RepaveHooks are the steps of a repave that are not the mode's.
 type RepaveHooks struct {
-	// Fence runs the allocation fence (unbounded-fence.service) before
-	// the new stack starts; nil error means allowed.
+	// Fence is called once the old stack is stopped and before the new
+	// one starts (and again before a rollback starts the old one): it
+	// runs the allocation fence (unbounded-fence.service); nil error
+	// means allowed, and a mode starts nothing after an error. It is
+	// also the caller's step between the stacks: lib/repave deletes the
+	// Node here, when no old kubelet is left to register it again.
 	Fence func(ctx context.Context) error
 	// Healthy waits, bounded, until the node stack of slot is healthy
 	// (kubelet healthz, and the Node Ready when the cluster is reachable).
