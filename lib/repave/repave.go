@@ -411,6 +411,18 @@ func (r *Repave) desired() (*config.Config, *request.Request, error) {
 	default:
 		return nil, nil, fmt.Errorf("the daemon's request: %w", err)
 	}
+	// The daemon keeps its request after the run (a restarted daemon
+	// reads it to report the run): a request this unit has taken once
+	// is not the input of a later start by hand.
+	consumed := r.Paths.Request(Concern) + ".taken"
+	if prev, err := os.ReadFile(consumed); err == nil && strings.TrimSpace(string(prev)) == req.UID {
+		r.log().Info("the daemon's request was carried out by an earlier run; the desired config is the config on disk",
+			"request", r.Paths.Request(Concern), "uid", req.UID)
+		return cfg, nil, nil
+	}
+	if err := state.WriteFileAtomic(consumed, []byte(req.UID+"\n"), 0o644); err != nil {
+		return nil, nil, err
+	}
 	if len(req.Desired) > 0 {
 		var spec v1alpha3.MachineSpec
 		if err := json.Unmarshal(req.Desired, &spec); err != nil {

@@ -368,6 +368,12 @@ func TestDrainTimeoutUncordonsAndLeavesTheNodeUnlessForced(t *testing.T) {
 		t.Fatalf("forced repave: %v", err)
 	}
 	wantActive(t, w, "kube2")
+	// The request stays (the daemon reads it again after a restart), but
+	// a later start by hand does not take it as its input: the config on
+	// disk is applied already, so there is nothing to do.
+	if err := run(t, w); !errors.Is(err, repave.ErrNothingToDo) {
+		t.Fatalf("a start by hand after the daemon's forced request: %v, want nothing to do", err)
+	}
 }
 
 func TestRequestWithABadParameterChangesNothing(t *testing.T) {
