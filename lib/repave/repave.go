@@ -852,7 +852,9 @@ func (r *Repave) fail(ctx context.Context, j *Journal, cfg *config.Config, lock 
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	switched := j.done(StepSwitch)
-	asBefore := !switched && (step != StepSwitch || errors.Is(err, modes.ErrRolledBack))
+	// As before: the switch never began, rolled back, or the mode does
+	// not repave in this release (it did nothing).
+	asBefore := !switched && (step != StepSwitch || errors.Is(err, modes.ErrRolledBack) || errors.Is(err, modes.ErrNotImplemented))
 	if asBefore {
 		if j.Cordoned {
 			if c, cerr := r.cluster(cfg, j.DrainTimeout); cerr == nil {

@@ -376,6 +376,31 @@ func TestDrainTimeoutUncordonsAndLeavesTheNodeUnlessForced(t *testing.T) {
 	}
 }
 
+// notImplemented is a mode whose Repave this release does not carry.
+type notImplemented struct{ modes.Mode }
+
+func (notImplemented) Repave(context.Context, string, modes.Slot, modes.RepaveHooks) error {
+	return modes.ErrNotImplemented
+}
+
+func TestAModeThatDoesNotRepaveLeavesTheNodeAsItWas(t *testing.T) {
+	w := bootstrapped(t)
+	changeImage(t, w)
+	err := run(t, w, func(r *repave.Repave) {
+		r.Mode = func(name string) (modes.Mode, error) {
+			m, err := w.Mode(name)
+			return notImplemented{m}, err
+		}
+	})
+	if !errors.Is(err, modes.ErrNotImplemented) {
+		t.Fatalf("repave with a mode that does not repave: %v", err)
+	}
+	wantActive(t, w, "kube1")
+	if exists(fake(w, "unschedulable")) {
+		t.Errorf("the Node is left cordoned")
+	}
+}
+
 func TestRequestWithABadParameterChangesNothing(t *testing.T) {
 	w := bootstrapped(t)
 	changeImage(t, w)
