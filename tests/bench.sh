@@ -136,6 +136,7 @@ firstboot() { # MODE: nspawn or none
 			rf = v["floor.boot"] + v["floor.kubelet"]
 			line(p "repave floor: nspawn boot + kubelet start -> Node Ready", rf)
 			printf "%-60s %8.2f x  (goal: under floor + 1 s: %s)\n", p "repave downtime / floor", (rf > 0 ? v["repave.downtime"] / rf : 0), v["repave.downtime"] < rf + 1 ? "met" : "NOT met"
+			if (v["repave.csinode-restart"]) print "  note: the new kubelet registered its Node after its early CSINode tries and the repave restarted\n  its node stack once (as the first boot does); the downtime holds that restart: run again"
 			line(p "repave: unbounded-repave.service, start to exit", v["repave.unit"])
 			if ("repave.rollback" in v) line(p "repave rollback: new node given up -> old node healthy", v["repave.rollback"])
 		}
