@@ -162,7 +162,7 @@ func (f *firstBoot) wantSlot(t *testing.T, slot, ref string) {
 			t.Errorf("repave left %s (%v)", f.paths.Rel(p), err)
 		}
 	}
-	for _, u := range []string{"unbounded-node.target", "systemd-nspawn@" + slot + ".service", "unbounded-daemon.service"} {
+	for _, u := range []string{"unbounded-node.target", "systemd-nspawn@" + slot + ".service", "unbounded-daemon.service", "unbounded-lifecycle.service"} {
 		waitUntil(t, time.Minute, u+" active", func(context.Context) (bool, error) { return isActive(f.m, u) == "active", nil })
 	}
 	other := "systemd-nspawn@" + hostpaths.OtherSlot(slot) + ".service"
@@ -272,5 +272,30 @@ func TestRepaveNspawnByHandThenByOperation(t *testing.T) {
 			got = append(got, e.Reason+": "+e.Message)
 		}
 		t.Errorf("no OperationComplete Event on Machine %s naming %s; events: %q", f.name, created.Name, got)
+	}
+
+	// Lifecycle hooks: a settings file of the running slot that this
+	// release writes differently is rewritten by unbounded-lifecycle,
+	// without restarting the node.
+	settings := f.paths.NspawnConfig("kube1")
+	want, err := os.ReadFile(settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(settings, []byte("# stale\n[Exec]\nBoot=yes\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	machine := showProps(t, f.m, "systemd-nspawn@kube1.service", "InvocationID", "MainPID")
+	if out, err := f.m.Systemctl("restart", "unbounded-lifecycle.service"); err != nil {
+		t.Fatalf("restart unbounded-lifecycle.service: %v\n%s", err, out)
+	}
+	if got, _ := os.ReadFile(settings); string(got) != string(want) {
+		t.Errorf("lifecycle did not make %s current:\n%s", f.paths.Rel(settings), got)
+	}
+	if now := showProps(t, f.m, "systemd-nspawn@kube1.service", "InvocationID", "MainPID"); now["InvocationID"] != machine["InvocationID"] || now["MainPID"] != machine["MainPID"] {
+		t.Errorf("lifecycle restarted the node: %v -> %v", machine, now)
+	}
+	if j := f.m.Journal("unbounded-lifecycle.service"); !strings.Contains(j, "lifecycle hooks made current") {
+		t.Errorf("lifecycle's journal does not say it rewrote the hooks:\n%s", j)
 	}
 }
