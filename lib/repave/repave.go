@@ -210,6 +210,8 @@ type Repave struct {
 	CrashPoint func(name string)
 	Clock      func() time.Time
 	Log        *slog.Logger
+
+	early *earlyFence
 }
 
 func (r *Repave) log() *slog.Logger {
@@ -603,7 +605,13 @@ func (r *Repave) steps(ctx context.Context, j *Journal, cfg *config.Config, m mo
 			return nil
 		}},
 		{StepCordon, func() error { return r.cordon(ctx, j, cfg, cluster) }},
-		{StepDrain, func() error { return r.drain(ctx, j, cfg, cluster) }},
+		{StepDrain, func() error {
+			// The fence's question does not depend on the drain: ask
+			// it now, so that its answer is in when the old node has
+			// stopped (see earlyFence).
+			r.startEarlyFence(ctx)
+			return r.drain(ctx, j, cfg, cluster)
+		}},
 		{StepSwitch, func() error {
 			if err := needSlot(); err != nil {
 				return err
@@ -769,6 +777,10 @@ func (r *Repave) switchOver(ctx context.Context, j *Journal, cfg *config.Config,
 				return err
 			}
 			r.crash("repave/after-node-deleted")
+			if ok, err := r.earlyVerdict(ctx); ok {
+				r.log().Info("allocation fence: using the check made during the drain", "allowed", err == nil)
+				return err
+			}
 			r.status("step %s: running the allocation fence for slot %s", StepSwitch, j.To)
 			return r.fence(ctx)
 		},
@@ -784,6 +796,47 @@ func (r *Repave) switchOver(ctx context.Context, j *Journal, cfg *config.Config,
 	}
 	r.log().Info("node stack switched", "from", j.From, "to", j.To, "took", time.Since(start).Round(time.Millisecond).String())
 	return nil
+}
+
+// FenceFreshness bounds how old an allocation fence check may be when the
+// new node starts on it (see earlyFence).
+const FenceFreshness = 15 * time.Second
+
+// earlyFence is the allocation fence check a repave starts as its drain
+// begins, so that its answer (about a second: a unit start, a process, a
+// TLS round trip to the API server) is not part of the node's downtime:
+// the old node is stopped and the Node deleted, and the new node starts
+// on this answer when the check began at most FenceFreshness before.
+// Nothing starts without a check that allowed it, made by this run for
+// this start; a refusal is a refusal whenever it came. A slower drain, a
+// resumed run (the answer lives in memory only) and a rollback's start of
+// the old node run the fence again at that point.
+type earlyFence struct {
+	started time.Time
+	verdict chan error
+}
+
+func (r *Repave) startEarlyFence(ctx context.Context) {
+	e := &earlyFence{started: time.Now(), verdict: make(chan error, 1)}
+	r.early = e
+	go func() { e.verdict <- r.fence(ctx) }()
+}
+
+// earlyVerdict returns the early check's answer (waiting for it if it is
+// still on its way), and false when there is none or it began too long
+// ago. It is used once.
+func (r *Repave) earlyVerdict(ctx context.Context) (ok bool, verdict error) {
+	e := r.early
+	r.early = nil
+	if e == nil || time.Since(e.started) > FenceFreshness {
+		return false, nil
+	}
+	select {
+	case err := <-e.verdict:
+		return true, err
+	case <-ctx.Done():
+		return true, ctx.Err()
+	}
 }
 
 // ReadyPoll is how often the wait for the new node looks at it: it is

@@ -273,8 +273,11 @@ func TestBlueGreenBuildsBesideDrainsSwitchesAndRetiresTheOldSlot(t *testing.T) {
 	}
 	calls := w.Calls()
 	order(t, calls, "prepare kube2", "cluster unschedulable=true", "cluster drain", "stop systemd-nspawn@kube1.service",
-		"cluster delete-node", "start "+generator.FenceService+"(owned)", "start systemd-nspawn@kube2.service(owned)",
+		"cluster delete-node", "start systemd-nspawn@kube2.service(owned)",
 		"destroy kube1", "start "+generator.NodeTarget, "enqueue "+generator.DaemonService)
+	// The fence is asked while the drain runs, and answers before the
+	// new node starts.
+	order(t, calls, "cluster unschedulable=true", "start "+generator.FenceService+"(owned)", "start systemd-nspawn@kube2.service(owned)")
 	a := wantActive(t, w, "kube2")
 	if !strings.Contains(string(a.Config), "node:1.36.3-2") {
 		t.Errorf("kube2's record does not hold the desired config:\n%s", a.Config)
