@@ -27,11 +27,12 @@
 //	drain      its pods are evicted through the eviction API (lib/kube
 //	           Drainer: PodDisruptionBudgets honoured, DaemonSet and mirror
 //	           pods left), bounded by the drain timeout; on timeout the
-//	           Node is uncordoned and the repave fails, unless forced
+//	           Node is uncordoned and the repave fails, unless forced.
+//	           unbounded-fence.service is started beside it (earlyFence)
 //	switch     Mode.Repave: the old stack stopped, its networking cleaned,
 //	           then the Fence hook (the Node deleted now that its kubelet
 //	           is gone, so that it is not registered again by the old
-//	           kubelet, then unbounded-fence.service), the new stack
+//	           kubelet, then the fence's answer), the new stack
 //	           started, the Healthy hook (units, kubelet healthz, Node
 //	           registered afresh and Ready); a failure rolls back inside
 //	           the mode (modes.ErrRolledBack)
