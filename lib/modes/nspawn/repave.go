@@ -104,7 +104,8 @@ const DefaultStopTimeout = 3 * time.Minute
 //     the Node, then runs the allocation fence); a refusal stops here
 //     with no node running (nothing starts without a fence that allowed
 //     it); "repave/after-fence"
-//  5. the new machine is started; "repave/after-new-started"
+//  5. the new machine is started (systemd reloaded its settings in step
+//     1, while the old node served); "repave/after-new-started"
 //  6. h.Healthy waits for it, bounded; "repave/after-healthy".
 //
 // A new node that does not start or get healthy is rolled back: its
@@ -148,6 +149,11 @@ func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes
 				return fmt.Errorf("nspawn repave: build slot %s: %w (slot %s still runs)", s.Name, err, running)
 			}
 		}
+		// systemd loads the new slot's settings and drop-in now, while
+		// the old node serves: the switch below only stops and starts.
+		if err := sd.Reload(ctx); err != nil {
+			return err
+		}
 		crash("repave/after-new-built")
 		stopStart := time.Now()
 		if err := m.stopMachine(ctx, sd, running); err != nil {
@@ -163,7 +169,7 @@ func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes
 			}
 		}
 		crash("repave/after-fence")
-		if err := m.Start(ctx, s.Name); err != nil {
+		if err := sd.StartUnit(ctx, newUnit); err != nil {
 			return m.rollback(ctx, sd, running, s.Name, h, fmt.Errorf("start of slot %s failed: %w", s.Name, err))
 		}
 		m.log().Info("new node started", "slot", s.Name, "old_stopped_ago", time.Since(stopStart).Round(time.Millisecond).String())

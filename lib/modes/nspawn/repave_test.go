@@ -50,7 +50,7 @@ func TestRepaveStopsTheOldMachineBeforeTheFenceAndStartsTheNewOne(t *testing.T) 
 	if err := f.m.Repave(context.Background(), "kube1", s, hooks(&ev, func(string) error { return nil })); err != nil {
 		t.Fatal(err)
 	}
-	wantCalls := []string{"stop systemd-nspawn@kube1.service", "reload", "start systemd-nspawn@kube2.service"}
+	wantCalls := []string{"reload", "stop systemd-nspawn@kube1.service", "start systemd-nspawn@kube2.service"}
 	var got []string
 	for _, c := range f.sd.Calls {
 		if strings.HasPrefix(c, "stop") || strings.HasPrefix(c, "start") || c == "reload" {
