@@ -881,9 +881,25 @@ func (r *Repave) record(j *Journal, cfg *config.Config) error {
 	return state.WriteApplied(r.Paths, a)
 }
 
-// retire removes the old slot's record, then its files.
+// supersededRemover is a mode that keeps what the old stack ran until
+// the caller has recorded the new applied config (mode none: the old
+// version directory, its rollback target until then).
+type supersededRemover interface {
+	RemoveSuperseded(ctx context.Context) error
+}
+
+// retire removes the old slot's record, then its files; in place, what
+// the mode kept of the old stack.
 func (r *Repave) retire(ctx context.Context, j *Journal, m modes.Mode) error {
 	if j.From == j.To {
+		if sr, ok := m.(supersededRemover); ok {
+			r.status("step %s: removing what the old node stack ran", StepRetire)
+			if err := sr.RemoveSuperseded(ctx); err != nil {
+				// The next repave (or the mode's lifecycle hooks)
+				// removes it; the new node runs and is recorded.
+				r.log().Warn("superseded files not removed yet", "error", err.Error())
+			}
+		}
 		return nil
 	}
 	r.status("step %s: removing slot %s (its record, then its files)", StepRetire, j.From)
