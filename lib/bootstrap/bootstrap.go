@@ -204,6 +204,12 @@ type Bootstrap struct {
 	// because the kubelet's CSINode is not initialized before the node
 	// stack is restarted once (see ready); 0 is DefaultCSINodeGrace.
 	CSINodeGrace time.Duration
+	// CSINodeAfterStart, when set, is how long after the ready wait began
+	// the kubelet's early CSINode tries are over for a caller that started
+	// the kubelet right before the wait (a repave): a registered Node that
+	// still waits for its CSINode by then is restarted at once, without
+	// CSINodeGrace (see ready).
+	CSINodeAfterStart time.Duration
 	// Backoff is the first retry delay after an exit 75; 0 is
 	// DefaultBackoff, negative is none.
 	Backoff time.Duration

@@ -91,6 +91,10 @@ func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string, 
 	}
 	var csiSince time.Time // when the Node was first seen waiting for its CSINode
 	restarted := false
+	began := time.Now()
+	// overdue: the kubelet was started just before this wait, and its
+	// early CSINode tries are behind it (CSINodeAfterStart).
+	overdue := func() bool { return b.CSINodeAfterStart > 0 && time.Since(began) >= b.CSINodeAfterStart }
 
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
@@ -125,7 +129,7 @@ func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string, 
 			csiSince = time.Time{}
 		case csiSince.IsZero():
 			csiSince = time.Now()
-		case !restarted && time.Since(csiSince) >= grace && m != nil:
+		case !restarted && (time.Since(csiSince) >= grace || overdue()) && m != nil:
 			restarted = true
 			b.log().Warn("the kubelet's CSINode is not initialized and its next try is minutes away; restarting the node stack once",
 				"node", cfg.Machine, "slot", slot, "waited", time.Since(csiSince).Round(time.Second), "detail", ns.Detail)

@@ -847,10 +847,22 @@ func (r *Repave) earlyVerdict(ctx context.Context) (ok bool, verdict error) {
 // times a second, for about half a minute).
 const ReadyPoll = 250 * time.Millisecond
 
+// CSINodeEarlyTriesOver is how long after the new node's start the
+// kubelet's early CSINode tries are behind it: it tries at about 0.4, 0.8,
+// 1.4, 4 and 20 s after its own start (lib/bootstrap's ready explains the
+// race), starts about a second after its machine, and reports Ready
+// within a second of a try that worked. The Node a repave deleted is
+// registered again about 20 s after the kubelet starts, right at its last
+// early try: when it still waits for its CSINode by now, the next try is
+// two minutes away, and the node stack is restarted at once rather than
+// after bootstrap's grace (the restarted kubelet finds its Node).
+const CSINodeEarlyTriesOver = 24 * time.Second
+
 func (r *Repave) helper() *bootstrap.Bootstrap {
 	return &bootstrap.Bootstrap{
 		Paths: r.Paths, Systemd: r.Systemd, ReadyTimeout: r.ReadyTimeout, PollInterval: ReadyPoll,
-		Notify: r.Notify, Log: r.log(),
+		CSINodeAfterStart: CSINodeEarlyTriesOver,
+		Notify:            r.Notify, Log: r.log(),
 	}
 }
 
