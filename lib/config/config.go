@@ -78,7 +78,18 @@ type Node struct {
 	// with host-local addresses from this range; empty leaves CNI to the
 	// cluster.
 	PodCIDR string `toml:"pod-cidr"`
+	// ServingCert is where the kubelet's serving certificate comes from:
+	// "cluster" (a kubernetes.io/kubelet-serving CSR the cluster's
+	// approver approves: serverTLSBootstrap) or "self-signed" (the
+	// kubelet makes its own, which the API server cannot verify).
+	ServingCert string `toml:"serving-cert"`
 }
+
+// The values of node.serving-cert.
+const (
+	ServingCertCluster    = "cluster"
+	ServingCertSelfSigned = "self-signed"
+)
 
 // Nspawn configures the nspawn isolation mode.
 type Nspawn struct {

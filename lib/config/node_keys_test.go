@@ -13,7 +13,7 @@ func TestNodeStackKeysHaveDefaultsAndRejectBadValues(t *testing.T) {
 	if errs != nil {
 		t.Fatal(errs)
 	}
-	if cfg.Node.SandboxImage != "registry.k8s.io/pause:3.10" || cfg.Node.PodCIDR != "" || cfg.Nspawn.Image != "" {
+	if cfg.Node.SandboxImage != "registry.k8s.io/pause:3.10" || cfg.Node.PodCIDR != "" || cfg.Nspawn.Image != "" || cfg.Node.ServingCert != "cluster" {
 		t.Errorf("defaults: sandbox-image %q pod-cidr %q nspawn.image %q", cfg.Node.SandboxImage, cfg.Node.PodCIDR, cfg.Nspawn.Image)
 	}
 
@@ -21,6 +21,7 @@ func TestNodeStackKeysHaveDefaultsAndRejectBadValues(t *testing.T) {
 		{`pod-cidr = "10.244.1.7/24"`, "node.pod-cidr", "CIDR"},
 		{`pod-cidr = "ten"`, "node.pod-cidr", "CIDR"},
 		{`sandbox-image = "Pause Image"`, "node.sandbox-image", "image reference"},
+		{`serving-cert = "none"`, "node.serving-cert", "one of cluster, self-signed"},
 		{"[nspawn]\nimage = \"oci-layout:relative/dir\"", "nspawn.image", "absolute"},
 		{"[nspawn]\nimage = \"no spaces:allowed\"", "nspawn.image", "image reference"},
 	} {

@@ -140,6 +140,13 @@ func (l *loader) validate(c *Config) {
 			l.at(k("node", "pod-cidr"), "must be a network in CIDR notation such as \"10.244.1.0/24\", got %q", c.Node.PodCIDR)
 		}
 	})
+	check(k("node", "serving-cert"), func() {
+		switch c.Node.ServingCert {
+		case ServingCertCluster, ServingCertSelfSigned:
+		default:
+			l.at(k("node", "serving-cert"), "must be one of %s, %s, got %q", ServingCertCluster, ServingCertSelfSigned, c.Node.ServingCert)
+		}
+	})
 	check(k("nspawn", "image"), func() {
 		img := c.Nspawn.Image
 		switch {

@@ -156,6 +156,10 @@ type Node struct {
 	// containerd's CRI plugin itself from the installed plugins). Empty:
 	// no CNI config is written, the cluster's CNI brings its own.
 	PodCIDR string
+	// SelfSignedServingCert makes the kubelet serve port 10250 with a
+	// certificate of its own making; false (node.serving-cert "cluster")
+	// has it ask the cluster for one (serverTLSBootstrap).
+	SelfSignedServingCert bool
 }
 
 // Slot is what Prepare builds.
@@ -236,16 +240,17 @@ func SlotFromConfig(c *config.Config, slot string, a Artifacts) (Slot, error) {
 	s := Slot{
 		Name: slot,
 		Node: Node{
-			Name:              c.Machine,
-			APIServer:         c.Cluster.APIServer,
-			CACert:            ca,
-			BootstrapToken:    tok,
-			KubernetesVersion: c.Cluster.KubernetesVersion,
-			ClusterDNS:        c.Cluster.ClusterDNS,
-			Labels:            c.Node.Labels,
-			Taints:            c.Node.Taints,
-			SandboxImage:      c.Node.SandboxImage,
-			PodCIDR:           c.Node.PodCIDR,
+			Name:                  c.Machine,
+			APIServer:             c.Cluster.APIServer,
+			CACert:                ca,
+			BootstrapToken:        tok,
+			KubernetesVersion:     c.Cluster.KubernetesVersion,
+			ClusterDNS:            c.Cluster.ClusterDNS,
+			Labels:                c.Node.Labels,
+			Taints:                c.Node.Taints,
+			SandboxImage:          c.Node.SandboxImage,
+			PodCIDR:               c.Node.PodCIDR,
+			SelfSignedServingCert: c.Node.ServingCert == config.ServingCertSelfSigned,
 		},
 		Artifacts: a,
 		Image:     Image{Ref: c.Nspawn.Image},

@@ -270,6 +270,13 @@ func kubeletConfig(n modes.Node, l Layout, cg Cgroup) ([]byte, error) {
 		// Client certificate renewal through CSRs (the cluster's
 		// selfnodeclient approval), so the node keeps its identity.
 		"rotateCertificates": true,
+		// The serving certificate of port 10250 (logs, exec, port-forward,
+		// metrics) from the cluster too: a kubernetes.io/kubelet-serving
+		// CSR for the Node's names and addresses, which the cluster's
+		// approver approves, renewed like the client certificate. The API
+		// server can then verify the kubelet (--kubelet-certificate-authority).
+		// node.serving-cert = "self-signed" leaves the kubelet its own.
+		"serverTLSBootstrap": !n.SelfSignedServingCert,
 		"clusterDomain":      domain,
 		"resolvConf":         l.ResolvConf,
 		// kubelet's health endpoint, what bootstrap and the health check

@@ -288,3 +288,25 @@ func TestInstallArtifactsPutsEveryExecutableInItsDirectory(t *testing.T) {
 	}
 	var _ modes.Artifacts = a
 }
+
+// The kubelet's serving certificate: from the cluster (serverTLSBootstrap)
+// unless the operator chose a self-signed one; client certificates rotate
+// either way.
+func TestKubeletServingCertificateFromTheClusterUnlessSelfSigned(t *testing.T) {
+	for _, selfSigned := range []bool{false, true} {
+		n := modestest.Node()
+		n.SelfSignedServingCert = selfSigned
+		files, err := Files(n, layout, Legacy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var kc map[string]any
+		if err := yaml.Unmarshal(byPath(t, files)[layout.KubeletConfig].Data, &kc); err != nil {
+			t.Fatal(err)
+		}
+		if kc["serverTLSBootstrap"] != !selfSigned || kc["rotateCertificates"] != true {
+			t.Errorf("self-signed %v: serverTLSBootstrap %v rotateCertificates %v, want %v and true",
+				selfSigned, kc["serverTLSBootstrap"], kc["rotateCertificates"], !selfSigned)
+		}
+	}
+}
