@@ -427,3 +427,23 @@ func (e *Env) WaitCSRCertificate(t testing.TB, name string, timeout time.Duratio
 	}
 	return cert
 }
+
+// kubeletsDir is where kube-testenv looks for NAME.sock, the way to node
+// NAME's kubelet port (tests/kube/testenv.KubeletsDir).
+const kubeletsDir = "kubelets"
+
+// PublishKubelet makes the API server reach node's kubelet port (logs,
+// exec, port-forward, metrics) through the unix socket sock, for a node in
+// a network the API server cannot reach (a test host's own namespace),
+// until the test ends. The API server dials kubelets by the Node's
+// Hostname address through kube-testenv's "cluster" network proxy, which
+// connects to the socket published under that name.
+func (e *Env) PublishKubelet(t testing.TB, node, sock string) {
+	t.Helper()
+	link := filepath.Join(e.Dir, kubeletsDir, node+".sock")
+	_ = os.Remove(link)
+	if err := os.Symlink(sock, link); err != nil {
+		t.Fatalf("kubeenv: publish the kubelet of %s: %v", node, err)
+	}
+	t.Cleanup(func() { os.Remove(link) })
+}

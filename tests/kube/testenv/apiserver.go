@@ -36,6 +36,15 @@ func apiserverFlags(dir, etcdURL, host string) []string {
 		// environment runs in a pod that would use it, and the lease
 		// reconciler only adds writes.
 		"--endpoint-reconciler-type=none",
+		// The path to kubelets (kubelets.go): a client certificate of the
+		// cluster CA, kubelets' serving certificates verified against it,
+		// Nodes dialled by name first, through the "cluster" network's
+		// proxy.
+		"--kubelet-client-certificate=" + filepath.Join(dir, "kubelet-client.crt"),
+		"--kubelet-client-key=" + filepath.Join(dir, "kubelet-client.key"),
+		"--kubelet-certificate-authority=" + filepath.Join(dir, "ca.crt"),
+		"--kubelet-preferred-address-types=Hostname,InternalDNS,InternalIP,ExternalDNS,ExternalIP",
+		"--egress-selector-config-file=" + filepath.Join(dir, "egress-selector.yaml"),
 		// A test run is one process: there is nothing to drain for.
 		"--shutdown-delay-duration=0s",
 	}

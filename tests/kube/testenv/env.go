@@ -87,6 +87,17 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("generate credentials: %w", err)
 	}
+	kubeletCert, kubeletKey, err := p.kubeletClientCert()
+	if err != nil {
+		return err
+	}
+	// The "cluster" network's proxy (kubelets.go) listens in a short
+	// directory of its own: a unix socket path has at most 107 bytes.
+	if err := os.MkdirAll(filepath.Join(dir, KubeletsDir), 0o700); err != nil {
+		return err
+	}
+	egressSock := filepath.Join(dir, "cluster-network.sock")
+	_ = os.Remove(egressSock)
 	for _, f := range []struct {
 		name string
 		data []byte
@@ -99,6 +110,9 @@ func Run(ctx context.Context, opts Options) error {
 		{"sa.key", p.saKeyPEM, 0o600},
 		{"admin-token", []byte(p.adminToken + "\n"), 0o600},
 		{"tokens.csv", []byte(p.adminToken + `,admin,admin,"system:masters"` + "\n"), 0o600},
+		{"kubelet-client.crt", kubeletCert, 0o644},
+		{"kubelet-client.key", kubeletKey, 0o600},
+		{"egress-selector.yaml", egressConfig(egressSock), 0o644},
 	} {
 		if err := writeFileAtomic(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
 			return err
@@ -152,6 +166,15 @@ func Run(ctx context.Context, opts Options) error {
 	if err := waitReady(ctx, client, serverDone); err != nil {
 		return errors.Join(err, stop())
 	}
+	egressLn, err := net.Listen("unix", egressSock)
+	if err != nil {
+		return errors.Join(err, stop())
+	}
+	defer egressLn.Close()
+	go (&kubeletProxy{dir: filepath.Join(dir, KubeletsDir), client: client, log: log}).serve(egressLn)
+	if err := bindKubeletClient(ctx, client); err != nil {
+		return errors.Join(fmt.Errorf("kubelet client binding: %w", err), stop())
+	}
 	log.Info("kube-apiserver ready", "host", host, "after", time.Since(start).Round(time.Millisecond))
 
 	// The controllers and the scheduler run with the admin credentials, from
@@ -174,6 +197,7 @@ func Run(ctx context.Context, opts Options) error {
 		return errors.Join(err, stop())
 	}
 	log.Info("kube-scheduler started", "after", time.Since(start).Round(time.Millisecond))
+	go approveKubeletServing(ctrlCtx, client, log)
 	// stopAll stops the controllers and the scheduler before the API server,
 	// so that none of them logs a storm of refused connections on the way out.
 	stopAll := func() error {
