@@ -2,6 +2,7 @@ package nodestack
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -28,6 +29,23 @@ ExecStart=ip link set ubt1 up
 ExecStart=ip link set ubt0 up
 ExecStart=ip route add default via 192.0.2.1 dev ubt0
 `
+
+// kubeletForwardDir is where a test host's kubelet socket is (a directory
+// of the VM bound in): the API server reaches the kubelet port through it
+// (kubeenv.PublishKubelet).
+const kubeletForwardDir = "/run/unbounded-test-kubelet"
+
+// kubeletForwardFiles are the units that carry connections from the socket
+// in kubeletForwardDir to the kubelet port on the host's own loopback (the
+// node machine of mode nspawn shares the host's network).
+var kubeletForwardFiles = []harness.File{
+	{Path: "/etc/systemd/system/unbounded-test-kubelet.socket", Mode: 0o644, Data: []byte(
+		"# Written by tests/system/nodestack: the API server's way to the kubelet port.\n[Socket]\nListenStream=" + kubeletForwardDir + "/10250.sock\n")},
+	{Path: "/etc/systemd/system/unbounded-test-kubelet.service", Mode: 0o644, Data: []byte(
+		"[Unit]\nRequires=unbounded-test-kubelet.socket\nAfter=unbounded-test-kubelet.socket\n[Service]\nExecStart=/lib/systemd/systemd-socket-proxyd 127.0.0.1:10250\n")},
+	{Path: "/etc/systemd/system/sockets.target.d/unbounded-test-kubelet.conf", Mode: 0o644, Data: []byte(
+		"[Unit]\nWants=unbounded-test-kubelet.socket\n")},
+}
 
 // firstBootNodeIPUnit is NodeIPService as a unit of a first-boot test host:
 // up before the network is, so before unbounded-bootstrap.service.
@@ -87,6 +105,9 @@ type FirstBootOptions struct {
 //     (Forward: unix sockets and systemd-socket-proxyd);
 //   - an address and a default route of its own for the kubelet's Node
 //     (NodeIPService);
+//   - a way from the API server to its kubelet port: a unix socket in a
+//     directory of the VM (kubeletForwardFiles), published to the test
+//     control plane under the Node's name (kubeenv.PublishKubelet);
 //   - what TESTING.md's nested kubelet recipe gives a container that runs
 //     a node stack: every capability, the keyring and bpf system calls,
 //     a writable /proc/sys, cgroup v1 controllers (this VM binds them all
@@ -169,8 +190,17 @@ cni-plugins-version = %q
 		harness.File{Path: "/etc/systemd/system/ubt-nodeip.service", Data: []byte(firstBootNodeIPUnit), Mode: 0o644},
 		harness.File{Path: "/etc/systemd/system/multi-user.target.d/ubt-nodeip.conf", Data: []byte("[Unit]\nWants=ubt-nodeip.service\n"), Mode: 0o644},
 	)
+	files = append(files, kubeletForwardFiles...)
+	// A short path: unix socket paths are limited to 107 bytes.
+	kubeletDir, err := os.MkdirTemp("", "ubt-kl-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(kubeletDir) })
+	o.Env.PublishKubelet(t, o.Name, filepath.Join(kubeletDir, "10250.sock"))
 	slots := t.TempDir()
 	args := append([]string{
+		"--bind=" + kubeletDir + ":" + kubeletForwardDir,
 		"--capability=all",
 		"--system-call-filter=@keyring bpf",
 		"--bind=" + slots + ":" + hostpaths.HostRootHost + "/slots",
