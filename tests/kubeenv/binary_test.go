@@ -27,8 +27,6 @@ import (
 // with-env.sh built), to check what the shared one cannot show: that
 // --manifests is applied before READY, and how the binary stops.
 
-const envBin = "UNBOUNDED_TEST_KUBE_BIN"
-
 type testenvProcess struct {
 	cmd    *exec.Cmd
 	stderr *bytes.Buffer

@@ -117,6 +117,16 @@ func load(kubeconfig string) (*Env, error) {
 	if dir == "" {
 		dir = filepath.Dir(kubeconfig)
 	}
+	return loadDir(kubeconfig, dir)
+}
+
+// loadDir is load of an environment whose directory is dir.
+func loadDir(kubeconfig, dir string) (*Env, error) {
+	admin, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	admin.QPS, admin.Burst = -1, 0
 	client, err := kubernetes.NewForConfig(admin)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,127 @@
+package nodestack
+
+import (
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+)
+
+// The images of upstream's end-to-end specs (e2e.test --list-images) that
+// build here from source, offline, by repository name: what each upstream
+// Dockerfile (k8s.io/kubernetes/test/images/<name>) puts in, on top of
+// Debian's busybox-static where upstream starts from a busybox or alpine
+// base. They are loaded into the node under their upstream names (tagged
+// images are pulled IfNotPresent, so nothing is pulled).
+//
+//	pause       build/pause/linux/pause.c, static (the stage's bin/pause)
+//	busybox     busybox with every applet linked in /bin, /etc/passwd and
+//	            /etc/group as the busybox image has them, CMD sh
+//	agnhost     the busybox base, /agnhost (and /agnhost-2), /uploads, the
+//	            image's own user and group; ENTRYPOINT /agnhost, CMD pause
+//	nonroot     the busybox base, USER 1234
+//	nonewprivs  the busybox base, /usr/local/bin/nnp setuid root, CMD nnp
+var e2eImageNames = []string{"pause", "busybox", "agnhost", "nonroot", "nonewprivs"}
+
+const busyboxPasswd = `root:x:0:0:root:/root:/bin/sh
+daemon:x:1:1:daemon:/usr/sbin:/bin/false
+bin:x:2:2:bin:/bin:/bin/false
+sys:x:3:3:sys:/dev:/bin/false
+sync:x:4:100:sync:/bin:/bin/sync
+mail:x:8:8:mail:/var/spool/mail:/bin/false
+www-data:x:33:33:www-data:/var/www:/bin/false
+operator:x:37:37:Operator:/var:/bin/false
+nobody:x:65534:65534:nobody:/home:/bin/false
+`
+
+const busyboxGroup = `root:x:0:
+daemon:x:1:
+bin:x:2:
+sys:x:3:
+adm:x:4:
+tty:x:5:
+disk:x:6:
+wheel:x:10:root
+mail:x:8:
+www-data:x:33:
+operator:x:37:
+users:x:100:
+nogroup:x:65534:
+`
+
+// E2EImages builds, for every reference of refs whose repository is one of
+// e2eImageNames, its image; bin holds agnhost and nnp (tests/conformance/
+// build.sh). It returns the images by reference and the references it
+// cannot build.
+func (s *Stage) E2EImages(t testing.TB, refs []string, bin string) (map[string]v1.Image, []string) {
+	t.Helper()
+	busybox := filepath.Join(s.Dir, "bin", "busybox")
+	out, err := exec.Command(busybox, "--list").Output()
+	if err != nil {
+		t.Fatalf("nodestack: %s --list: %v", busybox, err)
+	}
+	read := func(p string) []byte {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	bb := read(busybox)
+	base := func(passwd, group string) []tarEntry {
+		e := []tarEntry{
+			{name: "bin", mode: 0o40755}, {name: "bin/busybox", mode: 0o755, data: bb},
+			{name: "etc", mode: 0o40755},
+			{name: "etc/passwd", mode: 0o644, data: []byte(busyboxPasswd + passwd)},
+			{name: "etc/group", mode: 0o644, data: []byte(busyboxGroup + group)},
+			{name: "root", mode: 0o40700}, {name: "home", mode: 0o40755},
+			{name: "tmp", mode: 0o41777}, {name: "var", mode: 0o40755},
+			{name: "usr", mode: 0o40755}, {name: "usr/local", mode: 0o40755}, {name: "usr/local/bin", mode: 0o40755},
+		}
+		for _, a := range strings.Fields(string(out)) {
+			if a != "busybox" && !strings.Contains(a, "/") {
+				e = append(e, tarEntry{name: "bin/" + a, linkname: "busybox"})
+			}
+		}
+		return e
+	}
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	images := map[string]v1.Image{}
+	var missing []string
+	for _, ref := range refs {
+		repo := ref
+		if i := strings.LastIndex(repo, ":"); i > strings.LastIndex(repo, "/") {
+			repo = repo[:i]
+		}
+		switch path.Base(repo) {
+		case "pause":
+			images[ref] = s.PauseImage(t)
+		case "busybox":
+			images[ref] = image(t, memLayer(t, base("", "")), v1.Config{Cmd: []string{"sh"}, Env: env})
+		case "agnhost":
+			e := append(base("user-defined-in-image:x:1000:1000:Linux User,,,:/home/user-defined-in-image:/bin/sh\n",
+				"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n"),
+				tarEntry{name: "agnhost", mode: 0o755, data: read(filepath.Join(bin, "agnhost"))},
+				tarEntry{name: "agnhost-2", linkname: "agnhost"},
+				tarEntry{name: "uploads", mode: 0o40755},
+				tarEntry{name: "home/user-defined-in-image", mode: 0o40755},
+			)
+			images[ref] = image(t, memLayer(t, e), v1.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, Env: env})
+		case "nonroot":
+			images[ref] = image(t, memLayer(t, base("", "")), v1.Config{Cmd: []string{"sh"}, Env: env, User: "1234"})
+		case "nonewprivs":
+			e := append(base("", ""), tarEntry{name: "usr/local/bin/nnp", mode: 0o4755, data: read(filepath.Join(bin, "nnp"))})
+			images[ref] = image(t, memLayer(t, e), v1.Config{Cmd: []string{"nnp"}, Env: env})
+		default:
+			missing = append(missing, ref)
+		}
+	}
+	if len(images) == 0 {
+		t.Fatalf("nodestack: none of %v is one of %v", refs, e2eImageNames)
+	}
+	return images, missing
+}
