@@ -105,7 +105,12 @@ type kubeEnv struct {
 
 func requireKube(t *testing.T) *kubeEnv {
 	t.Helper()
-	env := kubeenv.Get(t)
+	return kubeEnvOf(t, kubeenv.Get(t))
+}
+
+// kubeEnvOf is requireKube for a given environment (kubeenv.StartPrivate's).
+func kubeEnvOf(t *testing.T, env *kubeenv.Env) *kubeEnv {
+	t.Helper()
 	e := &kubeEnv{Env: env, admin: env.RESTConfig(), caPEM: env.CAPEM(t), kube: env.Client()}
 	c := env.RESTConfig()
 	c.GroupVersion = &v1alpha3.SchemeGroupVersion

@@ -67,6 +67,8 @@ type firstBootOptions struct {
 	// and the registry's ports on its loopback stay closed, so base-url
 	// and the image references in agent.toml reach nothing.
 	offline bool
+	// env is the control plane the host joins; nil: the shared one.
+	env *kubeEnv
 }
 
 func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
@@ -75,7 +77,10 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 		o.mode = "nspawn"
 	}
 	s := nodestack.Require(t)
-	env := requireKube(t)
+	env := o.env
+	if env == nil {
+		env = requireKube(t)
+	}
 	harness.Require(t, true)
 	f := &firstBoot{env: env, stage: s}
 	var rnd [4]byte
