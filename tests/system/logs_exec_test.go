@@ -18,6 +18,7 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/client-go/transport/spdy"
@@ -140,7 +141,7 @@ func TestLogsExecAndPortForwardReachAPodOnTheAgentsNode(t *testing.T) {
 			Container: "hello",
 			Command:   []string{"/bin/sh", "-c", "cat /www/index.html; echo to-stderr >&2; exit 3"},
 			Stdout:    true, Stderr: true,
-		}, metav1.ParameterCodec)
+		}, scheme.ParameterCodec)
 	cfg := f.env.RESTConfig()
 	spdyExec, err := remotecommand.NewSPDYExecutor(cfg, "POST", req.URL())
 	if err != nil {
