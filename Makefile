@@ -26,7 +26,7 @@ GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 # multicall executable (ARCHITECTURE section 3, size budget).
 BINARIES := bin/unbounded bin/unbounded-generator bin/unbounded-agent bin/unbounded-restart bin/unbounded-health
 
-.PHONY: all build docs test bench demo packages clean FORCE
+.PHONY: all build docs test bench demo packages conformance clean FORCE
 all: build
 build: $(BINARIES)
 
@@ -79,6 +79,13 @@ bench: build
 # (tests/demo/demo.sh says what it installs, builds and runs).
 demo:
 	@tests/demo/demo.sh
+
+# Upstream Kubernetes [NodeConformance] specs (e2e.test, built from the
+# test control plane's module) on a node the agent's first boot makes, on
+# this machine (root): passed, failed and skipped with reasons, in
+# bin/conformance/report/report.md (tests/conformance/run.sh).
+conformance: build
+	@tests/conformance/run.sh
 
 clean:
 	rm -rf bin dist

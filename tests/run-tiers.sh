@@ -86,6 +86,16 @@ if [ -x tests/system/rootfs.sh ]; then
 		else
 			echo "node stack staging failed (node-stack tests will $verb):"; tail -20 "$out/stage.log"
 		fi
+		# Upstream node conformance (tests/conformance): e2e.test and the
+		# test images' binaries from the test control plane's module, for
+		# the CI subset of TestConformance (cached like the kubelet; a cold
+		# build compiles most of Kubernetes' tests: about 12 minutes here).
+		if conformance=$(tests/conformance/build.sh 2>"$out/conformance.log" | tail -1) && [ -x "$conformance/e2e.test" ]; then
+			export UNBOUNDED_TEST_CONFORMANCE="$conformance"
+			echo "conformance: $conformance"
+		else
+			echo "conformance build failed (the conformance tests will $verb):"; tail -20 "$out/conformance.log"
+		fi
 	fi
 fi
 

@@ -313,7 +313,7 @@ func TestEveryEntryPointSelectsTheSameToolchain(t *testing.T) {
 		t.Skip("the entry points belong to this repository")
 	}
 	seen := map[string][]string{}
-	for _, f := range []string{"Makefile", ".ci/run", "tests/run-tiers.sh", "tests/bench.sh", "tests/demo/demo.sh", "tests/kube/with-env.sh", "tests/kube/kubelet.sh", "deb/build-packages.sh"} {
+	for _, f := range []string{"Makefile", ".ci/run", "tests/run-tiers.sh", "tests/bench.sh", "tests/demo/demo.sh", "tests/kube/with-env.sh", "tests/kube/kubelet.sh", "tests/conformance/build.sh", "tests/conformance/run.sh", "deb/build-packages.sh"} {
 		b, err := os.ReadFile(filepath.Join(repo, f))
 		if err != nil {
 			t.Errorf("%s: %v", f, err)
