@@ -22,7 +22,7 @@ import (
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/client-go/transport/spdy"
-	"k8s.io/utils/exec"
+	"k8s.io/client-go/util/exec"
 	"k8s.io/utils/ptr"
 
 	"unbounded-cloud.io/agent/tests/kubeenv"
@@ -143,29 +143,31 @@ func TestLogsExecAndPortForwardReachAPodOnTheAgentsNode(t *testing.T) {
 			Stdout:    true, Stderr: true,
 		}, scheme.ParameterCodec)
 	cfg := f.env.RESTConfig()
-	spdyExec, err := remotecommand.NewSPDYExecutor(cfg, "POST", req.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Over WebSockets, as kubectl execs (it falls back to SPDY only
+	// where the API server cannot upgrade), and over SPDY.
 	wsExec, err := remotecommand.NewWebSocketExecutor(cfg, "GET", req.URL().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	// As kubectl does: WebSockets first, SPDY if the server cannot upgrade.
-	executor, err := remotecommand.NewFallbackExecutor(wsExec, spdyExec, func(err error) bool { return true })
+	spdyExec, err := remotecommand.NewSPDYExecutor(cfg, "POST", req.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stdout, stderr bytes.Buffer
-	err = executor.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr})
-	var exitErr exec.CodeExitError
-	if !errors.As(err, &exitErr) || exitErr.Code != 3 {
-		t.Errorf("exec: %v, want exit code 3", err)
+	for _, x := range []struct {
+		name string
+		e    remotecommand.Executor
+	}{{"websocket", wsExec}, {"spdy", spdyExec}} {
+		var stdout, stderr bytes.Buffer
+		err = x.e.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr})
+		var exitErr exec.CodeExitError
+		if !errors.As(err, &exitErr) || exitErr.Code != 3 {
+			t.Errorf("exec (%s): %v, want exit code 3", x.name, err)
+		}
+		if stdout.String() != "hello from hello\n" || stderr.String() != "to-stderr\n" {
+			t.Errorf("exec (%s): stdout %q stderr %q", x.name, stdout.String(), stderr.String())
+		}
 	}
-	if stdout.String() != "hello from hello\n" || stderr.String() != "to-stderr\n" {
-		t.Errorf("exec: stdout %q stderr %q", stdout.String(), stderr.String())
-	}
-	t.Logf("exec in %v", time.Since(begin).Round(time.Millisecond))
+	t.Logf("exec (websocket, spdy) in %v", time.Since(begin).Round(time.Millisecond))
 
 	// kubectl port-forward: a local port to the pod's 8080.
 	begin = time.Now()
