@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -218,4 +220,48 @@ func containsString(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// node.serving-cert = "self-signed": the kubelet serves with a certificate
+// of its own making and asks the cluster for none, and the API server,
+// which verifies kubelets, refuses to talk to it: kubectl logs fails with
+// a certificate error, not with a timeout or a success. (This is what the
+// default, "cluster", is for.)
+func TestSelfSignedServingCertIsNotTrustedByAVerifyingAPIServer(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{})
+	dropIn := filepath.Join(f.m.Root(), "etc/unbounded/agent.toml.d/50-serving-cert.toml")
+	if err := os.MkdirAll(filepath.Dir(dropIn), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dropIn, []byte("[node]\nserving-cert = \"self-signed\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.m.Start()
+	f.wantBootstrapped(t, "nspawn", "systemd-nspawn@kube1.service")
+	if t.Failed() {
+		return
+	}
+	ns := f.runPod(t)
+	ctx := context.Background()
+	c := f.env.kube
+	pods, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("pods: %v %v", pods, err)
+	}
+	_, err = c.CoreV1().Pods(ns).GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err == nil || !strings.Contains(err.Error(), "x509") {
+		t.Errorf("logs from a kubelet with a self-signed serving certificate: %v, want a certificate error", err)
+	} else {
+		t.Logf("logs refused as wanted: %v", err)
+	}
+	csrs, err := c.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, csr := range csrs.Items {
+		if csr.Spec.SignerName == certificatesv1.KubeletServingSignerName && csr.Spec.Username == "system:node:"+f.name {
+			t.Errorf("the kubelet asked for a serving certificate (%s) although serving-cert is self-signed", csr.Name)
+		}
+	}
 }
