@@ -6,6 +6,9 @@
 #   e2e.test   upstream's end-to-end binary (go test -c k8s.io/kubernetes/test/e2e)
 #   agnhost    the agnhost test image's binary (static)
 #   nnp        the nonewprivs test image's binary (static)
+#   localhost.crt, localhost.key
+#              the agnhost image's TLS pair (test/images/agnhost/porter),
+#              which the https lifecycle hook specs serve with
 #   ginkgo     the Ginkgo CLI of the version e2e.test links, which runs
 #              e2e.test's specs in parallel processes (ginkgo -p)
 #
@@ -34,5 +37,9 @@ for p in agnhost:k8s.io/kubernetes/test/images/agnhost nnp:k8s.io/kubernetes/tes
 	(cd "$here" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags "$ldflags" -o "$out/${p%%:*}" "${p#*:}") >&2
 	secs=$(($(date +%s) - start))
 	echo "conformance/build.sh: ${p%%:*} built in ${secs}s" >&2
+done
+src=$(cd "$here" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+for f in localhost.crt localhost.key; do
+	install -m 0644 "$src/test/images/agnhost/porter/$f" "$out/$f"
 done
 echo "$out"

@@ -21,8 +21,9 @@ import (
 //	pause       build/pause/linux/pause.c, static (the stage's bin/pause)
 //	busybox     busybox with every applet linked in /bin, /etc/passwd and
 //	            /etc/group as the busybox image has them, CMD sh
-//	agnhost     the busybox base, /agnhost (and /agnhost-2), /uploads, the
-//	            image's own user and group; ENTRYPOINT /agnhost, CMD pause
+//	agnhost     the busybox base, /agnhost (and /agnhost-2), /uploads,
+//	            /localhost.crt and .key (porter's), the image's own user
+//	            and group; ENTRYPOINT /agnhost, CMD pause
 //	nonroot     the busybox base, USER 1234
 //	nonewprivs  the busybox base, /usr/local/bin/nnp setuid root, CMD nnp
 var e2eImageNames = []string{"pause", "busybox", "agnhost", "nonroot", "nonewprivs"}
@@ -116,6 +117,8 @@ func (s *Stage) E2EImages(t testing.TB, refs []string, bin string) (map[string]v
 				tarEntry{name: "agnhost", mode: 0o755, data: read(filepath.Join(bin, "agnhost"))},
 				tarEntry{name: "agnhost-2", linkname: "agnhost"},
 				tarEntry{name: "uploads", mode: 0o40755},
+				tarEntry{name: "localhost.crt", mode: 0o644, data: read(filepath.Join(bin, "localhost.crt"))},
+				tarEntry{name: "localhost.key", mode: 0o644, data: read(filepath.Join(bin, "localhost.key"))},
 				tarEntry{name: "home/user-defined-in-image", mode: 0o40755},
 			)
 			images[ref] = image(t, memLayer(t, e), v1.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, Env: env})
