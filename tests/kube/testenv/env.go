@@ -91,13 +91,18 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	// The "cluster" network's proxy (kubelets.go) listens in a short
-	// directory of its own: a unix socket path has at most 107 bytes.
 	if err := os.MkdirAll(filepath.Join(dir, KubeletsDir), 0o700); err != nil {
 		return err
 	}
-	egressSock := filepath.Join(dir, "cluster-network.sock")
-	_ = os.Remove(egressSock)
+	// The "cluster" network's proxy (kubelets.go) listens in a short
+	// directory of its own: a unix socket path has at most 107 bytes, and
+	// dir may be a test's long t.TempDir().
+	netDir, err := os.MkdirTemp("", "kube-testenv-net-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(netDir)
+	egressSock := filepath.Join(netDir, "cluster.sock")
 	for _, f := range []struct {
 		name string
 		data []byte

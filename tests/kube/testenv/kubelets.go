@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -171,8 +170,9 @@ func (k *kubeletProxy) dial(target string) (net.Conn, error) {
 		return nil, err
 	}
 	if net.ParseIP(host) == nil && !strings.ContainsAny(host, "/") {
-		sock := filepath.Join(k.dir, host+".sock")
-		if _, err := os.Stat(sock); err == nil {
+		// The published name is a symlink to the socket: dial the socket's
+		// own (short) path, not one under a possibly long directory.
+		if sock, err := filepath.EvalSymlinks(filepath.Join(k.dir, host+".sock")); err == nil {
 			return net.DialTimeout("unix", sock, 10*time.Second)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
