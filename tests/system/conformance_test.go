@@ -150,6 +150,10 @@ func e2eSpecs(t *testing.T, bin, focus, skip string) []string {
 	return names
 }
 
+// suiteNode is the JUnit name of a suite-level node ("[SynchronizedBeforeSuite]",
+// "[ReportAfterSuite]", "[DeferCleanup (Suite)]"), not a spec.
+var suiteNode = regexp.MustCompile(`^\[[A-Za-z]+( \(Suite\))?\]$`)
+
 // specResult is one spec of a JUnit report.
 type specResult struct {
 	name, status, message string
@@ -188,8 +192,7 @@ func readJUnit(t *testing.T, path string) []specResult {
 	for _, s := range doc.Suites {
 		for _, c := range s.Cases {
 			name := strings.TrimPrefix(c.Name, "[It] ")
-			if strings.HasPrefix(name, "[SynchronizedBeforeSuite]") || strings.HasPrefix(name, "[SynchronizedAfterSuite]") ||
-				strings.HasPrefix(name, "[BeforeSuite]") || strings.HasPrefix(name, "[AfterSuite]") || strings.HasPrefix(name, "[ReportAfterSuite]") {
+			if suiteNode.MatchString(name) {
 				if c.Status == "failed" {
 					r = append(r, specResult{name: name, status: "failed", message: c.Failure.Message})
 				}
