@@ -262,10 +262,15 @@ func TestConformance(t *testing.T) {
 		reason[s.Spec] = s.Reason
 		skipNames = append(skipNames, s.Spec)
 	}
+	// The CI subset runs in the system tier beside the other scenarios:
+	// two processes and a bound well inside the tier's; a whole run gets
+	// four and hours.
 	focus := os.Getenv(envConformanceFocus)
+	procs, timeout := 4, "3h"
 	switch focus {
 	case "", "ci":
 		focus = anyOf(readCISubset(t))
+		procs, timeout = 2, "15m"
 	case "all":
 		focus = `\[NodeConformance\]`
 	}
@@ -320,7 +325,6 @@ func TestConformance(t *testing.T) {
 
 	// e2e.test, in parallel processes (ginkgo -p): the specs wait far more
 	// than they compute. [Serial] specs run alone at the end.
-	procs := 4
 	if p, err := strconv.Atoi(os.Getenv(envConformanceProcs)); err == nil && p > 0 {
 		procs = p
 	}
@@ -334,7 +338,7 @@ func TestConformance(t *testing.T) {
 	kubeconfig := filepath.Join(env.Dir, "kubeconfig")
 	args := []string{
 		"--procs=" + strconv.Itoa(procs), "--no-color", "--focus=" + focus, "--skip=" + skip,
-		"--timeout=2h", "--poll-progress-after=5m",
+		"--timeout=" + timeout, "--poll-progress-after=5m",
 		filepath.Join(bin, "e2e.test"), "--",
 		"--kubeconfig=" + kubeconfig, "--report-dir=" + report, "--e2e-output-dir=" + report,
 	}
