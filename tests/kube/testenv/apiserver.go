@@ -45,6 +45,10 @@ func apiserverFlags(dir, etcdURL, host string) []string {
 		"--kubelet-certificate-authority=" + filepath.Join(dir, "ca.crt"),
 		"--kubelet-preferred-address-types=Hostname,InternalDNS,InternalIP,ExternalDNS,ExternalIP",
 		"--egress-selector-config-file=" + filepath.Join(dir, "egress-selector.yaml"),
+		// Privileged containers, as kubeadm's API server allows them (the
+		// default refuses them; CNI and storage DaemonSets need them, and
+		// so does upstream's PrivilegedPod conformance spec).
+		"--allow-privileged=true",
 		// A test run is one process: there is nothing to drain for.
 		"--shutdown-delay-duration=0s",
 	}
