@@ -9,6 +9,13 @@
 #   localhost.crt, localhost.key
 #              the agnhost image's TLS pair (test/images/agnhost/porter),
 #              which the https lifecycle hook specs serve with
+#   bash-static
+#              Debian's static bash (downloaded once with apt-get download):
+#              the e2e busybox image's /bin/sh. Debian bookworm's busybox
+#              1.35 sh drops environment variables whose names are not
+#              shell identifiers ("data-1", which the envFrom specs set and
+#              read back with `sh -c env`); upstream's busybox 1.37 image
+#              passes them on, and so does bash.
 #   ginkgo     the Ginkgo CLI of the version e2e.test links, which runs
 #              e2e.test's specs in parallel processes (ginkgo -p)
 #
@@ -42,4 +49,10 @@ src=$(cd "$here" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 for f in localhost.crt localhost.key; do
 	install -m 0644 "$src/test/images/agnhost/porter/$f" "$out/$f"
 done
+if [ ! -x "$out/bash-static" ]; then
+	tmp=$(mktemp -d)
+	(cd "$tmp" && apt-get download -q -o APT::Sandbox::User=root bash-static >&2 && dpkg-deb -x bash-static_*.deb x) || { rm -rf "$tmp"; exit 1; }
+	install -m 0755 "$tmp/x/bin/bash-static" "$out/bash-static"
+	rm -rf "$tmp"
+fi
 echo "$out"

@@ -117,7 +117,7 @@ func conformanceBin(t *testing.T) string {
 	if bin == "" {
 		tiers.Skip(t, tiers.System, "conformance: %s is not set: export %s=$(tests/conformance/build.sh)", envConformance, envConformance)
 	}
-	for _, f := range []string{"e2e.test", "ginkgo", "agnhost", "nnp", "localhost.crt", "localhost.key"} {
+	for _, f := range []string{"e2e.test", "ginkgo", "agnhost", "nnp", "localhost.crt", "localhost.key", "bash-static"} {
 		if _, err := os.Stat(filepath.Join(bin, f)); err != nil {
 			tiers.Skip(t, tiers.System, "conformance: %v (run tests/conformance/build.sh)", err)
 		}

@@ -20,7 +20,9 @@ import (
 //
 //	pause       build/pause/linux/pause.c, static (the stage's bin/pause)
 //	busybox     busybox with every applet linked in /bin, /etc/passwd and
-//	            /etc/group as the busybox image has them, CMD sh
+//	            /etc/group as the busybox image has them, CMD sh; /bin/sh
+//	            is Debian's static bash (tests/conformance/build.sh says
+//	            why: environment variables such as "data-1")
 //	agnhost     the busybox base, /agnhost (and /agnhost-2), /uploads,
 //	            /localhost.crt and .key (porter's), the image's own user
 //	            and group; ENTRYPOINT /agnhost, CMD pause
@@ -73,7 +75,8 @@ func (s *Stage) E2EImages(t testing.TB, refs []string, bin string) (map[string]v
 		return data
 	}
 	bb := read(busybox)
-	base := func(passwd, group string) []tarEntry {
+	bash := read(filepath.Join(bin, "bash-static"))
+	base := func(passwd, group string, bashSh bool) []tarEntry {
 		e := []tarEntry{
 			{name: "bin", mode: 0o40755}, {name: "bin/busybox", mode: 0o755, data: bb},
 			{name: "etc", mode: 0o40755},
@@ -84,9 +87,12 @@ func (s *Stage) E2EImages(t testing.TB, refs []string, bin string) (map[string]v
 			{name: "usr", mode: 0o40755}, {name: "usr/local", mode: 0o40755}, {name: "usr/local/bin", mode: 0o40755},
 		}
 		for _, a := range strings.Fields(string(out)) {
-			if a != "busybox" && !strings.Contains(a, "/") {
+			if a != "busybox" && !strings.Contains(a, "/") && !(a == "sh" && bashSh) {
 				e = append(e, tarEntry{name: "bin/" + a, linkname: "busybox"})
 			}
+		}
+		if bashSh {
+			e = append(e, tarEntry{name: "bin/sh", mode: 0o755, data: bash})
 		}
 		return e
 	}
@@ -110,10 +116,10 @@ func (s *Stage) E2EImages(t testing.TB, refs []string, bin string) (map[string]v
 		case "pause":
 			images[ref] = s.PauseImage(t)
 		case "busybox":
-			images[ref] = image(t, memLayer(t, base("", "")), v1.Config{Cmd: []string{"sh"}, Env: env})
+			images[ref] = image(t, memLayer(t, base("", "", true)), v1.Config{Cmd: []string{"sh"}, Env: env})
 		case "agnhost":
 			e := append(base("user-defined-in-image:x:1000:1000:Linux User,,,:/home/user-defined-in-image:/bin/sh\n",
-				"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n"),
+				"user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n", false),
 				tarEntry{name: "agnhost", mode: 0o755, data: read(filepath.Join(bin, "agnhost"))},
 				tarEntry{name: "agnhost-2", linkname: "agnhost"},
 				tarEntry{name: "uploads", mode: 0o40755},
@@ -123,9 +129,9 @@ func (s *Stage) E2EImages(t testing.TB, refs []string, bin string) (map[string]v
 			)
 			images[ref] = image(t, memLayer(t, e), v1.Config{Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, Env: env})
 		case "nonroot":
-			images[ref] = image(t, memLayer(t, base("", "")), v1.Config{Cmd: []string{"sh"}, Env: env, User: "1234"})
+			images[ref] = image(t, memLayer(t, base("", "", false)), v1.Config{Cmd: []string{"sh"}, Env: env, User: "1234"})
 		case "nonewprivs":
-			e := append(base("", ""), tarEntry{name: "usr/local/bin/nnp", mode: 0o4755, data: read(filepath.Join(bin, "nnp"))})
+			e := append(base("", "", false), tarEntry{name: "usr/local/bin/nnp", mode: 0o4755, data: read(filepath.Join(bin, "nnp"))})
 			images[ref] = image(t, memLayer(t, e), v1.Config{Cmd: []string{"nnp"}, Env: env})
 		default:
 			missing = append(missing, ref)
