@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 )
 
 // The images of upstream's end-to-end specs (e2e.test --list-images) that
@@ -28,7 +29,9 @@ import (
 //	            and group; ENTRYPOINT /agnhost, CMD pause
 //	nonroot     the busybox base, USER 1234
 //	nonewprivs  the busybox base, /usr/local/bin/nnp setuid root, CMD nnp
-var e2eImageNames = []string{"pause", "busybox", "agnhost", "nonroot", "nonewprivs"}
+//	glibc-dns-testing
+//	            Debian bookworm: the test rootfs (the node image), CMD bash
+var e2eImageNames = []string{"pause", "busybox", "agnhost", "nonroot", "nonewprivs", "glibc-dns-testing"}
 
 const busyboxPasswd = `root:x:0:0:root:/root:/bin/sh
 daemon:x:1:1:daemon:/usr/sbin:/bin/false
@@ -133,6 +136,16 @@ func (s *Stage) E2EImages(t testing.TB, refs []string, bin string) (map[string]v
 		case "nonewprivs":
 			e := append(base("", "", false), tarEntry{name: "usr/local/bin/nnp", mode: 0o4755, data: read(filepath.Join(bin, "nnp"))})
 			images[ref] = image(t, memLayer(t, e), v1.Config{Cmd: []string{"nnp"}, Env: env})
+		case "glibc-dns-testing":
+			// Upstream's is debian:bookworm-slim with dnsutils and
+			// coredns added; the specs that use it (pod hostname
+			// override) run sh and hostname. The test rootfs is Debian
+			// bookworm too (minbase: what -slim has).
+			img, err := mutate.Config(s.NodeImage(t), v1.Config{Cmd: []string{"bash"}, Env: env})
+			if err != nil {
+				t.Fatal(err)
+			}
+			images[ref] = img
 		default:
 			missing = append(missing, ref)
 		}
