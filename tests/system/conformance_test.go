@@ -151,8 +151,9 @@ func e2eSpecs(t *testing.T, bin, focus, skip string) []string {
 }
 
 // suiteNode is the JUnit name of a suite-level node ("[SynchronizedBeforeSuite]",
-// "[ReportAfterSuite]", "[DeferCleanup (Suite)]"), not a spec.
-var suiteNode = regexp.MustCompile(`^\[[A-Za-z]+( \(Suite\))?\]$`)
+// "[ReportAfterSuite] Kubernetes e2e suite report", "[DeferCleanup (Suite)]"),
+// not a spec.
+var suiteNode = regexp.MustCompile(`^\[(SynchronizedBeforeSuite|SynchronizedAfterSuite|BeforeSuite|AfterSuite|ReportBeforeSuite|ReportAfterSuite|DeferCleanup \(Suite\))\]( |$)`)
 
 // specResult is one spec of a JUnit report.
 type specResult struct {

@@ -25,13 +25,29 @@ import (
 //	            is Debian's static bash (tests/conformance/build.sh says
 //	            why: environment variables such as "data-1")
 //	agnhost     the busybox base, /agnhost (and /agnhost-2), /uploads,
-//	            /localhost.crt and .key (porter's), the image's own user
-//	            and group; ENTRYPOINT /agnhost, CMD pause
+//	            /localhost.crt and .key (porter's), curl (curlShim), the
+//	            image's own user and group; ENTRYPOINT /agnhost, CMD pause
 //	nonroot     the busybox base, USER 1234
 //	nonewprivs  the busybox base, /usr/local/bin/nnp setuid root, CMD nnp
 //	glibc-dns-testing
 //	            Debian bookworm: the test rootfs (the node image), CMD bash
 var e2eImageNames = []string{"pause", "busybox", "agnhost", "nonroot", "nonewprivs", "glibc-dns-testing"}
+
+// curlShim is the agnhost image's curl: upstream's image has alpine's curl,
+// which the exec lifecycle hook specs run as `curl http://HOST:PORT/PATH`;
+// busybox's wget does that GET (curl's options are ignored, URLs fetched
+// in turn, the body printed, the exit status non-zero on failure).
+const curlShim = `#!/bin/sh
+# curl for the e2e agnhost image (tests/system/nodestack/e2eimages.go):
+# GET each URL with busybox wget, body to stdout.
+rc=0
+for a in "$@"; do
+	case $a in
+	http://* | https://*) busybox wget -q -O - "$a" || rc=$? ;;
+	esac
+done
+exit $rc
+`
 
 const busyboxPasswd = `root:x:0:0:root:/root:/bin/sh
 daemon:x:1:1:daemon:/usr/sbin:/bin/false
@@ -126,6 +142,8 @@ func (s *Stage) E2EImages(t testing.TB, refs []string, bin string) (map[string]v
 				tarEntry{name: "agnhost", mode: 0o755, data: read(filepath.Join(bin, "agnhost"))},
 				tarEntry{name: "agnhost-2", linkname: "agnhost"},
 				tarEntry{name: "uploads", mode: 0o40755},
+				tarEntry{name: "usr/bin", mode: 0o40755},
+				tarEntry{name: "usr/bin/curl", mode: 0o755, data: []byte(curlShim)},
 				tarEntry{name: "localhost.crt", mode: 0o644, data: read(filepath.Join(bin, "localhost.crt"))},
 				tarEntry{name: "localhost.key", mode: 0o644, data: read(filepath.Join(bin, "localhost.key"))},
 				tarEntry{name: "home/user-defined-in-image", mode: 0o40755},
