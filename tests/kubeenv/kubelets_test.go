@@ -90,7 +90,9 @@ func TestKubeletServingCSRIsApprovedOnlyForTheNodesOwnAddresses(t *testing.T) {
 			if _, err := tc.as.CertificatesV1().CertificateSigningRequests().Create(ctx, csr, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { c.CertificatesV1().CertificateSigningRequests().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+			t.Cleanup(func() {
+				c.CertificatesV1().CertificateSigningRequests().Delete(context.Background(), name, metav1.DeleteOptions{})
+			})
 			// Denials wait for the Node's addresses for up to 10 s first.
 			var got *certv1.CertificateSigningRequest
 			poll(t, 30*time.Second, "a decision on "+name, func(ctx context.Context) (bool, error) {
