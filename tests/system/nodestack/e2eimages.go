@@ -25,8 +25,10 @@ import (
 //	            is Debian's static bash (tests/conformance/build.sh says
 //	            why: environment variables such as "data-1")
 //	agnhost     the busybox base, /agnhost (and /agnhost-2), /uploads,
-//	            /localhost.crt and .key (porter's), curl (curlShim), the
-//	            image's own user and group; ENTRYPOINT /agnhost, CMD pause
+//	            /localhost.crt and .key (porter's), curl (curlShim), bash
+//	            (Debian's static bash: upstream's image installs bash, which
+//	            probe specs run), the image's own user and group;
+//	            ENTRYPOINT /agnhost, CMD pause
 //	nonroot     the busybox base, USER 1234
 //	nonewprivs  the busybox base, /usr/local/bin/nnp setuid root, CMD nnp
 //	glibc-dns-testing
@@ -142,6 +144,7 @@ func (s *Stage) E2EImages(t testing.TB, refs []string, bin string) (map[string]v
 				tarEntry{name: "agnhost", mode: 0o755, data: read(filepath.Join(bin, "agnhost"))},
 				tarEntry{name: "agnhost-2", linkname: "agnhost"},
 				tarEntry{name: "uploads", mode: 0o40755},
+				tarEntry{name: "bin/bash", mode: 0o755, data: bash},
 				tarEntry{name: "usr/bin", mode: 0o40755},
 				tarEntry{name: "usr/bin/curl", mode: 0o755, data: []byte(curlShim)},
 				tarEntry{name: "localhost.crt", mode: 0o644, data: read(filepath.Join(bin, "localhost.crt"))},
