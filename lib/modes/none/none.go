@@ -36,10 +36,14 @@
 // plugin to /var/lib/containerd/opt. The slot only names the applied config's record: both slots are
 // the same units.
 //
-// Repave and EnsureHooks return modes.ErrNotImplemented in this release.
+// Repave (repave.go) replaces the stack in place: the new version is
+// installed beside, the stack stopped, `current` flipped, the stack
+// started; a failure flips back. EnsureHooks (hooks.go) makes what the
+// units run from current without restarting them.
 package none
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -120,7 +124,16 @@ type Mode struct {
 	Unmount func(target string) error
 	// MountInfo returns /proc/self/mountinfo; nil reads it.
 	MountInfo func() ([]byte, error)
-	Log       *slog.Logger
+	// CleanNetwork removes the host networking a stopped node stack
+	// left (repave); nil is cleanHostNetwork.
+	CleanNetwork func(ctx context.Context) error
+	// Command runs a host tool (ip, iptables-save, iptables-restore)
+	// with stdin and returns its standard output; nil runs it.
+	Command func(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error)
+	// SysClassNet is where the kernel lists network interfaces; "" is
+	// /sys/class/net.
+	SysClassNet string
+	Log         *slog.Logger
 }
 
 var _ modes.Mode = (*Mode)(nil)
@@ -283,6 +296,10 @@ func (m *Mode) setCNIConf(dir string) error {
 	if err != nil {
 		return err
 	}
+	if cur, err := os.ReadFile(live); err == nil && bytes.Equal(cur, data) {
+		// Unchanged: no write, no change event for containerd.
+		return nil
+	}
 	return nodestack.WriteFiles(m.Paths.Join("/"), []nodestack.File{{Path: path.Join(Layout.CNIConfDir, nodestack.CNIConfName), Mode: 0o644, Data: data}})
 }
 
@@ -361,16 +378,6 @@ func (m *Mode) Restart(ctx context.Context, slot string) error {
 	}
 	defer sd.Close()
 	return softreboot.Restart(ctx, sd, m.Name(), slot)
-}
-
-// Repave is not in this release.
-func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes.RepaveHooks) error {
-	return fmt.Errorf("none repave of %s: %w", running, modes.ErrNotImplemented)
-}
-
-// EnsureHooks is not in this release.
-func (m *Mode) EnsureHooks(ctx context.Context, slot string) error {
-	return fmt.Errorf("none lifecycle hooks of %s: %w", slot, modes.ErrNotImplemented)
 }
 
 // killWait bounds how long Destroy waits for killed pod processes to go.

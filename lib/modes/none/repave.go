@@ -1,0 +1,604 @@
+package none
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/nodestack"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// JournalName is the none mode's own repave journal,
+// /var/lib/unbounded/journal/repave-none.json (lib/state: atomic, with
+// a SHA-256 sidecar, 0600). lib/repave keeps its own beside it.
+const JournalName = "repave-none"
+
+// The steps of an in-place repave, as the journal records them. Each is
+// written before the work it names starts, and every step is
+// idempotent: a run that finds the journal at a step does that step
+// again and goes on.
+const (
+	// stepInstall: the new version directory is being built beside the
+	// running one; the old stack runs untouched.
+	stepInstall = "install"
+	// stepSwitch: the fence allowed the start; the old stack is being
+	// stopped, its networking cleaned, `current` flipped to the new
+	// version.
+	stepSwitch = "switch"
+	// stepStart: `current` points at the new version; it is being
+	// started and waited on.
+	stepStart = "start"
+	// stepRollback: the repave failed (Cause says why): the old version
+	// is being flipped back and started, the new one removed.
+	stepRollback = "rollback"
+	// stepDone: the new stack is healthy. The old version directory is
+	// kept until RemoveSuperseded (the caller records the new applied
+	// config first) or the next repave.
+	stepDone = "done"
+)
+
+// repaveJournal is what a resumed Repave needs: which repave it was
+// (Input), what to go back to (Old) and what to remove on a rollback
+// (New).
+type repaveJournal struct {
+	// Running is the slot whose record names the running stack; Slot is
+	// s.Name, the record the caller writes after success.
+	Running string `json:"running"`
+	Slot    string `json:"slot"`
+	// Input is a digest of Repave's arguments (the node configuration,
+	// the bootstrap token included only through the digest, and the
+	// artifact files): a call with other arguments is another repave.
+	Input string `json:"input"`
+	// Old is the version directory `current` pointed at before; New is
+	// the one this repave builds.
+	Old  string `json:"old"`
+	New  string `json:"new"`
+	Step string `json:"step"`
+	// Stopped says the old stack was stopped (step switch was reached):
+	// a rollback must start it again.
+	Stopped bool   `json:"stopped,omitempty"`
+	Cause   string `json:"cause,omitempty"`
+}
+
+// inputDigest names one set of Repave arguments.
+func inputDigest(running string, s modes.Slot) (string, error) {
+	h := sha256.New()
+	node := s.Node
+	// Secret marshals as a redaction: the token goes into the digest,
+	// never into the journal.
+	tok := sha256.Sum256([]byte(node.BootstrapToken.Reveal()))
+	if err := json.NewEncoder(h).Encode(struct {
+		Running, Slot string
+		Node          modes.Node
+		Token         string
+	}{running, s.Name, node, hex.EncodeToString(tok[:])}); err != nil {
+		return "", err
+	}
+	for _, p := range []string{s.Artifacts.Kubelet, s.Artifacts.Containerd, s.Artifacts.Runc, s.Artifacts.CNIPlugins} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return "", err
+		}
+		// lib/artifacts names its cache files after their digest and
+		// never rewrites one in place: path, size and time identify the
+		// content without reading a 100 MB kubelet again.
+		fmt.Fprintf(h, "%s %d %d\n", p, fi.Size(), fi.ModTime().UnixNano())
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func (m *Mode) writeJournal(j *repaveJournal) error {
+	return state.WriteJournal(m.Paths, JournalName, j)
+}
+
+func noHook(context.Context) error { return nil }
+
+// Repave replaces the node stack in place (ARCHITECTURE section 2):
+//
+//  1. install s as a new version directory beside the running one
+//     (named after s.Node.KubernetesVersion, or "<v>_2" when that name is
+//     the running version's), the running stack untouched;
+//  2. run the fence (h.Fence): a refusal removes the new version and
+//     leaves the old stack running;
+//  3. stop kubelet, then containerd; kill what they leave (pods: the
+//     caller drained the node and deleted its Node, so what is left are
+//     DaemonSet and static pods, bound to a Node that no longer exists
+//     and running in network namespaces about to be removed; the new
+//     kubelet starts them again); clean the host networking the old
+//     stack made (cleanNetwork);
+//  4. set the bridge CNI configuration from the new version, flip
+//     `current`;
+//  5. start containerd and kubelet (their start runs the fence again,
+//     through the generator's drop-in) and wait healthy (h.Healthy).
+//
+// A failure at any step rolls back: the stack is stopped and cleaned
+// again, `current` and the CNI configuration go back to the old version
+// (binaries and the configuration it ran, both in its directory), the
+// old stack is started and waited healthy, and the new version is
+// removed. The error says so and wraps modes.ErrRolledBack.
+//
+// The old version directory is not removed on success: the caller
+// records the new applied config, then calls RemoveSuperseded (a repave
+// that starts while an old one is still there removes it too).
+//
+// Every step is recorded first in the mode's journal (JournalName), so
+// that a call with the same arguments after a crash finishes the repave
+// (or its rollback); a call with other arguments first rolls back the
+// unfinished one. Crash points: repave/none-installed, -fenced, -stopped,
+// -flipped, -started, -healthy, -rolling-back.
+func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes.RepaveHooks) error {
+	if !hostpaths.ValidSlot(running) {
+		return fmt.Errorf("none repave: running slot %q: must be one of %v", running, hostpaths.Slots)
+	}
+	if err := s.Check(); err != nil {
+		return fmt.Errorf("none repave: %w", err)
+	}
+	v := s.Node.KubernetesVersion
+	if !versionRE.MatchString(v) {
+		return fmt.Errorf("none repave: version %q cannot name a directory", v)
+	}
+	if h.Fence == nil {
+		h.Fence = noHook
+	}
+	if h.Healthy == nil {
+		h.Healthy = func(context.Context, string) error { return nil }
+	}
+	if h.Crash == nil {
+		h.Crash = func(string) {}
+	}
+	in, err := inputDigest(running, s)
+	if err != nil {
+		return fmt.Errorf("none repave: %w", err)
+	}
+	var j repaveJournal
+	ok, err := state.ReadJournal(m.Paths, JournalName, &j)
+	if err != nil {
+		// Never resume from a journal that cannot be trusted, and never
+		// start over it: what it would undo is unknown.
+		return fmt.Errorf("none repave: %w", err)
+	}
+	if ok && j.Input != in {
+		if j.Step == stepDone {
+			// The previous repave finished; the caller moved on.
+			if err := m.RemoveSuperseded(ctx); err != nil {
+				return fmt.Errorf("none repave: %w", err)
+			}
+		} else {
+			m.log().Warn("an unfinished repave of other arguments is rolled back first", "journal", m.Paths.Journal(JournalName), "old", j.Old, "new", j.New, "step", j.Step)
+			if err := m.rollback(ctx, &j, h, "a repave of other arguments replaces it"); err != nil && !errors.Is(err, modes.ErrRolledBack) {
+				return err
+			}
+		}
+		ok = false
+	}
+	if ok {
+		m.log().Info("repave resumed", "mode", "none", "step", j.Step, "old", j.Old, "new", j.New)
+	} else {
+		j, err = m.beginRepave(running, s, in)
+		if err != nil {
+			return fmt.Errorf("none repave: %w", err)
+		}
+	}
+	return m.repave(ctx, s, &j, h)
+}
+
+// beginRepave opens the journal of a new repave.
+func (m *Mode) beginRepave(running string, s modes.Slot, in string) (repaveJournal, error) {
+	old, err := m.CurrentVersion()
+	if err != nil {
+		return repaveJournal{}, err
+	}
+	if old == "" {
+		return repaveJournal{}, fmt.Errorf("no version is installed (%s does not exist): nothing runs to be repaved", filepath.Join(m.Paths.VersionsDir(), "current"))
+	}
+	if fi, err := os.Stat(m.VersionDir(old)); err != nil || !fi.IsDir() {
+		return repaveJournal{}, fmt.Errorf("current points at %s, which is no version directory (%v)", old, err)
+	}
+	// Versions other than the running one are superseded (a repave whose
+	// caller never called RemoveSuperseded, a crash): they go first.
+	if err := m.removeVersionsBut(old); err != nil {
+		return repaveJournal{}, err
+	}
+	// A version installed before versions kept their CNI configuration
+	// (cniCopy) gets the live one: it is the configuration it runs, and
+	// what a rollback restores.
+	live := m.Paths.Join(filepath.Join(Layout.CNIConfDir, nodestack.CNIConfName))
+	if data, err := os.ReadFile(live); err == nil {
+		if _, err := os.Stat(filepath.Join(m.VersionDir(old), cniCopy)); errors.Is(err, os.ErrNotExist) {
+			if err := nodestack.WriteFile(m.VersionDir(old), "/"+cniCopy, data, 0o644); err != nil {
+				return repaveJournal{}, err
+			}
+		}
+	}
+	name := s.Node.KubernetesVersion
+	for i := 2; name == old; i++ {
+		name = fmt.Sprintf("%s_%d", s.Node.KubernetesVersion, i)
+	}
+	j := repaveJournal{Running: running, Slot: s.Name, Input: in, Old: old, New: name, Step: stepInstall}
+	if err := m.writeJournal(&j); err != nil {
+		return repaveJournal{}, err
+	}
+	m.log().Info("repave begun", "mode", "none", "running", running, "slot", s.Name, "old", old, "new", name)
+	return j, nil
+}
+
+// repave runs the journal's steps from where it stands.
+func (m *Mode) repave(ctx context.Context, s modes.Slot, j *repaveJournal, h modes.RepaveHooks) error {
+	fail := func(what string, err error) error {
+		return m.rollback(ctx, j, h, fmt.Sprintf("%s: %v", what, err))
+	}
+	var stopped time.Time
+	for {
+		switch j.Step {
+		case stepInstall:
+			if err := m.install(s, j.New); err != nil {
+				return fail("install version "+j.New, err)
+			}
+			h.Crash("repave/none-installed")
+			if err := h.Fence(ctx); err != nil {
+				return fail("the allocation fence", err)
+			}
+			h.Crash("repave/none-fenced")
+			j.Step, j.Stopped = stepSwitch, true
+			if err := m.writeJournal(j); err != nil {
+				return fail("journal", err)
+			}
+		case stepSwitch:
+			stopped = time.Now()
+			if err := m.stopStack(ctx); err != nil {
+				return fail("stop version "+j.Old, err)
+			}
+			h.Crash("repave/none-stopped")
+			if err := m.setCNIConf(j.New); err != nil {
+				return fail("CNI configuration of version "+j.New, err)
+			}
+			if err := m.flipCurrent(j.New); err != nil {
+				return fail("flip current to "+j.New, err)
+			}
+			j.Step = stepStart
+			if err := m.writeJournal(j); err != nil {
+				return fail("journal", err)
+			}
+			h.Crash("repave/none-flipped")
+		case stepStart:
+			if err := m.startStack(ctx, j.Slot); err != nil {
+				return fail("start version "+j.New, err)
+			}
+			h.Crash("repave/none-started")
+			if err := h.Healthy(ctx, j.Slot); err != nil {
+				return fail("version "+j.New+" did not become healthy", err)
+			}
+			j.Step = stepDone
+			if err := m.writeJournal(j); err != nil {
+				return fail("journal", err)
+			}
+			h.Crash("repave/none-healthy")
+			args := []any{"mode", "none", "old", j.Old, "new", j.New}
+			if !stopped.IsZero() {
+				args = append(args, "down", time.Since(stopped).Round(time.Millisecond).String())
+			}
+			m.log().Info("repave done: the new version runs; the old one is kept until the new applied config is recorded", args...)
+			return nil
+		case stepRollback:
+			return m.rollback(ctx, j, h, j.Cause)
+		case stepDone:
+			return nil
+		default:
+			return fmt.Errorf("none repave: journal %s: unknown step %q", m.Paths.Journal(JournalName), j.Step)
+		}
+	}
+}
+
+// rollback puts the old version back and removes the new one. It returns
+// an error wrapping modes.ErrRolledBack when the old stack runs (and is
+// healthy) again, any other error when it does not; the journal then
+// stays at the rollback step and the next call tries again.
+func (m *Mode) rollback(ctx context.Context, j *repaveJournal, h modes.RepaveHooks, cause string) error {
+	if j.Step != stepRollback {
+		j.Step, j.Cause = stepRollback, cause
+		if err := m.writeJournal(j); err != nil {
+			return fmt.Errorf("none repave failed (%s), and its rollback could not be journaled: %w", cause, err)
+		}
+	}
+	m.log().Warn("repave failed, rolling back", "mode", "none", "cause", cause, "old", j.Old, "new", j.New)
+	if h.Crash != nil {
+		h.Crash("repave/none-rolling-back")
+	}
+	undo := func(what string, err error) error {
+		return fmt.Errorf("none repave to version %s failed (%s), and the rollback to version %s failed: %s: %w", j.New, cause, j.Old, what, err)
+	}
+	if j.Stopped {
+		if err := m.stopStack(ctx); err != nil {
+			return undo("stop version "+j.New, err)
+		}
+		if err := m.setCNIConf(j.Old); err != nil {
+			return undo("CNI configuration", err)
+		}
+		if err := m.flipCurrent(j.Old); err != nil {
+			return undo("flip current back", err)
+		}
+		if err := m.startStack(ctx, j.Running); err != nil {
+			return undo("start version "+j.Old, err)
+		}
+		if h.Healthy != nil {
+			if err := h.Healthy(ctx, j.Running); err != nil {
+				return undo("version "+j.Old+" did not become healthy again", err)
+			}
+		}
+	}
+	if j.New != j.Old {
+		if err := modes.RemoveVerified(m.VersionDir(j.New)); err != nil {
+			return undo("remove version "+j.New, err)
+		}
+	}
+	if err := state.RemoveJournal(m.Paths, JournalName); err != nil {
+		return undo("remove the journal", err)
+	}
+	how := "it never stopped"
+	if j.Stopped {
+		how = "started again with the configuration it ran"
+	}
+	return fmt.Errorf("none repave to version %s failed (%s); rolled back: version %s runs (%s), version %s removed: %w", j.New, cause, j.Old, how, j.New, modes.ErrRolledBack)
+}
+
+// RemoveSuperseded removes the version directories `current` does not
+// point at, and the journal of a finished repave. The caller of Repave
+// (lib/repave) calls it once it has recorded the new applied config:
+// until then the old version is what a rollback would need. It refuses
+// while a repave is unfinished (its journal is not at "done").
+func (m *Mode) RemoveSuperseded(ctx context.Context) error {
+	var j repaveJournal
+	ok, err := state.ReadJournal(m.Paths, JournalName, &j)
+	if err != nil {
+		return err
+	}
+	if ok && j.Step != stepDone {
+		return fmt.Errorf("a repave from version %s to %s is unfinished (step %s): no version is superseded yet", j.Old, j.New, j.Step)
+	}
+	cur, err := m.CurrentVersion()
+	if err != nil {
+		return err
+	}
+	if cur == "" {
+		return fmt.Errorf("no version is current (%s): refusing to remove any", filepath.Join(m.Paths.VersionsDir(), "current"))
+	}
+	if err := m.removeVersionsBut(cur); err != nil {
+		return err
+	}
+	if ok {
+		if err := state.RemoveJournal(m.Paths, JournalName); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeVersionsBut removes every version directory but keep (and what
+// an interrupted build left).
+func (m *Mode) removeVersionsBut(keep string) error {
+	versions := m.Paths.VersionsDir()
+	if err := removeLeftovers(versions); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(versions)
+	if err != nil {
+		return err
+	}
+	var gone []string
+	for _, e := range ents {
+		if e.Name() == "current" || e.Name() == keep || !e.IsDir() {
+			continue
+		}
+		gone = append(gone, filepath.Join(versions, e.Name()))
+	}
+	if len(gone) > 0 {
+		m.log().Info("superseded versions removed", "mode", "none", "versions", gone)
+	}
+	return modes.RemoveVerified(gone...)
+}
+
+// stopStack stops kubelet, then containerd, kills what outlives them
+// (pods, shims) and cleans the host networking they made.
+func (m *Mode) stopStack(ctx context.Context) error {
+	sd, err := m.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	for _, u := range []string{KubeletUnit, ContainerdUnit} {
+		// A stop of a unit that is not running is no error; one in its
+		// Restart= delay (a kubelet that exits at once) is stopped too.
+		if err := sd.StopUnit(ctx, u); err != nil {
+			return err
+		}
+	}
+	if err := m.killLeftovers(ctx); err != nil {
+		return err
+	}
+	clean := m.CleanNetwork
+	if clean == nil {
+		clean = m.cleanHostNetwork
+	}
+	return clean(ctx)
+}
+
+// resetFailer is the part of lib/units.Manager beyond modes.Systemd that
+// startStack uses when the connection has it.
+type resetFailer interface {
+	ResetFailed(ctx context.Context, unit string) error
+}
+
+// startStack starts containerd and kubelet after a daemon-reload (Start),
+// first forgetting a failed state and its start limit: a kubelet that
+// exited at once in the version rolled back from may have hit it, and
+// systemd would refuse to start the unit ("start request repeated too
+// quickly").
+func (m *Mode) startStack(ctx context.Context, slot string) error {
+	sd, err := m.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	if r, ok := sd.(resetFailer); ok {
+		for _, u := range []string{ContainerdUnit, KubeletUnit} {
+			if err := r.ResetFailed(ctx, u); err != nil {
+				sd.Close()
+				return err
+			}
+		}
+	}
+	sd.Close()
+	return m.Start(ctx, slot)
+}
+
+// cleanHostNetwork removes what the node stack made in the host's
+// network and what no process of it uses any more once it is stopped
+// and its pods are killed: the pods' network namespaces (containerd's
+// /run/netns/cni-*; their veth pairs go with them), the bridge (cni0),
+// host-local's address reservations of the bridge network, and the
+// iptables chains of the CNI plugins (CNI-*: the bridge's masquerade
+// chains, portmap's CNI-HOSTPORT-*) with the rules that jump to them.
+// kubelet's own chains (KUBE-*) are left: it keeps them current itself
+// at every start.
+func (m *Mode) cleanHostNetwork(ctx context.Context) error {
+	var errs []error
+	netns, _ := filepath.Glob(m.Paths.Join("/run/netns/cni-*"))
+	umount := m.Unmount
+	if umount == nil {
+		umount = defaultUnmount
+	}
+	for _, ns := range netns {
+		if err := umount(ns); err != nil && !isNotMounted(err) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", ns, err))
+			continue
+		}
+		if err := os.Remove(ns); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	run := m.Command
+	if run == nil {
+		run = runCommand
+	}
+	sysNet := m.SysClassNet
+	if sysNet == "" {
+		sysNet = "/sys/class/net"
+	}
+	if _, err := os.Stat(filepath.Join(sysNet, bridgeName)); err == nil {
+		if _, err := run(ctx, nil, "ip", "link", "delete", bridgeName); err != nil {
+			errs = append(errs, fmt.Errorf("ip link delete %s: %w", bridgeName, err))
+		}
+	}
+	if err := modes.RemoveVerified(m.Paths.Join("/var/lib/cni/networks/" + cniNetwork)); err != nil {
+		errs = append(errs, err)
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		if err := m.removeCNIChains(ctx, run, fam); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(netns) > 0 {
+		m.log().Info("host networking of the old node stack cleaned", "netns", len(netns))
+	}
+	return errors.Join(errs...)
+}
+
+// removeCNIChains drops the CNI-* chains, and every rule that jumps to
+// one, from the nat and filter tables of fam ("iptables", "ip6tables"):
+// iptables-save, filtered, iptables-restore of the table (atomic; the
+// counters are kept). A host without the tool has nothing of CNI's.
+func (m *Mode) removeCNIChains(ctx context.Context, run func(context.Context, []byte, string, ...string) ([]byte, error), fam string) error {
+	if m.Command == nil {
+		if _, err := exec.LookPath(fam + "-save"); err != nil {
+			return nil
+		}
+	}
+	for _, table := range []string{"nat", "filter"} {
+		saved, err := run(ctx, nil, fam+"-save", "-c", "-t", table)
+		if err != nil {
+			return fmt.Errorf("%s-save -t %s: %w", fam, table, err)
+		}
+		kept, changed := withoutCNIChains(saved)
+		if !changed {
+			continue
+		}
+		if _, err := run(ctx, kept, fam+"-restore", "-w", "-c"); err != nil {
+			return fmt.Errorf("%s-restore of table %s without CNI chains: %w", fam, table, err)
+		}
+		m.log().Info("CNI iptables chains removed", "family", fam, "table", table)
+	}
+	return nil
+}
+
+// withoutCNIChains is iptables-save output without the CNI-* chains and
+// the rules in them or jumping to them.
+func withoutCNIChains(saved []byte) ([]byte, bool) {
+	var out bytes.Buffer
+	changed := false
+	for _, line := range strings.SplitAfter(string(saved), "\n") {
+		t := strings.TrimSpace(line)
+		// With -c a rule line starts with its counters: "[p:b] -A ...".
+		if strings.HasPrefix(t, "[") {
+			if i := strings.Index(t, "] "); i > 0 {
+				t = t[i+2:]
+			}
+		}
+		f := strings.Fields(t)
+		drop := strings.HasPrefix(t, ":CNI-") ||
+			(len(f) >= 2 && f[0] == "-A" && strings.HasPrefix(f[1], "CNI-"))
+		for i := 0; !drop && i+1 < len(f); i++ {
+			if (f[i] == "-j" || f[i] == "-g" || f[i] == "--jump" || f[i] == "--goto") && strings.HasPrefix(f[i+1], "CNI-") {
+				drop = true
+			}
+		}
+		if drop {
+			changed = true
+			continue
+		}
+		out.WriteString(line)
+	}
+	return out.Bytes(), changed
+}
+
+// runCommand runs name and returns its standard output; a failure's
+// error carries its standard error (iptables-save's warnings must not
+// end up in what is restored).
+func runCommand(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+	c := exec.CommandContext(ctx, name, args...)
+	if stdin != nil {
+		c.Stdin = bytes.NewReader(stdin)
+	}
+	var out, stderr bytes.Buffer
+	c.Stdout = &out
+	c.Stderr = &stderr
+	if err := c.Run(); err != nil {
+		return out.Bytes(), fmt.Errorf("%w: %s", err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	return out.Bytes(), nil
+}
+
+// The bridge CNI configuration's names (lib/modes/nodestack's conflist):
+// the bridge it makes and the network host-local keeps reservations of.
+const (
+	bridgeName = "cni0"
+	cniNetwork = "unbounded"
+)
+
+func defaultUnmount(target string) error { return unix.Unmount(target, unix.MNT_DETACH) }
+
+func isNotMounted(err error) bool {
+	return errors.Is(err, unix.EINVAL) || errors.Is(err, os.ErrNotExist)
+}
