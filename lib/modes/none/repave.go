@@ -35,9 +35,8 @@ const (
 	// stepInstall: the new version directory is being built beside the
 	// running one; the old stack runs untouched.
 	stepInstall = "install"
-	// stepSwitch: the fence allowed the start; the old stack is being
-	// stopped, its networking cleaned, `current` flipped to the new
-	// version.
+	// stepSwitch: the old stack is being stopped and its networking
+	// cleaned, the fence run, `current` flipped to the new version.
 	stepSwitch = "switch"
 	// stepStart: `current` points at the new version; it is being
 	// started and waited on.
@@ -68,8 +67,8 @@ type repaveJournal struct {
 	Old  string `json:"old"`
 	New  string `json:"new"`
 	Step string `json:"step"`
-	// Stopped says the old stack was stopped (step switch was reached):
-	// a rollback must start it again.
+	// Stopped says the old stack may have been stopped (step switch was
+	// reached): a rollback must start it again.
 	Stopped bool   `json:"stopped,omitempty"`
 	Cause   string `json:"cause,omitempty"`
 }
@@ -112,14 +111,14 @@ func noHook(context.Context) error { return nil }
 //  1. install s as a new version directory beside the running one
 //     (named after s.Node.KubernetesVersion, or "<v>_2" when that name is
 //     the running version's), the running stack untouched;
-//  2. run the fence (h.Fence): a refusal removes the new version and
-//     leaves the old stack running;
-//  3. stop kubelet, then containerd; kill what they leave (pods: the
-//     caller drained the node and deleted its Node, so what is left are
-//     DaemonSet and static pods, bound to a Node that no longer exists
-//     and running in network namespaces about to be removed; the new
-//     kubelet starts them again); clean the host networking the old
-//     stack made (cleanNetwork);
+//  2. stop kubelet, then containerd; kill what they leave (pods: the
+//     caller drained the node, so what is left are DaemonSet and static
+//     pods, bound to a Node the caller deletes and running in network
+//     namespaces about to be removed; the new kubelet starts them
+//     again); clean the host networking the old stack made
+//     (cleanHostNetwork);
+//  3. run the fence (h.Fence; the caller deletes the Node there, now
+//     that no kubelet runs to register it again);
 //  4. set the bridge CNI configuration from the new version, flip
 //     `current`;
 //  5. start containerd and kubelet (their start runs the fence again,
@@ -129,7 +128,10 @@ func noHook(context.Context) error { return nil }
 // again, `current` and the CNI configuration go back to the old version
 // (binaries and the configuration it ran, both in its directory), the
 // old stack is started and waited healthy, and the new version is
-// removed. The error says so and wraps modes.ErrRolledBack.
+// removed. The error says so and wraps modes.ErrRolledBack. (A fence
+// that refuses also refuses the old stack's start, through the
+// generator's drop-in on the units: the rollback then fails, and the
+// node stays down, as a fenced node must.)
 //
 // The old version directory is not removed on success: the caller
 // records the new applied config, then calls RemoveSuperseded (a repave
@@ -138,7 +140,7 @@ func noHook(context.Context) error { return nil }
 // Every step is recorded first in the mode's journal (JournalName), so
 // that a call with the same arguments after a crash finishes the repave
 // (or its rollback); a call with other arguments first rolls back the
-// unfinished one. Crash points: repave/none-installed, -fenced, -stopped,
+// unfinished one. Crash points: repave/none-installed, -stopped, -fenced,
 // -flipped, -started, -healthy, -rolling-back.
 func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes.RepaveHooks) error {
 	if !hostpaths.ValidSlot(running) {
@@ -249,10 +251,6 @@ func (m *Mode) repave(ctx context.Context, s modes.Slot, j *repaveJournal, h mod
 				return fail("install version "+j.New, err)
 			}
 			h.Crash("repave/none-installed")
-			if err := h.Fence(ctx); err != nil {
-				return fail("the allocation fence", err)
-			}
-			h.Crash("repave/none-fenced")
 			j.Step, j.Stopped = stepSwitch, true
 			if err := m.writeJournal(j); err != nil {
 				return fail("journal", err)
@@ -263,6 +261,14 @@ func (m *Mode) repave(ctx context.Context, s modes.Slot, j *repaveJournal, h mod
 				return fail("stop version "+j.Old, err)
 			}
 			h.Crash("repave/none-stopped")
+			// The fence runs once the old kubelet is stopped (the caller's
+			// hook deletes the Node first, which a running kubelet would
+			// register again) and before anything of the new version is
+			// live.
+			if err := h.Fence(ctx); err != nil {
+				return fail("the allocation fence", err)
+			}
+			h.Crash("repave/none-fenced")
 			if err := m.setCNIConf(j.New); err != nil {
 				return fail("CNI configuration of version "+j.New, err)
 			}
