@@ -1,0 +1,250 @@
+package system_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/none"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// In-place repave of a mode none host (ARCHITECTURE section 2), on the
+// first-boot fixture: one host, bootstrapped in mode none with the
+// staged Kubernetes version, is repaved by hand (`systemctl start
+// unbounded-repave.service`) to a second version, then to a third whose
+// kubelet exits at once, which rolls back.
+//
+// The tests have one kubelet: the loopback mirror serves it under a
+// second version name (nodestack.Stage.ServeAsVersion), so that the
+// repave installs a new version directory and flips `current` to it, and
+// serves a kubelet that exits at once under a third.
+
+// repaveReadyTimeout bounds the repave's wait for the new node in this
+// test (a drop-in on the unit): the kubelet that exits at once never gets
+// healthy, and the default (10 min) would be the test's whole budget.
+const repaveReadyTimeout = "3m"
+
+func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{mode: "none"})
+	t.Cleanup(func() {
+		if t.Failed() {
+			f.diagnoseNone(t)
+			t.Logf("repave journal:\n%s", f.m.Journal(repaveUnit))
+		}
+	})
+	begin := time.Now()
+	f.m.Start()
+	waitUntil(t, 8*time.Minute, "bootstrap finished", func(context.Context) (bool, error) {
+		p := showProps(t, f.m, bootstrapUnit, "ActiveState", "ExecMainStatus", "InvocationID")
+		return p["InvocationID"] != "" && p["ActiveState"] == "inactive" && p["ExecMainStatus"] == "0", nil
+	})
+	t.Logf("bootstrapped %v after the boot began", time.Since(begin).Round(time.Millisecond))
+	f.wantBootstrapped(t, "none", none.KubeletUnit)
+	ns := f.runPod(t)
+	if t.Failed() {
+		return
+	}
+	v1 := f.stage.Versions["kubelet"]
+	uid1 := f.nodeUID(t)
+	f.m.WriteFile("/etc/systemd/system/"+repaveUnit+".d/50-test-ready-timeout.conf",
+		[]byte("[Service]\nEnvironment=UNBOUNDED_REPAVE_READY_TIMEOUT="+repaveReadyTimeout+"\n"), 0o644)
+	f.m.MustRun("systemctl", "daemon-reload")
+
+	// 1. A version change: the repave drains, deletes the Node, installs
+	// the new version beside the running one, stops the stack, flips
+	// `current`, starts it; the Node registers afresh under the same
+	// name, the Deployment's pod runs again, the old version is gone.
+	v2 := bumpPatch(t, v1, 1)
+	f.stage.ServeAsVersion(t, f.mirrorDir, "kubelet", v2, f.stage.Kubelet)
+	f.setKubernetesVersion(t, v1, v2)
+	took, p := f.repave(t)
+	if p["Result"] != "success" || p["ExecMainStatus"] != "0" {
+		t.Fatalf("repave to %s: %v\n%s", v2, p, f.m.Journal(repaveUnit))
+	}
+	t.Logf("repave %s -> %s took %v", v1, v2, took)
+	f.wantVersionRunning(t, v2, []string{v2})
+	if uid2 := f.nodeUID(t); uid2 == uid1 {
+		t.Errorf("Node %s has the UID it had before the repave (%s): it was not deleted and registered afresh", f.name, uid1)
+	}
+	waitUntil(t, 2*time.Minute, "Node Ready after the repave", f.nodeReady)
+	f.waitPodRunning(t, ns, 3*time.Minute)
+	f.wantApplied(t, v2)
+	if fu := failedUnits(t, f.m, "unbounded*"); len(fu) != 0 {
+		t.Errorf("failed units after the repave: %v", fu)
+	}
+	if out, err := f.m.Run("unbounded", "status"); err != nil || !strings.Contains(out, v2) {
+		t.Errorf("unbounded status does not show %s (%v):\n%s", v2, err, out)
+	}
+
+	// 2. A version whose kubelet exits at once: never healthy. The
+	// repave flips back, starts the previous version with the
+	// configuration it ran, removes the new one and fails saying so.
+	v3 := bumpPatch(t, v1, 2)
+	broken := filepath.Join(t.TempDir(), "kubelet")
+	if err := os.WriteFile(broken, []byte("#!/bin/sh\necho 'kubelet of a broken release: exiting' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.stage.ServeAsVersion(t, f.mirrorDir, "kubelet", v3, broken)
+	f.setKubernetesVersion(t, v2, v3)
+	envBefore, err := f.m.ReadFile(hostpaths.VersionsDirHost + "/" + v2 + "/etc/kubelet/kubelet.env")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid2 := f.nodeUID(t)
+	took, p = f.repave(t)
+	t.Logf("repave %s -> %s (never healthy) ended after %v: %v", v2, v3, took, p)
+	if p["Result"] == "success" || p["ExecMainStatus"] != "1" {
+		t.Errorf("a repave that rolled back: %v, want exit 1", p)
+	}
+	j := f.m.Journal(repaveUnit)
+	for _, want := range []string{"rolled back", "version " + v2 + " runs", v3 + " removed"} {
+		if !strings.Contains(j, want) {
+			t.Errorf("the repave's journal does not say %q:\n%s", want, j)
+		}
+	}
+	f.wantVersionRunning(t, v2, []string{v2})
+	if env, _ := f.m.ReadFile(hostpaths.VersionsDirHost + "/" + v2 + "/etc/kubelet/kubelet.env"); string(env) != string(envBefore) {
+		t.Errorf("the previous version runs with another configuration:\n%s\nwant\n%s", env, envBefore)
+	}
+	waitUntil(t, 3*time.Minute, "Node Ready after the rollback", f.nodeReady)
+	if uid := f.nodeUID(t); uid == uid2 {
+		t.Logf("Node %s kept its UID across the rolled-back repave", f.name)
+	}
+	f.waitPodRunning(t, ns, 3*time.Minute)
+	f.wantApplied(t, v2)
+
+	f.drainAndPowerOff(t, ns)
+}
+
+// repave starts unbounded-repave.service without waiting for its job
+// (the harness bounds a command at 2 minutes) and waits, bounded, until
+// it has run and ended.
+func (f *firstBoot) repave(t *testing.T) (time.Duration, map[string]string) {
+	t.Helper()
+	before := showProps(t, f.m, repaveUnit, "InvocationID")["InvocationID"]
+	begin := time.Now()
+	if out, err := f.m.Systemctl("start", "--no-block", repaveUnit); err != nil {
+		t.Fatalf("systemctl start %s: %v\n%s", repaveUnit, err, out)
+	}
+	var p map[string]string
+	waitUntil(t, 12*time.Minute, repaveUnit+" ended", func(context.Context) (bool, error) {
+		p = showProps(t, f.m, repaveUnit, "ActiveState", "Result", "ExecMainStatus", "InvocationID")
+		return p["InvocationID"] != "" && p["InvocationID"] != before && (p["ActiveState"] == "inactive" || p["ActiveState"] == "failed"), nil
+	})
+	return time.Since(begin).Round(time.Millisecond), p
+}
+
+// setKubernetesVersion changes the cluster's Kubernetes version in
+// agent.toml, as an operator does before a repave by hand.
+func (f *firstBoot) setKubernetesVersion(t *testing.T, from, to string) {
+	t.Helper()
+	data, err := f.m.ReadFile(hostpaths.ConfigFileHost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := `kubernetes-version = "` + from + `"`
+	if !strings.Contains(string(data), old) {
+		t.Fatalf("agent.toml has no %s:\n%s", old, data)
+	}
+	f.m.WriteFile(hostpaths.ConfigFileHost, []byte(strings.Replace(string(data), old, `kubernetes-version = "`+to+`"`, 1)), 0o644)
+}
+
+// wantVersionRunning asserts that `current` points at v, that the
+// version directories are exactly dirs, and that both units run from v.
+func (f *firstBoot) wantVersionRunning(t *testing.T, v string, dirs []string) {
+	t.Helper()
+	if target, err := f.m.Readlink(none.Current); err != nil || target != v {
+		t.Errorf("%s -> %q (%v), want %s", none.Current, target, err, v)
+	}
+	ents, err := f.m.ReadDir(hostpaths.VersionsDirHost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range ents {
+		if e.Name() != "current" {
+			got = append(got, e.Name())
+		}
+	}
+	if !slices.Equal(got, dirs) {
+		t.Errorf("version directories %q, want %q", got, dirs)
+	}
+	for unit, bin := range map[string]string{none.KubeletUnit: "kubelet", none.ContainerdUnit: "containerd"} {
+		waitUntil(t, time.Minute, unit+" active", func(context.Context) (bool, error) { return isActive(f.m, unit) == "active", nil })
+		pid := showProps(t, f.m, unit, "MainPID")["MainPID"]
+		exe, err := f.m.Run("readlink", "/proc/"+pid+"/exe")
+		if want := hostpaths.VersionsDirHost + "/" + v + "/bin/" + bin; err != nil || strings.TrimSpace(exe) != want {
+			t.Errorf("%s runs %q (PID %s, %v), want %s", unit, strings.TrimSpace(exe), pid, err, want)
+		}
+	}
+	if _, err := f.m.ReadFile(hostpaths.HostRootHost + "/journal/" + none.JournalName + ".json"); !os.IsNotExist(err) {
+		t.Errorf("the none mode's repave journal is still there (%v)", err)
+	}
+}
+
+// wantApplied asserts exactly one applied record, of mode none and
+// Kubernetes version v, and that the generator runs the node from it.
+func (f *firstBoot) wantApplied(t *testing.T, v string) {
+	t.Helper()
+	var found []*state.AppliedConfig
+	for _, slot := range hostpaths.Slots {
+		a, err := state.ReadApplied(f.paths, slot)
+		if err == nil {
+			found = append(found, a)
+		} else if !os.IsNotExist(err) {
+			t.Errorf("applied config of %s: %v", slot, err)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%d applied records, want exactly one", len(found))
+	}
+	a := found[0]
+	if a.Mode != "none" || strings.TrimPrefix(a.KubernetesVersion, "v") != v {
+		b, _ := json.Marshal(a)
+		t.Errorf("applied record of slot %s: %s, want mode none and version %s", a.Slot, b, v)
+	}
+	for _, u := range []string{"unbounded-node.target", "unbounded-mode-none.target", "unbounded-daemon.service"} {
+		waitUntil(t, time.Minute, u+" active", func(context.Context) (bool, error) { return isActive(f.m, u) == "active", nil })
+	}
+	wantFencedUnit(t, f.m, "unbounded-mode-none.target", none.KubeletUnit)
+}
+
+func (f *firstBoot) nodeUID(t *testing.T) string {
+	t.Helper()
+	var uid string
+	waitUntil(t, 3*time.Minute, "Node "+f.name+" registered", func(ctx context.Context) (bool, error) {
+		n, err := f.env.kube.CoreV1().Nodes().Get(ctx, f.name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		uid = string(n.UID)
+		return true, nil
+	})
+	return uid
+}
+
+// bumpPatch is v with its patch number raised by n ("1.36.3", 1 ->
+// "1.36.4").
+func bumpPatch(t *testing.T, v string, n int) string {
+	t.Helper()
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) != 3 {
+		t.Fatalf("version %q is not MAJOR.MINOR.PATCH", v)
+	}
+	patch, err := strconv.Atoi(parts[2])
+	if err != nil {
+		t.Fatalf("version %q: %v", v, err)
+	}
+	return parts[0] + "." + parts[1] + "." + strconv.Itoa(patch+n)
+}
