@@ -127,7 +127,10 @@ type Mode struct {
 	// CleanNetwork removes the host networking a stopped node stack
 	// left (repave); nil is cleanHostNetwork.
 	CleanNetwork func(ctx context.Context) error
-	// Command runs a host tool (ip, iptables-save, iptables-restore)
+	// DeleteLink deletes a network interface; nil is rtnetlink's
+	// RTM_DELLINK.
+	DeleteLink func(name string) error
+	// Command runs a host tool (iptables-save, iptables-restore)
 	// with stdin and returns its standard output; nil runs it.
 	Command func(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error)
 	// SysClassNet is where the kernel lists network interfaces; "" is

@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -504,8 +507,12 @@ func (m *Mode) cleanHostNetwork(ctx context.Context) error {
 		sysNet = "/sys/class/net"
 	}
 	if _, err := os.Stat(filepath.Join(sysNet, bridgeName)); err == nil {
-		if _, err := run(ctx, nil, "ip", "link", "delete", bridgeName); err != nil {
-			errs = append(errs, fmt.Errorf("ip link delete %s: %w", bridgeName, err))
+		del := m.DeleteLink
+		if del == nil {
+			del = deleteLink
+		}
+		if err := del(bridgeName); err != nil {
+			errs = append(errs, fmt.Errorf("delete interface %s: %w", bridgeName, err))
 		}
 	}
 	if err := modes.RemoveVerified(m.Paths.Join("/var/lib/cni/networks/" + cniNetwork)); err != nil {
@@ -535,7 +542,10 @@ func (m *Mode) removeCNIChains(ctx context.Context, run func(context.Context, []
 	for _, table := range []string{"nat", "filter"} {
 		saved, err := run(ctx, nil, fam+"-save", "-c", "-t", table)
 		if err != nil {
-			return fmt.Errorf("%s-save -t %s: %w", fam, table, err)
+			// No such table in this kernel (ip6tables without its
+			// module, say): nothing of CNI's can be in it.
+			m.log().Warn("iptables table not read: nothing to clean in it", "family", fam, "table", table, "error", err.Error())
+			continue
 		}
 		kept, changed := withoutCNIChains(saved)
 		if !changed {
@@ -602,6 +612,51 @@ const (
 	bridgeName = "cni0"
 	cniNetwork = "unbounded"
 )
+
+// deleteLink deletes a network interface by name over rtnetlink
+// (RTM_DELLINK), as `ip link delete` does, without needing iproute2.
+func deleteLink(name string) error {
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return err
+	}
+	msg := make([]byte, unix.NLMSG_HDRLEN+unix.SizeofIfInfomsg)
+	binary.NativeEndian.PutUint32(msg[0:4], uint32(len(msg)))
+	binary.NativeEndian.PutUint16(msg[4:6], unix.RTM_DELLINK)
+	binary.NativeEndian.PutUint16(msg[6:8], unix.NLM_F_REQUEST|unix.NLM_F_ACK)
+	binary.NativeEndian.PutUint32(msg[8:12], 1)
+	// struct ifinfomsg: family, pad, type, index, flags, change.
+	binary.NativeEndian.PutUint32(msg[unix.NLMSG_HDRLEN+4:], uint32(ifi.Index))
+	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return err
+	}
+	buf := make([]byte, 4096)
+	n, _, err := unix.Recvfrom(fd, buf, 0)
+	if err != nil {
+		return err
+	}
+	msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+	if err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		if m.Header.Type == unix.NLMSG_ERROR && len(m.Data) >= 4 {
+			if e := int32(binary.NativeEndian.Uint32(m.Data[0:4])); e != 0 {
+				return syscall.Errno(-e)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("no answer from the kernel to RTM_DELLINK %s", name)
+}
 
 func defaultUnmount(target string) error { return unix.Unmount(target, unix.MNT_DETACH) }
 
