@@ -130,7 +130,7 @@ type Mode struct {
 	// DeleteLink deletes a network interface; nil is rtnetlink's
 	// RTM_DELLINK.
 	DeleteLink func(name string) error
-	// Command runs a host tool (iptables-save, iptables-restore)
+	// Command runs a host tool (iptables, ip6tables)
 	// with stdin and returns its standard output; nil runs it.
 	Command func(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error)
 	// SysClassNet is where the kernel lists network interfaces; "" is

@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -530,68 +532,87 @@ func (m *Mode) cleanHostNetwork(ctx context.Context) error {
 }
 
 // removeCNIChains drops the CNI-* chains, and every rule that jumps to
-// one, from the nat and filter tables of fam ("iptables", "ip6tables"):
-// iptables-save, filtered, iptables-restore of the table (atomic; the
-// counters are kept). A host without the tool has nothing of CNI's.
+// one, from the nat and filter tables of fam ("iptables", "ip6tables"),
+// with the tool the CNI plugins themselves use (go-iptables runs
+// `iptables`, never iptables-save, which some hosts lack): `-S` lists a
+// table, a jump is deleted by its chain and position (last first, so
+// that the positions before it hold), then each CNI chain is flushed and
+// deleted. A host without the tool, or a table the kernel does not have,
+// has nothing of CNI's.
 func (m *Mode) removeCNIChains(ctx context.Context, run func(context.Context, []byte, string, ...string) ([]byte, error), fam string) error {
 	if m.Command == nil {
-		if _, err := exec.LookPath(fam + "-save"); err != nil {
+		if _, err := exec.LookPath(fam); err != nil {
 			return nil
 		}
 	}
 	for _, table := range []string{"nat", "filter"} {
-		saved, err := run(ctx, nil, fam+"-save", "-c", "-t", table)
+		listed, err := run(ctx, nil, fam, "-w", "-t", table, "-S")
 		if err != nil {
-			// No such table in this kernel (ip6tables without its
-			// module, say): nothing of CNI's can be in it.
 			m.log().Warn("iptables table not read: nothing to clean in it", "family", fam, "table", table, "error", err.Error())
 			continue
 		}
-		kept, changed := withoutCNIChains(saved)
-		if !changed {
+		jumps, chains := cniRules(listed)
+		if len(jumps) == 0 && len(chains) == 0 {
 			continue
 		}
-		if _, err := run(ctx, kept, fam+"-restore", "-w", "-c"); err != nil {
-			return fmt.Errorf("%s-restore of table %s without CNI chains: %w", fam, table, err)
+		for _, j := range jumps {
+			if _, err := run(ctx, nil, fam, "-w", "-t", table, "-D", j.chain, strconv.Itoa(j.pos)); err != nil {
+				return fmt.Errorf("%s -t %s -D %s %d (a jump to %s): %w", fam, table, j.chain, j.pos, j.target, err)
+			}
 		}
-		m.log().Info("CNI iptables chains removed", "family", fam, "table", table)
+		for _, verb := range []string{"-F", "-X"} {
+			for _, c := range chains {
+				if _, err := run(ctx, nil, fam, "-w", "-t", table, verb, c); err != nil {
+					return fmt.Errorf("%s -t %s %s %s: %w", fam, table, verb, c, err)
+				}
+			}
+		}
+		m.log().Info("CNI iptables chains removed", "family", fam, "table", table, "chains", len(chains), "jumps", len(jumps))
 	}
 	return nil
 }
 
-// withoutCNIChains is iptables-save output without the CNI-* chains and
-// the rules in them or jumping to them.
-func withoutCNIChains(saved []byte) ([]byte, bool) {
-	var out bytes.Buffer
-	changed := false
-	for _, line := range strings.SplitAfter(string(saved), "\n") {
-		t := strings.TrimSpace(line)
-		// With -c a rule line starts with its counters: "[p:b] -A ...".
-		if strings.HasPrefix(t, "[") {
-			if i := strings.Index(t, "] "); i > 0 {
-				t = t[i+2:]
+// cniJump is a rule of a chain that is not CNI's jumping to one that is.
+type cniJump struct {
+	chain  string
+	pos    int // 1-based, as -D takes it
+	target string
+}
+
+// cniRules reads `iptables -S` output: the jumps to CNI-* chains from
+// other chains (in the order to delete them: within a chain, last
+// first) and the CNI-* chains.
+func cniRules(listed []byte) (jumps []cniJump, chains []string) {
+	pos := map[string]int{}
+	for _, line := range strings.Split(string(listed), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 2 && f[0] == "-N" && strings.HasPrefix(f[1], "CNI-"):
+			chains = append(chains, f[1])
+		case len(f) >= 2 && f[0] == "-A":
+			pos[f[1]]++
+			if strings.HasPrefix(f[1], "CNI-") {
+				continue
+			}
+			for i := 2; i+1 < len(f); i++ {
+				if (f[i] == "-j" || f[i] == "-g") && strings.HasPrefix(f[i+1], "CNI-") {
+					jumps = append(jumps, cniJump{chain: f[1], pos: pos[f[1]], target: f[i+1]})
+					break
+				}
 			}
 		}
-		f := strings.Fields(t)
-		drop := strings.HasPrefix(t, ":CNI-") ||
-			(len(f) >= 2 && f[0] == "-A" && strings.HasPrefix(f[1], "CNI-"))
-		for i := 0; !drop && i+1 < len(f); i++ {
-			if (f[i] == "-j" || f[i] == "-g" || f[i] == "--jump" || f[i] == "--goto") && strings.HasPrefix(f[i+1], "CNI-") {
-				drop = true
-			}
-		}
-		if drop {
-			changed = true
-			continue
-		}
-		out.WriteString(line)
 	}
-	return out.Bytes(), changed
+	slices.SortStableFunc(jumps, func(a, b cniJump) int {
+		if a.chain != b.chain {
+			return strings.Compare(a.chain, b.chain)
+		}
+		return b.pos - a.pos
+	})
+	return jumps, chains
 }
 
 // runCommand runs name and returns its standard output; a failure's
-// error carries its standard error (iptables-save's warnings must not
-// end up in what is restored).
+// error carries its standard error.
 func runCommand(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
 	c := exec.CommandContext(ctx, name, args...)
 	if stdin != nil {
