@@ -58,7 +58,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	v1 := f.stage.Versions["kubelet"]
 	uid1 := f.nodeUID(t)
 	f.m.WriteFile("/etc/systemd/system/"+repaveUnit+".d/50-test-ready-timeout.conf",
-		[]byte("[Service]\nEnvironment=UNBOUNDED_REPAVE_READY_TIMEOUT="+repaveReadyTimeout+"\n"), 0o644)
+		[]byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/repave --ready-timeout="+repaveReadyTimeout+"\n"), 0o644)
 	f.m.MustRun("systemctl", "daemon-reload")
 
 	// 1. A version change: the repave drains, deletes the Node, installs
