@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -68,11 +70,13 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	v2 := bumpPatch(t, v1, 1)
 	f.stage.ServeAsVersion(t, f.mirrorDir, "kubelet", v2, f.stage.Kubelet)
 	f.setKubernetesVersion(t, v1, v2)
+	watch := f.watchReadyAgain(t, uid1)
 	took, p := f.repave(t)
 	if p["Result"] != "success" || p["ExecMainStatus"] != "0" {
 		t.Fatalf("repave to %s: %v\n%s", v2, p, f.m.Journal(repaveUnit))
 	}
 	t.Logf("repave %s -> %s took %v", v1, v2, took)
+	down := watch(t)
 	// The old version goes once the new applied config is recorded (the
 	// caller's Mode.RemoveSuperseded), at the latest when the next
 	// repave begins (asserted below).
@@ -132,7 +136,98 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	f.waitPodRunning(t, ns, 3*time.Minute)
 	f.wantApplied(t, v2)
 
+	// The floor: the same node stack stopped, its Node deleted and
+	// started again by hand (what the repave's downtime contains without
+	// the product), measured as the repave's downtime is.
+	floor := f.restartByHand(t)
+	if down > 0 && floor > 0 {
+		t.Logf("none repave downtime (old kubelet stopped -> Node Ready again): %v; floor (stop, Node deleted, start by hand -> Node Ready): %v; ratio %.2f (goal: under floor + 1 s: %v)",
+			down, floor, down.Seconds()/floor.Seconds(), down < floor+time.Second)
+	}
+
 	f.drainAndPowerOff(t, ns)
+}
+
+// watchReadyAgain follows the Node while a repave runs; the function it
+// returns ends the watch and gives the downtime: from the old kubelet's
+// stop (its unit's InactiveEnterTimestamp) to the first Ready Node with a
+// UID other than uid (registered afresh).
+func (f *firstBoot) watchReadyAgain(t *testing.T, uid string) func(*testing.T) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan time.Time, 1)
+	go func() {
+		var ready time.Time
+		defer func() { done <- ready }()
+		for ctx.Err() == nil {
+			n, err := f.env.kube.CoreV1().Nodes().Get(ctx, f.name, metav1.GetOptions{})
+			if err == nil && string(n.UID) != uid {
+				for _, c := range n.Status.Conditions {
+					if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+						ready = time.Now()
+						return
+					}
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return func(t *testing.T) time.Duration {
+		t.Helper()
+		waitUntil(t, 3*time.Minute, "the watch saw the Node Ready again", func(context.Context) (bool, error) {
+			return len(done) > 0, nil
+		})
+		cancel()
+		ready := <-done
+		stopped := f.kubeletStopped(t)
+		if ready.IsZero() || stopped.IsZero() {
+			return 0
+		}
+		return ready.Sub(stopped).Round(time.Millisecond)
+	}
+}
+
+// kubeletStopped is when unbounded-kubelet.service last became inactive.
+func (f *firstBoot) kubeletStopped(t *testing.T) time.Time {
+	t.Helper()
+	us := showProps(t, f.m, none.KubeletUnit, "InactiveEnterTimestampMonotonic")["InactiveEnterTimestampMonotonic"]
+	// CLOCK_MONOTONIC is the host's (a container shares it): read it
+	// here and map the unit's monotonic stamp to wall-clock time.
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseInt(us, 10, 64)
+	if err != nil || n == 0 {
+		t.Logf("%s InactiveEnterTimestampMonotonic=%q: no stop to measure from", none.KubeletUnit, us)
+		return time.Time{}
+	}
+	return time.Now().Add(-(time.Duration(ts.Nano()) - time.Duration(n)*time.Microsecond))
+}
+
+// restartByHand stops the node stack, deletes the Node and starts the
+// stack again, and returns the time from the kubelet's stop to the Node
+// Ready again (registered afresh).
+func (f *firstBoot) restartByHand(t *testing.T) time.Duration {
+	t.Helper()
+	uid := f.nodeUID(t)
+	if out, err := f.m.Systemctl("stop", none.KubeletUnit, none.ContainerdUnit); err != nil {
+		t.Errorf("stop the node stack by hand: %v\n%s", err, out)
+		return 0
+	}
+	watch := f.watchReadyAgain(t, uid)
+	if err := f.env.kube.CoreV1().Nodes().Delete(context.Background(), f.name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("delete Node: %v", err)
+		return 0
+	}
+	if out, err := f.m.Systemctl("start", none.ContainerdUnit, none.KubeletUnit); err != nil {
+		t.Errorf("start the node stack by hand: %v\n%s", err, out)
+		return 0
+	}
+	return watch(t)
 }
 
 // repave starts unbounded-repave.service without waiting for its job
