@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
@@ -32,7 +33,9 @@ var versionFiles = []string{"bin/kubelet", "bin/containerd", "etc/kubelet/kubele
 //
 // While a repave is unfinished (its journal, JournalName) only the reload
 // is done: `current` and the CNI configuration are the repave's to finish
-// or roll back.
+// or roll back. A finished repave whose new stack the applied record of
+// slot names (the caller recorded it) has its superseded version removed
+// (RemoveSuperseded), should the caller not have done it.
 func (m *Mode) EnsureHooks(ctx context.Context, slot string) error {
 	if !hostpaths.ValidSlot(slot) {
 		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
@@ -47,6 +50,14 @@ func (m *Mode) EnsureHooks(ctx context.Context, slot string) error {
 	} else {
 		if err := m.ensureCurrent(); err != nil {
 			return fmt.Errorf("none lifecycle hooks of %s: %w", slot, err)
+		}
+		if open && j.Slot == slot {
+			a, err := state.ReadApplied(m.Paths, slot)
+			if err == nil && strings.TrimPrefix(a.KubernetesVersion, "v") == strings.TrimPrefix(j.Version, "v") {
+				if err := m.RemoveSuperseded(ctx); err != nil {
+					return fmt.Errorf("none lifecycle hooks of %s: %w", slot, err)
+				}
+			}
 		}
 	}
 	sd, err := m.systemd(ctx)

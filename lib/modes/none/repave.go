@@ -69,9 +69,12 @@ type repaveJournal struct {
 	Input string `json:"input"`
 	// Old is the version directory `current` pointed at before; New is
 	// the one this repave builds.
-	Old  string `json:"old"`
-	New  string `json:"new"`
-	Step string `json:"step"`
+	Old string `json:"old"`
+	New string `json:"new"`
+	// Version is s.Node.KubernetesVersion, what the caller's record of
+	// the new stack names (EnsureHooks compares them).
+	Version string `json:"version"`
+	Step    string `json:"step"`
 	// Stopped says the old stack may have been stopped (step switch was
 	// reached): a rollback must start it again.
 	Stopped bool   `json:"stopped,omitempty"`
@@ -235,7 +238,7 @@ func (m *Mode) beginRepave(running string, s modes.Slot, in string) (repaveJourn
 	for i := 2; name == old; i++ {
 		name = fmt.Sprintf("%s_%d", s.Node.KubernetesVersion, i)
 	}
-	j := repaveJournal{Running: running, Slot: s.Name, Input: in, Old: old, New: name, Step: stepInstall}
+	j := repaveJournal{Running: running, Slot: s.Name, Input: in, Old: old, New: name, Version: s.Node.KubernetesVersion, Step: stepInstall}
 	if err := m.writeJournal(&j); err != nil {
 		return repaveJournal{}, err
 	}

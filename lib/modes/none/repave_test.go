@@ -437,3 +437,29 @@ const natListed = `-P PREROUTING ACCEPT
 -A CNI-HOSTPORT-DNAT -p tcp -j CNI-DN-77
 -A CNI-3f2a -d 10.244.1.0/24 -m comment --comment "name: \"unbounded\" id: \"abc\"" -j ACCEPT
 `
+
+func TestEnsureHooksRemovesTheSupersededVersionOnceTheCallerRecordedTheNewOne(t *testing.T) {
+	h := newRepaveHost(t)
+	if err, _ := h.repave(newSlot(t, "1.36.4", "10.244.9.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	// Not recorded yet (the caller crashed before): the old one stays.
+	if err := h.m.EnsureHooks(h.ctx, "kube2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.versions(t); !slices.Equal(got, []string{"1.36.3", "1.36.4", "current"}) {
+		t.Errorf("versions before the record: %q", got)
+	}
+	if err := state.WriteApplied(h.m.Paths, &state.AppliedConfig{Slot: "kube2", Mode: "none", KubernetesVersion: "1.36.4"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.m.EnsureHooks(h.ctx, "kube2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.versions(t); !slices.Equal(got, []string{"1.36.4", "current"}) {
+		t.Errorf("versions after the record: %q", got)
+	}
+	if st := journalStep(t, h.m); st != "" {
+		t.Errorf("journal left at %q", st)
+	}
+}
