@@ -53,6 +53,8 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	})
 	t.Logf("bootstrapped %v after the boot began", time.Since(begin).Round(time.Millisecond))
 	f.wantBootstrapped(t, "none", none.KubeletUnit)
+	// Only the daemon's certificate may cordon, drain and delete the Node.
+	f.waitAgentCertificate(t)
 	ns := f.runPod(t)
 	if t.Failed() {
 		return
