@@ -33,9 +33,10 @@ var versionFiles = []string{"bin/kubelet", "bin/containerd", "etc/kubelet/kubele
 //
 // While a repave is unfinished (its journal, JournalName) only the reload
 // is done: `current` and the CNI configuration are the repave's to finish
-// or roll back. A finished repave whose new stack the applied record of
-// slot names (the caller recorded it) has its superseded version removed
-// (RemoveSuperseded), should the caller not have done it.
+// or roll back. Otherwise, when the applied record of slot names the
+// current version (the caller of a repave recorded it), the versions it
+// superseded are removed (RemoveSuperseded), should the caller not have
+// done it.
 func (m *Mode) EnsureHooks(ctx context.Context, slot string) error {
 	if !hostpaths.ValidSlot(slot) {
 		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
@@ -51,9 +52,12 @@ func (m *Mode) EnsureHooks(ctx context.Context, slot string) error {
 		if err := m.ensureCurrent(); err != nil {
 			return fmt.Errorf("none lifecycle hooks of %s: %w", slot, err)
 		}
-		if open && j.Slot == slot {
+		// The caller recorded the current version: the ones it
+		// superseded go (if the caller has not removed them).
+		if cur, err := m.CurrentVersion(); err == nil && cur != "" {
 			a, err := state.ReadApplied(m.Paths, slot)
-			if err == nil && strings.TrimPrefix(a.KubernetesVersion, "v") == strings.TrimPrefix(j.Version, "v") {
+			v, _, _ := strings.Cut(cur, "_")
+			if err == nil && strings.TrimPrefix(a.KubernetesVersion, "v") == strings.TrimPrefix(v, "v") {
 				if err := m.RemoveSuperseded(ctx); err != nil {
 					return fmt.Errorf("none lifecycle hooks of %s: %w", slot, err)
 				}

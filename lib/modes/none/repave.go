@@ -49,9 +49,8 @@ const (
 	// stepRollback: the repave failed (Cause says why): the old version
 	// is being flipped back and started, the new one removed.
 	stepRollback = "rollback"
-	// stepDone: the new stack is healthy. The old version directory is
-	// kept until RemoveSuperseded (the caller records the new applied
-	// config first) or the next repave.
+	// stepDone: the new stack was healthy (journals of an earlier build;
+	// a finished repave now removes its journal).
 	stepDone = "done"
 )
 
@@ -80,6 +79,10 @@ type repaveJournal struct {
 	Stopped bool   `json:"stopped,omitempty"`
 	Cause   string `json:"cause,omitempty"`
 }
+
+// repaveInput is the file of a version directory built by a repave that
+// holds the digest of its arguments (inputDigest).
+const repaveInput = "repave-input"
 
 // inputDigest names one set of Repave arguments.
 func inputDigest(running string, s modes.Slot) (string, error) {
@@ -143,7 +146,11 @@ func noHook(context.Context) error { return nil }
 //
 // The old version directory is not removed on success: the caller
 // records the new applied config, then calls RemoveSuperseded (a repave
-// that starts while an old one is still there removes it too).
+// that starts while an old one is still there removes it, and so does
+// EnsureHooks once the applied record names the current version). A
+// call with the same arguments after success (the caller crashed before
+// its record) finds the current version installed from them
+// (repaveInput) and returns nil.
 //
 // Every step is recorded first in the mode's journal (JournalName), so
 // that a call with the same arguments after a crash finishes the repave
@@ -181,13 +188,14 @@ func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes
 		// start over it: what it would undo is unknown.
 		return fmt.Errorf("none repave: %w", err)
 	}
+	if ok && j.Step == stepDone {
+		if err := state.RemoveJournal(m.Paths, JournalName); err != nil {
+			return fmt.Errorf("none repave: %w", err)
+		}
+		ok = false
+	}
 	if ok && j.Input != in {
-		if j.Step == stepDone {
-			// The previous repave finished; the caller moved on.
-			if err := m.RemoveSuperseded(ctx); err != nil {
-				return fmt.Errorf("none repave: %w", err)
-			}
-		} else {
+		{
 			m.log().Warn("an unfinished repave of other arguments is rolled back first", "journal", m.Paths.Journal(JournalName), "old", j.Old, "new", j.New, "step", j.Step)
 			if err := m.rollback(ctx, &j, h, "a repave of other arguments replaces it"); err != nil && !errors.Is(err, modes.ErrRolledBack) {
 				return err
@@ -198,6 +206,14 @@ func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes
 	if ok {
 		m.log().Info("repave resumed", "mode", "none", "step", j.Step, "old", j.Old, "new", j.New)
 	} else {
+		// Done already: the caller ran again after Repave returned nil
+		// and before it recorded the new applied config.
+		if cur, err := m.CurrentVersion(); err == nil && cur != "" {
+			if got, err := os.ReadFile(filepath.Join(m.VersionDir(cur), repaveInput)); err == nil && strings.TrimSpace(string(got)) == in {
+				m.log().Info("repave done already: the current version was installed from these arguments", "mode", "none", "version", cur)
+				return nil
+			}
+		}
 		j, err = m.beginRepave(running, s, in)
 		if err != nil {
 			return fmt.Errorf("none repave: %w", err)
@@ -258,6 +274,9 @@ func (m *Mode) repave(ctx context.Context, s modes.Slot, j *repaveJournal, h mod
 			if err := m.install(s, j.New); err != nil {
 				return fail("install version "+j.New, err)
 			}
+			if err := state.WriteFileAtomic(filepath.Join(m.VersionDir(j.New), repaveInput), []byte(j.Input+"\n"), 0o644); err != nil {
+				return fail("install version "+j.New, err)
+			}
 			h.Crash("repave/none-installed")
 			j.Step, j.Stopped = stepSwitch, true
 			if err := m.writeJournal(j); err != nil {
@@ -296,21 +315,18 @@ func (m *Mode) repave(ctx context.Context, s modes.Slot, j *repaveJournal, h mod
 			if err := h.Healthy(ctx, j.Slot); err != nil {
 				return fail("version "+j.New+" did not become healthy", err)
 			}
-			j.Step = stepDone
-			if err := m.writeJournal(j); err != nil {
+			h.Crash("repave/none-healthy")
+			if err := state.RemoveJournal(m.Paths, JournalName); err != nil {
 				return fail("journal", err)
 			}
-			h.Crash("repave/none-healthy")
 			args := []any{"mode", "none", "old", j.Old, "new", j.New}
 			if !stopped.IsZero() {
 				args = append(args, "down", time.Since(stopped).Round(time.Millisecond).String())
 			}
-			m.log().Info("repave done: the new version runs; the old one is kept until the new applied config is recorded", args...)
+			m.log().Info("repave done: the new version runs; the old one stays until the new applied config is recorded", args...)
 			return nil
 		case stepRollback:
 			return m.rollback(ctx, j, h, j.Cause)
-		case stepDone:
-			return nil
 		default:
 			return fmt.Errorf("none repave: journal %s: unknown step %q", m.Paths.Journal(JournalName), j.Step)
 		}
@@ -370,10 +386,10 @@ func (m *Mode) rollback(ctx context.Context, j *repaveJournal, h modes.RepaveHoo
 }
 
 // RemoveSuperseded removes the version directories `current` does not
-// point at, and the journal of a finished repave. The caller of Repave
-// (lib/repave) calls it once it has recorded the new applied config:
-// until then the old version is what a rollback would need. It refuses
-// while a repave is unfinished (its journal is not at "done").
+// point at. The caller of Repave (lib/repave) calls it once it has
+// recorded the new applied config; the next repave and EnsureHooks (once
+// the record names the current version) do it too. It refuses while a
+// repave is unfinished (its journal is there).
 func (m *Mode) RemoveSuperseded(ctx context.Context) error {
 	var j repaveJournal
 	ok, err := state.ReadJournal(m.Paths, JournalName, &j)
@@ -394,6 +410,7 @@ func (m *Mode) RemoveSuperseded(ctx context.Context) error {
 		return err
 	}
 	if ok {
+		// A finished repave's journal of an earlier build.
 		if err := state.RemoveJournal(m.Paths, JournalName); err != nil {
 			return err
 		}

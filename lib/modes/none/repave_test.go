@@ -139,8 +139,8 @@ func TestRepaveInstallsBesideStopsFlipsStartsAndKeepsTheOldVersionUntilRemoveSup
 	if got := h.versions(t); !slices.Equal(got, []string{"1.36.3", "1.36.4", "current"}) {
 		t.Errorf("versions after the repave: %q", got)
 	}
-	if st := journalStep(t, h.m); st != stepDone {
-		t.Errorf("journal step %q, want done", st)
+	if st := journalStep(t, h.m); st != "" {
+		t.Errorf("journal left at step %q", st)
 	}
 	// The caller crashed before recording and runs again: done already.
 	h.sd.Calls = nil
@@ -152,9 +152,6 @@ func TestRepaveInstallsBesideStopsFlipsStartsAndKeepsTheOldVersionUntilRemoveSup
 	}
 	if got := h.versions(t); !slices.Equal(got, []string{"1.36.4", "current"}) {
 		t.Errorf("versions after RemoveSuperseded: %q", got)
-	}
-	if st := journalStep(t, h.m); st != "" {
-		t.Errorf("journal left at %q", st)
 	}
 }
 
@@ -461,5 +458,57 @@ func TestEnsureHooksRemovesTheSupersededVersionOnceTheCallerRecordedTheNewOne(t 
 	}
 	if st := journalStep(t, h.m); st != "" {
 		t.Errorf("journal left at %q", st)
+	}
+}
+
+func TestEnsureHooksRemovesLeftoversRestoresTheCNIConfigAndReloadsWithoutRestarting(t *testing.T) {
+	h := newRepaveHost(t)
+	versions := h.m.Paths.VersionsDir()
+	os.Mkdir(filepath.Join(versions, ".1.36.4.tmp-123"), 0o755)
+	os.Symlink("x", filepath.Join(versions, ".current.tmp"))
+	live := h.m.Paths.Join("/etc/cni/net.d/10-unbounded-bridge.conflist")
+	os.Remove(live)
+	if err := h.m.EnsureHooks(h.ctx, "kube1"); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(h.sd.Calls, []string{"reload"}) {
+		t.Errorf("EnsureHooks did %q, want only a reload", h.sd.Calls)
+	}
+	if got := h.versions(t); !slices.Equal(got, []string{"1.36.3", "current"}) {
+		t.Errorf("versions: %q", got)
+	}
+	if !strings.Contains(h.liveCNI(t), "10.244.1.0/24") {
+		t.Errorf("the live CNI config was not restored")
+	}
+
+	// A version that lacks what the units run is named, not papered over.
+	os.Remove(filepath.Join(h.m.VersionDir("1.36.3"), "bin/kubelet"))
+	if err := h.m.EnsureHooks(h.ctx, "kube1"); err == nil || !strings.Contains(err.Error(), "bin/kubelet") {
+		t.Errorf("EnsureHooks over an incomplete version: %v", err)
+	}
+}
+
+func TestEnsureHooksLeavesAnUnfinishedRepaveAlone(t *testing.T) {
+	h := newRepaveHost(t)
+	h.crashAt = "repave/none-stopped"
+	if _, crash := h.repave(newSlot(t, "1.36.4", "10.244.9.0/24")); !crash {
+		t.Fatal("no crash")
+	}
+	h.sd.Calls = nil
+	before := h.liveCNI(t)
+	if err := h.m.EnsureHooks(h.ctx, "kube2"); err != nil {
+		t.Fatal(err)
+	}
+	if cur, _ := h.m.CurrentVersion(); cur != "1.36.3" || h.liveCNI(t) != before || !slices.Equal(h.sd.Calls, []string{"reload"}) {
+		t.Errorf("EnsureHooks during a repave: current %q, calls %q", cur, h.sd.Calls)
+	}
+	if got := h.versions(t); !slices.Contains(got, "1.36.4") {
+		t.Errorf("the repave's new version was removed: %q", got)
+	}
+	if err := h.m.RemoveSuperseded(h.ctx); err == nil || !strings.Contains(err.Error(), "unfinished") {
+		t.Errorf("RemoveSuperseded during a repave: %v", err)
+	}
+	if got := h.versions(t); !slices.Equal(got, []string{"1.36.3", "1.36.4", "current"}) {
+		t.Errorf("versions: %q", got)
 	}
 }
