@@ -234,19 +234,16 @@ func (f *firstBoot) restartByHand(t *testing.T) time.Duration {
 
 // repave starts unbounded-repave.service without waiting for its job
 // (the harness bounds a command at 2 minutes) and waits, bounded, until
-// it has run and ended.
+// the run systemd journals from now on has ended. (A finished oneshot
+// nothing refers to is unloaded: its InvocationID is gone by then.)
 func (f *firstBoot) repave(t *testing.T) (time.Duration, map[string]string) {
 	t.Helper()
-	before := showProps(t, f.m, repaveUnit, "InvocationID")["InvocationID"]
+	cursor := journalCursor(t, f)
 	begin := time.Now()
 	if out, err := f.m.Systemctl("start", "--no-block", repaveUnit); err != nil {
 		t.Fatalf("systemctl start %s: %v\n%s", repaveUnit, err, out)
 	}
-	var p map[string]string
-	waitUntil(t, 12*time.Minute, repaveUnit+" ended", func(context.Context) (bool, error) {
-		p = showProps(t, f.m, repaveUnit, "ActiveState", "Result", "ExecMainStatus", "InvocationID")
-		return p["InvocationID"] != "" && p["InvocationID"] != before && (p["ActiveState"] == "inactive" || p["ActiveState"] == "failed"), nil
-	})
+	p := waitUnitDone(t, f, repaveUnit, cursor, 12*time.Minute)
 	return time.Since(begin).Round(time.Millisecond), p
 }
 

@@ -450,21 +450,29 @@ func (m *Mode) stopStack(ctx context.Context) error {
 		return err
 	}
 	defer sd.Close()
+	begin := time.Now()
+	took := []any{"mode", "none"}
 	for _, u := range []string{KubeletUnit, ContainerdUnit} {
 		// A stop of a unit that is not running is no error; one in its
 		// Restart= delay (a kubelet that exits at once) is stopped too.
 		if err := sd.StopUnit(ctx, u); err != nil {
 			return err
 		}
+		took = append(took, u, time.Since(begin).Round(time.Millisecond).String())
 	}
 	if err := m.killLeftovers(ctx); err != nil {
 		return err
 	}
+	took = append(took, "leftovers killed", time.Since(begin).Round(time.Millisecond).String())
 	clean := m.CleanNetwork
 	if clean == nil {
 		clean = m.cleanHostNetwork
 	}
-	return clean(ctx)
+	if err := clean(ctx); err != nil {
+		return err
+	}
+	m.log().Info("node stack stopped and its host networking cleaned", append(took, "took", time.Since(begin).Round(time.Millisecond).String())...)
+	return nil
 }
 
 // resetFailer is the part of lib/units.Manager beyond modes.Systemd that
