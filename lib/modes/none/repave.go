@@ -505,8 +505,8 @@ func (m *Mode) startStack(ctx context.Context, slot string) error {
 
 // cleanHostNetwork removes what the node stack made in the host's
 // network and what no process of it uses any more once it is stopped
-// and its pods are killed: the pods' network namespaces (containerd's
-// /run/netns/cni-*; their veth pairs go with them), the bridge (cni0),
+// and its pods are killed: the pods' veth pairs and the bridge (cni0),
+// their network namespaces (containerd's /run/netns/cni-*),
 // host-local's address reservations of the bridge network, and the
 // iptables chains of the CNI plugins (CNI-*: the bridge's masquerade
 // chains, portmap's CNI-HOSTPORT-*) with the rules that jump to them.
@@ -514,13 +514,43 @@ func (m *Mode) startStack(ctx context.Context, slot string) error {
 // at every start.
 func (m *Mode) cleanHostNetwork(ctx context.Context) error {
 	var errs []error
+	sysNet := m.SysClassNet
+	if sysNet == "" {
+		sysNet = "/sys/class/net"
+	}
+	del := m.DeleteLink
+	if del == nil {
+		del = deleteLink
+	}
+	// The pods' veth pairs, by their host ends on the bridge (deleting
+	// one end deletes the pair), then the bridge.
+	veths, _ := os.ReadDir(filepath.Join(sysNet, bridgeName, "brif"))
+	for _, v := range veths {
+		if err := del(v.Name()); err != nil && !errors.Is(err, unix.ENODEV) {
+			errs = append(errs, fmt.Errorf("delete interface %s: %w", v.Name(), err))
+		}
+	}
+	if _, err := os.Stat(filepath.Join(sysNet, bridgeName)); err == nil {
+		if err := del(bridgeName); err != nil && !errors.Is(err, unix.ENODEV) {
+			errs = append(errs, fmt.Errorf("delete interface %s: %w", bridgeName, err))
+		}
+	}
+	// The pods' network namespaces, empty now. Unmounting needs
+	// CAP_SYS_ADMIN and the mount system calls; a caller sandboxed
+	// without them leaves them to containerd, which removes a sandbox's
+	// namespace when the new kubelet removes the dead sandbox.
 	netns, _ := filepath.Glob(m.Paths.Join("/run/netns/cni-*"))
 	umount := m.Unmount
 	if umount == nil {
 		umount = defaultUnmount
 	}
+	left := 0
 	for _, ns := range netns {
 		if err := umount(ns); err != nil && !isNotMounted(err) {
+			if errors.Is(err, unix.EPERM) {
+				left++
+				continue
+			}
 			errs = append(errs, fmt.Errorf("unmount %s: %w", ns, err))
 			continue
 		}
@@ -528,22 +558,12 @@ func (m *Mode) cleanHostNetwork(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if left > 0 {
+		m.log().Warn("pod network namespaces left to containerd: not allowed to unmount them here", "netns", left)
+	}
 	run := m.Command
 	if run == nil {
 		run = runCommand
-	}
-	sysNet := m.SysClassNet
-	if sysNet == "" {
-		sysNet = "/sys/class/net"
-	}
-	if _, err := os.Stat(filepath.Join(sysNet, bridgeName)); err == nil {
-		del := m.DeleteLink
-		if del == nil {
-			del = deleteLink
-		}
-		if err := del(bridgeName); err != nil {
-			errs = append(errs, fmt.Errorf("delete interface %s: %w", bridgeName, err))
-		}
 	}
 	if err := modes.RemoveVerified(m.Paths.Join("/var/lib/cni/networks/" + cniNetwork)); err != nil {
 		errs = append(errs, err)
@@ -553,8 +573,8 @@ func (m *Mode) cleanHostNetwork(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	if len(netns) > 0 {
-		m.log().Info("host networking of the old node stack cleaned", "netns", len(netns))
+	if len(netns) > 0 || len(veths) > 0 {
+		m.log().Info("host networking of the old node stack cleaned", "netns", len(netns), "veths", len(veths))
 	}
 	return errors.Join(errs...)
 }

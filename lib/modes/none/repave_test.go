@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
 	"unbounded-cloud.io/agent/lib/state"
@@ -376,7 +378,8 @@ func TestCleanHostNetworkRemovesPodNamespacesBridgeReservationsAndCNIChains(t *t
 	os.MkdirAll(p.Join("/var/lib/cni/networks/unbounded"), 0o755)
 	os.WriteFile(p.Join("/var/lib/cni/networks/unbounded/10.244.1.5"), []byte("abc"), 0o644)
 	m.SysClassNet = t.TempDir()
-	os.Mkdir(filepath.Join(m.SysClassNet, "cni0"), 0o755)
+	os.MkdirAll(filepath.Join(m.SysClassNet, "cni0/brif/veth1a2b"), 0o755)
+	os.MkdirAll(filepath.Join(m.SysClassNet, "cni0/brif/veth3c4d"), 0o755)
 	var unmounted, ran, deleted []string
 	m.DeleteLink = func(n string) error { deleted = append(deleted, n); return nil }
 	m.Unmount = func(t string) error { unmounted = append(unmounted, p.Rel(t)); return nil }
@@ -407,8 +410,8 @@ func TestCleanHostNetworkRemovesPodNamespacesBridgeReservationsAndCNIChains(t *t
 	if _, err := os.Stat(p.Join("/var/lib/cni/networks/unbounded")); !os.IsNotExist(err) {
 		t.Errorf("host-local's reservations are still there")
 	}
-	if !slices.Equal(deleted, []string{"cni0"}) {
-		t.Errorf("interfaces deleted: %q, want the bridge", deleted)
+	if !slices.Equal(deleted, []string{"veth1a2b", "veth3c4d", "cni0"}) {
+		t.Errorf("interfaces deleted: %q, want the pods' veths, then the bridge", deleted)
 	}
 	want := []string{"iptables -w -t nat -S",
 		// Jumps last first within a chain, so that positions hold.
@@ -510,5 +513,29 @@ func TestEnsureHooksLeavesAnUnfinishedRepaveAlone(t *testing.T) {
 	}
 	if got := h.versions(t); !slices.Equal(got, []string{"1.36.3", "1.36.4", "current"}) {
 		t.Errorf("versions: %q", got)
+	}
+}
+
+// Sandboxed without the right to unmount (unbounded-repave.service's
+// system call filter), the cleanup still removes the interfaces and
+// leaves the namespaces to containerd.
+func TestCleanHostNetworkWithoutTheRightToUnmountLeavesTheNamespaces(t *testing.T) {
+	m, _, p := newMode(t)
+	os.MkdirAll(p.Join("/run/netns"), 0o755)
+	os.WriteFile(p.Join("/run/netns/cni-1234"), nil, 0o644)
+	m.SysClassNet = t.TempDir()
+	os.MkdirAll(filepath.Join(m.SysClassNet, "cni0/brif/veth1a2b"), 0o755)
+	var deleted []string
+	m.DeleteLink = func(n string) error { deleted = append(deleted, n); return nil }
+	m.Unmount = func(string) error { return unix.EPERM }
+	m.Command = func(context.Context, []byte, string, ...string) ([]byte, error) { return nil, nil }
+	if err := m.cleanHostNetwork(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(deleted, []string{"veth1a2b", "cni0"}) {
+		t.Errorf("interfaces deleted: %q", deleted)
+	}
+	if _, err := os.Stat(p.Join("/run/netns/cni-1234")); err != nil {
+		t.Errorf("a namespace still mounted was removed: %v", err)
 	}
 }
