@@ -59,6 +59,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	if t.Failed() {
 		return
 	}
+	pod0 := f.waitPodRunning(t, ns, time.Minute).Name
 	v1 := f.stage.Versions["kubelet"]
 	uid1 := f.nodeUID(t)
 	f.m.WriteFile("/etc/systemd/system/"+repaveUnit+".d/50-test-ready-timeout.conf",
@@ -73,7 +74,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	f.stage.ServeAsVersion(t, f.mirrorDir, "kubelet", v2, f.stage.Kubelet)
 	f.setKubernetesVersion(t, v1, v2)
 	watch := f.watchReadyAgain(t, uid1)
-	took, p := f.repave(t)
+	took, p := f.repave(t, nil)
 	if p["Result"] != "success" || p["ExecMainStatus"] != "0" {
 		t.Fatalf("repave to %s: %v\n%s", v2, p, f.m.Journal(repaveUnit))
 	}
@@ -92,7 +93,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 		t.Errorf("Node %s has the UID it had before the repave (%s): it was not deleted and registered afresh", f.name, uid1)
 	}
 	waitUntil(t, 2*time.Minute, "Node Ready after the repave", f.nodeReady)
-	f.waitPodRunning(t, ns, 3*time.Minute)
+	pod1 := f.waitPodRunningAgain(t, ns, pod0)
 	f.wantApplied(t, v2)
 	if fu := failedUnits(t, f.m, "unbounded*"); len(fu) != 0 {
 		t.Errorf("failed units after the repave: %v", fu)
@@ -116,7 +117,19 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 		t.Fatal(err)
 	}
 	uid2 := f.nodeUID(t)
-	took, p = f.repave(t)
+	// Once the repave has planned (its journal holds the desired
+	// config from then on), agent.toml names the running version again,
+	// as an operator reverts a bad change: the daemon repaves a Machine
+	// whose Node vanished (the repave deletes it), and its repave after
+	// this one must find nothing to do rather than try the broken
+	// version again.
+	took, p = f.repave(t, func() {
+		waitUntil(t, 2*time.Minute, "the repave planned", func(context.Context) (bool, error) {
+			j, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "-u", repaveUnit, "-n", "40")
+			return strings.Contains(j, "repave begun mode=none running=kube1 slot=kube1 old="+v2+" new="+v3), nil
+		})
+		f.setKubernetesVersion(t, v3, v2)
+	})
 	t.Logf("repave %s -> %s (never healthy) ended after %v: %v", v2, v3, took, p)
 	if p["Result"] == "success" || p["ExecMainStatus"] != "1" {
 		t.Errorf("a repave that rolled back: %v, want exit 1", p)
@@ -135,8 +148,16 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	if uid := f.nodeUID(t); uid == uid2 {
 		t.Logf("Node %s kept its UID across the rolled-back repave", f.name)
 	}
-	f.waitPodRunning(t, ns, 3*time.Minute)
+	f.waitPodRunningAgain(t, ns, pod1)
 	f.wantApplied(t, v2)
+	// The repave's own unit failed (unless the daemon's repave of the
+	// vanished Node has run it since, finding nothing to do); nothing
+	// else did.
+	for _, u := range failedUnits(t, f.m, "unbounded*") {
+		if u != repaveUnit {
+			t.Errorf("%s failed after the rollback", u)
+		}
+	}
 
 	// The floor: the same node stack stopped, its Node deleted and
 	// started again by hand (what the repave's downtime contains without
@@ -233,18 +254,45 @@ func (f *firstBoot) restartByHand(t *testing.T) time.Duration {
 }
 
 // repave starts unbounded-repave.service without waiting for its job
-// (the harness bounds a command at 2 minutes) and waits, bounded, until
-// the run systemd journals from now on has ended. (A finished oneshot
-// nothing refers to is unloaded: its InvocationID is gone by then.)
-func (f *firstBoot) repave(t *testing.T) (time.Duration, map[string]string) {
+// (the harness bounds a command at 2 minutes), runs during (when not
+// nil), and waits, bounded, until the run systemd journals from now on
+// has ended. (A finished oneshot nothing refers to is unloaded: its
+// InvocationID is gone by then.)
+func (f *firstBoot) repave(t *testing.T, during func()) (time.Duration, map[string]string) {
 	t.Helper()
 	cursor := journalCursor(t, f)
 	begin := time.Now()
 	if out, err := f.m.Systemctl("start", "--no-block", repaveUnit); err != nil {
 		t.Fatalf("systemctl start %s: %v\n%s", repaveUnit, err, out)
 	}
+	if during != nil {
+		during()
+	}
 	p := waitUnitDone(t, f, repaveUnit, cursor, 12*time.Minute)
 	return time.Since(begin).Round(time.Millisecond), p
+}
+
+// waitPodRunningAgain waits until the Deployment's pod that replaced the
+// drained pod `drained` runs on the Node, and returns its name.
+func (f *firstBoot) waitPodRunningAgain(t *testing.T, ns, drained string) string {
+	t.Helper()
+	begin := time.Now()
+	var name string
+	waitUntil(t, 3*time.Minute, "the Deployment's pod Running again on "+f.name, func(ctx context.Context) (bool, error) {
+		pods, err := f.env.kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, p := range pods.Items {
+			if p.Name != drained && p.DeletionTimestamp == nil && p.Spec.NodeName == f.name && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+				name = p.Name
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	t.Logf("pod %s (replacing the drained %s) Running after %v", name, drained, time.Since(begin).Round(time.Millisecond))
+	return name
 }
 
 // setKubernetesVersion changes the cluster's Kubernetes version in
