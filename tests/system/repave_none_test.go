@@ -62,9 +62,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	pod0 := f.waitPodRunning(t, ns, time.Minute).Name
 	v1 := f.stage.Versions["kubelet"]
 	uid1 := f.nodeUID(t)
-	f.m.WriteFile("/etc/systemd/system/"+repaveUnit+".d/50-test-ready-timeout.conf",
-		[]byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/repave --ready-timeout="+repaveReadyTimeout+"\n"), 0o644)
-	f.m.MustRun("systemctl", "daemon-reload")
+	f.setRepaveDropIns(t, "")
 
 	// 1. A version change: the repave drains, deletes the Node, installs
 	// the new version beside the running one, stops the stack, flips
@@ -101,6 +99,35 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	if out, err := f.m.Run("unbounded", "status"); err != nil || !strings.Contains(out, v2) {
 		t.Errorf("unbounded status does not show %s (%v):\n%s", v2, err, out)
 	}
+
+	// 1b. A repave killed (SIGKILL, lib/crashpoint) with the old stack
+	// stopped and `current` flipped, before the new one starts: the
+	// next run resumes from the journals and finishes it.
+	vc := bumpPatch(t, v1, 3)
+	f.stage.ServeAsVersion(t, f.mirrorDir, "kubelet", vc, f.stage.Kubelet)
+	f.setKubernetesVersion(t, v2, vc)
+	f.setRepaveDropIns(t, "repave/none-flipped")
+	_, p = f.repave(t, nil)
+	if p["ExecMainCode"] != "2" || p["ExecMainStatus"] != "9" {
+		t.Fatalf("the repave was not killed at its crash point: %v\n%s", p, f.m.Journal(repaveUnit))
+	}
+	if target, _ := f.m.Readlink(none.Current); target != vc || isActive(f.m, none.KubeletUnit) == "active" {
+		t.Errorf("killed after the flip: current -> %s, kubelet %s; want %s and stopped", target, isActive(f.m, none.KubeletUnit), vc)
+	}
+	f.setRepaveDropIns(t, "")
+	took, p = f.repave(t, nil)
+	if p["Result"] != "success" || p["ExecMainStatus"] != "0" {
+		t.Fatalf("the repave run again after the crash: %v\n%s", p, f.m.Journal(repaveUnit))
+	}
+	t.Logf("repave %s -> %s resumed after a crash at repave/none-flipped: %v", v2, vc, took)
+	if j := f.m.Journal(repaveUnit); !strings.Contains(j, "repave resumed mode=none step=start") {
+		t.Errorf("the second run did not resume the mode's journal:\n%s", j)
+	}
+	waitUntil(t, 3*time.Minute, "Node Ready after the resumed repave", f.nodeReady)
+	f.wantVersionRunning(t, vc, []string{vc})
+	pod1 = f.waitPodRunningAgain(t, ns, pod1)
+	f.wantApplied(t, vc)
+	v2 = vc
 
 	// 2. A version whose kubelet exits at once: never healthy. The
 	// repave flips back, starts the previous version with the
@@ -270,6 +297,19 @@ func (f *firstBoot) repave(t *testing.T, during func()) (time.Duration, map[stri
 	}
 	p := waitUnitDone(t, f, repaveUnit, cursor, 12*time.Minute)
 	return time.Since(begin).Round(time.Millisecond), p
+}
+
+// setRepaveDropIns writes the test's drop-ins on the repave's unit: its
+// ready wait bounded by repaveReadyTimeout, and the crash point (none
+// when ""); then daemon-reload.
+func (f *firstBoot) setRepaveDropIns(t *testing.T, crash string) {
+	t.Helper()
+	setCrashPoint(t, f, repaveUnit, crash)
+	f.m.WriteFile("/etc/systemd/system/"+repaveUnit+".d/50-test-ready-timeout.conf",
+		[]byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/repave --ready-timeout="+repaveReadyTimeout+"\n"), 0o644)
+	if out, err := f.m.Systemctl("daemon-reload"); err != nil {
+		t.Fatalf("daemon-reload: %v\n%s", err, out)
+	}
 }
 
 // waitPodRunningAgain waits until the Deployment's pod that replaced the
