@@ -78,15 +78,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	}
 	t.Logf("repave %s -> %s took %v", v1, v2, took)
 	down := watch(t)
-	// The old version goes once the new applied config is recorded (the
-	// caller's Mode.RemoveSuperseded), at the latest when the next
-	// repave begins (asserted below).
-	if ents, _ := f.m.ReadDir(hostpaths.VersionsDirHost + "/" + v1); len(ents) > 0 {
-		t.Logf("version %s is still installed after the repave: removed when the next one begins", v1)
-		f.wantVersionRunning(t, v2, []string{v1, v2})
-	} else {
-		f.wantVersionRunning(t, v2, []string{v2})
-	}
+	f.wantRepavedTo(t, v1, v2)
 	if uid2 := f.nodeUID(t); uid2 == uid1 {
 		t.Errorf("Node %s has the UID it had before the repave (%s): it was not deleted and registered afresh", f.name, uid1)
 	}
@@ -124,7 +116,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 		t.Errorf("the second run did not resume the mode's journal:\n%s", j)
 	}
 	waitUntil(t, 3*time.Minute, "Node Ready after the resumed repave", f.nodeReady)
-	f.wantVersionRunning(t, vc, []string{vc})
+	f.wantRepavedTo(t, v2, vc)
 	pod1 = f.waitPodRunningAgain(t, ns, pod1)
 	f.wantApplied(t, vc)
 	v2 = vc
@@ -350,6 +342,21 @@ func (f *firstBoot) setKubernetesVersion(t *testing.T, from, to string) {
 	f.m.WriteFile(hostpaths.ConfigFileHost, []byte(strings.Replace(string(data), old, `kubernetes-version = "`+to+`"`, 1)), 0o644)
 }
 
+// wantRepavedTo asserts that version to runs after a repave from
+// version from. The old version goes once the new applied config is
+// recorded (when the caller calls Mode.RemoveSuperseded; lib/repave does
+// not yet), at the latest when the next repave begins (asserted after
+// the next one).
+func (f *firstBoot) wantRepavedTo(t *testing.T, from, to string) {
+	t.Helper()
+	if ents, _ := f.m.ReadDir(hostpaths.VersionsDirHost + "/" + from); len(ents) > 0 {
+		t.Logf("version %s is still installed after the repave: removed when the next one begins", from)
+		f.wantVersionRunning(t, to, []string{from, to})
+	} else {
+		f.wantVersionRunning(t, to, []string{to})
+	}
+}
+
 // wantVersionRunning asserts that `current` points at v, that the
 // version directories are exactly dirs, and that both units run from v.
 func (f *firstBoot) wantVersionRunning(t *testing.T, v string, dirs []string) {
@@ -367,6 +374,7 @@ func (f *firstBoot) wantVersionRunning(t *testing.T, v string, dirs []string) {
 			got = append(got, e.Name())
 		}
 	}
+	dirs = slices.Sorted(slices.Values(dirs))
 	if !slices.Equal(got, dirs) {
 		t.Errorf("version directories %q, want %q", got, dirs)
 	}
