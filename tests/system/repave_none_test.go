@@ -98,7 +98,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	vc := bumpPatch(t, v1, 3)
 	f.stage.ServeAsVersion(t, f.mirrorDir, "kubelet", vc, f.stage.Kubelet)
 	f.setKubernetesVersion(t, v2, vc)
-	f.setRepaveDropIns(t, "repave/none-flipped")
+	f.setRepaveDropIns(t, "repave/after-flipped")
 	_, p = f.repave(t, nil)
 	if p["ExecMainCode"] != "2" || p["ExecMainStatus"] != "9" {
 		t.Fatalf("the repave was not killed at its crash point: %v\n%s", p, f.m.Journal(repaveUnit))
@@ -111,7 +111,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	if p["Result"] != "success" || p["ExecMainStatus"] != "0" {
 		t.Fatalf("the repave run again after the crash: %v\n%s", p, f.m.Journal(repaveUnit))
 	}
-	t.Logf("repave %s -> %s resumed after a crash at repave/none-flipped: %v", v2, vc, took)
+	t.Logf("repave %s -> %s resumed after a crash at repave/after-flipped: %v", v2, vc, took)
 	if j := f.m.Journal(repaveUnit); !strings.Contains(j, "repave resumed mode=none step=start") {
 		t.Errorf("the second run did not resume the mode's journal:\n%s", j)
 	}

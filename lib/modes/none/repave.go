@@ -80,6 +80,13 @@ type repaveJournal struct {
 	Cause   string `json:"cause,omitempty"`
 }
 
+// CrashPoints are Repave's crash points (lib/crashpoint, through
+// h.Crash) in the order a repave reaches them; those named as in the
+// nspawn mode mark the same step. The rollback's comes first when a step
+// fails.
+var CrashPoints = []string{"repave/after-new-built", "repave/after-old-stopped", "repave/after-network-cleaned",
+	"repave/after-fence", "repave/after-flipped", "repave/after-new-started", "repave/after-healthy", "repave/after-rollback-begun"}
+
 // repaveInput is the file of a version directory built by a repave that
 // holds the digest of its arguments (inputDigest).
 const repaveInput = "repave-input"
@@ -155,8 +162,7 @@ func noHook(context.Context) error { return nil }
 // Every step is recorded first in the mode's journal (JournalName), so
 // that a call with the same arguments after a crash finishes the repave
 // (or its rollback); a call with other arguments first rolls back the
-// unfinished one. Crash points: repave/none-installed, -stopped, -fenced,
-// -flipped, -started, -healthy, -rolling-back.
+// unfinished one. Crash points: CrashPoints.
 func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes.RepaveHooks) error {
 	if !hostpaths.ValidSlot(running) {
 		return fmt.Errorf("none repave: running slot %q: must be one of %v", running, hostpaths.Slots)
@@ -277,17 +283,21 @@ func (m *Mode) repave(ctx context.Context, s modes.Slot, j *repaveJournal, h mod
 			if err := state.WriteFileAtomic(filepath.Join(m.VersionDir(j.New), repaveInput), []byte(j.Input+"\n"), 0o644); err != nil {
 				return fail("install version "+j.New, err)
 			}
-			h.Crash("repave/none-installed")
+			h.Crash("repave/after-new-built")
 			j.Step, j.Stopped = stepSwitch, true
 			if err := m.writeJournal(j); err != nil {
 				return fail("journal", err)
 			}
 		case stepSwitch:
 			stopped = time.Now()
-			if err := m.stopStack(ctx); err != nil {
+			if err := m.stopUnits(ctx); err != nil {
 				return fail("stop version "+j.Old, err)
 			}
-			h.Crash("repave/none-stopped")
+			h.Crash("repave/after-old-stopped")
+			if err := m.cleanNetwork(ctx); err != nil {
+				return fail("clean the host networking of version "+j.Old, err)
+			}
+			h.Crash("repave/after-network-cleaned")
 			// The fence runs once the old kubelet is stopped (the caller's
 			// hook deletes the Node first, which a running kubelet would
 			// register again) and before anything of the new version is
@@ -295,7 +305,7 @@ func (m *Mode) repave(ctx context.Context, s modes.Slot, j *repaveJournal, h mod
 			if err := h.Fence(ctx); err != nil {
 				return fail("the allocation fence", err)
 			}
-			h.Crash("repave/none-fenced")
+			h.Crash("repave/after-fence")
 			if err := m.setCNIConf(j.New); err != nil {
 				return fail("CNI configuration of version "+j.New, err)
 			}
@@ -306,16 +316,16 @@ func (m *Mode) repave(ctx context.Context, s modes.Slot, j *repaveJournal, h mod
 			if err := m.writeJournal(j); err != nil {
 				return fail("journal", err)
 			}
-			h.Crash("repave/none-flipped")
+			h.Crash("repave/after-flipped")
 		case stepStart:
 			if err := m.startStack(ctx, j.Slot); err != nil {
 				return fail("start version "+j.New, err)
 			}
-			h.Crash("repave/none-started")
+			h.Crash("repave/after-new-started")
 			if err := h.Healthy(ctx, j.Slot); err != nil {
 				return fail("version "+j.New+" did not become healthy", err)
 			}
-			h.Crash("repave/none-healthy")
+			h.Crash("repave/after-healthy")
 			if err := state.RemoveJournal(m.Paths, JournalName); err != nil {
 				return fail("journal", err)
 			}
@@ -346,7 +356,7 @@ func (m *Mode) rollback(ctx context.Context, j *repaveJournal, h modes.RepaveHoo
 	}
 	m.log().Warn("repave failed, rolling back", "mode", "none", "cause", cause, "old", j.Old, "new", j.New)
 	if h.Crash != nil {
-		h.Crash("repave/none-rolling-back")
+		h.Crash("repave/after-rollback-begun")
 	}
 	undo := func(what string, err error) error {
 		return fmt.Errorf("none repave to version %s failed (%s), and the rollback to version %s failed: %s: %w", j.New, cause, j.Old, what, err)
@@ -442,9 +452,17 @@ func (m *Mode) removeVersionsBut(keep string) error {
 	return modes.RemoveVerified(gone...)
 }
 
-// stopStack stops kubelet, then containerd, kills what outlives them
-// (pods, shims) and cleans the host networking they made.
+// stopStack stops the node stack and cleans the host networking it made.
 func (m *Mode) stopStack(ctx context.Context) error {
+	if err := m.stopUnits(ctx); err != nil {
+		return err
+	}
+	return m.cleanNetwork(ctx)
+}
+
+// stopUnits stops kubelet, then containerd, and kills what outlives them
+// (pods, shims).
+func (m *Mode) stopUnits(ctx context.Context) error {
 	sd, err := m.systemd(ctx)
 	if err != nil {
 		return err
@@ -463,16 +481,16 @@ func (m *Mode) stopStack(ctx context.Context) error {
 	if err := m.killLeftovers(ctx); err != nil {
 		return err
 	}
-	took = append(took, "leftovers killed", time.Since(begin).Round(time.Millisecond).String())
-	clean := m.CleanNetwork
-	if clean == nil {
-		clean = m.cleanHostNetwork
-	}
-	if err := clean(ctx); err != nil {
-		return err
-	}
-	m.log().Info("node stack stopped and its host networking cleaned", append(took, "took", time.Since(begin).Round(time.Millisecond).String())...)
+	m.log().Info("node stack stopped", append(took, "took", time.Since(begin).Round(time.Millisecond).String())...)
 	return nil
+}
+
+// cleanNetwork is CleanNetwork, or cleanHostNetwork.
+func (m *Mode) cleanNetwork(ctx context.Context) error {
+	if m.CleanNetwork != nil {
+		return m.CleanNetwork(ctx)
+	}
+	return m.cleanHostNetwork(ctx)
 }
 
 // resetFailer is the part of lib/units.Manager beyond modes.Systemd that

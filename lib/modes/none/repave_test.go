@@ -27,6 +27,7 @@ type repaveHost struct {
 	unhealthy map[string]bool
 	fenceErr  error
 	crashAt   string
+	crashes   []string
 }
 
 type crashed struct{ point string }
@@ -57,6 +58,7 @@ func (h *repaveHost) hooks() modes.RepaveHooks {
 			return nil
 		},
 		Crash: func(p string) {
+			h.crashes = append(h.crashes, p)
 			if p == h.crashAt {
 				panic(crashed{p})
 			}
@@ -132,6 +134,9 @@ func TestRepaveInstallsBesideStopsFlipsStartsAndKeepsTheOldVersionUntilRemoveSup
 	}
 	if cur, _ := h.m.CurrentVersion(); cur != "1.36.4" {
 		t.Errorf("current -> %q", cur)
+	}
+	if want := CrashPoints[:len(CrashPoints)-1]; !slices.Equal(h.crashes, want) {
+		t.Errorf("crash points passed: %q, want CrashPoints %q", h.crashes, want)
 	}
 	if !strings.Contains(h.liveCNI(t), "10.244.9.0/24") {
 		t.Errorf("the live CNI config is not the new version's:\n%s", h.liveCNI(t))
@@ -273,7 +278,7 @@ func TestRepaveWhoseRollbackFailsSaysSoAndRollsBackOnTheNextCall(t *testing.T) {
 // repave ends with exactly one version current, the stack started and
 // healthy, and (for a repave that cannot succeed) the old one back.
 func TestRepaveKilledAtEveryCrashPointConvergesWhenRunAgain(t *testing.T) {
-	points := []string{"repave/none-installed", "repave/none-stopped", "repave/none-fenced", "repave/none-flipped", "repave/none-started", "repave/none-healthy"}
+	points := CrashPoints[:len(CrashPoints)-1] // all but the rollback's
 	for _, p := range points {
 		t.Run(p, func(t *testing.T) {
 			h := newRepaveHost(t)
@@ -290,7 +295,7 @@ func TestRepaveKilledAtEveryCrashPointConvergesWhenRunAgain(t *testing.T) {
 			if cur, _ := h.m.CurrentVersion(); cur != "1.36.4" {
 				t.Errorf("current -> %q", cur)
 			}
-			if p != "repave/none-healthy" && !slices.Contains(h.sd.Calls, "healthy kube2") {
+			if p != "repave/after-healthy" && !slices.Contains(h.sd.Calls, "healthy kube2") {
 				t.Errorf("the resumed repave did not wait healthy: %q", h.sd.Calls)
 			}
 			for _, u := range []string{ContainerdUnit, KubeletUnit} {
@@ -306,7 +311,8 @@ func TestRepaveKilledAtEveryCrashPointConvergesWhenRunAgain(t *testing.T) {
 			}
 		})
 	}
-	for _, p := range slices.Concat(points[:5], []string{"repave/none-rolling-back"}) {
+	// Up to the health wait, which fails, then the rollback's own.
+	for _, p := range slices.Concat(points[:len(points)-1], []string{"repave/after-rollback-begun"}) {
 		t.Run("rollback/"+p, func(t *testing.T) {
 			h := newRepaveHost(t)
 			h.unhealthy["kube2"] = true
@@ -339,7 +345,7 @@ func TestRepaveKilledAtEveryCrashPointConvergesWhenRunAgain(t *testing.T) {
 
 func TestRepaveOfOtherArgumentsRollsBackTheUnfinishedOneFirst(t *testing.T) {
 	h := newRepaveHost(t)
-	h.crashAt = "repave/none-flipped"
+	h.crashAt = "repave/after-flipped"
 	if _, crash := h.repave(newSlot(t, "1.36.4", "10.244.9.0/24")); !crash {
 		t.Fatal("no crash")
 	}
@@ -493,7 +499,7 @@ func TestEnsureHooksRemovesLeftoversRestoresTheCNIConfigAndReloadsWithoutRestart
 
 func TestEnsureHooksLeavesAnUnfinishedRepaveAlone(t *testing.T) {
 	h := newRepaveHost(t)
-	h.crashAt = "repave/none-stopped"
+	h.crashAt = "repave/after-old-stopped"
 	if _, crash := h.repave(newSlot(t, "1.36.4", "10.244.9.0/24")); !crash {
 		t.Fatal("no crash")
 	}
