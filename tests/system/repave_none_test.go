@@ -72,7 +72,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	f.stage.ServeAsVersion(t, f.mirrorDir, "kubelet", v2, f.stage.Kubelet)
 	f.setKubernetesVersion(t, v1, v2)
 	watch := f.watchReadyAgain(t, uid1)
-	took, p := f.repave(t, nil)
+	took, p := f.repaveNone(t, nil)
 	if p["Result"] != "success" || p["ExecMainStatus"] != "0" {
 		t.Fatalf("repave to %s: %v\n%s", v2, p, f.m.Journal(repaveUnit))
 	}
@@ -99,7 +99,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	f.stage.ServeAsVersion(t, f.mirrorDir, "kubelet", vc, f.stage.Kubelet)
 	f.setKubernetesVersion(t, v2, vc)
 	f.setRepaveDropIns(t, "repave/after-flipped")
-	_, p = f.repave(t, nil)
+	_, p = f.repaveNone(t, nil)
 	if p["ExecMainCode"] != "2" || p["ExecMainStatus"] != "9" {
 		t.Fatalf("the repave was not killed at its crash point: %v\n%s", p, f.m.Journal(repaveUnit))
 	}
@@ -107,7 +107,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 		t.Errorf("killed after the flip: current -> %s, kubelet %s; want %s and stopped", target, isActive(f.m, none.KubeletUnit), vc)
 	}
 	f.setRepaveDropIns(t, "")
-	took, p = f.repave(t, nil)
+	took, p = f.repaveNone(t, nil)
 	if p["Result"] != "success" || p["ExecMainStatus"] != "0" {
 		t.Fatalf("the repave run again after the crash: %v\n%s", p, f.m.Journal(repaveUnit))
 	}
@@ -142,7 +142,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	// whose Node vanished (the repave deletes it), and its repave after
 	// this one must find nothing to do rather than try the broken
 	// version again.
-	took, p = f.repave(t, func() {
+	took, p = f.repaveNone(t, func() {
 		waitUntil(t, 2*time.Minute, "the repave planned", func(context.Context) (bool, error) {
 			j, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "-u", repaveUnit, "-n", "40")
 			return strings.Contains(j, "repave begun mode=none running=kube1 slot=kube1 old="+v2+" new="+v3), nil
@@ -272,12 +272,12 @@ func (f *firstBoot) restartByHand(t *testing.T) time.Duration {
 	return watch(t)
 }
 
-// repave starts unbounded-repave.service without waiting for its job
+// repaveNone starts unbounded-repave.service without waiting for its job
 // (the harness bounds a command at 2 minutes), runs during (when not
 // nil), and waits, bounded, until the run systemd journals from now on
 // has ended. (A finished oneshot nothing refers to is unloaded: its
 // InvocationID is gone by then.)
-func (f *firstBoot) repave(t *testing.T, during func()) (time.Duration, map[string]string) {
+func (f *firstBoot) repaveNone(t *testing.T, during func()) (time.Duration, map[string]string) {
 	t.Helper()
 	cursor := journalCursor(t, f)
 	begin := time.Now()
@@ -343,17 +343,14 @@ func (f *firstBoot) setKubernetesVersion(t *testing.T, from, to string) {
 }
 
 // wantRepavedTo asserts that version to runs after a repave from
-// version from. The old version goes once the new applied config is
-// recorded (when the caller calls Mode.RemoveSuperseded; lib/repave does
-// not yet), at the latest when the next repave begins (asserted after
-// the next one).
+// version from, which is gone: lib/repave's retire step had the mode
+// remove it (Mode.RemoveSuperseded) once the new applied config was
+// recorded.
 func (f *firstBoot) wantRepavedTo(t *testing.T, from, to string) {
 	t.Helper()
-	if ents, _ := f.m.ReadDir(hostpaths.VersionsDirHost + "/" + from); len(ents) > 0 {
-		t.Logf("version %s is still installed after the repave: removed when the next one begins", from)
-		f.wantVersionRunning(t, to, []string{from, to})
-	} else {
-		f.wantVersionRunning(t, to, []string{to})
+	f.wantVersionRunning(t, to, []string{to})
+	if _, err := f.m.ReadDir(hostpaths.VersionsDirHost + "/" + from); !os.IsNotExist(err) {
+		t.Errorf("version %s is still installed after the repave (%v)", from, err)
 	}
 }
 
