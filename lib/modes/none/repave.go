@@ -146,10 +146,10 @@ func noHook(context.Context) error { return nil }
 // again, `current` and the CNI configuration go back to the old version
 // (binaries and the configuration it ran, both in its directory), the
 // old stack is started and waited healthy, and the new version is
-// removed. The error says so and wraps modes.ErrRolledBack. (A fence
-// that refuses also refuses the old stack's start, through the
-// generator's drop-in on the units: the rollback then fails, and the
-// node stays down, as a fenced node must.)
+// removed. The error says so and wraps modes.ErrRolledBack. The old
+// stack's start is fenced too (h.Fence again, then the generator's
+// drop-in on the units): a fence that refuses makes the rollback fail,
+// and the node stays down, as a fenced node must.
 //
 // The old version directory is not removed on success: the caller
 // records the new applied config, then calls RemoveSuperseded (a repave
@@ -370,6 +370,13 @@ func (m *Mode) rollback(ctx context.Context, j *repaveJournal, h modes.RepaveHoo
 		}
 		if err := m.flipCurrent(j.Old); err != nil {
 			return undo("flip current back", err)
+		}
+		// The old stack's start is fenced like the new one's (the
+		// contract of RepaveHooks.Fence): a refusal starts nothing.
+		if h.Fence != nil {
+			if err := h.Fence(ctx); err != nil {
+				return undo("the allocation fence", err)
+			}
 		}
 		if err := m.startStack(ctx, j.Running); err != nil {
 			return undo("start version "+j.Old, err)

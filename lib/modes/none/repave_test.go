@@ -206,7 +206,7 @@ func TestRepaveThatNeverBecomesHealthyFlipsBackAndStartsTheOldVersionWithItsConf
 	}
 	want := []string{"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence",
 		"reload", "start " + ContainerdUnit, "start " + KubeletUnit, "healthy kube2",
-		"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network",
+		"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence",
 		"reload", "start " + ContainerdUnit, "start " + KubeletUnit, "healthy kube1"}
 	if !slices.Equal(h.sd.Calls, want) {
 		t.Errorf("repave did\n %q\nwant\n %q", h.sd.Calls, want)
@@ -229,24 +229,28 @@ func TestRepaveThatNeverBecomesHealthyFlipsBackAndStartsTheOldVersionWithItsConf
 }
 
 // The fence runs once the old kubelet is stopped; a refusal starts
-// nothing of the new version. (On a host, the old stack's start is then
-// refused too, by the generator's fence drop-in: the rollback fails and
-// the node stays down. The recorder has no drop-ins.)
-func TestRepaveRefusedByTheFenceStartsNothingOfTheNewVersion(t *testing.T) {
+// nothing: not the new version, and not the old one either (the
+// rollback's start is fenced too), so the rollback fails and says so.
+func TestRepaveRefusedByTheFenceStartsNothing(t *testing.T) {
 	h := newRepaveHost(t)
 	h.fenceErr = errors.New("fence: the Machine is fenced")
-	err, _ := h.repave(newSlot(t, "1.36.4", "10.244.9.0/24"))
-	if !errors.Is(err, modes.ErrRolledBack) || !strings.Contains(err.Error(), "Machine is fenced") {
-		t.Fatalf("repave: %v", err)
+	s := newSlot(t, "1.36.4", "10.244.9.0/24")
+	err, _ := h.repave(s)
+	if err == nil || errors.Is(err, modes.ErrRolledBack) || !strings.Contains(err.Error(), "Machine is fenced") || !strings.Contains(err.Error(), "rollback to version 1.36.3 failed") {
+		t.Fatalf("repave: %v, want a failed rollback naming the refusal", err)
 	}
 	want := []string{"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence",
-		"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network",
-		"reload", "start " + ContainerdUnit, "start " + KubeletUnit, "healthy kube1"}
+		"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence"}
 	if !slices.Equal(h.sd.Calls, want) {
 		t.Errorf("a refused repave did\n %q\nwant\n %q", h.sd.Calls, want)
 	}
 	if cur, _ := h.m.CurrentVersion(); cur != "1.36.3" {
 		t.Errorf("current -> %q", cur)
+	}
+	// Allowed again: the next call finishes the rollback.
+	h.fenceErr = nil
+	if err, _ := h.repave(s); !errors.Is(err, modes.ErrRolledBack) || !strings.Contains(err.Error(), "Machine is fenced") {
+		t.Fatalf("repave once allowed: %v, want the rollback finished", err)
 	}
 	if got := h.versions(t); !slices.Equal(got, []string{"1.36.3", "current"}) {
 		t.Errorf("versions: %q", got)
