@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -192,10 +191,11 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 
 // watchReadyAgain follows the Node while a repave runs; the function it
 // returns ends the watch and gives the downtime: from the old kubelet's
-// stop (its unit's InactiveEnterTimestamp) to the first Ready Node with a
-// UID other than uid (registered afresh).
+// stop (its unit's first stop from now on) to the first Ready Node with
+// a UID other than uid (registered afresh).
 func (f *firstBoot) watchReadyAgain(t *testing.T, uid string) func(*testing.T) time.Duration {
 	t.Helper()
+	cursor := journalCursor(t, f)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan time.Time, 1)
 	go func() {
@@ -224,7 +224,7 @@ func (f *firstBoot) watchReadyAgain(t *testing.T, uid string) func(*testing.T) t
 		})
 		cancel()
 		ready := <-done
-		stopped := f.kubeletStopped(t)
+		stopped := f.kubeletStopped(t, cursor)
 		if ready.IsZero() || stopped.IsZero() {
 			return 0
 		}
@@ -232,22 +232,30 @@ func (f *firstBoot) watchReadyAgain(t *testing.T, uid string) func(*testing.T) t
 	}
 }
 
-// kubeletStopped is when unbounded-kubelet.service last became inactive.
-func (f *firstBoot) kubeletStopped(t *testing.T) time.Time {
+// kubeletStopped is when unbounded-kubelet.service first stopped after
+// the journal position cursor (systemd's "Stopped" line): a later
+// restart of the new kubelet (the ready wait's one restart for its
+// CSINode) is part of the downtime, not its start.
+func (f *firstBoot) kubeletStopped(t *testing.T, cursor string) time.Time {
 	t.Helper()
-	us := showProps(t, f.m, none.KubeletUnit, "InactiveEnterTimestampMonotonic")["InactiveEnterTimestampMonotonic"]
-	// CLOCK_MONOTONIC is the host's (a container shares it): read it
-	// here and map the unit's monotonic stamp to wall-clock time.
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		t.Fatal(err)
-	}
-	n, err := strconv.ParseInt(us, 10, 64)
-	if err != nil || n == 0 {
-		t.Logf("%s InactiveEnterTimestampMonotonic=%q: no stop to measure from", none.KubeletUnit, us)
+	out, err := f.m.Run("journalctl", "-q", "--no-pager", "-o", "short-unix", "-u", none.KubeletUnit, "--after-cursor", cursor)
+	if err != nil {
+		t.Logf("journal of %s: %v", none.KubeletUnit, err)
 		return time.Time{}
 	}
-	return time.Now().Add(-(time.Duration(ts.Nano()) - time.Duration(n)*time.Microsecond))
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 3 || !strings.Contains(l, "Stopped "+none.KubeletUnit) && !strings.Contains(l, "Stopped unbounded node stack: kubelet") {
+			continue
+		}
+		sec, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			continue
+		}
+		return time.Unix(0, int64(sec*1e9))
+	}
+	t.Logf("no stop of %s in its journal after the cursor:\n%s", none.KubeletUnit, out)
+	return time.Time{}
 }
 
 // restartByHand stops the node stack, deletes the Node and starts the
@@ -256,11 +264,11 @@ func (f *firstBoot) kubeletStopped(t *testing.T) time.Time {
 func (f *firstBoot) restartByHand(t *testing.T) time.Duration {
 	t.Helper()
 	uid := f.nodeUID(t)
+	watch := f.watchReadyAgain(t, uid)
 	if out, err := f.m.Systemctl("stop", none.KubeletUnit, none.ContainerdUnit); err != nil {
 		t.Errorf("stop the node stack by hand: %v\n%s", err, out)
 		return 0
 	}
-	watch := f.watchReadyAgain(t, uid)
 	if err := f.env.kube.CoreV1().Nodes().Delete(context.Background(), f.name, metav1.DeleteOptions{}); err != nil {
 		t.Errorf("delete Node: %v", err)
 		return 0
