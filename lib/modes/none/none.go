@@ -36,10 +36,14 @@
 // plugin to /var/lib/containerd/opt. The slot only names the applied config's record: both slots are
 // the same units.
 //
-// Repave and EnsureHooks return modes.ErrNotImplemented in this release.
+// Repave (repave.go) replaces the stack in place: the new version is
+// installed beside, the stack stopped, `current` flipped, the stack
+// started; a failure flips back. EnsureHooks (hooks.go) makes what the
+// units run from current without restarting them.
 package none
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -120,7 +124,19 @@ type Mode struct {
 	Unmount func(target string) error
 	// MountInfo returns /proc/self/mountinfo; nil reads it.
 	MountInfo func() ([]byte, error)
-	Log       *slog.Logger
+	// CleanNetwork removes the host networking a stopped node stack
+	// left (repave); nil is cleanHostNetwork.
+	CleanNetwork func(ctx context.Context) error
+	// DeleteLink deletes a network interface; nil is rtnetlink's
+	// RTM_DELLINK.
+	DeleteLink func(name string) error
+	// Command runs a host tool (iptables, ip6tables)
+	// with stdin and returns its standard output; nil runs it.
+	Command func(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error)
+	// SysClassNet is where the kernel lists network interfaces; "" is
+	// /sys/class/net.
+	SysClassNet string
+	Log         *slog.Logger
 }
 
 var _ modes.Mode = (*Mode)(nil)
@@ -180,9 +196,34 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 			return fmt.Errorf("prepare slot %s: %w (%s is %s)", s.Name, modes.ErrSlotActive, u, st)
 		}
 	}
+	if err := m.install(s, v); err != nil {
+		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+	}
+	if err := m.setCNIConf(v); err != nil {
+		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+	}
+	if err := m.flipCurrent(v); err != nil {
+		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+	}
+	m.log().Info("slot prepared", "slot", s.Name, "mode", "none", "version", v)
+	return nil
+}
+
+// cniCopy is where a version directory keeps its copy of the bridge CNI
+// configuration (absent: the version has none, the cluster's CNI brings
+// its own). The live file in /etc/cni/net.d is shared by every version,
+// so it is set from the copy only when `current` flips (setCNIConf):
+// installing a version beside a running one never changes the running
+// one's network, and a rollback restores the configuration it ran.
+const cniCopy = "etc/cni/" + nodestack.CNIConfName
+
+// install builds the node stack of s as the version directory named dir
+// (versions/.<dir>.tmp-* first, renamed into place). It touches nothing
+// outside that directory: not `current`, not /etc/cni/net.d.
+func (m *Mode) install(s modes.Slot, dir string) error {
 	cgs, err := m.Host.CgroupHierarchy()
 	if err != nil {
-		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+		return err
 	}
 	cg := nodestack.Cgroup(cgs)
 
@@ -193,7 +234,7 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	if err := removeLeftovers(versions); err != nil {
 		return err
 	}
-	tmp, err := os.MkdirTemp(versions, "."+v+".tmp-")
+	tmp, err := os.MkdirTemp(versions, "."+dir+".tmp-")
 	if err != nil {
 		return err
 	}
@@ -210,7 +251,7 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	// directory: Layout's Current prefix is stripped.
 	rel := func(p string) string { return strings.TrimPrefix(p, Current) }
 	if err := nodestack.InstallArtifacts(s.Artifacts, tmp, nodestack.Layout{BinDir: rel(Layout.BinDir), CNIBinDir: rel(Layout.CNIBinDir)}); err != nil {
-		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+		return err
 	}
 	l := Layout
 	// On a host that runs systemd-resolved, /etc/resolv.conf names the
@@ -226,31 +267,43 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	env := "# Written by unbounded-agent: kubelet's flags, read by " + KubeletUnit + ".\n" +
 		"KUBELET_ARGS=" + strings.Join(nodestack.KubeletArgs(s.Node, Layout), " ") + "\n"
 	files = append(files, nodestack.File{Path: KubeletEnv, Mode: 0o644, Data: []byte(env)})
-	var outside []nodestack.File
 	for _, f := range files {
 		root, name := m.place(tmp, f.Path)
 		if root != tmp {
-			outside = append(outside, f)
-			continue
+			// Only the CNI configuration lives outside the version
+			// directory: the version keeps a copy (cniCopy).
+			if f.Path != path.Join(Layout.CNIConfDir, nodestack.CNIConfName) {
+				return fmt.Errorf("%s: no place for it in a version directory", f.Path)
+			}
+			root, name = tmp, "/"+cniCopy
 		}
 		if err := nodestack.WriteFile(root, name, f.Data, f.Mode); err != nil {
-			return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+			return err
 		}
 	}
-	dst := m.VersionDir(v)
-	if err := modes.SwapDir(tmp, dst); err != nil {
-		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+	if err := modes.SwapDir(tmp, m.VersionDir(dir)); err != nil {
+		return err
 	}
 	done = true
-	// Only the CNI configuration lives outside the version directory.
-	if err := nodestack.WriteFiles(m.Paths.Join("/"), outside); err != nil {
-		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
-	}
-	if err := m.flipCurrent(v); err != nil {
-		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
-	}
-	m.log().Info("slot prepared", "slot", s.Name, "mode", "none", "version", v, "cgroup", cgs)
 	return nil
+}
+
+// setCNIConf makes the live bridge CNI configuration version dir's:
+// its copy, or none when it has no copy.
+func (m *Mode) setCNIConf(dir string) error {
+	live := m.Paths.Join(path.Join(Layout.CNIConfDir, nodestack.CNIConfName))
+	data, err := os.ReadFile(filepath.Join(m.VersionDir(dir), cniCopy))
+	if errors.Is(err, os.ErrNotExist) {
+		return modes.RemoveVerified(live)
+	}
+	if err != nil {
+		return err
+	}
+	if cur, err := os.ReadFile(live); err == nil && bytes.Equal(cur, data) {
+		// Unchanged: no write, no change event for containerd.
+		return nil
+	}
+	return nodestack.WriteFiles(m.Paths.Join("/"), []nodestack.File{{Path: path.Join(Layout.CNIConfDir, nodestack.CNIConfName), Mode: 0o644, Data: data}})
 }
 
 // flipCurrent points `current` at v: a new link under a temporary name,
@@ -328,16 +381,6 @@ func (m *Mode) Restart(ctx context.Context, slot string) error {
 	}
 	defer sd.Close()
 	return softreboot.Restart(ctx, sd, m.Name(), slot)
-}
-
-// Repave is not in this release.
-func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes.RepaveHooks) error {
-	return fmt.Errorf("none repave of %s: %w", running, modes.ErrNotImplemented)
-}
-
-// EnsureHooks is not in this release.
-func (m *Mode) EnsureHooks(ctx context.Context, slot string) error {
-	return fmt.Errorf("none lifecycle hooks of %s: %w", slot, modes.ErrNotImplemented)
 }
 
 // killWait bounds how long Destroy waits for killed pod processes to go.
