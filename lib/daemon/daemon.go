@@ -48,6 +48,7 @@ import (
 	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/noderecord"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/version"
 )
@@ -144,6 +145,11 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer d.sd.Close()
+	// A record left by an earlier process (killed) is not this one's view.
+	if err := noderecord.Remove(d.p); err != nil {
+		log.Warn("cannot remove the Node record", "file", noderecord.File(d.p), "error", err)
+	}
+	defer d.forgetNode()
 	for {
 		err := d.serve(ctx, cfg)
 		if !errors.Is(err, errCredentialsRenewed) {
@@ -191,6 +197,9 @@ type update struct {
 	// gen is the following generation of a Node or operations watch; the
 	// loop drops updates of a generation it has stopped.
 	gen int
+	// watchDown, watchUp: the watch failed, or works again without a new
+	// list (no objects; node.go records it for the Node).
+	watchDown, watchUp bool
 }
 
 // job is one unit of work for a dispatch goroutine.
@@ -263,6 +272,9 @@ type daemon struct {
 	// The node's start once an explicit fence refusal no longer holds
 	// (unfence.go).
 	unfenceState unfenceState
+
+	// The Node's Ready condition as recorded for health (node.go).
+	nodeRec nodeRecord
 }
 
 func (d *daemon) machineUIDValue() types.UID {
@@ -350,6 +362,12 @@ func (d *daemon) apply(ctx context.Context, u update) {
 	if u.kind != kindMachine && (d.followStop == nil || u.gen != d.followGen) {
 		return // from a watch stopped since
 	}
+	if u.watchDown || u.watchUp {
+		if u.kind == kindNode {
+			d.nodeWatchLive(u.watchUp)
+		}
+		return
+	}
 	if u.sync && !d.synced[u.kind] {
 		d.synced[u.kind] = true
 		d.log.Debug("initial list done", "kind", u.kind)
@@ -378,6 +396,7 @@ func (d *daemon) apply(ctx context.Context, u update) {
 			node = u.objs[0].(*corev1.Node)
 		}
 		d.observeNode(node)
+		d.seeNode(node)
 		if node != nil && (d.machineObj == nil || d.machineObj.Status.NodeName != node.Name) {
 			d.reportMachine(ctx)
 		}
@@ -489,6 +508,7 @@ func (d *daemon) unfollow() {
 	}
 	d.followStop()
 	d.followStop = nil
+	d.forgetNode()
 	d.synced[kindNode], d.synced[kindOps] = false, false
 	d.ops = map[string]*v1alpha3.MachineOperation{}
 	d.readyNode, d.nodeRepave = "", nil

@@ -43,9 +43,22 @@ func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn w
 		backoff = min(backoff*2, maxBackoff)
 		return true
 	}
+	// down: this loop told the daemon its watch failed (sent only once
+	// per failure, and only until it works again: no traffic at idle).
+	down := false
+	markDown := func() bool {
+		if down || ctx.Err() != nil {
+			return true
+		}
+		down = true
+		return d.send(ctx, update{kind: k, watchDown: true})
+	}
 	for ctx.Err() == nil {
 		objs, rv, err := list(ctx)
 		if err != nil {
+			if !markDown() {
+				return
+			}
 			if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
 				// Not a blip: this credential may not read it (the
 				// bootstrap token may not read the Node). Asking again
@@ -64,11 +77,15 @@ func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn w
 		if !d.send(ctx, update{kind: k, sync: true, objs: objs}) {
 			return
 		}
+		down = false // the list says it all
 		for ctx.Err() == nil {
 			w, err := watchFn(ctx, rv)
 			if err != nil {
 				if isGone(err) {
 					break
+				}
+				if !markDown() {
+					return
 				}
 				if ctx.Err() == nil {
 					d.logRetry(k, "watch failed; retrying", "kind", k, "error", err, "in", backoff)
@@ -77,6 +94,13 @@ func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn w
 					return
 				}
 				continue
+			}
+			if down {
+				if !d.send(ctx, update{kind: k, watchUp: true}) {
+					w.Stop()
+					return
+				}
+				down = false
 			}
 			newRV, gone, got := d.consume(ctx, k, w)
 			w.Stop()
