@@ -4,12 +4,14 @@
 // net/http (ARCHITECTURE section 3: under 5 MB).
 //
 // What "healthy" means here: the supervising unit(s) of the active slot
-// are active, and the kubelet's healthz answers ok. The Node's Ready
-// condition is not read: a TLS client alone (crypto/tls with a
-// hand-written request) puts the binary over its 5 MB budget, and the
-// daemon already watches the Node (see the report of the health helper,
-// issue 8); a payload that dies, hangs or cannot start shows in the units
-// and the healthz.
+// are active, the kubelet's healthz answers ok, and the cluster does not
+// report the Node NotReady when that is known. The Node's Ready condition
+// comes from the daemon, which watches the Node and records what it sees
+// in /run/unbounded/node.json (lib/noderecord, NodeReady): this binary
+// has no TLS client (crypto/tls alone puts it over its 5 MB budget). A
+// Node the cluster reports not Ready while the daemon's watch is live
+// counts as a failed check, like a failed healthz; an unknown one (no
+// live watch: the cluster is not reachable) counts as nothing.
 //
 // One run (Check.Run) decides, from the state it keeps between runs:
 //
@@ -101,8 +103,9 @@ type Units interface {
 var ErrGaveUp = errors.New("gave up restarting the node stack")
 
 // Problems returns what is wrong with the node stack of mode in slot, or
-// nil when it is healthy.
-func Problems(ctx context.Context, sd Units, healthz func(context.Context) error, mode, slot string) []string {
+// nil when it is healthy. node, when not nil, is the Node's Ready check
+// (NodeReady).
+func Problems(ctx context.Context, sd Units, healthz, node func(context.Context) error, mode, slot string) []string {
 	var out []string
 	for _, u := range generator.SupervisingUnits(mode, slot) {
 		st, err := sd.ActiveState(ctx, u)
@@ -116,15 +119,20 @@ func Problems(ctx context.Context, sd Units, healthz func(context.Context) error
 	if err := healthz(ctx); err != nil {
 		out = append(out, fmt.Sprintf("kubelet healthz (%s): %v", KubeletHealthzAddr, err))
 	}
+	if node != nil {
+		if err := node(ctx); err != nil {
+			out = append(out, err.Error())
+		}
+	}
 	return out
 }
 
 // WaitHealthy polls Problems every interval until the node is healthy
 // (nil) or timeout passes (an error listing what is still wrong).
-func WaitHealthy(ctx context.Context, sd Units, healthz func(context.Context) error, mode, slot string, timeout, interval time.Duration) error {
+func WaitHealthy(ctx context.Context, sd Units, healthz, node func(context.Context) error, mode, slot string, timeout, interval time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		probs := Problems(ctx, sd, healthz, mode, slot)
+		probs := Problems(ctx, sd, healthz, node, mode, slot)
 		if len(probs) == 0 {
 			return nil
 		}
@@ -151,8 +159,10 @@ type Check struct {
 
 	Units   Units
 	Healthz func(context.Context) error
-	Now     func() time.Time
-	Log     *slog.Logger
+	// NodeReady is the Node's Ready check; nil is NodeReady on Paths.
+	NodeReady func(context.Context) error
+	Now       func() time.Time
+	Log       *slog.Logger
 }
 
 func (c *Check) now() time.Time {
@@ -167,6 +177,13 @@ func (c *Check) healthz(ctx context.Context) error {
 		return c.Healthz(ctx)
 	}
 	return Healthz(ctx, KubeletHealthzAddr)
+}
+
+func (c *Check) nodeReady(ctx context.Context) error {
+	if c.NodeReady != nil {
+		return c.NodeReady(ctx)
+	}
+	return NodeReady(ctx, c.Paths, c.Units)
 }
 
 // Run is one check. Its error is the give-up (ErrGaveUp) or the boot's
@@ -252,17 +269,17 @@ func (c *Check) Run(ctx context.Context) error {
 	if wait <= 0 {
 		wait = DefaultBootWait
 	}
-	probs := Problems(ctx, c.Units, c.healthz, active.Mode, active.Slot)
+	probs := Problems(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot)
 	if len(probs) > 0 && !st.BootChecked {
 		log.Info("first check of this boot: waiting for the node to become healthy", "atMost", wait, "problems", strings.Join(probs, "; "))
 		interval := c.PollInterval
 		if interval <= 0 {
 			interval = 2 * time.Second
 		}
-		if err := WaitHealthy(ctx, c.Units, c.healthz, active.Mode, active.Slot, wait, interval); err == nil {
+		if err := WaitHealthy(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot, wait, interval); err == nil {
 			probs = nil
 		} else {
-			probs = Problems(ctx, c.Units, c.healthz, active.Mode, active.Slot)
+			probs = Problems(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot)
 		}
 	}
 	if len(probs) == 0 {

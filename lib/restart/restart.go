@@ -11,8 +11,9 @@
 // fence: a refused fence leaves the node down and this run fails with 77.
 // Then it starts unbounded-node.target (a no-op for the units already
 // running) so that the target is active again even if it had failed, and
-// waits, bounded, until the supervising units are active and the kubelet's
-// healthz answers ok.
+// waits, bounded, until the supervising units are active, the kubelet's
+// healthz answers ok and the cluster does not report the Node NotReady
+// (as the daemon's live watch records it, lib/health.NodeReady).
 //
 // It takes no ownership lock: the lock marks installations that resume
 // across reboots (bootstrap, reset, reprovision), and a restart interrupted
@@ -63,7 +64,9 @@ type Restart struct {
 	PollInterval time.Duration
 	Units        Units
 	Healthz      func(context.Context) error
-	Log          *slog.Logger
+	// NodeReady is the Node's Ready check; nil is health.NodeReady.
+	NodeReady func(context.Context) error
+	Log       *slog.Logger
 }
 
 // Run restarts the node stack and waits until it is healthy.
@@ -99,6 +102,10 @@ func (r *Restart) Run(ctx context.Context) error {
 	if healthz == nil {
 		healthz = func(ctx context.Context) error { return health.Healthz(ctx, health.KubeletHealthzAddr) }
 	}
+	nodeReady := r.NodeReady
+	if nodeReady == nil {
+		nodeReady = func(ctx context.Context) error { return health.NodeReady(ctx, r.Paths, r.Units) }
+	}
 	log = log.With("mode", active.Mode, "slot", active.Slot)
 	begin := time.Now()
 	log.Info("restarting the node stack (the host is not restarted)", "units", strings.Join(generator.SupervisingUnits(active.Mode, active.Slot), " "))
@@ -121,7 +128,7 @@ func (r *Restart) Run(ctx context.Context) error {
 		return fmt.Errorf("the node stack restarted, but %s did not start: %w", health.NodeTarget, err)
 	}
 	log.Info("node stack restarted; waiting for it to be healthy", "took", restarted.Round(time.Millisecond), "atMost", timeout)
-	if err := health.WaitHealthy(ctx, r.Units, healthz, active.Mode, active.Slot, timeout, interval); err != nil {
+	if err := health.WaitHealthy(ctx, r.Units, healthz, nodeReady, active.Mode, active.Slot, timeout, interval); err != nil {
 		return fmt.Errorf("the node stack restarted in %s but is %w", restarted.Round(time.Millisecond), err)
 	}
 	log.Info("node stack healthy again", "restart", restarted.Round(time.Millisecond), "total", time.Since(begin).Round(time.Millisecond))
