@@ -12,6 +12,7 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/fence/record"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/noderecord"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -35,6 +36,10 @@ func (f *fakeUnits) RestartUnit(_ context.Context, u string) error {
 }
 func (f *fakeUnits) StartUnit(_ context.Context, u string) error {
 	f.calls = append(f.calls, "start "+u)
+	return nil
+}
+func (f *fakeUnits) StopUnit(_ context.Context, u string) error {
+	f.calls = append(f.calls, "stop "+u)
 	return nil
 }
 func (f *fakeUnits) ResetFailed(_ context.Context, u string) error {
@@ -105,6 +110,48 @@ func TestRestartRefusedByTheFenceIs77(t *testing.T) {
 	err := r.Run(context.Background())
 	if exitcode.For(err) != exitcode.Refused || !strings.Contains(err.Error(), "AllocationFenced") {
 		t.Fatalf("Run: %v (exit %d), want 77 naming the reason", err, exitcode.For(err))
+	}
+}
+
+// Mode none, the fence refusing the restart of containerd: the kubelet
+// (which only Wants= containerd) is stopped too, so that the refused node
+// is down, not half up; 77 naming the reason.
+func TestRestartRefusedByTheFenceInModeNoneStopsTheKubeletToo(t *testing.T) {
+	u := &fakeUnits{failOn: "unbounded-containerd.service"}
+	r := newRestart(t, "none", u)
+	u.onFail = func() {
+		_ = record.Write(r.Paths, record.Record{Outcome: record.Refused, Reason: "AllocationFenced", Message: "fenced", At: time.Now()})
+	}
+	err := r.Run(context.Background())
+	if exitcode.For(err) != exitcode.Refused || !strings.Contains(err.Error(), "AllocationFenced") ||
+		!strings.Contains(err.Error(), "stopped unbounded-kubelet.service too") {
+		t.Fatalf("Run: %v (exit %d), want 77 naming the reason and the kubelet stopped", err, exitcode.For(err))
+	}
+	want := []string{"reset-failed unbounded-containerd.service", "reset-failed unbounded-kubelet.service",
+		"restart unbounded-containerd.service", "stop unbounded-kubelet.service"}
+	if !slices.Equal(u.calls, want) {
+		t.Fatalf("calls %v, want %v (the kubelet stopped, not restarted, and the node target not started)", u.calls, want)
+	}
+}
+
+// The health wait includes the Node's Ready condition as the daemon's
+// live watch records it: a Node still reported NotReady fails the restart
+// naming the condition's reason; Ready passes.
+func TestRestartWaitsForTheNodeReady(t *testing.T) {
+	u := &fakeUnits{healthy: true}
+	r := newRestart(t, "nspawn", u)
+	if err := noderecord.Write(r.Paths, noderecord.Record{Node: "w1", Present: true, Status: "False", Reason: "KubeletNotReady"}); err != nil {
+		t.Fatal(err)
+	}
+	err := r.Run(context.Background())
+	if err == nil || exitcode.For(err) != exitcode.Failed || !strings.Contains(err.Error(), "Node w1 is not Ready (Ready False, reason KubeletNotReady") {
+		t.Fatalf("Run with the Node NotReady: %v", err)
+	}
+	if err := noderecord.Write(r.Paths, noderecord.Record{Node: "w1", Present: true, Ready: true, Status: "True"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Run(context.Background()); err != nil {
+		t.Fatalf("Run with the Node Ready: %v", err)
 	}
 }
 

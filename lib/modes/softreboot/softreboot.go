@@ -18,11 +18,20 @@
 // drop-in makes that the allocation fence, which runs again (a oneshot
 // without RemainAfterExit), so a soft reboot never starts a node the fence
 // refuses.
+//
+// A unit whose restart fails leaves the whole node stack down: the units
+// after it are stopped. Without that, a fence that refuses the restart of
+// containerd (its restart job stops it, then the start fails on the
+// fence) would leave the kubelet, which only Wants= containerd, running:
+// a node the fence refused, half up. Stopping the kubelet stops no pod
+// (they run under containerd's shims, as in a restart).
 package softreboot
 
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -34,6 +43,8 @@ type Units interface {
 	// RestartUnit queues a restart job (mode "replace") and waits for it;
 	// an error names the unit and the job's result.
 	RestartUnit(ctx context.Context, unit string) error
+	// StopUnit queues a stop job and waits for it.
+	StopUnit(ctx context.Context, unit string) error
 }
 
 // Restart soft-reboots the node stack of mode in slot.
@@ -45,9 +56,21 @@ func Restart(ctx context.Context, sd Units, mode, slot string) error {
 	if len(us) == 0 {
 		return fmt.Errorf("isolation mode %q has no node stack to restart in this release", mode)
 	}
-	for _, u := range us {
+	for i, u := range us {
 		if err := sd.RestartUnit(ctx, u); err != nil {
-			return fmt.Errorf("restart of the %s node stack of slot %s: %w", mode, slot, err)
+			err = fmt.Errorf("restart of the %s node stack of slot %s: %w", mode, slot, err)
+			if ctx.Err() != nil {
+				return err // stopped itself: whoever stopped it decides
+			}
+			for _, rest := range slices.Backward(us[i+1:]) {
+				if serr := sd.StopUnit(ctx, rest); serr != nil {
+					return fmt.Errorf("%w; and %s, which needs it, could not be stopped: %v", err, rest, serr)
+				}
+			}
+			if len(us[i+1:]) > 0 {
+				err = fmt.Errorf("%w; stopped %s too: the node stack stays down", err, strings.Join(us[i+1:], ", "))
+			}
+			return err
 		}
 	}
 	return nil
