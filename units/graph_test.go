@@ -162,6 +162,123 @@ var graphRules = []graphRule{
 			}
 		},
 	},
+	{
+		name:    "restart waits for an installation of the same transaction (first boot, repave, lifecycle): it does not restart a node being built or replaced",
+		applies: isNamed(restartService),
+		check: func(t *testing.T, u *parsed) {
+			requireAll(t, u, "Unit", "After", generator.BootstrapService, "unbounded-repave.service", "unbounded-lifecycle.service")
+			noOrderingOn(t, u, "Before", generator.BootstrapService, "unbounded-repave.service", "unbounded-lifecycle.service")
+		},
+	},
+	{
+		name:    "restart, health's service and recovery are never enabled (only their starters start them)",
+		applies: isNamed(restartService, healthService, recoverTemplate),
+		check: func(t *testing.T, u *parsed) {
+			if u.hasSection("Install") {
+				t.Errorf("%s has an [Install] section: %q", u.name, u.values("Install", "WantedBy"))
+			}
+		},
+	},
+	{
+		name:    "health judges the node after its start was tried (node target, first boot, daemon) and before boot-complete.target",
+		applies: isNamed(healthService),
+		check: func(t *testing.T, u *parsed) {
+			requireAll(t, u, "Unit", "After", generator.NodeTarget, generator.BootstrapService, "unbounded-daemon.service")
+			requireAll(t, u, "Unit", "Before", bootComplete)
+			noOrderingOn(t, u, "After", bootComplete)
+			// Health starts the restart and the node target itself: an
+			// ordering on the restart would make its own start job wait
+			// for, or cycle with, the restart it starts.
+			noOrderingOn(t, u, "Before", generator.NodeTarget, restartService)
+		},
+	},
+	{
+		name:    "the health timer is pulled in with the node target (so a refused or unanswered fence is retried) and runs the check with accuracy finer than its interval",
+		applies: isNamed(healthTimer),
+		check: func(t *testing.T, u *parsed) {
+			requireAll(t, u, "Install", "WantedBy", generator.NodeTarget)
+			if v := u.values("Timer", "Unit"); len(v) > 0 && v[len(v)-1] != healthService {
+				t.Errorf("%s: Unit=%q, want %s", u.name, v, healthService)
+			}
+			for _, k := range []string{"OnBootSec", "OnUnitInactiveSec"} {
+				if len(u.values("Timer", k)) == 0 {
+					t.Errorf("%s: no %s=", u.name, k)
+				}
+			}
+			every := lastDuration(t, u, "Timer", "OnUnitInactiveSec")
+			if acc := lastDuration(t, u, "Timer", "AccuracySec"); acc == 0 || acc >= every {
+				t.Errorf("%s: AccuracySec=%s is not finer than OnUnitInactiveSec=%s (systemd's default is 1 min)", u.name, acc, every)
+			}
+		},
+	},
+	{
+		name:    "recovery needs the host root (its rate limit's history and the lock) and waits for no network (the generator's instance runs early at boot)",
+		applies: isNamed(recoverTemplate),
+		check: func(t *testing.T, u *parsed) {
+			requireAll(t, u, "Unit", "RequiresMountsFor", hostpaths.HostRootHost)
+			noOrderingOn(t, u, "After", "network-online.target", "network.target")
+			noOrderingOn(t, u, "Wants", "network-online.target")
+			noOrderingOn(t, u, "Requires", "network-online.target")
+		},
+	},
+}
+
+const (
+	restartService = "unbounded-restart.service"
+	healthService  = "unbounded-health.service"
+	healthTimer    = "unbounded-health.timer"
+	bootComplete   = "boot-complete.target"
+)
+
+// noOrderingOn fails for each of units that u names in [Unit] key.
+func noOrderingOn(t *testing.T, u *parsed, key string, units ...string) {
+	t.Helper()
+	for _, o := range units {
+		if u.has("Unit", key, o) {
+			t.Errorf("%s: %s=%s", u.name, key, o)
+		}
+	}
+}
+
+// lastDuration parses the last value of section.key as systemd's time
+// span in its simple forms ("30s", "1min", "500ms", "2"); 0 when unset.
+func lastDuration(t *testing.T, u *parsed, section, key string) time.Duration {
+	t.Helper()
+	v := u.values(section, key)
+	if len(v) == 0 {
+		return 0
+	}
+	s := strings.NewReplacer("min", "m", "sec", "s", "hour", "h").Replace(v[len(v)-1])
+	if !strings.ContainsAny(s, "hms") {
+		s += "s"
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		t.Fatalf("%s: %s=%s: %v", u.name, key, v[len(v)-1], err)
+	}
+	return d
+}
+
+// The package's drop-in on boot-complete.target makes the boot's
+// assessment wait for, and require, health's first check of the boot
+// (greenboot's pattern): boot-complete.target merged with it requires and
+// is ordered after unbounded-health.service, which is ordered before it,
+// the same direction.
+func TestBootCompleteRequiresAndFollowsHealth(t *testing.T) {
+	dropIns, err := filepath.Glob(bootComplete + ".d/*.conf")
+	if err != nil || len(dropIns) == 0 {
+		t.Fatalf("no drop-in in %s.d/ (%v)", bootComplete, err)
+	}
+	// boot-complete.target itself is systemd's: the drop-in alone is what
+	// the package adds to it.
+	u := parseUnit(t, bootComplete, dropIns[0], dropIns[1:]...)
+	requireAll(t, u, "Unit", "Requires", healthService)
+	requireAll(t, u, "Unit", "After", healthService)
+	noOrderingOn(t, u, "Before", healthService)
+	h := parseUnit(t, healthService, healthService)
+	if h.has("Unit", "After", bootComplete) {
+		t.Errorf("%s is After=%s, which is After= it: an ordering cycle", healthService, bootComplete)
+	}
 }
 
 // TestUnitGraph applies every rule to every shipped unit it names.
