@@ -2,14 +2,18 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/noderecord"
@@ -94,4 +98,53 @@ func TestNodeRecordFollowsReadyAndTheWatch(t *testing.T) {
 	if r := read(); r != nil {
 		t.Fatalf("Node no longer followed, record still there: %+v", r)
 	}
+}
+
+// The watch loop tells the daemon once that its watch failed, however
+// often it retries, and once that it works again: no update at all while
+// the watch simply runs (the idle daemon stays idle).
+func TestWatchLoopReportsDownOnceAndUpOnce(t *testing.T) {
+	d := &daemon{log: slog.New(slog.NewTextHandler(io.Discard, nil)), updates: make(chan update)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var watches atomic.Int64
+	open := make(chan watch.Event) // never sends: a watch that runs
+	list := func(context.Context) ([]any, string, error) { return nil, "1", nil }
+	watchFn := func(context.Context, string) (watch.Interface, error) {
+		if watches.Add(1) <= 2 {
+			return nil, errors.New("connection refused")
+		}
+		return watch.NewProxyWatcher(open), nil
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); d.watchLoop(ctx, kindNode, list, watchFn) }()
+	var got []string
+	deadline := time.After(30 * time.Second)
+	for len(got) < 3 {
+		select {
+		case u := <-d.updates:
+			switch {
+			case u.sync:
+				got = append(got, "sync")
+			case u.watchDown:
+				got = append(got, "down")
+			case u.watchUp:
+				got = append(got, "up")
+			default:
+				got = append(got, "event")
+			}
+		case <-deadline:
+			t.Fatalf("updates so far %v, want sync, down, up within 30s", got)
+		}
+	}
+	if want := []string{"sync", "down", "up"}; !slices.Equal(got, want) {
+		t.Fatalf("updates %v, want %v (one down for two failed watches)", got, want)
+	}
+	select {
+	case u := <-d.updates:
+		t.Fatalf("an update while the watch runs: %+v", u)
+	case <-time.After(200 * time.Millisecond): // no update is the expected outcome; bounded
+	}
+	cancel()
+	<-done
 }
