@@ -110,7 +110,10 @@ func TestHealthCountsANodeTheClusterReportsNotReadyAndARefusedNoneRestartLeavesT
 
 	// The fence refuses a restart: containerd's start fails on it, and the
 	// kubelet is stopped too.
-	waitFinished(t, f.m, restartUnit)
+	waitUntil(t, time.Minute, "health's restart finished", func(context.Context) (bool, error) {
+		a := isActive(f.m, restartUnit)
+		return a != "activating" && a != "deactivating", nil
+	})
 	setFenced(t, f, true)
 	fenced := time.Now()
 	if out, err := f.m.Systemctl("start", restartUnit); err == nil {
