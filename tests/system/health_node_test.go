@@ -21,13 +21,10 @@ import (
 //     as the config is away. The daemon records it in
 //     /run/unbounded/node.json; health counts it as an unhealthy check
 //     naming the reason (and nothing else: the healthz stays ok); the
-//     config back, health sees the node healthy again. K is set high here:
-//     a restart while the config is away races containerd's start against
-//     the config's return (in one of two runs, the config put back while
-//     health's restart restarted containerd, the Node stayed NotReady for
-//     3 min: containerd did not pick the config up), and that health
-//     restarts after K unhealthy checks is lib/health's unit test and
-//     restart_none_test's;
+//     config back, health sees the node healthy again. K is set high here,
+//     so that no restart of containerd mixes with the config's return
+//     (that health restarts after K unhealthy checks is lib/health's unit
+//     test and restart_none_test's);
 //     the restart's wait for Node Ready is lib/restart's unit test;
 //   - the fence refusing a restart: containerd's restart fails on the
 //     fence, and the kubelet is stopped too (the refused node is down,
@@ -101,7 +98,11 @@ func TestHealthCountsANodeTheClusterReportsNotReadyAndARefusedNoneRestartLeavesT
 	}
 
 	// The config back: health sees the node healthy.
-	if out, err := f.m.Run("mv", "/root/cni.conflist", cni); err != nil {
+	// Copied, not moved: containerd's watch of the CNI directory ignores
+	// a file's creation (it may be half written) and loads it on a write;
+	// a rename brings only the creation, and the Node stayed NotReady for
+	// minutes after a `mv` back.
+	if out, err := f.m.Run("cp", "/root/cni.conflist", cni); err != nil {
 		t.Fatalf("put the CNI config back: %v\n%s", err, out)
 	}
 	back := time.Now()
