@@ -201,6 +201,9 @@ type job struct {
 	// resume: the op was InProgress when this daemon process found it, or
 	// this job's request was written (set by dispatch).
 	resume bool
+	// wait names a unit that the daemon did not start and only waits for
+	// (a node operation started by hand, see waitBusy).
+	wait string
 }
 
 type result struct {
@@ -244,6 +247,7 @@ type daemon struct {
 	inflight    string
 	readyNode   types.UID // UID of the Node last seen Ready
 	nodeRepave  *job
+	nodeGone    bool // the Node was deleted and no job of the daemon ran
 	statusRetry <-chan time.Time
 
 	// Following the Node and the operations while the Machine lives.
@@ -318,7 +322,7 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 			}
 			if r.interrupted || r.retry {
 				delete(d.resumed, r.uid)
-				if r.job.op == nil && d.nodeRepave == nil && d.followStop != nil {
+				if r.job.op == nil && r.job.wait == "" && d.nodeRepave == nil && d.followStop != nil {
 					d.nodeRepave = r.job
 				}
 				if r.interrupted {
@@ -327,6 +331,9 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 			} else {
 				d.handled[r.uid] = true
 			}
+			// The unit may have changed the applied config (a repave
+			// switches the slot): the Machine's status says so now.
+			d.refreshActive(ctx)
 			if r.err != nil {
 				stopErr = r.err
 				continue
@@ -381,6 +388,7 @@ func (d *daemon) apply(ctx context.Context, u update) {
 		if node != nil && (d.machineObj == nil || d.machineObj.Status.NodeName != node.Name) {
 			d.reportMachine(ctx)
 		}
+		d.refreshActive(ctx)
 	case kindMachine:
 		var m *v1alpha3.Machine
 		if len(u.objs) > 0 && !u.deleted {
@@ -521,15 +529,21 @@ func (d *daemon) observeNode(node *corev1.Node) {
 		}
 		return
 	}
+	if d.inflight != "" {
+		if d.readyNode != "" {
+			d.log.Info("Node deleted while a unit runs; not a loss", "node", d.node, "running", d.inflight)
+		}
+		d.readyNode = ""
+		return
+	}
+	// A unit the daemon did not start (a repave by hand) may have
+	// deleted it: step looks (waitBusy) before anything else.
+	d.nodeGone = true
 	if d.readyNode == "" {
 		return
 	}
 	uid := "node:" + string(d.readyNode)
 	d.readyNode = ""
-	if d.inflight != "" {
-		d.log.Info("Node deleted while a unit runs; not a loss", "node", d.node, "running", d.inflight)
-		return
-	}
 	if d.handled[uid] || (d.nodeRepave != nil && d.nodeRepave.uid == uid) {
 		return
 	}
@@ -582,7 +596,18 @@ func (d *daemon) step(ctx context.Context) error {
 	case len(pending) > 0:
 		op := oldest(pending)
 		j = &job{op: op, uid: string(op.UID), typ: op.Spec.Operation}
-	default:
+	}
+	gone := d.nodeGone
+	d.nodeGone = false
+	if j == nil && !gone {
+		return nil
+	}
+	// A node operation started by hand (a repave) runs: the daemon waits
+	// for it as for its own job, before it starts one.
+	if (j == nil || !j.resume) && d.waitBusy(ctx, j) {
+		return nil
+	}
+	if j == nil {
 		return nil
 	}
 	// An installation that took the host while the daemon ran wins: the
