@@ -547,7 +547,6 @@ func (d *daemon) observeNode(node *corev1.Node) {
 	if d.handled[uid] || (d.nodeRepave != nil && d.nodeRepave.uid == uid) {
 		return
 	}
-	d.log.Warn("Node was Ready and is gone: repaving", "node", d.node)
 	d.nodeRepave = &job{uid: uid, typ: v1alpha3.OperationRepave}
 }
 
@@ -609,6 +608,9 @@ func (d *daemon) step(ctx context.Context) error {
 	}
 	if j == nil {
 		return nil
+	}
+	if j.op == nil && !j.resume {
+		d.log.Warn("Node was Ready and is gone: repaving", "node", d.node)
 	}
 	// An installation that took the host while the daemon ran wins: the
 	// operation stays Pending, and the daemon stops as it would at start.
