@@ -72,7 +72,12 @@ type Options struct {
 	// the daemon is looked at until it finishes; 0 means 1s. Only while
 	// such a unit runs: at idle nothing polls.
 	PollInterval time.Duration
-	Log          *slog.Logger
+	// NodeGoneGrace is how long a bootstrapped host's Node may be absent
+	// from the daemon's first look before the daemon takes it for
+	// vanished while it was down and repaves (a kubelet that starts
+	// registers a missing Node itself); 0 means DefaultNodeGoneGrace.
+	NodeGoneGrace time.Duration
+	Log           *slog.Logger
 }
 
 // Run runs the daemon until ctx is cancelled (nil error) or it must stop.
@@ -105,6 +110,8 @@ func Run(ctx context.Context, opts Options) error {
 		machine:  opts.Machine,
 		node:     opts.NodeName,
 		poll:     cmp.Or(opts.PollInterval, time.Second),
+		grace:    cmp.Or(opts.NodeGoneGrace, DefaultNodeGoneGrace),
+		started:  opts.Host.now(),
 		handled:  map[string]bool{},
 		ops:      map[string]*v1alpha3.MachineOperation{},
 		synced:   map[kind]bool{},
@@ -228,6 +235,8 @@ type daemon struct {
 	machine string
 	node    string
 	poll    time.Duration
+	grace   time.Duration // Options.NodeGoneGrace
+	started time.Time
 	cluster *cluster
 	sd      Systemd
 	renew   *renewal
@@ -248,6 +257,9 @@ type daemon struct {
 	readyNode   types.UID // UID of the Node last seen Ready
 	nodeRepave  *job
 	nodeGone    bool // the Node was deleted and no job of the daemon ran
+	// nodeAbsent fires when the Node, absent from the first list, has
+	// not appeared within the grace (nodeop.go).
+	nodeAbsent <-chan time.Time
 	statusRetry <-chan time.Time
 
 	// Following the Node and the operations while the Machine lives.
@@ -338,6 +350,9 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 				stopErr = r.err
 				continue
 			}
+		case <-d.nodeAbsent:
+			d.nodeAbsent = nil
+			d.nodeStillAbsent()
 		case <-d.statusRetry:
 			d.statusRetry = nil
 			d.reportMachine(ctx)
@@ -357,7 +372,8 @@ func (d *daemon) apply(ctx context.Context, u update) {
 	if u.kind != kindMachine && (d.followStop == nil || u.gen != d.followGen) {
 		return // from a watch stopped since
 	}
-	if u.sync && !d.synced[u.kind] {
+	first := u.sync && !d.synced[u.kind]
+	if first {
 		d.synced[u.kind] = true
 		d.log.Debug("initial list done", "kind", u.kind)
 	}
@@ -385,6 +401,9 @@ func (d *daemon) apply(ctx context.Context, u update) {
 			node = u.objs[0].(*corev1.Node)
 		}
 		d.observeNode(node)
+		if first && node == nil {
+			d.armNodeAbsent()
+		}
 		if node != nil && (d.machineObj == nil || d.machineObj.Status.NodeName != node.Name) {
 			d.reportMachine(ctx)
 		}
@@ -499,7 +518,7 @@ func (d *daemon) unfollow() {
 	d.followStop = nil
 	d.synced[kindNode], d.synced[kindOps] = false, false
 	d.ops = map[string]*v1alpha3.MachineOperation{}
-	d.readyNode, d.nodeRepave = "", nil
+	d.readyNode, d.nodeRepave, d.nodeAbsent = "", nil, nil
 }
 
 // olderRV reports whether a is an older resourceVersion than b. Resource
@@ -523,6 +542,10 @@ func olderRV(a, b string) bool {
 // builds the new one.
 func (d *daemon) observeNode(node *corev1.Node) {
 	if node != nil {
+		if d.nodeAbsent != nil {
+			d.nodeAbsent = nil
+			d.log.Info("Node registered within the grace after the daemon's start; no repave", "node", node.Name)
+		}
 		d.nodeSeen = node.Name
 		if nodeReady(node) {
 			d.readyNode = node.UID

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"reflect"
+	"time"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/state"
@@ -96,4 +97,36 @@ func (d *daemon) refreshActive(ctx context.Context) {
 	}
 	d.active = a
 	d.reportMachine(ctx)
+}
+
+// DefaultNodeGoneGrace is Options.NodeGoneGrace's default: time for a
+// node stack that starts with the daemon (at boot) to register a Node
+// deleted while the host was down.
+const DefaultNodeGoneGrace = time.Minute
+
+// armNodeAbsent runs when the first list of the Node (of this following of
+// the Machine) finds none. On a bootstrapped host (an applied config is
+// recorded only once its Node was Ready) the Node existed: it vanished
+// while the daemon was down. A kubelet that starts registers it again by
+// itself, so the daemon gives the node stack the grace to do that before
+// it repaves; a kubelet that ran while its Node was deleted does not.
+func (d *daemon) armNodeAbsent() {
+	if d.active == nil {
+		return // not bootstrapped: bootstrap registers the first Node
+	}
+	d.log.Info("no Node on this bootstrapped host at the daemon's start: it vanished while the daemon was down; repaving unless it registers within the grace",
+		"node", d.node, "grace", d.grace.String())
+	d.nodeAbsent = time.After(d.grace)
+}
+
+// nodeStillAbsent queues the repave of a Node that vanished while the
+// daemon was down and has not registered within the grace.
+func (d *daemon) nodeStillAbsent() {
+	if d.followStop == nil || d.nodeRepave != nil {
+		return
+	}
+	d.log.Warn("the Node vanished while the daemon was down and has not registered again", "node", d.node, "grace", d.grace.String())
+	// Unique per daemon start: the repave takes a request UID once
+	// (lib/repave), and a Node can vanish again another time.
+	d.nodeRepave = &job{uid: "node:absent-since-" + d.started.UTC().Format("20060102T150405.000000000Z"), typ: v1alpha3.OperationRepave}
 }
