@@ -245,21 +245,21 @@ type daemon struct {
 	machineUID types.UID
 
 	// Owned by the loop goroutine.
-	nodeSeen    string // name of the Node once seen
-	updates     chan update
-	finished    chan result
-	machineObj  *v1alpha3.Machine
-	ops         map[string]*v1alpha3.MachineOperation
-	synced      map[kind]bool
-	handled     map[string]bool // UIDs this process finished or must leave alone
-	resumed     map[string]bool
-	inflight    string
-	readyNode   types.UID // UID of the Node last seen Ready
-	nodeRepave  *job
-	nodeGone    bool // the Node was deleted and no job of the daemon ran
+	nodeSeen   string // name of the Node once seen
+	updates    chan update
+	finished   chan result
+	machineObj *v1alpha3.Machine
+	ops        map[string]*v1alpha3.MachineOperation
+	synced     map[kind]bool
+	handled    map[string]bool // UIDs this process finished or must leave alone
+	resumed    map[string]bool
+	inflight   string
+	readyNode  types.UID // UID of the Node last seen Ready
+	nodeRepave *job
+	nodeGone   bool // the Node was deleted and no job of the daemon ran
 	// nodeAbsent fires when the Node, absent from the first list, has
 	// not appeared within the grace (nodeop.go).
-	nodeAbsent <-chan time.Time
+	nodeAbsent  <-chan time.Time
 	statusRetry <-chan time.Time
 
 	// Following the Node and the operations while the Machine lives.
