@@ -75,6 +75,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/lib/lifecycle"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
@@ -286,8 +287,11 @@ func (b *Bootstrap) Run(ctx context.Context) error {
 	b.status("taking the ownership lock")
 	lock, err := state.AcquireOwnership(b.Paths, Operation, Unit)
 	if err != nil {
-		// Another installation (reset, reprovision) owns the host:
-		// deferred (69), nothing to say.
+		// Another installation (reset, repave, reprovision) owns the
+		// host: deferred (69). Its unit goes on with it.
+		if errors.Is(err, state.ErrOwned) {
+			b.resumeOwner(ctx)
+		}
 		return err
 	}
 	b.crash("bootstrap/after-lock")
@@ -322,6 +326,30 @@ func (b *Bootstrap) Run(ctx context.Context) error {
 	}
 	b.crash("bootstrap/after-release")
 	return b.start(ctx)
+}
+
+// resumeOwner queues the unit of the installation that owns the host
+// (lib/lifecycle's Resume) unless it runs. This bootstrap was pulled in by
+// a generator that ran before a separate /var was mounted and took the
+// host for a fresh one; the owner's unit (a repave cut by a power loss)
+// would otherwise wait for something to start it. A record of bootstrap
+// itself (another bootstrap runs) or one that cannot be read is left
+// alone. Best effort: the exit is 69 whatever happens here.
+func (b *Bootstrap) resumeOwner(ctx context.Context) {
+	own, err := state.ReadOwnership(b.Paths)
+	if own == nil || err != nil || own.Owner == Operation {
+		return
+	}
+	sd, err := b.systemd(ctx)
+	if err != nil {
+		b.log().Warn("cannot resume the installation that owns the host", "owner", own.Owner, "unit", own.Unit, "error", err.Error())
+		return
+	}
+	defer sd.Close()
+	why := fmt.Sprintf("the installation %q owns the host (bootstrap defers to it)", own.Owner)
+	if err := lifecycle.Resume(ctx, sd, b.log(), own.Unit, why); err != nil {
+		b.log().Warn("cannot resume the installation that owns the host", "owner", own.Owner, "unit", own.Unit, "error", err.Error())
+	}
 }
 
 // load is the config phase: the config, the journal of an earlier run, and

@@ -285,11 +285,46 @@ func TestAnotherInstallationOwningTheHostDefers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Release()
+	w.SetUnitState("unbounded-reset.service", "activating") // the reset runs
 	if code := exitcode.For(run(t, w)); code != exitcode.Deferred {
 		t.Fatalf("exit %d, want 69", code)
 	}
 	if len(w.Calls()) != 0 {
 		t.Errorf("a deferred bootstrap did %q", w.Calls())
+	}
+}
+
+// A host with a separate /var that lost power mid-repave: the generator
+// ran before /var was mounted, took the host for a fresh one and pulled in
+// bootstrap. Bootstrap finds the repave's ownership record, defers (69),
+// and queues the repave's unit, which resumes from its journal; it changes
+// nothing else.
+func TestBootstrapOnAHostARepaveOwnsResumesTheRepave(t *testing.T) {
+	w := newWorld(t)
+	if err := state.WriteFileAtomic(w.P.Ownership(), []byte(`{"owner":"repave","unit":"unbounded-repave.service","pid":4242,"since":"2026-12-01T12:00:00Z"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := w.Snapshot()
+	if code := exitcode.For(run(t, w)); code != exitcode.Deferred {
+		t.Fatalf("exit %d, want 69", code)
+	}
+	if got := w.Calls(); len(got) != 1 || got[0] != "enqueue unbounded-repave.service(owned)" {
+		t.Errorf("calls %q, want only the repave's unit queued", got)
+	}
+	after, _ := w.Snapshot()
+	delete(after, "run/unbounded/ownership.lock") // the flock's file
+	if d := bootstraptest.Diff(before, after); len(d) > 0 {
+		t.Errorf("the host changed:\n%s", strings.Join(d, "\n"))
+	}
+
+	// Its unit runs already: nothing queued a second time.
+	w.ClearCalls()
+	w.SetUnitState("unbounded-repave.service", "activating")
+	if code := exitcode.For(run(t, w)); code != exitcode.Deferred {
+		t.Fatalf("exit %d, want 69", code)
+	}
+	if got := w.Calls(); len(got) != 0 {
+		t.Errorf("calls %q with the repave running, want none", got)
 	}
 }
 

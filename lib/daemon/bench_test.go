@@ -141,7 +141,7 @@ func BenchmarkIdle200Daemons(b *testing.B) {
 			cfg, ct := countRequests(env.agentConfig(b, machine))
 			counters = append(counters, ct)
 			fake := newFakeSystemd()
-			startDaemon(b, Options{Paths: newRoot(b, machine), Host: fake.host(), Machine: machine, REST: cfg})
+			startDaemon(b, Options{Paths: newRoot(b, machine), Host: fake.host(), Machine: machine, REST: cfg, NodeGoneGrace: time.Hour})
 		}
 		// Settled: every Machine registered with its Node seen.
 		want := map[string]bool{}
@@ -232,7 +232,7 @@ func BenchmarkDispatchLatency(b *testing.B) {
 		default:
 		}
 	}
-	startDaemon(b, Options{Paths: newRoot(b, machine), Host: fake.host(), Machine: machine, REST: env.agentConfig(b, machine)})
+	startDaemon(b, Options{Paths: newRoot(b, machine), Host: fake.host(), Machine: machine, REST: env.agentConfig(b, machine), NodeGoneGrace: time.Hour})
 	// At least 20 samples, also under `make bench`'s -benchtime 1x.
 	n := max(b.N, envInt("UNBOUNDED_BENCH_DISPATCHES", 20))
 	var lat []time.Duration

@@ -73,7 +73,12 @@ type Options struct {
 	// the daemon is looked at until it finishes; 0 means 1s. Only while
 	// such a unit runs: at idle nothing polls.
 	PollInterval time.Duration
-	Log          *slog.Logger
+	// NodeGoneGrace is how long a bootstrapped host's Node may be absent
+	// from the daemon's first look before the daemon takes it for
+	// vanished while it was down and repaves (a kubelet that starts
+	// registers a missing Node itself); 0 means DefaultNodeGoneGrace.
+	NodeGoneGrace time.Duration
+	Log           *slog.Logger
 }
 
 // Run runs the daemon until ctx is cancelled (nil error) or it must stop.
@@ -106,6 +111,8 @@ func Run(ctx context.Context, opts Options) error {
 		machine:  opts.Machine,
 		node:     opts.NodeName,
 		poll:     cmp.Or(opts.PollInterval, time.Second),
+		grace:    cmp.Or(opts.NodeGoneGrace, DefaultNodeGoneGrace),
+		started:  opts.Host.now(),
 		handled:  map[string]bool{},
 		ops:      map[string]*v1alpha3.MachineOperation{},
 		synced:   map[kind]bool{},
@@ -210,6 +217,9 @@ type job struct {
 	// resume: the op was InProgress when this daemon process found it, or
 	// this job's request was written (set by dispatch).
 	resume bool
+	// wait names a unit that the daemon did not start and only waits for
+	// (a node operation started by hand, see waitBusy).
+	wait string
 }
 
 type result struct {
@@ -234,6 +244,8 @@ type daemon struct {
 	machine string
 	node    string
 	poll    time.Duration
+	grace   time.Duration // Options.NodeGoneGrace
+	started time.Time
 	cluster *cluster
 	sd      Systemd
 	renew   *renewal
@@ -242,17 +254,21 @@ type daemon struct {
 	machineUID types.UID
 
 	// Owned by the loop goroutine.
-	nodeSeen    string // name of the Node once seen
-	updates     chan update
-	finished    chan result
-	machineObj  *v1alpha3.Machine
-	ops         map[string]*v1alpha3.MachineOperation
-	synced      map[kind]bool
-	handled     map[string]bool // UIDs this process finished or must leave alone
-	resumed     map[string]bool
-	inflight    string
-	readyNode   types.UID // UID of the Node last seen Ready
-	nodeRepave  *job
+	nodeSeen   string // name of the Node once seen
+	updates    chan update
+	finished   chan result
+	machineObj *v1alpha3.Machine
+	ops        map[string]*v1alpha3.MachineOperation
+	synced     map[kind]bool
+	handled    map[string]bool // UIDs this process finished or must leave alone
+	resumed    map[string]bool
+	inflight   string
+	readyNode  types.UID // UID of the Node last seen Ready
+	nodeRepave *job
+	nodeGone   bool // the Node was deleted and no job of the daemon ran
+	// nodeAbsent fires when the Node, absent from the first list, has
+	// not appeared within the grace (nodeop.go).
+	nodeAbsent  <-chan time.Time
 	statusRetry <-chan time.Time
 
 	// Following the Node and the operations while the Machine lives.
@@ -330,7 +346,7 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 			}
 			if r.interrupted || r.retry {
 				delete(d.resumed, r.uid)
-				if r.job.op == nil && d.nodeRepave == nil && d.followStop != nil {
+				if r.job.op == nil && r.job.wait == "" && d.nodeRepave == nil && d.followStop != nil {
 					d.nodeRepave = r.job
 				}
 				if r.interrupted {
@@ -339,10 +355,16 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 			} else {
 				d.handled[r.uid] = true
 			}
+			// The unit may have changed the applied config (a repave
+			// switches the slot): the Machine's status says so now.
+			d.refreshActive(ctx)
 			if r.err != nil {
 				stopErr = r.err
 				continue
 			}
+		case <-d.nodeAbsent:
+			d.nodeAbsent = nil
+			d.nodeStillAbsent()
 		case <-d.statusRetry:
 			d.statusRetry = nil
 			d.reportMachine(ctx)
@@ -368,7 +390,8 @@ func (d *daemon) apply(ctx context.Context, u update) {
 		}
 		return
 	}
-	if u.sync && !d.synced[u.kind] {
+	first := u.sync && !d.synced[u.kind]
+	if first {
 		d.synced[u.kind] = true
 		d.log.Debug("initial list done", "kind", u.kind)
 	}
@@ -397,9 +420,13 @@ func (d *daemon) apply(ctx context.Context, u update) {
 		}
 		d.observeNode(node)
 		d.seeNode(node)
+		if first && node == nil {
+			d.armNodeAbsent()
+		}
 		if node != nil && (d.machineObj == nil || d.machineObj.Status.NodeName != node.Name) {
 			d.reportMachine(ctx)
 		}
+		d.refreshActive(ctx)
 	case kindMachine:
 		var m *v1alpha3.Machine
 		if len(u.objs) > 0 && !u.deleted {
@@ -511,7 +538,7 @@ func (d *daemon) unfollow() {
 	d.forgetNode()
 	d.synced[kindNode], d.synced[kindOps] = false, false
 	d.ops = map[string]*v1alpha3.MachineOperation{}
-	d.readyNode, d.nodeRepave = "", nil
+	d.readyNode, d.nodeRepave, d.nodeAbsent = "", nil, nil
 }
 
 // olderRV reports whether a is an older resourceVersion than b. Resource
@@ -535,25 +562,34 @@ func olderRV(a, b string) bool {
 // builds the new one.
 func (d *daemon) observeNode(node *corev1.Node) {
 	if node != nil {
+		if d.nodeAbsent != nil {
+			d.nodeAbsent = nil
+			d.log.Info("Node registered within the grace after the daemon's start; no repave", "node", node.Name)
+		}
 		d.nodeSeen = node.Name
 		if nodeReady(node) {
 			d.readyNode = node.UID
 		}
 		return
 	}
+	if d.inflight != "" {
+		if d.readyNode != "" {
+			d.log.Info("Node deleted while a unit runs; not a loss", "node", d.node, "running", d.inflight)
+		}
+		d.readyNode = ""
+		return
+	}
+	// A unit the daemon did not start (a repave by hand) may have
+	// deleted it: step looks (waitBusy) before anything else.
+	d.nodeGone = true
 	if d.readyNode == "" {
 		return
 	}
 	uid := "node:" + string(d.readyNode)
 	d.readyNode = ""
-	if d.inflight != "" {
-		d.log.Info("Node deleted while a unit runs; not a loss", "node", d.node, "running", d.inflight)
-		return
-	}
 	if d.handled[uid] || (d.nodeRepave != nil && d.nodeRepave.uid == uid) {
 		return
 	}
-	d.log.Warn("Node was Ready and is gone: repaving", "node", d.node)
 	d.nodeRepave = &job{uid: uid, typ: v1alpha3.OperationRepave}
 }
 
@@ -602,8 +638,22 @@ func (d *daemon) step(ctx context.Context) error {
 	case len(pending) > 0:
 		op := oldest(pending)
 		j = &job{op: op, uid: string(op.UID), typ: op.Spec.Operation}
-	default:
+	}
+	gone := d.nodeGone
+	d.nodeGone = false
+	if j == nil && !gone {
 		return nil
+	}
+	// A node operation started by hand (a repave) runs: the daemon waits
+	// for it as for its own job, before it starts one.
+	if (j == nil || !j.resume) && d.waitBusy(ctx, j) {
+		return nil
+	}
+	if j == nil {
+		return nil
+	}
+	if j.op == nil && !j.resume {
+		d.log.Warn("Node was Ready and is gone: repaving", "node", d.node)
 	}
 	// An installation that took the host while the daemon ran wins: the
 	// operation stays Pending, and the daemon stops as it would at start.

@@ -43,6 +43,8 @@ func newFixture(t *testing.T) *fixture {
 			Machine:      machine,
 			REST:         env.agentConfig(t, machine),
 			PollInterval: 20 * time.Millisecond,
+			// Most tests have no Node: not one that vanished.
+			NodeGoneGrace: time.Hour,
 		},
 	}
 }

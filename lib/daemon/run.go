@@ -90,6 +90,13 @@ func (d *daemon) run(ctx context.Context, j *job, desired json.RawMessage) resul
 }
 
 func (d *daemon) runJob(ctx context.Context, j *job, desired json.RawMessage, r *result) error {
+	if j.wait != "" {
+		_, err := d.waitFinished(ctx, j.wait)
+		if err == nil {
+			d.log.Info("the node operation the daemon waited for has ended", "unit", j.wait)
+		}
+		return err
+	}
 	t, ok := targets[j.typ]
 	if !ok {
 		return d.finish(ctx, j, r, v1alpha3.OperationFailed, ReasonUnsupported,

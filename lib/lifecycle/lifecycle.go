@@ -112,7 +112,7 @@ func (l *Lifecycle) Run(ctx context.Context) error {
 
 // resume queues unit unless it runs (or is queued) already.
 func (l *Lifecycle) resume(ctx context.Context, unit, why string) error {
-	if unit == "" || !strings.HasPrefix(unit, "unbounded-") || !strings.HasSuffix(unit, ".service") {
+	if !resumable(unit) {
 		l.log().Info(why+"; it names no unit to resume", "unit", unit)
 		return nil
 	}
@@ -121,15 +121,34 @@ func (l *Lifecycle) resume(ctx context.Context, unit, why string) error {
 		return err
 	}
 	defer sd.Close()
+	return Resume(ctx, sd, l.log(), unit, why)
+}
+
+func resumable(unit string) bool {
+	return strings.HasPrefix(unit, "unbounded-") && strings.HasSuffix(unit, ".service")
+}
+
+// Resume queues unit, the unit that resumes the installation owning the
+// host (the one its ownership record names), unless it runs or is queued
+// already; why says what owns the host, for the log. It never waits for
+// the unit. Shared by lifecycle and by bootstrap, which finds the host
+// owned when a generator that ran before a separate /var was mounted
+// took the host for a fresh one: the owner's run goes on (a repave
+// resumes from its journal) instead of waiting for the next boot.
+func Resume(ctx context.Context, sd units.Manager, log *slog.Logger, unit, why string) error {
+	if !resumable(unit) {
+		log.Info(why+"; it names no unit to resume", "unit", unit)
+		return nil
+	}
 	st, err := sd.ActiveState(ctx, unit)
 	if err != nil {
 		return err
 	}
 	if modes.Running(st) {
-		l.log().Info(why+"; its unit runs already", "unit", unit, "state", st)
+		log.Info(why+"; its unit runs already", "unit", unit, "state", st)
 		return nil
 	}
-	l.log().Info(why+"; resuming it", "unit", unit)
+	log.Info(why+"; resuming it", "unit", unit)
 	return sd.EnqueueStart(ctx, unit)
 }
 

@@ -464,10 +464,23 @@ func overlay(cfg *config.Config, spec *v1alpha3.MachineSpec) {
 	}
 }
 
+// VanishedNode reports whether req is the daemon's repave of a Machine
+// whose Node vanished (no operation; lib/request's UID "node:...").
+func VanishedNode(req *request.Request) bool {
+	return req != nil && req.Operation == "" && strings.HasPrefix(req.UID, "node:")
+}
+
 // options are the run's force and drain timeout: the request's parameters
 // win over the flags.
 func (r *Repave) options(req *request.Request) (bool, time.Duration, error) {
 	force, timeout := r.Force, r.DrainTimeout
+	if VanishedNode(req) {
+		// The config did not change, the Node did: the new node registers
+		// it afresh, so unchanged is no reason to stop here.
+		r.log().Warn("this repave is for the vanished Node: the daemon found the Machine's Node gone; repaving although the config is unchanged",
+			"node", req.Machine, "uid", req.UID)
+		force = true
+	}
 	if req != nil {
 		if v, ok := req.Parameters[ParamForce]; ok {
 			b, err := strconv.ParseBool(v)

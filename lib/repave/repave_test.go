@@ -480,3 +480,20 @@ func TestCrashAtEveryPointThenRerunConverges(t *testing.T) {
 		})
 	}
 }
+
+// The daemon's repave of a Machine whose Node vanished carries no config
+// change: it repaves anyway (the new node registers the Node afresh).
+func TestRepaveOfAVanishedNodeRepavesAnUnchangedConfig(t *testing.T) {
+	w := bootstrapped(t)
+	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "node:0f1e", Type: "Repave", Machine: bootstraptest.Machine}); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t, w); err != nil {
+		t.Fatalf("repave of a vanished Node: %v", err)
+	}
+	wantActive(t, w, "kube2")
+	// A later start by hand of the same config: nothing to do.
+	if err := run(t, w); !errors.Is(err, repave.ErrNothingToDo) {
+		t.Fatalf("repave by hand after it: %v, want nothing to do", err)
+	}
+}

@@ -58,8 +58,14 @@ func Read(ctx context.Context, q Query) ([]string, error) {
 		awaitUnitOutput(ctx, q.Unit, q.StartedAt)
 		q.Since, q.Invocation = q.StartedAt, ""
 	}
-	args := []string{"--no-pager", "-q", "-o", "cat", "-n", fmt.Sprint(q.Lines)}
-	if !q.Since.IsZero() {
+	args := []string{"--no-pager", "-q", "-o", "cat"}
+	if q.Since.IsZero() {
+		args = append(args, "-n", fmt.Sprint(q.Lines))
+	} else {
+		// No -n with --since: journalctl (252) seeks to the date and
+		// shows the first N lines from there, not the last (a repave
+		// that rolled back was reported with its first 20 lines, which
+		// end long before the rollback). The last N are kept below.
 		// To the microsecond: whole seconds would take in the lines of a
 		// run that ended earlier in the same second.
 		args = append(args, "--since", journalTime(q.Since))
@@ -87,7 +93,11 @@ func Read(ctx context.Context, q Query) ([]string, error) {
 	if text == "" {
 		return nil, nil
 	}
-	return strings.Split(text, "\n"), nil
+	lines := strings.Split(text, "\n")
+	if q.Lines > 0 && len(lines) > q.Lines {
+		lines = lines[len(lines)-q.Lines:]
+	}
+	return lines, nil
 }
 
 // journalTime is a --since argument to the microsecond.

@@ -20,7 +20,7 @@ func TestJournalQuerySinceKeepsSubSecondPrecision(t *testing.T) {
 	}
 	t.Setenv("PATH", dir)
 	since := time.Unix(1700000000, 250_000_000)
-	args, err := Read(context.Background(), Query{Unit: "unbounded-restart.service", Since: since, Lines: 1})
+	args, err := Read(context.Background(), Query{Unit: "unbounded-restart.service", Since: since, Lines: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,5 +62,24 @@ func TestJournalQueryOfARunSelectsTheUnitSinceItStarted(t *testing.T) {
 	}
 	if strings.Contains(got, "INVOCATION_ID") {
 		t.Errorf("journalctl %s: matches the invocation ID, which the unit's own lines may lack", got)
+	}
+}
+
+// With a start time, journalctl is not given -n (with --since it would
+// show the first lines of the run): the last Lines of its output are kept.
+func TestJournalQuerySinceKeepsTheLastLinesOfTheRun(t *testing.T) {
+	dir := t.TempDir()
+	// A journalctl that refuses -n and prints 50 lines.
+	script := "#!/bin/sh\nfor a in \"$@\"; do if [ \"$a\" = -n ]; then echo '-n given' >&2; exit 1; fi; done\ni=1\nwhile [ $i -le 50 ]; do echo \"line $i\"; i=$((i+1)); done\n"
+	if err := os.WriteFile(filepath.Join(dir, "journalctl"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	lines, err := Read(context.Background(), Query{Unit: "unbounded-repave.service", Since: time.Unix(1700000000, 0), Lines: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lines) != 20 || lines[0] != "line 31" || lines[19] != "line 50" {
+		t.Fatalf("lines = %q, want line 31 .. line 50", lines)
 	}
 }

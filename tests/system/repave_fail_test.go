@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -48,6 +49,52 @@ func (f *firstBoot) lastRunJournal(t *testing.T, p map[string]string) string {
 	t.Helper()
 	out, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "_SYSTEMD_INVOCATION_ID="+p["InvocationID"])
 	return out
+}
+
+// wantRecoveryReport waits until the recovery that the repave's failure
+// started (OnFailure=) has run (another invocation than before) and
+// checks its report on the Machine: the Recovered condition (written with
+// the daemon's certificate) and a Warning Event naming the unit and
+// saying words, from the unit's last lines.
+func (f *firstBoot) wantRecoveryReport(t *testing.T, before string, words ...string) {
+	t.Helper()
+	rec := recoverOf(repaveService)
+	begin := time.Now()
+	var p map[string]string
+	waitUntil(t, 2*time.Minute, "recovery of "+repaveService+" finished", func(context.Context) (bool, error) {
+		p = showProps(t, f.m, rec, "InvocationID", "ActiveState", "Result", "ExecMainStatus")
+		return p["InvocationID"] != "" && p["InvocationID"] != before && (p["ActiveState"] == "inactive" || p["ActiveState"] == "failed"), nil
+	})
+	t.Logf("recovery of %s ran (%v after the repave ended): %v", repaveService, time.Since(begin).Round(time.Millisecond), p)
+	if p["Result"] != "success" {
+		t.Errorf("recovery of %s: %v\n%s", repaveService, p, f.m.Journal(rec))
+	}
+	var c *metav1.Condition
+	waitUntil(t, time.Minute, "the Recovered condition names "+repaveService, func(context.Context) (bool, error) {
+		c = recovered(t, f)
+		return c != nil && strings.Contains(c.Message, repaveService+" failed"), nil
+	})
+	if c.Status != metav1.ConditionTrue || c.Reason != "UnitFailed" {
+		t.Errorf("Machine condition Recovered = %s %s, want True UnitFailed: %s", c.Status, c.Reason, c.Message)
+	}
+	wantSays(t, "the Recovered condition", c.Message, append([]string{"exit status 1"}, words...)...)
+	ev := recoveryEvents(t, f, repaveService)
+	if len(ev) == 0 {
+		t.Fatalf("no Event of recovery about %s on Machine %s", repaveService, f.name)
+	}
+	var msgs []string
+	for _, e := range ev {
+		ok := e.Type == corev1.EventTypeWarning && e.Reason == "UnitFailed"
+		for _, w := range append([]string{"exit status 1"}, words...) {
+			ok = ok && strings.Contains(e.Message, w)
+		}
+		if ok {
+			t.Logf("recovery's Event: %s %s: %s", e.Type, e.Reason, e.Message)
+			return
+		}
+		msgs = append(msgs, e.Type+" "+e.Reason+": "+e.Message)
+	}
+	t.Errorf("no Warning UnitFailed Event of recovery about %s saying %q; its Events:\n%s", repaveService, words, strings.Join(msgs, "\n---\n"))
 }
 
 // TestRepaveFailuresLeaveTheNodeAsItWas: on one host, (1) a
@@ -109,6 +156,7 @@ func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 	bad := f.reg.Push(t, "unbounded/node:never-healthy", nodestack.NeverHealthyNodeImage(t, f.stage.NodeImage(t)))
 	f.setImageRef(t, bad)
 	f.repaveFlags(t, "--force", "--drain-timeout=15s", "--ready-timeout=100s")
+	recBefore := showProps(t, f.m, recoverOf(repaveService), "InvocationID")["InvocationID"]
 	p, took = f.repave(t, 10*time.Minute)
 	j = f.lastRunJournal(t, p)
 	if p["ExecMainStatus"] != "1" || p["ActiveState"] != "failed" {
@@ -123,6 +171,7 @@ func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 	f.wantSlot(t, "kube1", "")
 	waitUntil(t, 3*time.Minute, "Node Ready again after the rollback", f.nodeReady)
 	f.waitPodRunning(t, ns, 3*time.Minute)
+	f.wantRecoveryReport(t, recBefore, "rolled back")
 	if t.Failed() {
 		return
 	}

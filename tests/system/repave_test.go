@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
@@ -176,6 +177,24 @@ func (f *firstBoot) wantSlot(t *testing.T, slot, ref string) {
 	}
 }
 
+// wantMachineSlot waits (bounded) until the Machine's status names slot
+// as its isolation slot: the daemon reports the slot of the applied config
+// after every repave, without a restart.
+func (f *firstBoot) wantMachineSlot(t *testing.T, slot string) {
+	t.Helper()
+	begin := time.Now()
+	var got *v1alpha3.IsolationStatus
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		got = f.machine(t).Status.Isolation
+		return got != nil && string(got.Slot) == slot, nil
+	})
+	if err != nil {
+		t.Errorf("Machine %s status.isolation = %+v, want slot %s (waited %v)", f.name, got, slot, time.Since(begin).Round(time.Millisecond))
+		return
+	}
+	t.Logf("Machine status.isolation.slot %s after %v", slot, time.Since(begin).Round(time.Millisecond))
+}
+
 // TestRepaveNspawnByHandThenByOperation: the operator changes the node
 // image and starts unbounded-repave.service: the Node is cordoned,
 // drained, deleted and registered afresh under the same name from slot
@@ -188,6 +207,12 @@ func TestRepaveNspawnByHandThenByOperation(t *testing.T) {
 	f := newFirstBoot(t, firstBootOptions{})
 	ns := f.bootNode(t)
 	before := f.nodeObject(t)
+
+	f.wantMachineSlot(t, "kube1")
+	// The daemon runs through the repave by hand (it waits for the unit,
+	// takes the Node's deletion for the repave's, does not defer): the
+	// same process before and after.
+	daemonBefore := showProps(t, f.m, daemonUnit, "InvocationID", "MainPID")
 
 	ref := f.setNodeImage(t, "bookworm-2")
 	hist := f.watchNode(t)
@@ -219,6 +244,13 @@ func TestRepaveNspawnByHandThenByOperation(t *testing.T) {
 		t.Errorf("the new Node is cordoned")
 	}
 	f.wantSlot(t, "kube2", ref)
+	if now := showProps(t, f.m, daemonUnit, "InvocationID", "MainPID", "ActiveState"); now["InvocationID"] != daemonBefore["InvocationID"] || now["MainPID"] != daemonBefore["MainPID"] || now["ActiveState"] != "active" {
+		t.Errorf("the daemon did not run through the repave by hand: %v -> %v\n%s", daemonBefore, now, f.m.Journal(daemonUnit))
+	}
+	if j, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "-u", daemonUnit); strings.Contains(j, "repaving") || !strings.Contains(j, "a node operation runs; waiting for it") {
+		t.Errorf("the daemon's journal does not say it waited for the repave by hand (or says it repaved):\n%s", j)
+	}
+	f.wantMachineSlot(t, "kube2")
 	pod := f.waitPodRunning(t, ns, 3*time.Minute)
 	t.Logf("the Deployment's pod %s runs again on the new node", pod.Name)
 	if failed := failedUnits(t, f.m, "unbounded*"); len(failed) != 0 {
@@ -254,6 +286,7 @@ func TestRepaveNspawnByHandThenByOperation(t *testing.T) {
 		t.Fatalf("operation %s ended %s: %s\ndaemon:\n%s", created.Name, done.Status.State, done.Status.Message, f.m.Journal(daemonUnit))
 	}
 	f.wantSlot(t, "kube1", ref)
+	f.wantMachineSlot(t, "kube1")
 	f.waitPodRunning(t, ns, 3*time.Minute)
 	evs, err := f.env.kube.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("involvedObject.name", f.name).String()})

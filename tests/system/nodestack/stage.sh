@@ -34,7 +34,7 @@ packages="containerd runc containernetworking-plugins busybox-static"
 iptables_packages="iptables libip4tc2 libip6tc2 libnetfilter-conntrack3 libnfnetlink0 libnftnl11"
 k8s_version=v1.36.3
 # Bump when the steps below change.
-recipe=2
+recipe=3
 cache=${UNBOUNDED_ROOTFS_CACHE:-/var/cache/unbounded-tests}
 
 log() { echo "stage.sh: $*" >&2; }
@@ -91,8 +91,13 @@ for p in $iptables_packages; do
 	dpkg-deb -x "$tmp"/debs/"$p"_*.deb "$tmp/layers/iptables"
 done
 rm -rf "$tmp/layers/iptables/usr/share/doc" "$tmp/layers/iptables/usr/share/man"
-for t in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
-	ln -sf "$t-legacy" "$tmp/layers/iptables/usr/sbin/$t"
+# The package names the legacy tools iptables-legacy, iptables-legacy-save
+# and iptables-legacy-restore (not iptables-save-legacy).
+for t in iptables ip6tables; do
+	for suffix in "" -save -restore; do
+		[ -e "$tmp/layers/iptables/usr/sbin/$t-legacy$suffix" ] || { log "the iptables package has no $t-legacy$suffix"; exit 1; }
+		ln -sf "$t-legacy$suffix" "$tmp/layers/iptables/usr/sbin/$t$suffix"
+	done
 done
 gcc -Os -static -DVERSION="$k8s_version-unbounded-test" -o "$tmp/bin/pause" "$pause_c"
 strip "$tmp/bin/pause" 2>/dev/null || true
