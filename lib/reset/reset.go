@@ -8,7 +8,8 @@
 //
 //	daemon    unbounded-daemon.service stopped first (it would start
 //	          units for the cluster while the node goes away), and a
-//	          running bootstrap with it
+//	          running bootstrap, the health timer, a restart and
+//	          lifecycle with it (stoppedFirst)
 //	lock      the ownership lock taken (a record left by an interrupted
 //	          bootstrap is superseded: reset is how an operator gets out
 //	          of a half-bootstrapped host); the generator then pulls in no
@@ -133,6 +134,19 @@ func (r *Reset) mode(name string) (modes.Mode, error) {
 // Run resets the host. Its error maps to the exit code with exitcode.For:
 // 69 when another installation (a live bootstrap that will not stop, a
 // reprovision) owns the host.
+// stoppedFirst are the units that would act on the node while it goes
+// away, stopped before anything else: the daemon (it starts units for
+// the cluster), a running bootstrap, the health timer and check (they
+// restart and start the node; the timer hangs on the node target by
+// Wants=, which a stop of the target does not follow) and a restart;
+// lifecycle too, which stays active (RemainAfterExit=) and keeps its
+// PrivateTmp= directory under /var/tmp while it is.
+var stoppedFirst = []string{
+	generator.DaemonService, generator.BootstrapService,
+	"unbounded-health.timer", "unbounded-health.service", "unbounded-restart.service",
+	"unbounded-lifecycle.service",
+}
+
 func (r *Reset) Run(ctx context.Context) error {
 	sd, err := r.systemdManager(ctx)
 	if err != nil {
@@ -140,8 +154,8 @@ func (r *Reset) Run(ctx context.Context) error {
 	}
 	defer sd.Close()
 
-	r.status("stopping %s and %s", generator.DaemonService, generator.BootstrapService)
-	for _, u := range []string{generator.DaemonService, generator.BootstrapService} {
+	r.status("stopping %s and the units that act on the node", generator.DaemonService)
+	for _, u := range stoppedFirst {
 		if err := stop(ctx, sd, u); err != nil {
 			return err
 		}

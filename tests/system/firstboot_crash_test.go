@@ -242,8 +242,10 @@ func wantNothingOfOursRunning(t *testing.T, f *firstBoot) {
 	out, _ := f.m.Systemctl("list-units", "--all", "--plain", "--no-legend", "--state=active,activating,failed", "unbounded*", "systemd-nspawn@*")
 	var left []string
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-		// The fixture's forwarders to the test's servers are not ours.
-		if l != "" && !strings.HasPrefix(l, "unbounded-test-forward-") {
+		// The fixture's units (unbounded-test-*: forwarders to the
+		// test's servers, the kubelet socket the API server reaches the
+		// node by) are not ours.
+		if l != "" && !strings.HasPrefix(l, "unbounded-test-") {
 			left = append(left, l)
 		}
 	}
@@ -274,7 +276,7 @@ func waitUnitDone(t *testing.T, f *firstBoot, unit, cursor string, timeout time.
 	t.Helper()
 	var p map[string]string
 	waitUntil(t, timeout, unit+" ended", func(context.Context) (bool, error) {
-		p = showProps(t, f.m, unit, "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "InvocationID", "NRestarts")
+		p = showProps(t, f.m, unit, "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "ExecMainPID", "InvocationID", "NRestarts")
 		if p["ActiveState"] != "inactive" && p["ActiveState"] != "failed" {
 			return false, nil
 		}
@@ -310,7 +312,16 @@ func wantCrashedAt(t *testing.T, f *firstBoot, unit, point string, p map[string]
 	if p["ExecMainCode"] != "2" || p["ExecMainStatus"] != "9" || p["ActiveState"] != "failed" {
 		t.Fatalf("%s with crash point %s: %v, want killed by SIGKILL (failed, code=killed status=9)\n%s", unit, point, p, f.m.Journal(unit))
 	}
-	out, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "_SYSTEMD_INVOCATION_ID="+p["InvocationID"])
+	// The run's lines by its invocation, or by its main process: the
+	// crash point's line is written just before the SIGKILL, and journald
+	// often cannot attribute a line of a process that is gone by the time
+	// it reads it to its unit (no _SYSTEMD_INVOCATION_ID); _PID is the
+	// kernel's, always there.
+	args := []string{"journalctl", "-b", "-q", "--no-pager", "-o", "cat", "_SYSTEMD_INVOCATION_ID=" + p["InvocationID"]}
+	if pid := p["ExecMainPID"]; pid != "" && pid != "0" {
+		args = append(args, "+", "_PID="+pid)
+	}
+	out, _ := f.m.Run(args...)
 	if !strings.Contains(out, "crash point "+point+" reached") {
 		t.Fatalf("%s's run %s was killed, but its journal does not name crash point %s:\n%s", unit, p["InvocationID"], point, out)
 	}
