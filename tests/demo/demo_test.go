@@ -171,7 +171,8 @@ func TestDemo(t *testing.T) {
 		nodeRef, pushed = reg.Push(t, "unbounded/node:bookworm", s.NodeImage(t)), "node image, pause, busybox"
 	}
 	o.say("registry %s: %s pushed in %s", reg.Host, pushed, took(time.Since(begin)))
-	mirror := nodestack.ServeArtifacts(t, s.Mirror(t))
+	mirrorDir := s.Mirror(t)
+	mirror := nodestack.ServeArtifacts(t, mirrorDir)
 	o.say("mirror %s: kubelet %s, containerd %s, runc %s, CNI plugins %s, with SHA256SUMS",
 		mirror.URL, s.Versions["kubelet"], s.Versions["containerd"], s.Versions["runc"], s.Versions["cni-plugins"])
 	interrupted()
@@ -321,11 +322,13 @@ func TestDemo(t *testing.T) {
 	if err := printTables(ctx, kube, ns); err != nil {
 		t.Fatal(err)
 	}
+	d := &repaveDemo{o: o, m: m, env: env, kube: kube, reg: reg, stage: s, mirrorDir: mirrorDir, name: name, ns: ns, bench: bench}
 	if mode == "nspawn" {
-		d := &repaveDemo{o: o, m: m, env: env, kube: kube, reg: reg, stage: s, name: name, ns: ns, bench: bench}
 		d.run(t, ctx)
-		interrupted()
+	} else {
+		d.runNone(t, ctx)
 	}
+	interrupted()
 	if bench.path != "" {
 		if mode == "nspawn" {
 			o.step("bench: the floor's image unpack, then reset")
@@ -380,6 +383,8 @@ func TestDemo(t *testing.T) {
 	what := "a host with a config file became a Ready node running a pod"
 	if mode == "nspawn" {
 		what += ", repaved blue/green into its other slot"
+	} else {
+		what += ", repaved in place to another Kubernetes version"
 	}
 	o.step("done: %s, %s since make demo started; cleaning up", what, took(time.Since(o.begin)))
 }

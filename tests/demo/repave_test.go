@@ -40,9 +40,12 @@ type repaveDemo struct {
 	kube  kubernetes.Interface
 	reg   *nodestack.Registry
 	stage *nodestack.Stage
-	name  string
-	ns    string
-	bench *benchOut
+	// mirrorDir is the directory the artifact mirror serves (mode none
+	// serves a second version from it).
+	mirrorDir string
+	name      string
+	ns        string
+	bench     *benchOut
 }
 
 // journalLine is one line of `journalctl -o short-unix`.
@@ -51,9 +54,10 @@ type journalLine struct {
 	msg string
 }
 
-func (d *repaveDemo) journal(t *testing.T, since time.Time) []journalLine {
+// journal is unit's journal since since (a second before it).
+func (d *repaveDemo) journal(t *testing.T, unit string, since time.Time) []journalLine {
 	t.Helper()
-	out, err := d.m.Run("journalctl", "-q", "--no-pager", "-o", "short-unix", "-u", repaveUnit, "--since", "@"+strconv.FormatInt(since.Unix()-1, 10))
+	out, err := d.m.Run("journalctl", "-q", "--no-pager", "-o", "short-unix", "-u", unit, "--since", "@"+strconv.FormatInt(since.Unix()-1, 10))
 	if err != nil {
 		t.Fatalf("journalctl: %v\n%s", err, out)
 	}
@@ -140,9 +144,16 @@ func (d *repaveDemo) start(t *testing.T, ctx context.Context, begin time.Time) b
 	if out, err := d.m.Systemctl("start", "--no-block", repaveUnit); err != nil {
 		t.Fatalf("start %s: %v\n%s", repaveUnit, err, out)
 	}
+	return d.wait(t, ctx, begin)
+}
+
+// wait waits for the end of the repave unit's run started after begin; it
+// returns whether it succeeded.
+func (d *repaveDemo) wait(t *testing.T, ctx context.Context, begin time.Time) bool {
+	t.Helper()
 	ok := false
 	waitUntil(t, ctx, 15*time.Minute, repaveUnit+" ended", func(context.Context) (bool, error) {
-		for _, l := range d.journal(t, begin) {
+		for _, l := range d.journal(t, repaveUnit, begin) {
 			switch {
 			case strings.HasPrefix(l.msg, repaveUnit+": Deactivated successfully"):
 				ok = true
@@ -199,7 +210,7 @@ func (d *repaveDemo) run(t *testing.T, ctx context.Context) {
 		t.Fatalf("the repave failed:\n%s", d.m.Journal(repaveUnit))
 	}
 	unit := time.Since(begin)
-	lines := d.journal(t, begin)
+	lines := d.journal(t, repaveUnit, begin)
 	for _, l := range lines {
 		if strings.Contains(l.msg, "step ") || strings.Contains(l.msg, "took=") || strings.Contains(l.msg, "Node deleted") ||
 			strings.Contains(l.msg, "CSINode") || strings.HasPrefix(l.msg, "repaved") {
@@ -270,7 +281,7 @@ func (d *repaveDemo) run(t *testing.T, ctx context.Context) {
 	if d.start(t, ctx, begin) {
 		t.Fatalf("the repave onto a never-healthy node succeeded:\n%s", d.m.Journal(repaveUnit))
 	}
-	lines = d.journal(t, begin)
+	lines = d.journal(t, repaveUnit, begin)
 	failed, ok1 := find(lines, "new node failed; rolling back")
 	back, ok2 := find(lines, "rolled back")
 	if ok1 && ok2 {
