@@ -163,7 +163,9 @@ firstboot() { # MODE: nspawn or none
 			if ("repave.rollback" in v) line(p "repave rollback: new node given up -> old node healthy", v["repave.rollback"])
 		}
 	}' "$f"
-	rm -f "$f" "$log"
+	# BENCH_KEEP_LOG=1: the demo's output stays, for its timeline.
+	if [ "${BENCH_KEEP_LOG:-}" = 1 ]; then echo "  (the demo's output: $log)"; else rm -f "$log"; fi
+	rm -f "$f"
 }
 part nspawn && firstboot nspawn
 
