@@ -106,8 +106,6 @@ func (d *repaveDemo) runNone(t *testing.T, ctx context.Context) {
 		o.say("floor: kubelet stopped -> Node registered afresh and Ready, by hand: %s", took(readyAt.Sub(stopped)))
 		d.bench.add("repave.floor", readyAt.Sub(stopped))
 	}
-	pod = d.podBack(t, ctx)
-	o.say("pod %s Running again", pod.Name)
 
 	// A rollback: a version whose kubelet exits at once; the repave's
 	// ready wait is bounded at 60 s by a drop-in. Once it has begun,
