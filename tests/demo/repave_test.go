@@ -26,7 +26,8 @@ import (
 
 const repaveUnit = "unbounded-repave.service"
 
-// repaveDemo is the demo's second act (mode nspawn): a new node image in
+// repaveDemo is the demo's second act. In mode nspawn (run; runNone is
+// mode none's, tests/demo/repave_none_test.go): a new node image in
 // agent.toml, then `systemctl start unbounded-repave.service` in the host:
 // kube1 -> kube2, blue/green. It prints the repave's steps, the downtime
 // (old kubelet stopped -> new kubelet healthy and its Node Ready, from the
