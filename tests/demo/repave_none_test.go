@@ -48,13 +48,6 @@ func (d *repaveDemo) runNone(t *testing.T, ctx context.Context) {
 	}
 	unit := time.Since(begin)
 	lines := d.journal(t, repaveUnit, begin)
-	for _, l := range lines {
-		if strings.Contains(l.msg, "step ") || strings.Contains(l.msg, "took=") || strings.Contains(l.msg, "Node deleted") ||
-			strings.Contains(l.msg, "CSINode") || strings.HasPrefix(l.msg, "repave") || strings.HasPrefix(l.msg, "node up") ||
-			strings.Contains(l.msg, "networking") || strings.Contains(l.msg, "removed") {
-			o.say("  +%5.1fs  %s", l.at.Sub(begin).Seconds(), l.msg)
-		}
-	}
 	readyAt := d.waitReady(t, ready)
 	stopping, stopped := d.kubeletStop(t, begin)
 	pod := d.podBack(t, ctx)

@@ -153,8 +153,16 @@ func (d *repaveDemo) start(t *testing.T, ctx context.Context, begin time.Time) b
 func (d *repaveDemo) wait(t *testing.T, ctx context.Context, begin time.Time) bool {
 	t.Helper()
 	ok := false
+	shown := 0
 	waitUntil(t, ctx, 15*time.Minute, repaveUnit+" ended", func(context.Context) (bool, error) {
-		for _, l := range d.journal(t, repaveUnit, begin) {
+		lines := d.journal(t, repaveUnit, begin)
+		// The repave's steps as they happen.
+		for ; shown < len(lines); shown++ {
+			if l := lines[shown]; !l.at.Before(begin) && notable(l.msg) {
+				d.o.say("  +%5.1fs  %s", l.at.Sub(begin).Seconds(), l.msg)
+			}
+		}
+		for _, l := range lines {
 			switch {
 			case strings.HasPrefix(l.msg, repaveUnit+": Deactivated successfully"):
 				ok = true
@@ -166,6 +174,16 @@ func (d *repaveDemo) wait(t *testing.T, ctx context.Context, begin time.Time) bo
 		return false, nil
 	})
 	return ok
+}
+
+// notable says whether the demo shows a line of the repave's journal.
+func notable(msg string) bool {
+	for _, s := range []string{"step ", "took=", "Node deleted", "CSINode", "node up", "networking", "removed", "rolling back", "rolled back", "Failed with result"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return strings.HasPrefix(msg, "repave")
 }
 
 func (d *repaveDemo) run(t *testing.T, ctx context.Context) {
@@ -212,12 +230,6 @@ func (d *repaveDemo) run(t *testing.T, ctx context.Context) {
 	}
 	unit := time.Since(begin)
 	lines := d.journal(t, repaveUnit, begin)
-	for _, l := range lines {
-		if strings.Contains(l.msg, "step ") || strings.Contains(l.msg, "took=") || strings.Contains(l.msg, "Node deleted") ||
-			strings.Contains(l.msg, "CSINode") || strings.HasPrefix(l.msg, "repaved") {
-			o.say("  +%5.1fs  %s", l.at.Sub(begin).Seconds(), l.msg)
-		}
-	}
 	stopped, ok1 := find(lines, "old node stopped")
 	up, ok2 := find(lines, "node up")
 	built, ok3 := find(lines, "new slot built while the old node serves")
