@@ -150,6 +150,7 @@ firstboot() { # MODE: nspawn or none
 				line(p "repave downtime: old kubelet stopped -> new Node Ready", v["repave.downtime"])
 				rf = v["repave.floor"]
 				line(p "repave floor: stop, Node deleted, start by hand -> Ready", rf)
+				if (rf > 100) print "  note: the kubelet started by hand waited for its CSINode initialization retry (2 min; nothing\n  restarts it, as the repave'"'"'s ready wait does): the ratio then compares unlike runs: run again"
 			} else {
 				line(p "repave: slot build while the old node serves", v["repave.build"])
 				line(p "repave downtime: old kubelet stopped -> new Node Ready", v["repave.downtime"])
