@@ -12,46 +12,38 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/concern"
 
 	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/exitcode"
-	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/logging"
-	"unbounded-cloud.io/agent/lib/privilege"
 )
 
 type cli struct {
-	Root         string        `help:"Resolve every host path under this directory (tests, offline roots)." default:"/" type:"path"`
+	concern.Root
 	ReadyTimeout time.Duration `help:"How long to wait for the Node to be Ready once the node stack is started." default:"10m"`
 }
 
 // Main runs bootstrap with args (without the program name) and returns the
 // exit code.
 func Main(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := concern.Context()
 	defer stop()
 	return run(ctx, args, os.Stdout, os.Stderr)
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c cli
-	if code, done := concern.Parse("bootstrap", "First boot: prepare the host, fetch the node stack, build slot kube1, run the fence, start the node, wait until its Node is Ready, record the applied config, then start unbounded-node.target and the daemon. A host bootstrapped already is only handed over. Exit 0: done; 1: failed; 69: another installation owns the host; 75: temporary (retried); 77: refused by the allocation fence; 78: configuration invalid.", &c, args, stdout, stderr); done {
+	paths, code, done := concern.Start("bootstrap", "First boot: prepare the host, fetch the node stack, build slot kube1, run the fence, start the node, wait until its Node is Ready, record the applied config, then start unbounded-node.target and the daemon. A host bootstrapped already is only handed over. Exit 0: done; 1: failed; 69: another installation owns the host; 75: temporary (retried); 77: refused by the allocation fence; 78: configuration invalid.", &c, args, stdout, stderr)
+	if done {
 		return code
-	}
-	paths := hostpaths.New(c.Root)
-	if err := privilege.Check(paths.HostRoot()); err != nil {
-		fmt.Fprintln(stderr, "bootstrap:", err)
-		return exitcode.For(err)
 	}
 	log := logging.New(stderr, slog.LevelInfo)
 	b := &bootstrap.Bootstrap{Paths: paths, ReadyTimeout: c.ReadyTimeout, Log: log}
 	err := b.Run(ctx)
-	code := exitcode.For(err)
+	code = exitcode.For(err)
 	switch code {
 	case exitcode.OK, exitcode.Deferred:
 		// Deferred is not a failure and says nothing (ARCHITECTURE

@@ -8,33 +8,27 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"unbounded-cloud.io/agent/lib/concern"
 
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/daemon"
 	"unbounded-cloud.io/agent/lib/exitcode"
-	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/logging"
-	"unbounded-cloud.io/agent/lib/privilege"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
 type cli struct {
-	Root     string `help:"Resolve every host path under this directory (tests, offline roots)." default:"/" type:"path"`
+	concern.Root
 	LogLevel string `help:"Log level: debug, info, warn or error (default: [daemon] log-level of the config, else info)." enum:",debug,info,warn,error" default:""`
 }
 
 // Main runs the daemon with args (without the program name) until SIGTERM
 // and returns the exit code.
 func Main(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := concern.Context()
 	defer stop()
 	return run(ctx, args, os.Stdout, os.Stderr, daemon.Host{})
 }
@@ -42,16 +36,12 @@ func Main(args []string) int {
 // run is Main with its outputs and host seam as arguments, for tests.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, host daemon.Host) int {
 	var c cli
-	if code, done := concern.Parse("daemon", "Watch this host's Machine, Node and MachineOperations and carry the operations out by starting units. Exit 69: an installation owns the host (not a failure).", &c, args, stdout, stderr); done {
-		return code
-	}
-	paths := hostpaths.New(c.Root)
 	// Run by hand without root, the host root reads as "permission
 	// denied", which the daemon would take for a host owned by an
 	// unknown installation (69, silent): say it needs root (exit 4).
-	if err := privilege.Check(paths.HostRoot()); err != nil {
-		fmt.Fprintln(stderr, "daemon:", err)
-		return exitcode.For(err)
+	paths, code, done := concern.Start("daemon", "Watch this host's Machine, Node and MachineOperations and carry the operations out by starting units. Exit 69: an installation owns the host (not a failure).", &c, args, stdout, stderr)
+	if done {
+		return code
 	}
 	lvl := c.LogLevel
 	if lvl == "" {
@@ -61,9 +51,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, host daem
 			lvl = cfg.Daemon.LogLevel
 		}
 	}
-	level := slog.LevelInfo
-	_ = level.UnmarshalText([]byte(lvl))
-	log := logging.New(stderr, level)
+	log := logging.New(stderr, concern.Level(lvl))
 
 	err := daemon.Run(ctx, daemon.Options{Paths: paths, Host: host, Log: log})
 	if err != nil && !errors.Is(err, state.ErrOwned) {

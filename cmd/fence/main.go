@@ -6,13 +6,10 @@
 package fence
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/concern"
@@ -29,7 +26,7 @@ import (
 )
 
 type cli struct {
-	Root string `help:"Resolve every host path under this directory (tests, offline roots)." default:"/" type:"path"`
+	concern.Root
 }
 
 // Main runs the fence with args (without the program name) and returns the
@@ -41,7 +38,7 @@ func Main(args []string) int {
 	}
 
 	log := logging.New(os.Stderr, slog.LevelInfo)
-	paths := hostpaths.New(c.Root)
+	paths := hostpaths.New(c.Root.Root)
 	// Run by hand without root, the host root (certificates) and the
 	// bootstrap token are unreadable: say that in one line (exit 4)
 	// rather than refuse for a reason the host does not have.
@@ -60,11 +57,11 @@ func Main(args []string) int {
 		log.Error("fence: configuration invalid; node start refused", "error", err.Error())
 		return exitcode.For(err)
 	}
-	if lvl, ok := levels[cfg.Daemon.LogLevel]; ok {
-		log = logging.New(os.Stderr, lvl)
+	if cfg.Daemon.LogLevel != "" {
+		log = logging.New(os.Stderr, concern.Level(cfg.Daemon.LogLevel))
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := concern.Context()
 	defer stop()
 	check := &fence.Check{
 		Machine:       cfg.Machine,
@@ -106,8 +103,4 @@ func recordOf(err error, allocation string) record.Record {
 		r.Outcome, r.Message = record.Interrupted, err.Error()
 	}
 	return r
-}
-
-var levels = map[string]slog.Level{
-	"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError,
 }

@@ -11,48 +11,39 @@ package recover
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"unbounded-cloud.io/agent/lib/concern"
 	"unbounded-cloud.io/agent/lib/exitcode"
-	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/logging"
-	"unbounded-cloud.io/agent/lib/privilege"
 	"unbounded-cloud.io/agent/lib/recover"
 )
 
 type cli struct {
-	Root string `help:"Resolve every host path under this directory (tests, offline roots)." default:"/" type:"path"`
+	concern.Root
 	Unit string `arg:"" help:"The failed unit (unbounded-recover@UNIT.service's instance), or \"generator\"."`
 }
 
 // Main runs recovery with args (without the program name) and returns the
 // exit code.
 func Main(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := concern.Context()
 	defer stop()
 	return run(ctx, args, os.Stdout, os.Stderr, os.Getenv)
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	var c cli
-	if code, done := concern.Parse("recover", "Recover from the failure of an agent unit: report it on the Machine (condition Recovered and an Event with the unit's result and last journal lines) and repair the daemon from the current applied config. Exits 77, 78, 69 and a 75 the unit retries are not failures and are left alone. At most 3 recoveries per unit per hour. Exit 0: done, nothing to do, or held back; 1: something could not be repaired; 69: an installation owns the host.", &c, args, stdout, stderr); done {
+	paths, code, done := concern.Start("recover", "Recover from the failure of an agent unit: report it on the Machine (condition Recovered and an Event with the unit's result and last journal lines) and repair the daemon from the current applied config. Exits 77, 78, 69 and a 75 the unit retries are not failures and are left alone. At most 3 recoveries per unit per hour. Exit 0: done, nothing to do, or held back; 1: something could not be repaired; 69: an installation owns the host.", &c, args, stdout, stderr)
+	if done {
 		return code
-	}
-	paths := hostpaths.New(c.Root)
-	if err := privilege.Check(paths.HostRoot()); err != nil {
-		fmt.Fprintln(stderr, "recover:", err)
-		return exitcode.For(err)
 	}
 	log := logging.New(stderr, slog.LevelInfo)
 	r := &recover.Recovery{Paths: paths, Failure: recover.FailureFromEnv(c.Unit, getenv), Log: log}
 	err := r.Run(ctx)
-	code := exitcode.For(err)
+	code = exitcode.For(err)
 	if code != exitcode.OK && code != exitcode.Deferred && !isUnrepaired(err) {
 		log.Error("recover: "+err.Error(), "exit", code)
 	}

@@ -15,20 +15,16 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/concern"
 	"unbounded-cloud.io/agent/lib/exitcode"
-	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/logging"
-	"unbounded-cloud.io/agent/lib/privilege"
 	"unbounded-cloud.io/agent/lib/repave"
 )
 
 type cli struct {
-	Root         string        `help:"Resolve every host path under this directory (tests, offline roots)." default:"/" type:"path"`
+	concern.Root
 	Force        bool          `help:"Repave even when the desired config is the applied one, and go on when the drain times out or the cluster cannot be asked."`
 	DrainTimeout time.Duration `help:"How long the drain (evictions, PodDisruptionBudgets, grace periods) may take; the request's drainTimeout parameter wins." default:"5m"`
 	ReadyTimeout time.Duration `help:"How long to wait for the new node to be Ready before rolling back." default:"10m"`
@@ -37,20 +33,16 @@ type cli struct {
 // Main runs repave with args (without the program name) and returns the
 // exit code.
 func Main(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := concern.Context()
 	defer stop()
 	return run(ctx, args, os.Stdout, os.Stderr)
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c cli
-	if code, done := concern.Parse("repave", "Replace the node stack from the desired config (the daemon's request, else /etc/unbounded/agent.toml): build the other slot while the node serves, cordon and drain the Node, switch, wait until the new Node is Ready, record it; roll back when it does not come up. An interrupted repave is resumed. Exit 0: repaved or nothing to do; 1: failed (the message says whether it rolled back); 69: an installation owns the host; 75: the cluster could not be asked, nothing changed; 77: refused by the allocation fence; 78: configuration invalid.", &c, args, stdout, stderr); done {
+	paths, code, done := concern.Start("repave", "Replace the node stack from the desired config (the daemon's request, else /etc/unbounded/agent.toml): build the other slot while the node serves, cordon and drain the Node, switch, wait until the new Node is Ready, record it; roll back when it does not come up. An interrupted repave is resumed. Exit 0: repaved or nothing to do; 1: failed (the message says whether it rolled back); 69: an installation owns the host; 75: the cluster could not be asked, nothing changed; 77: refused by the allocation fence; 78: configuration invalid.", &c, args, stdout, stderr)
+	if done {
 		return code
-	}
-	paths := hostpaths.New(c.Root)
-	if err := privilege.Check(paths.HostRoot()); err != nil {
-		fmt.Fprintln(stderr, "repave:", err)
-		return exitcode.For(err)
 	}
 	log := logging.New(stderr, slog.LevelInfo)
 	r := &repave.Repave{Paths: paths, Force: c.Force, DrainTimeout: c.DrainTimeout, ReadyTimeout: c.ReadyTimeout, Log: log}
@@ -59,7 +51,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		log.Info("repave: " + err.Error())
 		return exitcode.OK
 	}
-	code := exitcode.For(err)
+	code = exitcode.For(err)
 	switch code {
 	case exitcode.OK, exitcode.Deferred:
 	case exitcode.ConfigInvalid:

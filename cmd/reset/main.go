@@ -10,45 +10,37 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"unbounded-cloud.io/agent/lib/concern"
 
 	"unbounded-cloud.io/agent/lib/exitcode"
-	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/logging"
-	"unbounded-cloud.io/agent/lib/privilege"
 	"unbounded-cloud.io/agent/lib/reset"
 )
 
 type cli struct {
-	Root        string `help:"Resolve every host path under this directory (tests, offline roots)." default:"/" type:"path"`
-	KeepHandoff bool   `name:"keep-handoff" help:"Keep the reprovision handoff directory /var/lib/unbounded-agent-reprovision."`
+	concern.Root
+	KeepHandoff bool `name:"keep-handoff" help:"Keep the reprovision handoff directory /var/lib/unbounded-agent-reprovision."`
 }
 
 // Main runs reset with args (without the program name) and returns the
 // exit code.
 func Main(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := concern.Context()
 	defer stop()
 	return run(ctx, args, os.Stdout, os.Stderr)
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c cli
-	if code, done := concern.Parse("reset", "Remove the node (both slots), the host preparation, the artifacts and every file under /var/lib/unbounded; /etc/unbounded stays. Exit 0: done; 1: failed; 69: another installation owns the host.", &c, args, stdout, stderr); done {
+	paths, code, done := concern.Start("reset", "Remove the node (both slots), the host preparation, the artifacts and every file under /var/lib/unbounded; /etc/unbounded stays. Exit 0: done; 1: failed; 69: another installation owns the host.", &c, args, stdout, stderr)
+	if done {
 		return code
-	}
-	paths := hostpaths.New(c.Root)
-	if err := privilege.Check(paths.HostRoot()); err != nil {
-		fmt.Fprintln(stderr, "reset:", err)
-		return exitcode.For(err)
 	}
 	log := logging.New(stderr, slog.LevelInfo)
 	r := &reset.Reset{Paths: paths, KeepHandoff: c.KeepHandoff, Log: log}
 	err := r.Run(ctx)
-	code := exitcode.For(err)
+	code = exitcode.For(err)
 	if code != exitcode.OK && code != exitcode.Deferred {
 		log.Error("reset: "+err.Error(), "exit", code)
 	}
