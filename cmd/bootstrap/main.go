@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/concern"
@@ -29,9 +28,7 @@ type cli struct {
 // Main runs bootstrap with args (without the program name) and returns the
 // exit code.
 func Main(args []string) int {
-	ctx, stop := concern.Context()
-	defer stop()
-	return run(ctx, args, os.Stdout, os.Stderr)
+	return concern.Main(args, run)
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

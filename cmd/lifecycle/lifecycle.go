@@ -9,7 +9,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
 
 	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/concern"
@@ -25,9 +24,7 @@ type cli struct {
 // Main runs lifecycle with args (without the program name) and returns the
 // exit code.
 func Main(args []string) int {
-	ctx, stop := concern.Context()
-	defer stop()
-	return run(ctx, args, os.Stdout, os.Stderr)
+	return concern.Main(args, run)
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

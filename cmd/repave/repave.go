@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/concern"
@@ -33,9 +32,7 @@ type cli struct {
 // Main runs repave with args (without the program name) and returns the
 // exit code.
 func Main(args []string) int {
-	ctx, stop := concern.Context()
-	defer stop()
-	return run(ctx, args, os.Stdout, os.Stderr)
+	return concern.Main(args, run)
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

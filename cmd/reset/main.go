@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 
 	"unbounded-cloud.io/agent/lib/concern"
 
@@ -26,9 +25,7 @@ type cli struct {
 // Main runs reset with args (without the program name) and returns the
 // exit code.
 func Main(args []string) int {
-	ctx, stop := concern.Context()
-	defer stop()
-	return run(ctx, args, os.Stdout, os.Stderr)
+	return concern.Main(args, run)
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/signal"
 	"syscall"
 
@@ -28,6 +29,14 @@ type rooted interface{ root() string }
 // stopping the unit) or SIGINT. Call stop when the run ends.
 func Context() (ctx context.Context, stop context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+}
+
+// Main runs run with args under Context, writing to the process's stdout
+// and stderr, and returns its exit code: what a concern's Main is.
+func Main(args []string, run func(ctx context.Context, args []string, stdout, stderr io.Writer) int) int {
+	ctx, stop := Context()
+	defer stop()
+	return run(ctx, args, os.Stdout, os.Stderr)
 }
 
 // Start parses args as Parse does, then checks that the host root under
