@@ -14,75 +14,42 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
+	"unbounded-cloud.io/agent/lib/concern/small"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/health"
-	"unbounded-cloud.io/agent/lib/hostpaths"
-	"unbounded-cloud.io/agent/lib/logging"
 	"unbounded-cloud.io/agent/lib/units"
-	"unbounded-cloud.io/agent/lib/version"
 )
 
 func main() { os.Exit(run(os.Args[1:])) }
 
 func run(args []string) int {
-	fs := flag.NewFlagSet("health", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), "Usage: health [flags]\n\nOne health check of the node stack (unbounded-health.service).\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
-	root := fs.String("root", "/", "resolve every host path under this directory")
+	cmd := small.New("health", "One health check of the node stack (unbounded-health.service).")
+	fs := cmd.Flags
 	failures := fs.Int("failures", health.DefaultFailures, "consecutive unhealthy checks before a restart of the node stack")
 	maxRestarts := fs.Int("max-restarts", health.DefaultMaxRestarts, "restarts without a healthy check in between before giving up")
 	bootWait := fs.Duration("boot-wait", health.DefaultBootWait, "how long the first check of a boot waits for the node to become healthy")
-	showVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if *showVersion {
-		fmt.Println("unbounded-health", version.Version)
-		return 0
+	if code, done := cmd.Parse(args); done {
+		return code
 	}
 	if *failures < 1 || *maxRestarts < 0 || *bootWait < 0 {
-		fmt.Fprintln(os.Stderr, "health: --failures must be at least 1, --max-restarts and --boot-wait not negative")
-		return 2
+		return cmd.Usage("--failures must be at least 1, --max-restarts and --boot-wait not negative")
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "health: needs root (it reads the agent's state and starts units)")
-		return exitcode.NeedsRoot
-	}
-	log := logging.New(os.Stderr, slog.LevelInfo)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	// The connection lives as long as the context it is dialled with
-	// (godbus closes it when that ends): the run's own.
-	sd, err := units.Dial(ctx)
-	if err != nil {
-		log.Error("health: " + err.Error())
-		return exitcode.Failed
-	}
-	defer sd.Close()
-	c := &health.Check{
-		Paths:       hostpaths.New(*root),
-		Failures:    *failures,
-		MaxRestarts: *maxRestarts,
-		BootWait:    *bootWait,
-		Units:       sd,
-		Log:         log,
-	}
-	if err := c.Run(ctx); err != nil {
-		log.Error("health: " + err.Error())
-		return exitcode.For(err)
-	}
-	return 0
+	return cmd.Run("it reads the agent's state and starts units", func(ctx context.Context, sd units.Manager, log *slog.Logger) int {
+		c := &health.Check{
+			Paths:       cmd.Paths(),
+			Failures:    *failures,
+			MaxRestarts: *maxRestarts,
+			BootWait:    *bootWait,
+			Units:       sd,
+			Log:         log,
+		}
+		if err := c.Run(ctx); err != nil {
+			log.Error("health: " + err.Error())
+			return exitcode.For(err)
+		}
+		return 0
+	})
 }

@@ -13,69 +13,35 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 
+	"unbounded-cloud.io/agent/lib/concern/small"
 	"unbounded-cloud.io/agent/lib/exitcode"
-	"unbounded-cloud.io/agent/lib/hostpaths"
-	"unbounded-cloud.io/agent/lib/logging"
 	"unbounded-cloud.io/agent/lib/restart"
 	"unbounded-cloud.io/agent/lib/units"
-	"unbounded-cloud.io/agent/lib/version"
 )
 
 func main() { os.Exit(run(os.Args[1:])) }
 
 func run(args []string) int {
-	fs := flag.NewFlagSet("restart", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), "Usage: restart [flags]\n\nSoft reboot of the node stack in the active mode; never the host (unbounded-restart.service).\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
-	root := fs.String("root", "/", "resolve every host path under this directory")
-	timeout := fs.Duration("timeout", restart.DefaultTimeout, "how long to wait for the node to be healthy after the restart")
-	showVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if *showVersion {
-		fmt.Println("unbounded-restart", version.Version)
-		return 0
+	cmd := small.New("restart", "Soft reboot of the node stack in the active mode; never the host (unbounded-restart.service).")
+	timeout := cmd.Flags.Duration("timeout", restart.DefaultTimeout, "how long to wait for the node to be healthy after the restart")
+	if code, done := cmd.Parse(args); done {
+		return code
 	}
 	if *timeout <= 0 {
-		fmt.Fprintln(os.Stderr, "restart: --timeout must be positive")
-		return 2
+		return cmd.Usage("--timeout must be positive")
 	}
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "restart: needs root (it reads the agent's state and restarts units)")
-		return exitcode.NeedsRoot
-	}
-	log := logging.New(os.Stderr, slog.LevelInfo)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	// The connection lives as long as the context it is dialled with
-	// (godbus closes it when that ends): the run's own.
-	sd, err := units.Dial(ctx)
-	if err != nil {
-		log.Error("restart: " + err.Error())
-		return exitcode.Failed
-	}
-	defer sd.Close()
-	r := &restart.Restart{Paths: hostpaths.New(*root), Timeout: *timeout, Units: sd, Log: log}
-	if err := r.Run(ctx); err != nil {
-		if code := exitcode.For(err); code == exitcode.Deferred {
-			return code
+	return cmd.Run("it reads the agent's state and restarts units", func(ctx context.Context, sd units.Manager, log *slog.Logger) int {
+		r := &restart.Restart{Paths: cmd.Paths(), Timeout: *timeout, Units: sd, Log: log}
+		if err := r.Run(ctx); err != nil {
+			if code := exitcode.For(err); code == exitcode.Deferred {
+				return code
+			}
+			log.Error("restart: " + err.Error())
+			return exitcode.For(err)
 		}
-		log.Error("restart: " + err.Error())
-		return exitcode.For(err)
-	}
-	return 0
+		return 0
+	})
 }
