@@ -13,15 +13,11 @@
 package noderecord
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
-	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -56,22 +52,14 @@ func (r *Record) Same(o *Record) bool {
 		a.Reason == b.Reason && a.Message == b.Message && a.Transition.Equal(b.Transition)
 }
 
-// File is where the record lives.
-func File(p hostpaths.Paths) string { return filepath.Join(p.RunDir(), "node.json") }
+// name is the record's file under /run/unbounded.
+const name = "node.json"
 
-const maxSize = 64 << 10
+// File is where the record lives.
+func File(p hostpaths.Paths) string { return state.RunRecordFile(p, name) }
 
 // Write replaces the record atomically (0644: it holds no secret).
-func Write(p hostpaths.Paths, r Record) error {
-	if _, err := state.RunDir(p); err != nil {
-		return err
-	}
-	data, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	return state.WriteFileAtomic(File(p), append(data, '\n'), 0o644)
-}
+func Write(p hostpaths.Paths, r Record) error { return state.WriteRunRecord(p, name, r) }
 
 // Remove removes the record (none is fine): the Node's state is not known.
 func Remove(p hostpaths.Paths) error {
@@ -84,16 +72,9 @@ func Remove(p hostpaths.Paths) error {
 // Read returns the record, or nil when there is none. A record that does
 // not decode is an error naming the file.
 func Read(p hostpaths.Paths) (*Record, error) {
-	data, err := regfile.Read(File(p), maxSize)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
 	var r Record
-	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, fmt.Errorf("%s: %w", File(p), err)
+	if ok, err := state.ReadRunRecord(p, name, &r); !ok {
+		return nil, err
 	}
 	return &r, nil
 }

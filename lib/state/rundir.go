@@ -1,10 +1,14 @@
 package state
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/regfile"
 )
 
 // TmpfilesConfHost is the tmpfiles.d(5) entry, shipped by the package, that
@@ -31,4 +35,44 @@ func RunDir(p hostpaths.Paths) (string, error) {
 		return "", fmt.Errorf("runtime directory %s is not a directory (it is declared in %s)", dir, TmpfilesConfHost)
 	}
 	return dir, nil
+}
+
+// maxRunRecord bounds a read of a run record: they are a few hundred bytes.
+const maxRunRecord = 64 << 10
+
+// RunRecordFile is the run record name: /run/unbounded/<name>.
+func RunRecordFile(p hostpaths.Paths, name string) string {
+	return filepath.Join(p.RunDir(), name)
+}
+
+// WriteRunRecord replaces the run record name, a small JSON file about
+// this boot that units read without a Kubernetes client (fence.json,
+// node.json), with v: atomically, mode 0644 (a record holds no secret).
+func WriteRunRecord(p hostpaths.Paths, name string, v any) error {
+	if _, err := RunDir(p); err != nil {
+		return err
+	}
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(RunRecordFile(p, name), append(data, '\n'), 0o644)
+}
+
+// ReadRunRecord decodes the run record name into v and reports whether
+// there was one. A record that does not decode is an error naming the
+// file.
+func ReadRunRecord(p hostpaths.Paths, name string, v any) (bool, error) {
+	file := RunRecordFile(p, name)
+	data, err := regfile.Read(file, maxRunRecord)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return false, fmt.Errorf("%s: %w", file, err)
+	}
+	return true, nil
 }

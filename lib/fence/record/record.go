@@ -11,15 +11,10 @@
 package record
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
-	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -58,37 +53,21 @@ type Record struct {
 	At            time.Time `json:"at"`
 }
 
-// File is where the record lives.
-func File(p hostpaths.Paths) string { return filepath.Join(p.RunDir(), "fence.json") }
+// name is the record's file under /run/unbounded.
+const name = "fence.json"
 
-// maxSize bounds a read: the record is a few hundred bytes.
-const maxSize = 64 << 10
+// File is where the record lives.
+func File(p hostpaths.Paths) string { return state.RunRecordFile(p, name) }
 
 // Write replaces the record atomically (mode 0644: it holds no secret).
-func Write(p hostpaths.Paths, r Record) error {
-	if _, err := state.RunDir(p); err != nil {
-		return err
-	}
-	data, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	return state.WriteFileAtomic(File(p), append(data, '\n'), 0o644)
-}
+func Write(p hostpaths.Paths, r Record) error { return state.WriteRunRecord(p, name, r) }
 
 // Read returns the record, or nil when there is none (no check ran in this
 // boot). A record that does not decode is an error naming the file.
 func Read(p hostpaths.Paths) (*Record, error) {
-	data, err := regfile.Read(File(p), maxSize)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
 	var r Record
-	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, fmt.Errorf("%s: %w", File(p), err)
+	if ok, err := state.ReadRunRecord(p, name, &r); !ok {
+		return nil, err
 	}
 	switch r.Outcome {
 	case Allowed, Refused, NoAnswer, Interrupted:
