@@ -64,8 +64,6 @@ import (
 	"strings"
 	"time"
 
-	sddaemon "github.com/coreos/go-systemd/v22/daemon"
-
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/artifacts"
 	"unbounded-cloud.io/agent/lib/config"
@@ -80,6 +78,7 @@ import (
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
 	"unbounded-cloud.io/agent/lib/report"
+	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/units"
 	"unbounded-cloud.io/agent/lib/version"
@@ -236,23 +235,13 @@ func (b *Bootstrap) now() time.Time {
 	return time.Now()
 }
 
-func (b *Bootstrap) crash(name string) {
-	if b.CrashPoint != nil {
-		b.CrashPoint(name)
-		return
-	}
-	crashpoint.Hit(name)
-}
+func (b *Bootstrap) crash(name string) { crashpoint.Via(b.CrashPoint, name) }
 
 // status shows what bootstrap does now in `systemctl status` (STATUS=)
 // and in the journal.
 func (b *Bootstrap) status(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	b.log().Info(msg)
-	b.notifyOnly("STATUS=" + msg)
+	sdstatus.Show(b.log(), b.Notify, format, args...)
 }
-
-func notify(state string) { sddaemon.SdNotify(false, state) }
 
 func (b *Bootstrap) systemd(ctx context.Context) (units.Manager, error) {
 	if b.Systemd != nil {

@@ -24,6 +24,7 @@ import (
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/regfile"
+	"unbounded-cloud.io/agent/lib/sdstatus"
 )
 
 // KubeletHealthz is the kubelet's health endpoint as lib/modes/nodestack
@@ -166,13 +167,7 @@ type restarter interface {
 	Restart(ctx context.Context, slot string) error
 }
 
-func (b *Bootstrap) notifyOnly(state string) {
-	if b.Notify != nil {
-		b.Notify(state)
-		return
-	}
-	notify(state)
-}
+func (b *Bootstrap) notifyOnly(state string) { sdstatus.Notify(b.Notify, state) }
 
 func (b *Bootstrap) probe(cfg *config.Config, slot string) Probe {
 	var p Probe

@@ -40,3 +40,13 @@ func Hit(name string) {
 	time.Sleep(time.Second)
 	os.Exit(ExitCode)
 }
+
+// Via is the crash point name of an operation whose tests may replace Hit
+// with hook: hook(name) when hook is set, else Hit(name).
+func Via(hook func(name string), name string) {
+	if hook != nil {
+		hook(name)
+		return
+	}
+	Hit(name)
+}

@@ -72,7 +72,6 @@ import (
 	"strings"
 	"time"
 
-	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	corev1 "k8s.io/api/core/v1"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
@@ -86,6 +85,7 @@ import (
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/request"
+	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/units"
 	"unbounded-cloud.io/agent/lib/version"
@@ -229,22 +229,10 @@ func (r *Repave) now() time.Time {
 	return time.Now()
 }
 
-func (r *Repave) crash(name string) {
-	if r.CrashPoint != nil {
-		r.CrashPoint(name)
-		return
-	}
-	crashpoint.Hit(name)
-}
+func (r *Repave) crash(name string) { crashpoint.Via(r.CrashPoint, name) }
 
 func (r *Repave) status(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	r.log().Info(msg)
-	if r.Notify != nil {
-		r.Notify("STATUS=" + msg)
-		return
-	}
-	sddaemon.SdNotify(false, "STATUS="+msg)
+	sdstatus.Show(r.log(), r.Notify, format, args...)
 }
 
 func (r *Repave) systemd(ctx context.Context) (units.Manager, error) {

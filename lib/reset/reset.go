@@ -50,14 +50,13 @@ import (
 	"strings"
 	"time"
 
-	sddaemon "github.com/coreos/go-systemd/v22/daemon"
-
 	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/units"
 )
@@ -106,22 +105,10 @@ func (r *Reset) log() *slog.Logger {
 	return slog.Default()
 }
 
-func (r *Reset) crash(name string) {
-	if r.CrashPoint != nil {
-		r.CrashPoint(name)
-		return
-	}
-	crashpoint.Hit(name)
-}
+func (r *Reset) crash(name string) { crashpoint.Via(r.CrashPoint, name) }
 
 func (r *Reset) status(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	r.log().Info(msg)
-	if r.Notify != nil {
-		r.Notify("STATUS=" + msg)
-		return
-	}
-	sddaemon.SdNotify(false, "STATUS="+msg)
+	sdstatus.Show(r.log(), r.Notify, format, args...)
 }
 
 func (r *Reset) mode(name string) (modes.Mode, error) {
