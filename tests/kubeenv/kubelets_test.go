@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"k8s.io/client-go/util/retry"
 	"net"
 	"testing"
 	"time"
@@ -29,16 +30,26 @@ func TestKubeletServingCSRIsApprovedOnlyForTheNodesOwnAddresses(t *testing.T) {
 	c := env.Client()
 
 	node := UniqueName(t, "node")
-	n, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
+	_, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
-	n.Status.Addresses = []corev1.NodeAddress{
-		{Type: corev1.NodeHostName, Address: node},
-		{Type: corev1.NodeInternalIP, Address: "192.0.2.10"},
-	}
-	if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+	// The node lifecycle controller writes the new Node's status too
+	// (taints, conditions): retry on its conflicts with the latest copy.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Status.Addresses = []corev1.NodeAddress{
+			{Type: corev1.NodeHostName, Address: node},
+			{Type: corev1.NodeInternalIP, Address: "192.0.2.10"},
+		}
+		_, err = c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	asNode := func(user string) kubernetes.Interface {
