@@ -214,8 +214,11 @@ func (c *Check) Run(ctx context.Context) error {
 		log.Info("an installation owns the host; not checking the node", "owner", own.Owner)
 		return nil
 	}
+	// All of them are oneshots: one runs while "activating" (or stops
+	// while "deactivating"); "active" is one that has finished and
+	// remains (lifecycle's RemainAfterExit=yes, for the whole boot).
 	for _, u := range busyUnits {
-		if st, err := c.Units.ActiveState(ctx, u); err == nil && (st == "activating" || st == "active" || st == "deactivating") {
+		if st, err := c.Units.ActiveState(ctx, u); err == nil && (st == "activating" || st == "deactivating") {
 			log.Info("an operation on the node runs; not checking it", "unit", u, "state", st)
 			return nil
 		}

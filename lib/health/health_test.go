@@ -189,3 +189,27 @@ func TestHealthRetriesAFenceWithoutAnswerWithAGrowingDelayButNotAnExplicitRefusa
 		}
 	}
 }
+
+// A oneshot that runs (activating) holds the check back; one that has
+// finished and remains active (lifecycle's RemainAfterExit=yes, all boot
+// long) does not: health would otherwise never check a node again.
+func TestARunningOperationHoldsTheCheckBackAFinishedOneDoesNot(t *testing.T) {
+	h := newHost(t)
+	h.healthy = false
+	h.units.states["unbounded-lifecycle.service"] = "activating"
+	for range 3 {
+		if err := h.run(t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(h.units.started) != 0 {
+		t.Fatalf("health started %v while lifecycle runs; want nothing", h.units.started)
+	}
+	h.units.states["unbounded-lifecycle.service"] = "active"
+	for range 3 {
+		h.run(t)
+	}
+	if !slices.Contains(h.units.started, RestartUnit) {
+		t.Fatalf("health started %v with lifecycle finished (active, remaining); want %s after %d unhealthy checks", h.units.started, RestartUnit, 2)
+	}
+}
