@@ -42,11 +42,8 @@ type Query struct {
 // wrote to its stdout stream. `journalctl --sync` is the barrier journald
 // offers (it answers once what is queued has been processed); this bound
 // is the fallback for a journald that refuses it or a unit that printed
-// nothing. 2 s was too short on a loaded host (eight system tests on two
-// cores): journald read a failed one-shot's last line after the report
-// had gone without it. A report is not on the node's path, and one
-// without the unit's own words is worth less than one 10 s later.
-const journalOutputWait = 10 * time.Second
+// nothing, short enough not to delay the report of a failure noticeably.
+const journalOutputWait = 2 * time.Second
 
 // journalOutputPoll is the step of that wait.
 const journalOutputPoll = 100 * time.Millisecond
