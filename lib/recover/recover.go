@@ -364,7 +364,7 @@ func (r *Recovery) journal(ctx context.Context, log *slog.Logger, f Failure, st 
 	if read == nil {
 		read = unitjournal.Read
 	}
-	q := unitjournal.Query{Unit: f.Unit, Invocation: f.Invocation, StartedAt: st.StartedAt, Lines: JournalLines}
+	q := unitjournal.Query{Unit: f.Unit, Invocation: f.Invocation, StartedAt: st.StartedAt, PID: st.MainPID, Lines: JournalLines}
 	lines, err := read(ctx, q)
 	if err != nil {
 		log.Warn("cannot read the failed unit's journal", "error", err)

@@ -33,6 +33,12 @@ type Query struct {
 	Since time.Time
 	// Lines is how many of the last lines to return.
 	Lines int
+	// PID, when not 0, is the run's main process: its lines are the
+	// unit's too. journald attributes a line to its unit from the
+	// sender's cgroup, which a process that has exited by the time
+	// journald reads its last line has left (the line then has _PID and
+	// no _SYSTEMD_UNIT); _PID is the kernel's and always there.
+	PID int
 }
 
 // journalOutputWait bounds how long journalctl waits for a finished
@@ -55,7 +61,7 @@ func Read(ctx context.Context, q Query) ([]string, error) {
 	if !q.StartedAt.IsZero() {
 		// One run of the unit: every line about it or from it since it
 		// began (see JournalQuery.StartedAt), once its own output is in.
-		awaitUnitOutput(ctx, q.Unit, q.StartedAt)
+		awaitUnitOutput(ctx, q.Unit, q.PID, q.StartedAt)
 		q.Since, q.Invocation = q.StartedAt, ""
 	}
 	args := []string{"--no-pager", "-q", "-o", "cat"}
@@ -75,6 +81,9 @@ func Read(ctx context.Context, q Query) ([]string, error) {
 		// messages about the unit ("Failed with result ...") carry
 		// INVOCATION_ID. journalctl 252 has no --invocation.
 		args = append(args, "_SYSTEMD_INVOCATION_ID="+q.Invocation, "+", "INVOCATION_ID="+q.Invocation)
+	} else if q.PID > 0 {
+		// What -u matches for a system unit, or the run's main process.
+		args = append(args, "_SYSTEMD_UNIT="+q.Unit, "+", "UNIT="+q.Unit, "+", "OBJECT_SYSTEMD_UNIT="+q.Unit, "+", "_PID="+fmt.Sprint(q.PID))
 	} else {
 		args = append(args, "-u", q.Unit)
 	}
@@ -109,14 +118,17 @@ func journalTime(t time.Time) string {
 // processes wrote since since (_SYSTEMD_UNIT: systemd's lines about the
 // unit carry UNIT= instead), or after journalOutputWait. Errors are not
 // reported here: the read that follows reports its own.
-func awaitUnitOutput(ctx context.Context, unit string, since time.Time) {
+func awaitUnitOutput(ctx context.Context, unit string, pid int, since time.Time) {
 	// Best effort: without the privilege to ask, the poll below still
 	// bounds the wait.
 	_ = exec.CommandContext(ctx, "journalctl", "--sync").Run()
 	deadline := time.Now().Add(journalOutputWait)
 	for {
-		out, err := exec.CommandContext(ctx, "journalctl", "--no-pager", "-q", "-o", "cat", "-n", "1",
-			"--since", journalTime(since), "_SYSTEMD_UNIT="+unit).Output()
+		match := []string{"--no-pager", "-q", "-o", "cat", "-n", "1", "--since", journalTime(since), "_SYSTEMD_UNIT=" + unit}
+		if pid > 0 {
+			match = append(match, "+", "_PID="+fmt.Sprint(pid))
+		}
+		out, err := exec.CommandContext(ctx, "journalctl", match...).Output()
 		if err != nil || len(bytes.TrimSpace(out)) > 0 || !time.Now().Before(deadline) {
 			return
 		}

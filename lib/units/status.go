@@ -34,6 +34,9 @@ type Status struct {
 	// StartedAt is when the unit's last run began (InactiveExitTimestamp);
 	// zero when it has not run since it was loaded.
 	StartedAt time.Time
+	// MainPID is the last run's main process (ExecMainPID, kept after it
+	// exited); 0 when unknown.
+	MainPID int
 }
 
 // ReadStatus reads unit's Status over conn.
@@ -66,6 +69,9 @@ func ReadStatus(ctx context.Context, conn *sdbus.Conn, unit string) (Status, err
 		}
 		if v, ok := svc["ExecMainStatus"].(int32); ok {
 			st.ExecMainStatus = int(v)
+		}
+		if v, ok := svc["ExecMainPID"].(uint32); ok {
+			st.MainPID = int(v)
 		}
 	}
 	return st, nil
