@@ -89,10 +89,13 @@ func (m dbusManager) job(ctx context.Context, verb string, f jobFunc, unit strin
 	}
 	select {
 	case res := <-ch:
-		if res != "done" {
-			return fmt.Errorf("%s %s: job %s (see journalctl -u %s)", verb, unit, res, unit)
+		switch res {
+		case "done":
+			return nil
+		case "dependency":
+			return fmt.Errorf("%s %s: job dependency: a unit it requires did not start (see systemctl list-dependencies %s and journalctl -u %s)", verb, unit, unit, unit)
 		}
-		return nil
+		return fmt.Errorf("%s %s: job %s (see journalctl -u %s)", verb, unit, res, unit)
 	case <-ctx.Done():
 		return fmt.Errorf("%s %s: %w", verb, unit, ctx.Err())
 	}
