@@ -27,14 +27,21 @@ func main() { os.Exit(run(os.Args[1:])) }
 func run(args []string) int {
 	cmd := small.New("restart", "Soft reboot of the node stack in the active mode; never the host (unbounded-restart.service).")
 	timeout := cmd.Flags.Duration("timeout", restart.DefaultTimeout, "how long to wait for the node to be healthy after the restart")
+	settle := cmd.Flags.Duration("settle", restart.DefaultSettle, "how long the node must stay healthy, on every check, before the restart counts as done")
 	if code, done := cmd.Parse(args); done {
 		return code
 	}
 	if *timeout <= 0 {
 		return cmd.Usage("--timeout must be positive")
 	}
+	if *settle < 0 || *settle >= *timeout {
+		return cmd.Usage("--settle must be at least 0 and shorter than --timeout")
+	}
+	if *settle == 0 {
+		*settle = -1 // none; restart.Restart reads 0 as the default
+	}
 	return cmd.Run("it reads the agent's state and restarts units", func(ctx context.Context, sd units.Manager, log *slog.Logger) int {
-		r := &restart.Restart{Paths: cmd.Paths(), Timeout: *timeout, Units: sd, Log: log}
+		r := &restart.Restart{Paths: cmd.Paths(), Timeout: *timeout, Settle: *settle, Units: sd, Log: log}
 		if err := r.Run(ctx); err != nil {
 			if code := exitcode.For(err); code == exitcode.Deferred {
 				return code

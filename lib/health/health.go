@@ -127,21 +127,44 @@ func Problems(ctx context.Context, sd Units, healthz, node func(context.Context)
 	return out
 }
 
-// WaitHealthy polls Problems every interval until the node is healthy
-// (nil) or timeout passes (an error listing what is still wrong).
-func WaitHealthy(ctx context.Context, sd Units, healthz, node func(context.Context) error, mode, slot string, timeout, interval time.Duration) error {
+// WaitHealthy polls Problems every interval until the node has been
+// healthy on every check for settle (nil), or timeout passes (an error
+// listing what is still wrong). The settle window is what tells a node
+// that came back from one that only answered between two crashes: a
+// kubelet killed every half second still answers healthz now and then,
+// and the cluster keeps reporting its Node Ready for the node monitor's
+// grace period. settle 0 returns at the first healthy check.
+func WaitHealthy(ctx context.Context, sd Units, healthz, node func(context.Context) error, mode, slot string, timeout, settle, interval time.Duration) error {
 	deadline := time.Now().Add(timeout)
+	var healthySince time.Time
+	var last []string
 	for {
 		probs := Problems(ctx, sd, healthz, node, mode, slot)
+		now := time.Now()
 		if len(probs) == 0 {
-			return nil
+			if healthySince.IsZero() {
+				healthySince = now
+			}
+			if now.Sub(healthySince) >= settle {
+				return nil
+			}
+		} else {
+			healthySince, last = time.Time{}, probs
 		}
-		if time.Now().After(deadline) {
+		if now.After(deadline) {
+			if len(probs) == 0 {
+				return fmt.Errorf("not healthy within %s: healthy for %s only, not the %s it must hold; before that: %s",
+					timeout, now.Sub(healthySince).Round(time.Millisecond), settle, strings.Join(last, "; "))
+			}
 			return fmt.Errorf("not healthy within %s: %s", timeout, strings.Join(probs, "; "))
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("stopped while waiting for the node to be healthy (%s): %w", strings.Join(probs, "; "), ctx.Err())
+			what := strings.Join(probs, "; ")
+			if what == "" {
+				what = "healthy for " + now.Sub(healthySince).Round(time.Millisecond).String() + " of " + settle.String()
+			}
+			return fmt.Errorf("stopped while waiting for the node to be healthy (%s): %w", what, ctx.Err())
 		case <-time.After(interval):
 		}
 	}
@@ -279,7 +302,7 @@ func (c *Check) Run(ctx context.Context) error {
 		if interval <= 0 {
 			interval = 2 * time.Second
 		}
-		if err := WaitHealthy(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot, wait, interval); err == nil {
+		if err := WaitHealthy(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot, wait, 0, interval); err == nil {
 			probs = nil
 		} else {
 			probs = Problems(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -211,5 +212,39 @@ func TestARunningOperationHoldsTheCheckBackAFinishedOneDoesNot(t *testing.T) {
 	}
 	if !slices.Contains(h.units.started, RestartUnit) {
 		t.Fatalf("health started %v with lifecycle finished (active, remaining); want %s after %d unhealthy checks", h.units.started, RestartUnit, 2)
+	}
+}
+
+// A kubelet that answers now and then between crashes is not healthy: the
+// wait needs every check of the settle window to pass, and says so when
+// the timeout ends it.
+func TestWaitHealthyNeedsTheSettleWindowWithoutAFailedCheck(t *testing.T) {
+	u := &fakeUnits{states: map[string]string{"unbounded-containerd.service": "active", "unbounded-kubelet.service": "active"}}
+	n := 0
+	flapping := func(context.Context) error {
+		n++
+		if n%3 == 0 {
+			return errors.New("connection refused")
+		}
+		return nil
+	}
+	err := WaitHealthy(context.Background(), u, flapping, nil, "none", "kube1", 60*time.Millisecond, 20*time.Millisecond, time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "not healthy within") || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("flapping healthz: got %v, want a timeout naming the failed check", err)
+	}
+
+	calls := 0
+	steady := func(context.Context) error { calls++; return nil }
+	begin := time.Now()
+	if err := WaitHealthy(context.Background(), u, steady, nil, "none", "kube1", time.Second, 20*time.Millisecond, time.Millisecond); err != nil {
+		t.Fatalf("steady node: %v", err)
+	}
+	if took := time.Since(begin); took < 20*time.Millisecond || calls < 2 {
+		t.Errorf("returned after %v and %d checks: want the 20ms settle window, checked more than once", took, calls)
+	}
+
+	calls = 0
+	if err := WaitHealthy(context.Background(), u, steady, nil, "none", "kube1", time.Second, 0, time.Millisecond); err != nil || calls != 1 {
+		t.Errorf("settle 0: err %v after %d checks, want nil after 1", err, calls)
 	}
 }

@@ -13,7 +13,8 @@
 // running) so that the target is active again even if it had failed, and
 // waits, bounded, until the supervising units are active, the kubelet's
 // healthz answers ok and the cluster does not report the Node NotReady
-// (as the daemon's live watch records it, lib/health.NodeReady).
+// (as the daemon's live watch records it, lib/health.NodeReady), and all
+// of that has held on every check for DefaultSettle.
 //
 // It takes no ownership lock: the lock marks installations that resume
 // across reboots (bootstrap, reset, reprovision), and a restart interrupted
@@ -44,6 +45,15 @@ import (
 // does not come back.
 const DefaultTimeout = 5 * time.Minute
 
+// DefaultSettle is how long the node must stay healthy, on every check,
+// before the restart counts as done: a kubelet that dies again within
+// seconds of its start (a bad flag, a payload killed over and over)
+// answers healthz between two crashes, and the Node stays Ready in the
+// cluster for the node monitor's grace period (40 s). Five seconds of
+// checks with the supervising units active throughout catches the kubelet
+// restarting (Restart=always, RestartSec=2s) at least once.
+const DefaultSettle = 5 * time.Second
+
 // Units is the service manager as a restart uses it (lib/units.Manager).
 type Units interface {
 	softreboot.Units
@@ -60,6 +70,9 @@ var ErrNotBootstrapped = errors.New("the host is not bootstrapped: no node stack
 type Restart struct {
 	Paths   hostpaths.Paths
 	Timeout time.Duration
+	// Settle is how long the node must stay healthy; 0 means
+	// DefaultSettle, a negative value none.
+	Settle time.Duration
 	// PollInterval is the health wait's; 0 means 1 s.
 	PollInterval time.Duration
 	Units        Units
@@ -93,6 +106,12 @@ func (r *Restart) Run(ctx context.Context) error {
 	timeout := r.Timeout
 	if timeout <= 0 {
 		timeout = DefaultTimeout
+	}
+	settle := r.Settle
+	if settle == 0 {
+		settle = DefaultSettle
+	} else if settle < 0 {
+		settle = 0
 	}
 	interval := r.PollInterval
 	if interval <= 0 {
@@ -128,7 +147,7 @@ func (r *Restart) Run(ctx context.Context) error {
 		return fmt.Errorf("the node stack restarted, but %s did not start: %w", health.NodeTarget, err)
 	}
 	log.Info("node stack restarted; waiting for it to be healthy", "took", restarted.Round(time.Millisecond), "atMost", timeout)
-	if err := health.WaitHealthy(ctx, r.Units, healthz, nodeReady, active.Mode, active.Slot, timeout, interval); err != nil {
+	if err := health.WaitHealthy(ctx, r.Units, healthz, nodeReady, active.Mode, active.Slot, timeout, settle, interval); err != nil {
 		return fmt.Errorf("the node stack restarted in %s but is %w", restarted.Round(time.Millisecond), err)
 	}
 	log.Info("node stack healthy again", "restart", restarted.Round(time.Millisecond), "total", time.Since(begin).Round(time.Millisecond))

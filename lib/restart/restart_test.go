@@ -63,7 +63,7 @@ func newRestart(t *testing.T, mode string, u *fakeUnits) *Restart {
 	if err := state.WriteApplied(p, &state.AppliedConfig{Slot: "kube2", Mode: mode, Machine: "w1"}); err != nil {
 		t.Fatal(err)
 	}
-	return &Restart{Paths: p, Timeout: 50 * time.Millisecond, PollInterval: time.Millisecond, Units: u,
+	return &Restart{Paths: p, Timeout: 50 * time.Millisecond, Settle: 3 * time.Millisecond, PollInterval: time.Millisecond, Units: u,
 		Healthz: func(context.Context) error {
 			if u.healthy {
 				return nil

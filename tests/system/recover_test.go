@@ -164,6 +164,13 @@ ExecStart=/bin/sh -c 'if [ -e /run/test-retried ]; then exit 0; fi; touch /run/t
 		t.Logf("Recovered=%s %s: %s", c.Status, c.Reason, c.Message)
 		wantSays(t, "the Recovered condition", c.Message, u+" failed", "result exit-code", "exit status 1",
 			"the disk is on fire (exit 1)", "unbounded-daemon.service runs")
+		if !strings.Contains(c.Message, "the disk is on fire") {
+			// Where the line went: its fields as journald stored them.
+			out, err := f.m.Run("journalctl", "--no-pager", "-o", "verbose", "-g", "disk is on fire|step 1 done")
+			t.Logf("the failed unit's own lines in the journal (%v):\n%s", err, out)
+			out, _ = f.m.Run("systemctl", "show", "-p", "InactiveExitTimestamp,ExecMainPID,ExecMainStartTimestamp,InvocationID", u)
+			t.Logf("%s", out)
+		}
 		ev := recoveryEvents(t, f, u)
 		if len(ev) != 1 || ev[0].Type != corev1.EventTypeWarning || ev[0].Reason != "UnitFailed" {
 			t.Fatalf("recovery's Events about %s: %+v, want one Warning UnitFailed", u, ev)
