@@ -31,11 +31,15 @@ func run(args []string) int {
 	failures := fs.Int("failures", health.DefaultFailures, "consecutive unhealthy checks before a restart of the node stack")
 	maxRestarts := fs.Int("max-restarts", health.DefaultMaxRestarts, "restarts without a healthy check in between before giving up")
 	bootWait := fs.Duration("boot-wait", health.DefaultBootWait, "how long the first check of a boot waits for the node to become healthy")
+	settle := fs.Duration("settle", health.DefaultSettle, "how long the first check of a boot needs the node healthy on every check")
 	if code, done := cmd.Parse(args); done {
 		return code
 	}
-	if *failures < 1 || *maxRestarts < 0 || *bootWait < 0 {
-		return cmd.Usage("--failures must be at least 1, --max-restarts and --boot-wait not negative")
+	if *failures < 1 || *maxRestarts < 0 || *bootWait < 0 || *settle < 0 {
+		return cmd.Usage("--failures must be at least 1, --max-restarts, --boot-wait and --settle not negative")
+	}
+	if *settle == 0 {
+		*settle = -1 // none; health.Check reads 0 as the default
 	}
 	return cmd.Run("it reads the agent's state and starts units", func(ctx context.Context, sd units.Manager, log *slog.Logger) int {
 		c := &health.Check{
@@ -43,6 +47,7 @@ func run(args []string) int {
 			Failures:    *failures,
 			MaxRestarts: *maxRestarts,
 			BootWait:    *bootWait,
+			Settle:      *settle,
 			Units:       sd,
 			Log:         log,
 		}

@@ -70,6 +70,15 @@ const (
 	// DefaultBootWait bounds the first run of a boot: the node stack
 	// starts in about a minute (nspawn machine boot, kubelet).
 	DefaultBootWait = 4 * time.Minute
+	// DefaultSettle is how long a node must stay healthy, on every check,
+	// before a wait for it (the first check of a boot, a restart) counts
+	// it healthy: a kubelet that dies again within seconds of its start
+	// (a bad flag, a payload killed over and over) answers healthz
+	// between two crashes, and the cluster keeps its Node Ready for the
+	// node monitor's grace period (40 s). Five seconds of checks with the
+	// supervising units active throughout see such a kubelet restart
+	// (Restart=always, RestartSec=2s) at least once.
+	DefaultSettle = 5 * time.Second
 	// FirstFenceRetry and MaxFenceRetry: the delay between node starts
 	// after a fence that got no answer doubles from the first to the
 	// cap. The cap is the issue's: a cluster back after an outage is
@@ -177,6 +186,9 @@ type Check struct {
 	Failures    int
 	MaxRestarts int
 	BootWait    time.Duration
+	// Settle is how long the first check of a boot needs the node healthy
+	// on every check; 0 means DefaultSettle, a negative value none.
+	Settle time.Duration
 	// PollInterval is the boot wait's poll; 0 means 2 s.
 	PollInterval time.Duration
 
@@ -296,16 +308,26 @@ func (c *Check) Run(ctx context.Context) error {
 		wait = DefaultBootWait
 	}
 	probs := Problems(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot)
-	if len(probs) > 0 && !st.BootChecked {
-		log.Info("first check of this boot: waiting for the node to become healthy", "atMost", wait, "problems", strings.Join(probs, "; "))
+	if !st.BootChecked {
+		// The boot's verdict (boot-complete.target waits for it): healthy
+		// means healthy for the settle window, not one lucky answer.
+		settle := c.Settle
+		if settle == 0 {
+			settle = DefaultSettle
+		}
+		settle = min(max(settle, 0), wait)
+		if len(probs) > 0 {
+			log.Info("first check of this boot: waiting for the node to become healthy", "atMost", wait, "problems", strings.Join(probs, "; "))
+		}
 		interval := c.PollInterval
 		if interval <= 0 {
 			interval = 2 * time.Second
 		}
-		if err := WaitHealthy(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot, wait, 0, interval); err == nil {
+		if err := WaitHealthy(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot, wait, settle, interval); err == nil {
 			probs = nil
-		} else {
-			probs = Problems(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot)
+		} else if probs = Problems(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot); len(probs) == 0 {
+			// Healthy right now, but not for the whole window.
+			probs = []string{err.Error()}
 		}
 	}
 	if len(probs) == 0 {

@@ -55,7 +55,7 @@ func newHost(t *testing.T) *host {
 }
 
 func (h *host) check() *Check {
-	return &Check{Paths: h.p, Failures: 2, MaxRestarts: 1, BootWait: time.Millisecond, PollInterval: time.Millisecond,
+	return &Check{Paths: h.p, Failures: 2, MaxRestarts: 1, BootWait: time.Millisecond, Settle: -1, PollInterval: time.Millisecond,
 		Units: h.units, Now: func() time.Time { return h.now },
 		Healthz: func(context.Context) error {
 			if h.healthy {
@@ -146,6 +146,38 @@ func TestHealthFirstCheckOfABootFailsForANodeThatIsNotUp(t *testing.T) {
 	}
 	if err := h.run(t); err != nil {
 		t.Fatalf("second check: %v, want quiet (counting)", err)
+	}
+}
+
+// The boot's verdict needs the settle window: a kubelet that answers
+// healthz between two crashes, and happens to answer the first check, is
+// a bad boot; a steady one passes once the window is over.
+func TestHealthFirstCheckOfABootNeedsTheNodeSteadyForTheSettleWindow(t *testing.T) {
+	h := newHost(t)
+	c := h.check()
+	c.BootWait, c.Settle = 80*time.Millisecond, 30*time.Millisecond
+	n := 0
+	c.Healthz = func(context.Context) error {
+		n++
+		if n%4 == 0 {
+			return errors.New("connection refused")
+		}
+		return nil
+	}
+	err := c.Run(context.Background())
+	if err == nil || errors.Is(err, ErrGaveUp) {
+		t.Fatalf("first check of the boot with a kubelet that keeps dying: %v, want the boot's failure", err)
+	}
+
+	h = newHost(t)
+	c = h.check()
+	c.BootWait, c.Settle = time.Second, 30*time.Millisecond
+	begin := time.Now()
+	if err := c.Run(context.Background()); err != nil {
+		t.Fatalf("first check of the boot with a steady node: %v", err)
+	}
+	if took := time.Since(begin); took < 30*time.Millisecond {
+		t.Errorf("the first check passed after %v, before the 30ms settle window", took)
 	}
 }
 

@@ -46,13 +46,8 @@ import (
 const DefaultTimeout = 5 * time.Minute
 
 // DefaultSettle is how long the node must stay healthy, on every check,
-// before the restart counts as done: a kubelet that dies again within
-// seconds of its start (a bad flag, a payload killed over and over)
-// answers healthz between two crashes, and the Node stays Ready in the
-// cluster for the node monitor's grace period (40 s). Five seconds of
-// checks with the supervising units active throughout catches the kubelet
-// restarting (Restart=always, RestartSec=2s) at least once.
-const DefaultSettle = 5 * time.Second
+// before the restart counts as done (health.DefaultSettle explains why).
+const DefaultSettle = health.DefaultSettle
 
 // Units is the service manager as a restart uses it (lib/units.Manager).
 type Units interface {
