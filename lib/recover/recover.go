@@ -210,6 +210,9 @@ type Host struct {
 	Report func(ctx context.Context, r Report) error
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
+	// Crash is called at each crash point; nil is lib/crashpoint.Hit
+	// (UNBOUNDED_CRASHPOINT).
+	Crash func(name string)
 }
 
 func (h Host) now() time.Time {
@@ -452,7 +455,11 @@ func (r *Recovery) repair(ctx context.Context, log *slog.Logger, sd Systemd, too
 	// installation that starts at the same moment (a rerun of bootstrap
 	// after its crash) would otherwise find the host owned by recovery
 	// and defer (69).
-	d := r.checkDaemon(ctx, log, sd, &o)
+	note, moved := r.retireStale(ctx, log, sd, &o)
+	if o.owned || len(o.problems) > 0 {
+		return o
+	}
+	d := r.checkDaemon(ctx, log, sd, &o, note)
 	if d.unmask {
 		lock, err := state.AcquireOwnership(p, Owner, "unbounded-recover@"+r.Failure.Unit+".service")
 		if errors.Is(err, state.ErrOwned) {
@@ -492,6 +499,18 @@ func (r *Recovery) repair(ctx context.Context, log *slog.Logger, sd Systemd, too
 			o.did("The generator had not pulled %s in: reloaded, it does now", DaemonUnit)
 		}
 	}
+	if moved && d.start {
+		// At boot the generator held the node back while the state was
+		// unusable (a move that an earlier recovery did not finish):
+		// start it, behind its fence, now that the reload pulls it in.
+		if st, err := sd.ActiveState(ctx, generator.NodeTarget); err == nil && st != "active" && st != "activating" {
+			if err := sd.EnqueueStart(ctx, generator.NodeTarget); err != nil {
+				o.cannot("start %s: %v", generator.NodeTarget, err)
+			} else {
+				o.did("%s was %s: started it (behind the allocation fence)", generator.NodeTarget, st)
+			}
+		}
+	}
 	startDaemon := d.start
 	if startDaemon {
 		r.startDaemon(ctx, sd, &o)
@@ -520,13 +539,19 @@ type daemonRepair struct {
 
 // checkDaemon verifies what the daemon needs, from the current applied
 // config, and says what to repair. It changes nothing.
-func (r *Recovery) checkDaemon(ctx context.Context, log *slog.Logger, sd Systemd, o *outcome) daemonRepair {
+// note, when not empty, says why the two applied configs of the host were
+// left alone (retireStale).
+func (r *Recovery) checkDaemon(ctx context.Context, log *slog.Logger, sd Systemd, o *outcome, note string) daemonRepair {
 	p := r.Paths
 	var d daemonRepair
 	active, err := state.ReadActive(p)
 	if err != nil {
 		msg := fmt.Sprintf("the applied state is not usable (%v), and the daemon reads it too, so it is not started", err)
-		if slot, units, ok := r.runningSlot(ctx, sd); ok {
+		if note != "" {
+			o.cannot("%s: %s", rel(p, msg), rel(p, note))
+			return d
+		}
+		if slot, units, n := r.runningSlot(ctx, sd); n == 1 {
 			msg += fmt.Sprintf("; the node that runs is slot %s (%s active)", slot, strings.Join(units, ", "))
 		}
 		o.cannot("%s: unbounded-lifecycle.service finishes or rolls back an interrupted repave at the next boot; otherwise remove the record that does not describe the running node", rel(p, msg))
@@ -603,9 +628,8 @@ func (r *Recovery) generatorWantsDaemon() bool {
 
 // runningSlot asks the modes which node runs when the applied state does
 // not say: the slot with a record whose supervising units are all active.
-// ok is false unless exactly one slot qualifies.
-func (r *Recovery) runningSlot(ctx context.Context, sd Systemd) (slot string, units []string, ok bool) {
-	n := 0
+// n is how many slots qualify; slot and units are the last one's.
+func (r *Recovery) runningSlot(ctx context.Context, sd Systemd) (slot string, units []string, n int) {
 	for _, s := range hostpaths.Slots {
 		a, err := state.ReadApplied(r.Paths, s)
 		if err != nil {
@@ -622,7 +646,7 @@ func (r *Recovery) runningSlot(ctx context.Context, sd Systemd) (slot string, un
 			slot, units = s, us
 		}
 	}
-	return slot, units, n == 1
+	return slot, units, n
 }
 
 // startDaemon starts the daemon when it does not run: a failed one is

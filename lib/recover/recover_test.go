@@ -137,7 +137,11 @@ func newHost(t *testing.T) *host {
 
 func (h *host) run(t *testing.T, f Failure) error {
 	t.Helper()
-	r := &Recovery{
+	return h.recovery(f).Run(context.Background())
+}
+
+func (h *host) recovery(f Failure) *Recovery {
+	return &Recovery{
 		Paths:   h.p,
 		Failure: f,
 		Host: Host{
@@ -150,7 +154,6 @@ func (h *host) run(t *testing.T, f Failure) error {
 		},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
-	return r.Run(context.Background())
 }
 
 func exited(unit string, status int) Failure {
@@ -324,25 +327,6 @@ func TestAUnitFailingInALoopIsRecoveredAtMostBurstTimesPerWindow(t *testing.T) {
 	}
 	if len(h.reports) != n+1 || h.reports[n].Reason != ReasonUnitFailed {
 		t.Errorf("after the window: %+v", h.reports[n:])
-	}
-}
-
-func TestTwoAppliedConfigsAreResolvedByTheRunningSlotAndTheDaemonIsNotStarted(t *testing.T) {
-	h := newHost(t)
-	if err := state.WriteApplied(h.p, &state.AppliedConfig{Slot: "kube2", Mode: "nspawn", Machine: "m1"}); err != nil {
-		t.Fatal(err)
-	}
-	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "failed"}
-	h.sd.units["systemd-nspawn@kube2.service"] = UnitStatus{LoadState: "loaded", ActiveState: "active"}
-	err := h.run(t, exited("unbounded-daemon.service", 1))
-	if !errors.Is(err, ErrUnrepaired) {
-		t.Fatalf("Run: %v", err)
-	}
-	if h.sd.called("start " + DaemonUnit) {
-		t.Errorf("calls %v", h.sd.calls)
-	}
-	if len(h.reports) != 1 || !strings.Contains(h.reports[0].Message, "slot kube2 (systemd-nspawn@kube2.service active)") {
-		t.Errorf("reports %+v", h.reports)
 	}
 }
 
