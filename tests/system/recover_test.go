@@ -2,8 +2,10 @@ package system_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
 )
 
 // Recovery on a bootstrapped host (the first-boot fixture, nspawn): agent
@@ -108,6 +111,7 @@ func TestRecoveryReportsAFailedOneShotAndRepairsTheDaemon(t *testing.T) {
 		"unbounded-test-masked.service":   1,
 		"unbounded-test-nobinary.service": 1,
 		"unbounded-test-flapping.service": 1,
+		"unbounded-test-stale.service":    1,
 	}
 	for u, code := range units {
 		f.m.WriteFile("/etc/systemd/system/"+u, testOneShot(code), 0o644)
@@ -320,6 +324,104 @@ ExecStart=/bin/sh -c 'if [ -e /run/test-retried ]; then exit 0; fi; touch /run/t
 		if n := strings.Count(j, "Recovery held back: 3 recoveries of "+u); n != 2 {
 			t.Errorf("recovery said it held back %d times, want 2:\n%s", n, j)
 		}
+	})
+
+	// Both slots have a valid applied record and no journal says which
+	// runs (a record restored by hand, say): the daemon cannot read its
+	// config. Recovery asks the mode which node runs and moves the other
+	// record aside, then starts the daemon.
+	t.Run("TwoAppliedConfigsTheRecordOfTheSlotThatDoesNotRunIsMovedAside", func(t *testing.T) {
+		active, err := state.ReadActive(f.paths)
+		if err != nil || active == nil {
+			t.Fatalf("the active record: %+v %v", active, err)
+		}
+		other := "kube2"
+		if active.Slot == other {
+			other = "kube1"
+		}
+		// Health reads the applied state every 30 s; its failure would
+		// start a recovery of its own that races this one (the same move,
+		// reported under another unit). Held off for the subtest.
+		for _, u := range []string{"unbounded-health.timer", "unbounded-health.service"} {
+			if out, err := f.m.Systemctl("stop", u); err != nil {
+				t.Fatalf("stop %s: %v %s", u, err, out)
+			}
+		}
+		defer f.m.Systemctl("start", "unbounded-health.timer")
+		if out, err := f.m.Systemctl("stop", "unbounded-daemon.service"); err != nil {
+			t.Fatalf("stop the daemon: %v %s", err, out)
+		}
+		// The active record's JSON with the other slot's name, and a
+		// sidecar in sha256sum's format, as lib/state writes them.
+		data, err := os.ReadFile(f.paths.AppliedConfig(active.Slot))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec map[string]any
+		if err := json.Unmarshal(data, &rec); err != nil {
+			t.Fatal(err)
+		}
+		rec["slot"] = other
+		data, err = json.MarshalIndent(rec, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		data = append(data, '\n')
+		file := f.paths.AppliedConfig(other)
+		if err := os.WriteFile(file, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(hostpaths.Checksum(file), state.ChecksumLine(data, filepath.Base(file)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := state.ReadActive(f.paths); err == nil {
+			t.Fatalf("two valid records read as one active config: the scenario is not set up")
+		}
+		if out, err := f.m.Run("unbounded", "status"); err == nil {
+			t.Logf("unbounded status with two records succeeded:\n%s", out)
+		}
+		u := "unbounded-test-stale.service"
+		p := failAndRecover(t, f, u)
+		if p["Result"] != "success" {
+			t.Errorf("recovery: %v\n%s", p, f.m.Journal(recoverOf(u)))
+		}
+		stale := filepath.Join(f.paths.HostRoot(), "recover", "stale")
+		moved, _ := filepath.Glob(filepath.Join(stale, filepath.Base(file)+".*"))
+		if len(moved) != 2 || !strings.HasSuffix(moved[1], ".sha256") || moved[1] != hostpaths.Checksum(moved[0]) {
+			t.Fatalf("the stale directory holds %v, want %s's record and its sidecar\n%s", moved, other, f.m.Journal(recoverOf(u)))
+		}
+		if got, err := os.ReadFile(moved[0]); err != nil || string(got) != string(data) {
+			t.Errorf("the moved record is not the one written (%v)", err)
+		}
+		if fi, err := os.Stat(stale); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Errorf("%s: %v %v, want mode 0700", f.paths.Rel(stale), fi.Mode(), err)
+		}
+		for _, gone := range []string{file, hostpaths.Checksum(file)} {
+			if _, err := os.Lstat(gone); !os.IsNotExist(err) {
+				t.Errorf("%s is still there (%v)", f.paths.Rel(gone), err)
+			}
+		}
+		if a, err := state.ReadActive(f.paths); err != nil || a == nil || a.Slot != active.Slot {
+			t.Errorf("the applied state after recovery: %+v %v, want %s's", a, err, active.Slot)
+		}
+		if out, err := f.m.Run("unbounded", "status"); err != nil || !strings.Contains(out, active.Slot) {
+			t.Errorf("unbounded status after recovery: %v\n%s", err, out)
+		}
+		if a := isActive(f.m, "unbounded-daemon.service"); a != "active" {
+			t.Errorf("the daemon is %s after recovery, want active\n%s", a, f.m.Journal(recoverOf(u)))
+		}
+		c := recovered(t, f)
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != "UnitFailed" {
+			t.Fatalf("Recovered = %+v, want True UnitFailed", c)
+		}
+		t.Logf("Recovered=%s %s: %s", c.Status, c.Reason, c.Message)
+		wantSays(t, "the Recovered condition", c.Message, u+" failed",
+			fmt.Sprintf("%s's node runs (systemd-nspawn@%s.service active)", active.Slot, active.Slot),
+			fmt.Sprintf("%s's record did not describe a running node", other),
+			fmt.Sprintf("moved %s and its sidecar to %s", hostpaths.New("").AppliedConfig(other), f.paths.Rel(moved[0])),
+			"unbounded-daemon.service was inactive: started it")
+		wantSays(t, "recovery's journal", f.m.Journal(recoverOf(u)), "moved a stale applied record aside")
+		assertNoSandboxDenials(t, f.m, recoverOf(u))
 	})
 
 	if _, err := os.Stat(f.paths.Ownership()); !os.IsNotExist(err) {
