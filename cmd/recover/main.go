@@ -36,7 +36,7 @@ func Main(args []string) int {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	var c cli
-	paths, code, done := concern.Start("recover", "Recover from the failure of an agent unit: report it on the Machine (condition Recovered and an Event with the unit's result and last journal lines) and repair the daemon from the current applied config. Exits 77, 78, 69 and a 75 the unit retries are not failures and are left alone. At most 3 recoveries per unit per hour. Exit 0: done, nothing to do, or held back; 1: something could not be repaired; 69: an installation owns the host.", &c, args, stdout, stderr)
+	paths, code, done := concern.Start("recover", "Recover from the failure of an agent unit: report it on the Machine (condition Recovered and an Event with the unit's result and last journal lines) and repair the daemon from the current applied config (with two applied configs and exactly one slot's node running, the other record is moved aside to /var/lib/unbounded/recover/stale). Exits 77, 78, 69 and a 75 the unit retries are not failures and are left alone. At most 3 recoveries per unit per hour. Exit 0: done, nothing to do, or held back; 1: something could not be repaired; 69: an installation owns the host.", &c, args, stdout, stderr)
 	if done {
 		return code
 	}

@@ -21,9 +21,15 @@
 //     touched: that installation resumes or finishes the host itself,
 //     and recovery only reports. Otherwise recovery repairs the daemon
 //     from the current applied config (the active slot's record, never
-//     the bootstrap input, which may name a slot a repave has retired):
-//     its executable and unit file are verified, a mask removed, the
-//     generator's link checked (a reload re-runs the generator; a daemon
+//     the bootstrap input, which may name a slot a repave has retired).
+//     A host with two valid applied configs and no journal that says
+//     which runs (stale.go) is first brought back to one: when the mode
+//     says exactly one slot's node runs, the other record and its sidecar
+//     are moved aside to /var/lib/unbounded/recover/stale under the
+//     installation lock; with a repave journal the repave decides, and
+//     with no node or both running recovery only says what it found.
+//     Then the daemon's executable and unit file are verified, a mask
+//     removed, the generator's link checked (a reload re-runs the generator; a daemon
 //     the generator holds back is not started), and the daemon started if
 //     it does not run. The installation lock (lib/state AcquireOwnership)
 //     is held only around what changes the host (unmask, daemon-reload)
