@@ -160,6 +160,14 @@ func (r *Recovery) planRetirement(ctx context.Context, sd Systemd) (rt retiremen
 		which := "no slot's node runs"
 		if n > 1 {
 			which = "both slots' nodes run"
+			a1, _ := state.ReadApplied(p, hostpaths.Slots[0])
+			a2, _ := state.ReadApplied(p, hostpaths.Slots[1])
+			if a1 != nil && a2 != nil && a1.Mode == "none" && a2.Mode == "none" {
+				// The none mode's slots are one set of units: that they
+				// run says nothing about which record describes them.
+				which = "in mode none both slots' records name the same units, which run"
+				seen = seen[:len(seen)/2]
+			}
 		}
 		rt.note = fmt.Sprintf("%s (%s), so recovery cannot tell which record describes the node: unbounded-lifecycle.service finishes or rolls back an interrupted repave at the next boot; otherwise remove the record that does not describe the node that should run", which, strings.Join(seen, ", "))
 		return rt, true

@@ -161,6 +161,19 @@ func TestTwoAppliedConfigsAreLeftAloneUnlessExactlyOneNodeRuns(t *testing.T) {
 		twoRecords(t, h, "kube1", "kube2")
 		refused(t, h, "both slots' nodes run (systemd-nspawn@kube1.service active, systemd-nspawn@kube2.service active)")
 	})
+	t.Run("mode none", func(t *testing.T) {
+		h := newHost(t)
+		for _, s := range hostpaths.Slots {
+			if err := state.WriteApplied(h.p, &state.AppliedConfig{Slot: s, Mode: "none", Machine: "m1"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "failed"}
+		for _, u := range generator.SupervisingUnits("none", "kube1") {
+			h.sd.units[u] = UnitStatus{LoadState: "loaded", ActiveState: "active"}
+		}
+		refused(t, h, "in mode none both slots' records name the same units, which run (unbounded-containerd.service active, unbounded-kubelet.service active)")
+	})
 }
 
 func TestARecordWhoseChecksumDoesNotMatchIsNotMovedAside(t *testing.T) {
