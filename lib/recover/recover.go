@@ -461,7 +461,7 @@ func (r *Recovery) repair(ctx context.Context, log *slog.Logger, sd Systemd, too
 	// installation that starts at the same moment (a rerun of bootstrap
 	// after its crash) would otherwise find the host owned by recovery
 	// and defer (69).
-	note, moved := r.retireStale(ctx, log, sd, &o)
+	note, startNode := r.retireStale(ctx, log, sd, &o)
 	if o.owned || len(o.problems) > 0 {
 		return o
 	}
@@ -505,16 +505,15 @@ func (r *Recovery) repair(ctx context.Context, log *slog.Logger, sd Systemd, too
 			o.did("The generator had not pulled %s in: reloaded, it does now", DaemonUnit)
 		}
 	}
-	if moved && d.start {
-		// At boot the generator held the node back while the state was
+	if startNode && d.start {
+		// The generator held the node back at boot while the state was
 		// unusable (a move that an earlier recovery did not finish):
 		// start it, behind its fence, now that the reload pulls it in.
-		if st, err := sd.ActiveState(ctx, generator.NodeTarget); err == nil && st != "active" && st != "activating" {
-			if err := sd.EnqueueStart(ctx, generator.NodeTarget); err != nil {
-				o.cannot("start %s: %v", generator.NodeTarget, err)
-			} else {
-				o.did("%s was %s: started it (behind the allocation fence)", generator.NodeTarget, st)
-			}
+		// A start of an active target still starts what it requires.
+		if err := sd.EnqueueStart(ctx, generator.NodeTarget); err != nil {
+			o.cannot("start %s: %v", generator.NodeTarget, err)
+		} else {
+			o.did("The node of the remaining record did not run: started %s (behind the allocation fence)", generator.NodeTarget)
 		}
 	}
 	startDaemon := d.start

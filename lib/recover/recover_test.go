@@ -23,9 +23,17 @@ type fakeSystemd struct {
 	units   map[string]UnitStatus
 	calls   []string
 	startFn func(unit string) error
+	// reloadFn runs at each daemon-reload (the generator's output).
+	reloadFn func()
 }
 
-func (f *fakeSystemd) Reload(context.Context) error { f.calls = append(f.calls, "reload"); return nil }
+func (f *fakeSystemd) Reload(context.Context) error {
+	f.calls = append(f.calls, "reload")
+	if f.reloadFn != nil {
+		f.reloadFn()
+	}
+	return nil
+}
 func (f *fakeSystemd) StartUnit(_ context.Context, u string) error {
 	f.calls = append(f.calls, "start "+u)
 	if f.startFn != nil {

@@ -222,8 +222,9 @@ func halfMoved(p hostpaths.Paths, slot string) string {
 // retireStale moves the record of a slot whose node does not run aside
 // when the host has two (see the comment at the top of this file). It
 // returns the note for the message of an unusable state when it moves
-// nothing, and moved when it did.
-func (r *Recovery) retireStale(ctx context.Context, log *slog.Logger, sd Systemd, o *outcome) (note string, moved bool) {
+// nothing; startNode when it moved a record and the node of the one that
+// remains does not run (the generator held it back at boot).
+func (r *Recovery) retireStale(ctx context.Context, log *slog.Logger, sd Systemd, o *outcome) (note string, startNode bool) {
 	p := r.Paths
 	rt, ok := r.planRetirement(ctx, sd)
 	if !ok || rt.slot == "" {
@@ -265,7 +266,19 @@ func (r *Recovery) retireStale(ctx context.Context, log *slog.Logger, sd Systemd
 			rt.keep, strings.Join(rt.running, ", "), rt.slot, strings.Join(rt.others, ", "), p.Rel(rec), p.Rel(dest), p.Rel(hostpaths.Checksum(dest)))
 	}
 	log.Info("recovery: moved a stale applied record aside", "slot", rt.slot, "to", p.Rel(dest), "kept", rt.keep)
-	return "", true
+	if len(rt.running) > 0 {
+		return "", false
+	}
+	a, err := state.ReadApplied(p, rt.keep)
+	if err != nil {
+		return "", false
+	}
+	for _, u := range generator.SupervisingUnits(a.Mode, a.Slot) {
+		if st, err := sd.ActiveState(ctx, u); err != nil || st != "active" {
+			return "", true
+		}
+	}
+	return "", false
 }
 
 // moveAside does the two renames (sidecar, then record) into StaleDir,

@@ -245,7 +245,18 @@ func TestARecoveryKilledBetweenTheTwoRenamesIsFinishedByTheNext(t *testing.T) {
 	// The next boot: the generator held the node back (recovery's
 	// record), so nothing runs, and it pulls in recovery.
 	h.sd.units["systemd-nspawn@kube2.service"] = UnitStatus{LoadState: "loaded", ActiveState: "inactive"}
-	h.sd.units[generator.NodeTarget] = UnitStatus{LoadState: "loaded", ActiveState: "inactive"}
+	// The generator wrote its safe state: no link to the daemon; a
+	// reload runs it again, and it links the daemon once the state reads
+	// sound.
+	link := h.p.Join("/run/systemd/generator/multi-user.target.wants/" + DaemonUnit)
+	if err := os.Remove(link); err != nil {
+		t.Fatal(err)
+	}
+	h.sd.reloadFn = func() {
+		if a, err := state.ReadActive(h.p); err == nil && a != nil {
+			os.Symlink("/usr/lib/systemd/system/"+DaemonUnit, link)
+		}
+	}
 	if err := h.run(t, Failure{Unit: GeneratorInstance}); err != nil {
 		t.Fatalf("the next recovery: %v (reports %+v)", err, h.reports)
 	}
@@ -257,10 +268,22 @@ func TestARecoveryKilledBetweenTheTwoRenamesIsFinishedByTheNext(t *testing.T) {
 	if a, err := state.ReadActive(h.p); err != nil || a.Slot != "kube2" {
 		t.Errorf("ReadActive: %+v %v", a, err)
 	}
-	for _, c := range []string{"enqueue " + generator.NodeTarget, "start " + DaemonUnit} {
-		if !h.sd.called(c) {
-			t.Errorf("calls %v: want %q", h.sd.calls, c)
+	// The interrupted recovery's record is taken over (a reload, a start
+	// of the node target that still has nothing to start); once the move
+	// is finished another reload pulls the node in, and its target is
+	// started again.
+	last := func(c string) int {
+		n := -1
+		for i, x := range h.sd.calls {
+			if x == c {
+				n = i
+			}
 		}
+		return n
+	}
+	if r, e, d := last("reload"), last("enqueue "+generator.NodeTarget), last("start "+DaemonUnit); r < 0 || e < r || d < 0 ||
+		strings.Count(strings.Join(h.sd.calls, ","), "enqueue "+generator.NodeTarget) != 2 {
+		t.Errorf("calls %v: want the node target started after the reload that follows the move, and the daemon started", h.sd.calls)
 	}
 	if _, err := os.Stat(h.p.Ownership()); !os.IsNotExist(err) {
 		t.Errorf("ownership record: %v", err)
