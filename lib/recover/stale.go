@@ -304,9 +304,14 @@ func (r *Recovery) moveAside(rt retirement) (string, error) {
 	if rt.sidecar != "" {
 		dest = strings.TrimSuffix(rt.sidecar, ".sha256")
 	} else {
-		dest = filepath.Join(dir, filepath.Base(rec)+"."+r.Host.now().UTC().Format(staleTimeFormat))
-		if exists(dest) || exists(hostpaths.Checksum(dest)) {
-			return "", fmt.Errorf("%s exists already", p.Rel(dest))
+		base := filepath.Join(dir, filepath.Base(rec)+"."+r.Host.now().UTC().Format(staleTimeFormat))
+		dest = base
+		// A record moved aside within the same second already: -2, -3...
+		for n := 2; exists(dest) || exists(hostpaths.Checksum(dest)); n++ {
+			if n > 100 {
+				return "", fmt.Errorf("%s and 99 more names exist already", p.Rel(base))
+			}
+			dest = fmt.Sprintf("%s-%d", base, n)
 		}
 		if err := renameDurable(hostpaths.Checksum(rec), hostpaths.Checksum(dest)); err != nil {
 			return "", err

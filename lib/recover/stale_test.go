@@ -107,6 +107,17 @@ func TestTwoAppliedConfigsTheRecordOfTheSlotThatDoesNotRunIsMovedAsideAndTheDaem
 	if _, err := os.Stat(h.p.Ownership()); !os.IsNotExist(err) {
 		t.Errorf("the lock was not released: %v", err)
 	}
+	// The same again within the same second: a name of its own, nothing
+	// moved over the first.
+	if err := state.WriteApplied(h.p, &state.AppliedConfig{Slot: "kube1", Mode: "nspawn", Machine: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.run(t, exited("unbounded-test.service", 1)); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, stale := recordFiles(t, h.p); strings.Join(stale, " ") != want+" "+want+"-2 "+want+"-2.sha256 "+want+".sha256" {
+		t.Errorf("stale directory after a second move in the same second: %v", stale)
+	}
 }
 
 // refused runs recovery on h and checks that it repaired nothing: not
