@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -112,6 +113,8 @@ func TestRecoveryReportsAFailedOneShotAndRepairsTheDaemon(t *testing.T) {
 		"unbounded-test-nobinary.service": 1,
 		"unbounded-test-flapping.service": 1,
 		"unbounded-test-stale.service":    1,
+		"unbounded-test-crash.service":    1,
+		"unbounded-test-resume.service":   1,
 	}
 	for u, code := range units {
 		f.m.WriteFile("/etc/systemd/system/"+u, testOneShot(code), 0o644)
@@ -353,27 +356,32 @@ ExecStart=/bin/sh -c 'if [ -e /run/test-retried ]; then exit 0; fi; touch /run/t
 		}
 		// The active record's JSON with the other slot's name, and a
 		// sidecar in sha256sum's format, as lib/state writes them.
-		data, err := os.ReadFile(f.paths.AppliedConfig(active.Slot))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var rec map[string]any
-		if err := json.Unmarshal(data, &rec); err != nil {
-			t.Fatal(err)
-		}
-		rec["slot"] = other
-		data, err = json.MarshalIndent(rec, "", "  ")
-		if err != nil {
-			t.Fatal(err)
-		}
-		data = append(data, '\n')
 		file := f.paths.AppliedConfig(other)
-		if err := os.WriteFile(file, data, 0o600); err != nil {
-			t.Fatal(err)
+		secondRecord := func(note string) []byte {
+			data, err := os.ReadFile(f.paths.AppliedConfig(active.Slot))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rec map[string]any
+			if err := json.Unmarshal(data, &rec); err != nil {
+				t.Fatal(err)
+			}
+			rec["slot"] = other
+			rec["agent-version"] = note
+			data, err = json.MarshalIndent(rec, "", "  ")
+			if err != nil {
+				t.Fatal(err)
+			}
+			data = append(data, '\n')
+			if err := os.WriteFile(file, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(hostpaths.Checksum(file), state.ChecksumLine(data, filepath.Base(file)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return data
 		}
-		if err := os.WriteFile(hostpaths.Checksum(file), state.ChecksumLine(data, filepath.Base(file)), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		data := secondRecord("restored by hand")
 		if _, err := state.ReadActive(f.paths); err == nil {
 			t.Fatalf("two valid records read as one active config: the scenario is not set up")
 		}
@@ -422,6 +430,70 @@ ExecStart=/bin/sh -c 'if [ -e /run/test-retried ]; then exit 0; fi; touch /run/t
 			"unbounded-daemon.service was inactive: started it")
 		wantSays(t, "recovery's journal", f.m.Journal(recoverOf(u)), "moved a stale applied record aside")
 		assertNoSandboxDenials(t, f.m, recoverOf(u))
+
+		// Again, and recovery killed between its two renames (the
+		// sidecar moved, the record not yet): the record without its
+		// sidecar reads as corrupt, recovery's ownership record stays;
+		// the next recovery takes that over and finishes the move.
+		if out, err := f.m.Systemctl("stop", "unbounded-daemon.service"); err != nil {
+			t.Fatalf("stop the daemon: %v %s", err, out)
+		}
+		data = secondRecord("restored by hand, twice")
+		if out, err := f.m.Systemctl("set-environment", "UNBOUNDED_CRASHPOINT=recover/after-sidecar-moved"); err != nil {
+			t.Fatalf("set-environment: %v %s", err, out)
+		}
+		u = "unbounded-test-crash.service"
+		p = failAndRecover(t, f, u)
+		if out, err := f.m.Systemctl("unset-environment", "UNBOUNDED_CRASHPOINT"); err != nil {
+			t.Fatalf("unset-environment: %v %s", err, out)
+		}
+		if p["Result"] != "signal" {
+			t.Errorf("recovery with the crash point: %v, want killed\n%s", p, f.m.Journal(recoverOf(u)))
+		}
+		if _, err := os.Lstat(file); err != nil {
+			t.Errorf("after the crash %s is gone (%v), want it there without its sidecar", f.paths.Rel(file), err)
+		}
+		if _, err := os.Lstat(hostpaths.Checksum(file)); !os.IsNotExist(err) {
+			t.Errorf("after the crash the sidecar is still in the host root (%v)", err)
+		}
+		if own, err := state.ReadOwnership(f.paths); own == nil || own.Owner != "recover" {
+			t.Errorf("after the crash the ownership record is %+v (%v), want recovery's", own, err)
+		}
+		u = "unbounded-test-resume.service"
+		p = failAndRecover(t, f, u)
+		if p["Result"] != "success" {
+			t.Errorf("the recovery after the crash: %v\n%s", p, f.m.Journal(recoverOf(u)))
+		}
+		moved, _ = filepath.Glob(filepath.Join(stale, filepath.Base(file)+".*"))
+		if len(moved) != 4 {
+			t.Fatalf("the stale directory holds %v, want two records with their sidecars\n%s", moved, f.m.Journal(recoverOf(u)))
+		}
+		var second string
+		for _, m := range moved {
+			if got, err := os.ReadFile(m); err == nil && string(got) == string(data) {
+				second = m
+			}
+		}
+		if second == "" || !slices.Contains(moved, hostpaths.Checksum(second)) {
+			t.Errorf("the second record is not in the stale directory with its sidecar: %v", moved)
+		}
+		for _, gone := range []string{file, hostpaths.Checksum(file), f.paths.Ownership()} {
+			if _, err := os.Lstat(gone); !os.IsNotExist(err) {
+				t.Errorf("%s is still there (%v)", f.paths.Rel(gone), err)
+			}
+		}
+		if a := isActive(f.m, "unbounded-daemon.service"); a != "active" {
+			t.Errorf("the daemon is %s after the second recovery, want active\n%s", a, f.m.Journal(recoverOf(u)))
+		}
+		c = recovered(t, f)
+		if c == nil || c.Status != metav1.ConditionTrue {
+			t.Fatalf("Recovered = %+v", c)
+		}
+		t.Logf("Recovered=%s %s: %s", c.Status, c.Reason, c.Message)
+		wantSays(t, "the Recovered condition", c.Message, u+" failed",
+			"Removed the ownership record an interrupted recovery left",
+			fmt.Sprintf("An earlier recovery was interrupted while it moved %s's record aside", other),
+			"unbounded-daemon.service was inactive: started it")
 	})
 
 	if _, err := os.Stat(f.paths.Ownership()); !os.IsNotExist(err) {
