@@ -148,7 +148,10 @@ func (r *Recovery) planRetirement(ctx context.Context, sd Systemd) (rt retiremen
 	if n != 1 {
 		var seen []string
 		for _, s := range hostpaths.Slots {
-			a, _ := state.ReadApplied(p, s)
+			a, err := state.ReadApplied(p, s)
+			if err != nil {
+				continue
+			}
 			for _, u := range generator.SupervisingUnits(a.Mode, a.Slot) {
 				st, err := sd.ActiveState(ctx, u)
 				if err != nil {
@@ -169,7 +172,7 @@ func (r *Recovery) planRetirement(ctx context.Context, sd Systemd) (rt retiremen
 				seen = seen[:len(seen)/2]
 			}
 		}
-		rt.note = fmt.Sprintf("%s (%s), so recovery cannot tell which record describes the node: unbounded-lifecycle.service finishes or rolls back an interrupted repave at the next boot; otherwise remove the record that does not describe the node that should run", which, strings.Join(seen, ", "))
+		rt.note = fmt.Sprintf("%s (%s), so recovery cannot tell which record describes the node and moves neither: move the record that does not describe the node that should run (with its .sha256 sidecar) out of %s, then `systemctl daemon-reload` and `systemctl start unbounded-node.target unbounded-daemon.service`", which, strings.Join(seen, ", "), p.HostRoot())
 		return rt, true
 	}
 	rt.keep, rt.running = slot, units
@@ -178,10 +181,11 @@ func (r *Recovery) planRetirement(ctx context.Context, sd Systemd) (rt retiremen
 			rt.slot = s
 		}
 	}
-	a, _ := state.ReadApplied(p, rt.slot)
-	for _, u := range generator.SupervisingUnits(a.Mode, a.Slot) {
-		st, _ := sd.ActiveState(ctx, u)
-		rt.others = append(rt.others, u+" "+st)
+	if a, err := state.ReadApplied(p, rt.slot); err == nil {
+		for _, u := range generator.SupervisingUnits(a.Mode, a.Slot) {
+			st, _ := sd.ActiveState(ctx, u)
+			rt.others = append(rt.others, u+" "+st)
+		}
 	}
 	return rt, true
 }

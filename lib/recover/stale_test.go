@@ -165,7 +165,7 @@ func TestTwoAppliedConfigsAreLeftAloneUnlessExactlyOneNodeRuns(t *testing.T) {
 	t.Run("none", func(t *testing.T) {
 		h := newHost(t)
 		twoRecords(t, h)
-		refused(t, h, "no slot's node runs (systemd-nspawn@kube1.service inactive, systemd-nspawn@kube2.service inactive)")
+		refused(t, h, "no slot's node runs (systemd-nspawn@kube1.service inactive, systemd-nspawn@kube2.service inactive), so recovery cannot tell which record describes the node and moves neither", "out of /var/lib/unbounded, then")
 	})
 	t.Run("both", func(t *testing.T) {
 		h := newHost(t)
