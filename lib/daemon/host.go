@@ -50,6 +50,9 @@ type UnitState struct {
 	// StartedAt is when the unit's last run began (InactiveExitTimestamp);
 	// zero when it has not run since it was loaded.
 	StartedAt time.Time
+	// MainPID is the last run's main process (ExecMainPID); 0 when
+	// unknown. Its lines are the run's (lib/unitjournal Query.PID).
+	MainPID int
 }
 
 // Running reports whether the unit is in a transition (a oneshot stays in
@@ -172,6 +175,7 @@ func (s *dbusSystemd) UnitState(ctx context.Context, unit string) (UnitState, er
 		ExecMainStatus: st.ExecMainStatus,
 		InvocationID:   st.InvocationID,
 		StartedAt:      st.StartedAt,
+		MainPID:        st.MainPID,
 	}, nil
 }
 

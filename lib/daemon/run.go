@@ -306,7 +306,7 @@ func (d *daemon) report(ctx context.Context, j *job, t target, req *request.Requ
 		fmt.Fprintf(&b, " job %s,", jobResult)
 	}
 	fmt.Fprintf(&b, " result %s, exit status %d", orUnknown(st.Result), st.ExecMainStatus)
-	q := JournalQuery{Unit: t.unit, Invocation: st.InvocationID, StartedAt: st.StartedAt, Lines: JournalLines}
+	q := JournalQuery{Unit: t.unit, Invocation: st.InvocationID, StartedAt: st.StartedAt, PID: st.MainPID, Lines: JournalLines}
 	if q.Invocation == "" {
 		q.Since = req.RequestedAt
 	}
