@@ -181,6 +181,23 @@ func TestHealthFirstCheckOfABootNeedsTheNodeSteadyForTheSettleWindow(t *testing.
 	}
 }
 
+// A check stopped in the middle (systemctl stop, a reset) is not a
+// failed run: recovery would report a failure there never was.
+func TestHealthStoppedInTheMiddleOfACheckIsNotAFailure(t *testing.T) {
+	h := newHost(t)
+	h.healthy = false
+	c := h.check()
+	c.BootWait = time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	if err := c.Run(ctx); err != nil {
+		t.Fatalf("a check stopped during the boot's wait: %v, want nil (not a failure)", err)
+	}
+	if err := h.run(t); err == nil {
+		t.Errorf("the next check, not stopped, of a node that is down: nil, want the boot's failure")
+	}
+}
+
 // A fence that got no answer: health starts the node again with a delay
 // that doubles up to the cap; an explicit refusal is left to the daemon.
 func TestHealthRetriesAFenceWithoutAnswerWithAGrowingDelayButNotAnExplicitRefusal(t *testing.T) {
