@@ -329,27 +329,39 @@ func (c *Check) run(ctx context.Context) error {
 		wait = DefaultBootWait
 	}
 	probs := Problems(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot)
+	settle := c.Settle
+	if settle == 0 {
+		settle = DefaultSettle
+	}
+	settle = max(settle, 0)
+	interval := c.PollInterval
+	if interval <= 0 {
+		interval = 2 * time.Second
+	}
 	if !st.BootChecked {
 		// The boot's verdict (boot-complete.target waits for it): healthy
 		// means healthy for the settle window, not one lucky answer.
-		settle := c.Settle
-		if settle == 0 {
-			settle = DefaultSettle
-		}
-		settle = min(max(settle, 0), wait)
 		if len(probs) > 0 {
 			log.Info("first check of this boot: waiting for the node to become healthy", "atMost", wait, "problems", strings.Join(probs, "; "))
 		}
-		interval := c.PollInterval
-		if interval <= 0 {
-			interval = 2 * time.Second
-		}
-		if err := WaitHealthy(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot, wait, settle, interval); err == nil {
+		if err := WaitHealthy(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot, wait, min(settle, wait), interval); err == nil {
 			probs = nil
 		} else if ctx.Err() != nil {
 			return err // stopped: nothing counted, nothing started (see Run)
 		} else if probs = Problems(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot); len(probs) == 0 {
 			// Healthy right now, but not for the whole window.
+			probs = []string{err.Error()}
+		}
+	}
+	if len(probs) == 0 && st.BootChecked && (st.GaveUp || st.Failures > 0 || st.Restarts > 0) {
+		// Healthy again after failures, which ends the counting (and a
+		// give-up): one answer between two crashes of a kubelet that keeps
+		// dying is not that (seen in tests/system: a give-up lifted by one
+		// lucky check, then restarts again). The settle window again.
+		if err := WaitHealthy(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot, settle+2*interval, settle, interval); err != nil {
+			if ctx.Err() != nil {
+				return err // stopped: nothing counted (see Run)
+			}
 			probs = []string{err.Error()}
 		}
 	}

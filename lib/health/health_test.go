@@ -115,6 +115,56 @@ func TestHealthRestartsThenGivesUpOnceThenStaysQuietUntilHealthyAgain(t *testing
 	}
 }
 
+// After a give-up, one healthy answer between two crashes does not lift
+// it: the node must be healthy for the settle window.
+func TestHealthGiveUpIsNotLiftedByOneLuckyCheck(t *testing.T) {
+	h := newHost(t)
+	if err := h.run(t); err != nil {
+		t.Fatal(err)
+	}
+	h.healthy = false
+	for range 4 {
+		h.run(t)
+	}
+	if len(h.units.started) != 1 {
+		t.Fatalf("starts %v, want one restart before the give-up", h.units.started)
+	}
+	n := 0
+	flapping := func(context.Context) error {
+		n++
+		if n%3 == 0 {
+			return errors.New("connection refused")
+		}
+		return nil
+	}
+	for range 3 {
+		c := h.check()
+		c.Settle, c.Healthz = 20*time.Millisecond, flapping
+		if err := c.Run(context.Background()); err != nil {
+			t.Fatalf("a quiet check after the give-up: %v", err)
+		}
+	}
+	h.healthy = false
+	h.run(t)
+	h.run(t)
+	if len(h.units.started) != 1 {
+		t.Errorf("starts %v: a kubelet answering between crashes lifted the give-up, and health restarted again", h.units.started)
+	}
+	// Steady for the window: lifted.
+	c := h.check()
+	c.Settle = 20 * time.Millisecond
+	h.healthy = true
+	if err := c.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.healthy = false
+	h.run(t)
+	h.run(t)
+	if len(h.units.started) != 2 {
+		t.Errorf("starts %v: a node healthy for the settle window did not lift the give-up", h.units.started)
+	}
+}
+
 // A new applied config (a repave) ends a give-up too.
 func TestHealthGiveUpEndsWithANewAppliedConfig(t *testing.T) {
 	h := newHost(t)
