@@ -129,14 +129,7 @@ func TestHealthGiveUpIsNotLiftedByOneLuckyCheck(t *testing.T) {
 	if len(h.units.started) != 1 {
 		t.Fatalf("starts %v, want one restart before the give-up", h.units.started)
 	}
-	n := 0
-	flapping := func(context.Context) error {
-		n++
-		if n%3 == 0 {
-			return errors.New("connection refused")
-		}
-		return nil
-	}
+	flapping := flappingHealthz(3)
 	for range 3 {
 		c := h.check()
 		c.Settle, c.Healthz = 20*time.Millisecond, flapping
@@ -206,14 +199,7 @@ func TestHealthFirstCheckOfABootNeedsTheNodeSteadyForTheSettleWindow(t *testing.
 	h := newHost(t)
 	c := h.check()
 	c.BootWait, c.Settle = 80*time.Millisecond, 30*time.Millisecond
-	n := 0
-	c.Healthz = func(context.Context) error {
-		n++
-		if n%4 == 0 {
-			return errors.New("connection refused")
-		}
-		return nil
-	}
+	c.Healthz = flappingHealthz(4)
 	err := c.Run(context.Background())
 	if err == nil || errors.Is(err, ErrGaveUp) {
 		t.Fatalf("first check of the boot with a kubelet that keeps dying: %v, want the boot's failure", err)
@@ -319,14 +305,7 @@ func TestARunningOperationHoldsTheCheckBackAFinishedOneDoesNot(t *testing.T) {
 // the timeout ends it.
 func TestWaitHealthyNeedsTheSettleWindowWithoutAFailedCheck(t *testing.T) {
 	u := &fakeUnits{states: map[string]string{"unbounded-containerd.service": "active", "unbounded-kubelet.service": "active"}}
-	n := 0
-	flapping := func(context.Context) error {
-		n++
-		if n%3 == 0 {
-			return errors.New("connection refused")
-		}
-		return nil
-	}
+	flapping := flappingHealthz(3)
 	err := WaitHealthy(context.Background(), u, flapping, nil, "none", "kube1", 60*time.Millisecond, 20*time.Millisecond, time.Millisecond)
 	if err == nil || !strings.Contains(err.Error(), "not healthy within") || !strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("flapping healthz: got %v, want a timeout naming the failed check", err)
@@ -345,5 +324,18 @@ func TestWaitHealthyNeedsTheSettleWindowWithoutAFailedCheck(t *testing.T) {
 	calls = 0
 	if err := WaitHealthy(context.Background(), u, steady, nil, "none", "kube1", time.Second, 0, time.Millisecond); err != nil || calls != 1 {
 		t.Errorf("settle 0: err %v after %d checks, want nil after 1", err, calls)
+	}
+}
+
+// flappingHealthz is a kubelet that keeps dying: every nth healthz call is
+// refused, the others answer ok.
+func flappingHealthz(every int) func(context.Context) error {
+	n := 0
+	return func(context.Context) error {
+		n++
+		if n%every == 0 {
+			return errors.New("connection refused")
+		}
+		return nil
 	}
 }
