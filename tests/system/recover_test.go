@@ -439,7 +439,7 @@ ExecStart=/bin/sh -c 'if [ -e /run/test-retried ]; then exit 0; fi; touch /run/t
 			}
 			for _, e := range l.Items {
 				if e.Source.Component == "unbounded-recover" && strings.Contains(e.Message, movedSays) {
-					mover, msg, _ = strings.Cut(e.Message, " failed")
+					mover, _, _ = strings.Cut(e.Message, " failed")
 					mover, msg = strings.TrimSpace(mover), e.Message
 				}
 			}
