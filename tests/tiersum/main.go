@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -44,6 +45,17 @@ type event struct {
 	Package string
 	Test    string
 	Output  string
+	// OutputType is "error" for the first line of a t.Error or t.Fatal
+	// message and "error-continue" for its further lines (go1.27's
+	// test2json; empty on older toolchains and for t.Log).
+	OutputType string `json:",omitempty"`
+}
+
+// line is one output line of a test, marked when it is the test's own
+// failure message.
+type line struct {
+	text  string
+	isErr bool
 }
 
 type tally struct {
@@ -184,7 +196,7 @@ func run(args []string, required map[string]bool, stdout, stderr io.Writer) int 
 type result struct {
 	test   string
 	action string
-	out    []string
+	out    []line
 	kube   bool // it logged "kubeenv:"
 }
 
@@ -237,7 +249,7 @@ func read(w io.Writer, file, tier string, get func(string) *tally) error {
 		}
 		switch e.Action {
 		case "output":
-			r.out = append(r.out, e.Output)
+			r.out = append(r.out, line{text: e.Output, isErr: e.OutputType == "error" || e.OutputType == "error-continue"})
 			if strings.Contains(e.Output, "kubeenv:") {
 				r.kube = true
 			}
@@ -302,7 +314,11 @@ func read(w io.Writer, file, tier string, get func(string) *tally) error {
 		if ps.failed && !anyFailed {
 			// A package that failed without a failing test: a build
 			// error, a panic in TestMain or a timeout.
-			printFailure(w, name, ps.out)
+			pl := make([]line, len(ps.out))
+			for i, o := range ps.out {
+				pl[i] = line{text: o}
+			}
+			printFailure(w, name, pl)
 			get(tier).failed++
 			get(tier).failures = append(get(tier).failures, name+" (package failed)")
 		}
@@ -311,9 +327,9 @@ func read(w io.Writer, file, tier string, get func(string) *tally) error {
 }
 
 // skipReason picks the message a test gave to t.Skip.
-func skipReason(lines []string) string {
+func skipReason(lines []line) string {
 	for i := len(lines) - 1; i >= 0; i-- {
-		l := strings.TrimSpace(lines[i])
+		l := strings.TrimSpace(lines[i].text)
 		if l == "" || strings.HasPrefix(l, "--- SKIP") || strings.HasPrefix(l, "=== ") {
 			continue
 		}
@@ -327,16 +343,84 @@ func skipReason(lines []string) string {
 	return "(no reason given)"
 }
 
-// printFailure shows the end of a failed test's output, so that a CI log
-// says why without the raw JSON.
-func printFailure(w io.Writer, name string, lines []string) {
-	const keep = 80
+// Bounds of a failure's report: the test's own failure messages are
+// printed whole up to maxErrLines (a test that failed on every one of a
+// thousand checks says enough in the first ones); of the rest of its
+// output (t.Log lines, the journal and console dumps of its cleanups)
+// only the last keepTail lines.
+const (
+	maxErrLines = 200
+	keepTail    = 40
+)
+
+// printFailure shows why a test failed, so that a CI log says so without
+// the raw JSON: first the test's own t.Error/t.Fatal lines, wherever they
+// stand in its output (a scenario's cleanups dump hundreds of journal
+// lines after them), then the end of its output, with what was cut
+// counted.
+func printFailure(w io.Writer, name string, lines []line) {
 	fmt.Fprintf(w, "\n--- FAIL: %s\n", name)
-	if len(lines) > keep {
-		fmt.Fprintf(w, "    ... (%d lines cut)\n", len(lines)-keep)
-		lines = lines[len(lines)-keep:]
+	errs := failureLines(lines)
+	if len(errs) > 0 {
+		fmt.Fprintf(w, "    failure messages:\n")
+		for i, l := range errs {
+			if i == maxErrLines {
+				fmt.Fprintf(w, "    ... (%d more lines of failure messages cut)\n", len(errs)-maxErrLines)
+				break
+			}
+			fmt.Fprint(w, "    ", l)
+		}
+		fmt.Fprintf(w, "    output (end):\n")
+	}
+	if len(lines) > keepTail {
+		fmt.Fprintf(w, "    ... (%d lines cut)\n", len(lines)-keepTail)
+		lines = lines[len(lines)-keepTail:]
 	}
 	for _, l := range lines {
-		fmt.Fprint(w, "    ", l)
+		fmt.Fprint(w, "    ", l.text)
 	}
 }
+
+// failureLines is a failed test's own messages: the lines test2json
+// marks as t.Error/t.Fatal output (go1.27); for a stream without those
+// marks, the last "file_test.go:N: " line before the "--- FAIL" frame
+// with the more deeply indented lines that continue it (t.Fatal is the
+// last message a test prints itself; cleanups may log after it, so this
+// is a guess, and it says so).
+func failureLines(lines []line) []string {
+	var errs []string
+	for _, l := range lines {
+		if l.isErr {
+			errs = append(errs, l.text)
+		}
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	end := len(lines)
+	for i, l := range lines {
+		if strings.HasPrefix(strings.TrimSpace(l.text), "--- FAIL") {
+			end = i
+			break
+		}
+	}
+	for i := end - 1; i >= 0; i-- {
+		if !testLine.MatchString(lines[i].text) {
+			continue
+		}
+		indent := len(lines[i].text) - len(strings.TrimLeft(lines[i].text, " \t"))
+		errs = append(errs, "(the last message before the failure; this toolchain does not mark errors)\n", lines[i].text)
+		for _, c := range lines[i+1 : end] {
+			if len(c.text)-len(strings.TrimLeft(c.text, " \t")) <= indent {
+				break
+			}
+			errs = append(errs, c.text)
+		}
+		return errs
+	}
+	return nil
+}
+
+// testLine is how the testing package starts a message: the file and
+// line of the call.
+var testLine = regexp.MustCompile(`^\s+[\w.-]+_test\.go:\d+: `)

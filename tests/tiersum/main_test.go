@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -226,4 +227,57 @@ func TestPlainGoTestOfARequiredTierThatCannotRunFailsAndTheSummarySaysWhy(t *tes
 	mustContain(t, out, "system       FAILED               0 passed, 2 failed, 0 skipped",
 		"FAIL unbounded-cloud.io/agent/tests/tiersum/testdata/skipper TestScenario/boot",
 		`the system tier is required (UNBOUNDED_TEST_REQUIRED="system") but cannot run here: no rootfs: tiersum's fixture`)
+}
+
+// A scenario that failed early and then dumped a journal in its cleanups:
+// the summary shows the failure's own lines, not only the dump's end.
+func TestAFailedTestsOwnMessagesArePrintedAboveItsLogDumps(t *testing.T) {
+	const pkg, name = "x/tests/system", "TestRestart"
+	s := &stream{}
+	s.ev("run", pkg, name, "")
+	mark := func(out, typ string) {
+		b, _ := json.Marshal(event{Action: "output", Package: pkg, Test: name, Output: out, OutputType: typ})
+		s.lines = append(s.lines, string(b))
+	}
+	mark("=== RUN   "+name+"\n", "frame")
+	mark("    restart_test.go:40: starting the restart\n", "")
+	mark("    restart_test.go:122: no Ready heartbeat after the restart\n", "error")
+	mark("        last condition: KubeletReady\n", "error-continue")
+	for i := 0; i < 500; i++ {
+		mark(fmt.Sprintf("    machine.go:99: journal line %d\n", i), "")
+	}
+	mark("--- FAIL: "+name+" (1.00s)\n", "frame")
+	s.ev("fail", pkg, name, "")
+	out, rc := summarize(t, nil, "system="+s.file(t))
+	if rc != 1 {
+		t.Errorf("exit %d, want 1\n%s", rc, out)
+	}
+	mustContain(t, out, "restart_test.go:122: no Ready heartbeat after the restart", "last condition: KubeletReady",
+		"journal line 499", "lines cut")
+	if strings.Contains(out, "journal line 100\n") {
+		t.Errorf("the dump was not cut:\n%s", out)
+	}
+	if strings.Index(out, "no Ready heartbeat") > strings.Index(out, "journal line 499") {
+		t.Errorf("the failure message is not above the dump:\n%s", out)
+	}
+}
+
+// A stream from a toolchain that does not mark errors: the last message
+// of the test's own before its end frame, with its continuation lines.
+func TestAFailureWithoutErrorMarksShowsTheLastTestMessage(t *testing.T) {
+	const pkg, name = "x/lib/state", "TestWrite"
+	s := &stream{}
+	s.ev("run", pkg, name, "").ev("output", pkg, name, "=== RUN   "+name+"\n")
+	s.ev("output", pkg, name, "    state_test.go:30: wrote the record\n")
+	s.ev("output", pkg, name, "    state_test.go:31: read back: wrong sum\n")
+	s.ev("output", pkg, name, "        want abc\n")
+	for i := 0; i < 100; i++ {
+		s.ev("output", pkg, name, fmt.Sprintf("dump %d\n", i))
+	}
+	s.ev("output", pkg, name, "--- FAIL: "+name+" (0.00s)\n").ev("fail", pkg, name, "")
+	out, _ := summarize(t, nil, "unit="+s.file(t))
+	mustContain(t, out, "state_test.go:31: read back: wrong sum", "want abc")
+	if strings.Contains(out, "state_test.go:30") {
+		t.Errorf("an earlier log line was shown as the failure:\n%s", out)
+	}
 }
