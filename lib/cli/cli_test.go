@@ -38,7 +38,7 @@ const token = "q1w2e3.r4t5y6u7i8o9p0a1"
 
 const agentTOML = `machine = "site-w1"
 [cluster]
-api-server = "https://10.0.0.1:6443"
+api-server = "https://127.0.0.1:1"
 kubernetes-version = "1.36.3"
 `
 
@@ -109,7 +109,7 @@ func TestConfigCheckPrintsTheEffectiveConfigWithTheTokenPathNotTheToken(t *testi
 func TestConfigCheckExits78WithEveryErrorAndNeverTheToken(t *testing.T) {
 	root, p := newRoot(t)
 	os.Chmod(p.Join("/etc/unbounded/bootstrap-token"), 0o644)
-	write(t, p.ConfigFile(), strings.Replace(agentTOML, "https://10.0.0.1:6443", "http://x", 1), 0o644)
+	write(t, p.ConfigFile(), strings.Replace(agentTOML, "https://127.0.0.1:1", "http://x", 1), 0o644)
 	r := run(t, Env{}, "config", "check", "--root", root)
 	if r.code != 78 {
 		t.Fatalf("exit %d, want 78; stderr:\n%s", r.code, r.stderr)

@@ -31,7 +31,7 @@ const validConfig = `machine = "site-w1"
 mode = "nspawn"
 
 [cluster]
-api-server = "https://10.0.0.1:6443"
+api-server = "https://127.0.0.1:1"
 ca-file = "/etc/unbounded/ca.crt"
 bootstrap-token-file = "/etc/unbounded/bootstrap-token"
 kubernetes-version = "1.36.3"
@@ -185,7 +185,7 @@ func TestLoadAcceptsTheArchitectureExampleAndFillsDefaults(t *testing.T) {
 	if errs != nil {
 		t.Fatalf("valid config rejected:\n%v", errs)
 	}
-	if cfg.Machine != "site-w1" || cfg.Mode != "nspawn" || cfg.Cluster.APIServer != "https://10.0.0.1:6443" {
+	if cfg.Machine != "site-w1" || cfg.Mode != "nspawn" || cfg.Cluster.APIServer != "https://127.0.0.1:1" {
 		t.Errorf("values not loaded: %+v", cfg)
 	}
 	if got := cfg.Node.Labels["topology.kubernetes.io/zone"]; got != "edge-1" {

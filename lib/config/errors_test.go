@@ -77,7 +77,7 @@ func TestLoadReportsEachErrorClassWithFileLineAndKey(t *testing.T) {
 			h.edit(mainFile, "machine = \"site-w1\"\n", "")
 		}, want{mainFile, 0, "machine", "required key is not set"}},
 		{"required api-server missing", func(h *host) {
-			h.edit(mainFile, "api-server = \"https://10.0.0.1:6443\"\n", "")
+			h.edit(mainFile, "api-server = \"https://127.0.0.1:1\"\n", "")
 		}, want{mainFile, 0, "cluster.api-server", "required key is not set"}},
 		{"required kubernetes-version empty", func(h *host) {
 			h.edit(mainFile, `kubernetes-version = "1.36.3"`, `kubernetes-version = ""`)
@@ -94,13 +94,13 @@ func TestLoadReportsEachErrorClassWithFileLineAndKey(t *testing.T) {
 			h.edit(mainFile, `mode = "nspawn"`, `mode = "vm"`)
 		}, want{mainFile, 2, "mode", `must be one of nspawn, container, none, got "vm"`}},
 		{"api-server over http", func(h *host) {
-			h.edit(mainFile, `"https://10.0.0.1:6443"`, `"http://x"`)
+			h.edit(mainFile, `"https://127.0.0.1:1"`, `"http://x"`)
 		}, want{mainFile, 5, "cluster.api-server", `must be an https:// URL, got "http://x": scheme http`}},
 		{"api-server without host", func(h *host) {
-			h.edit(mainFile, `"https://10.0.0.1:6443"`, `"https:///api"`)
+			h.edit(mainFile, `"https://127.0.0.1:1"`, `"https:///api"`)
 		}, want{mainFile, 5, "cluster.api-server", "no host"}},
 		{"api-server not a URL", func(h *host) {
-			h.edit(mainFile, `"https://10.0.0.1:6443"`, `"10.0.0.1:6443"`)
+			h.edit(mainFile, `"https://127.0.0.1:1"`, `"127.0.0.1:1"`)
 		}, want{mainFile, 5, "cluster.api-server", "must be an https:// URL"}},
 		{"CA file missing", func(h *host) {
 			h.edit(mainFile, `ca-file = "/etc/unbounded/ca.crt"`, `ca-file = "/etc/unbounded/other.crt"`)
@@ -248,7 +248,7 @@ func TestLoadReportsEachErrorClassWithFileLineAndKey(t *testing.T) {
 func TestLoadReportsEveryErrorNotJustTheFirst(t *testing.T) {
 	h := newHost(t)
 	h.edit(mainFile, `mode = "nspawn"`, `mode = "vm"`)
-	h.edit(mainFile, `"https://10.0.0.1:6443"`, `"http://x"`)
+	h.edit(mainFile, `"https://127.0.0.1:1"`, `"http://x"`)
 	h.edit(mainFile, `cluster-dns = "10.96.0.10"`, `cluster-dns = 10`)
 	h.edit(mainFile, "[allocation]", "[allocation]\nbogus = 1")
 	os.Chmod(h.path("/etc/unbounded/bootstrap-token"), 0o644)

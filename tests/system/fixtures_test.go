@@ -33,8 +33,11 @@ const (
 // bootstrapped: agent.toml (ARCHITECTURE section 8), the 0600 bootstrap
 // token file and the CA file it names.
 //
-// The machines have a private network and no API server: the real fence
-// gets no answer and refuses once its retry budget is spent. The budget is
+// The API server is a closed loopback port (nothing listens on port 1 in
+// the machine's own network namespace, nor on the VM's where a machine
+// shares it): every dial is refused at once, no packet leaves the
+// machine, and the real fence gets no answer and refuses once its retry
+// budget is spent. The budget is
 // the minimum (1 s) so that a refusal ends the boot in seconds; with the
 // default (2 min) the boot would wait for the fence past the harness's
 // boot timeout.
@@ -44,7 +47,7 @@ func writeValidConfig(t *testing.T, m *harness.Machine) {
 mode = "nspawn"
 
 [cluster]
-api-server = "https://10.0.0.1:6443"
+api-server = "https://127.0.0.1:1"
 ca-file = "`+caFile+`"
 bootstrap-token-file = "`+tokenFile+`"
 kubernetes-version = "1.36.3"

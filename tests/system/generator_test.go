@@ -270,10 +270,20 @@ ExecStart=/bin/sh -c 'echo "`+fenceRunLine+`"; if test -e `+fenceRefuseFlag+`; t
 }
 
 // standInNoneUnits installs the none mode's runtime units in
-// /etc/systemd/system as long-running stand-ins: without them the
-// generator (rightly) keeps the node down.
+// /etc/systemd/system as long-running stand-ins (without them the
+// generator, rightly, keeps the node down) and the installed version
+// they would run from, as writeApplied's record names it: lifecycle
+// checks that versions/current is complete and fails, rightly, on a
+// host that lacks it.
 func standInNoneUnits(t *testing.T, m *harness.Machine) {
 	t.Helper()
+	const v = "1.36.3"
+	for _, f := range []string{"bin/kubelet", "bin/containerd", "etc/kubelet/kubelet.env", "etc/containerd/config.toml"} {
+		m.WriteFile(hostpaths.VersionsDirHost+"/"+v+"/"+f, []byte("# stand-in (system test)\n"), 0o644)
+	}
+	if err := os.Symlink(v, path.Join(m.Root(), hostpaths.VersionsDirHost, "current")); err != nil {
+		t.Fatal(err)
+	}
 	for _, u := range noneUnits {
 		m.WriteFile(hostpaths.UnitDirEtcHost+"/"+u, []byte(`[Unit]
 Description=Stand-in for `+u+` (system test)

@@ -132,7 +132,7 @@ func TestNspawnSlotRunsNestedWithTheNodeSettings(t *testing.T) {
 
 	paths := hostpaths.New(host.Root())
 	resolv := filepath.Join(t.TempDir(), "resolv.conf")
-	os.WriteFile(resolv, []byte("nameserver 192.0.2.53\n"), 0o644)
+	os.WriteFile(resolv, []byte("nameserver 127.0.0.153\n"), 0o644)
 	m := &nspawn.Mode{
 		Paths:      paths,
 		Systemd:    func(context.Context) (modes.Systemd, error) { return units.Borrow(host.Bus()), nil },
@@ -164,7 +164,7 @@ func TestNspawnSlotRunsNestedWithTheNodeSettings(t *testing.T) {
 	if got := in("hostname"); got != "site-w1" {
 		t.Errorf("machine hostname %q, want the Machine's name", got)
 	}
-	if got := in("cat", "/etc/resolv.conf"); !strings.Contains(got, "nameserver 192.0.2.53") {
+	if got := in("cat", "/etc/resolv.conf"); !strings.Contains(got, "nameserver 127.0.0.153") {
 		t.Errorf("resolv.conf in the machine: %q", got)
 	}
 	// The test host's /dev/kmsg is the harness's stand-in file (a

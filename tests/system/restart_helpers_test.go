@@ -137,8 +137,27 @@ func nodeUID(t *testing.T, f *firstBoot) types.UID {
 	return n.UID
 }
 
+// unitStartedAt is when unit's main process last started on the test
+// host (systemd's ExecMainStartTimestamp, to the second). A heartbeat at
+// or after the start of the kubelet's unit (none) or of the machine that
+// runs it (nspawn) was written by the kubelet that runs now.
+func unitStartedAt(t *testing.T, m *harness.Machine, unit string) time.Time {
+	t.Helper()
+	out, err := m.Systemctl("show", "--timestamp=unix", "-p", "ExecMainStartTimestamp", "--value", unit)
+	sec, perr := strconv.ParseInt(strings.TrimPrefix(strings.TrimSpace(out), "@"), 10, 64)
+	if err != nil || perr != nil || sec == 0 {
+		t.Fatalf("start of %s: %q %v %v", unit, out, err, perr)
+	}
+	return time.Unix(sec, 0)
+}
+
 // waitNodeReadySince waits until the Node (the same object, uid) reports
-// Ready with a heartbeat after since: the restarted kubelet reported it.
+// Ready with a heartbeat at or after since. Since must be a moment before
+// the kubelet that should report it started (unitStartedAt, or a moment
+// taken before the node was started): the kubelet writes an unchanged
+// Node only every nodeStatusReportFrequency (5 min), so its first write
+// after its start may be the only one for minutes, and a moment taken
+// after that write is never reached in time.
 func waitNodeReadySince(t *testing.T, f *firstBoot, uid types.UID, since time.Time, timeout time.Duration) {
 	t.Helper()
 	begin := time.Now()

@@ -45,8 +45,8 @@ func TestRestartNoneKeepsPodsRunningAndHealthGivesUpOnAPayloadThatKeepsDying(t *
 		t.Errorf("kubelet pid %s -> %s, containerd pid %s -> %s: want both restarted and running", kubelet0, k, containerd0, c)
 	}
 	wantSameHost(t, f.m, host)
-	// A heartbeat after the restart ended is the new kubelet's.
-	waitNodeReadySince(t, f, node, time.Now(), 3*time.Minute)
+	// A heartbeat since the restarted unit's start is the new kubelet's.
+	waitNodeReadySince(t, f, node, unitStartedAt(t, f.m, kubeletUnit), 3*time.Minute)
 	p, err := f.env.kube.CoreV1().Pods(ns).Get(context.Background(), pod.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +119,7 @@ func TestRestartNoneKeepsPodsRunningAndHealthGivesUpOnAPayloadThatKeepsDying(t *
 	waitUntil(t, time.Minute, "health sees the node healthy again", func(context.Context) (bool, error) {
 		return strings.Contains(progLog(f.m, "health"), "the node is healthy again; restarts are allowed again"), nil
 	})
-	waitNodeReadySince(t, f, node, time.Now(), 3*time.Minute)
+	waitNodeReadySince(t, f, node, unitStartedAt(t, f.m, kubeletUnit), 3*time.Minute)
 	wantSameHost(t, f.m, host)
 	// The pod, which outlived every restart, is drained before the
 	// poweroff (drainAndPowerOff says why).

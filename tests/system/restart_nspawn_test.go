@@ -54,8 +54,8 @@ func TestRestartNspawnRebootsOnlyTheMachineAndAnUnfencedMachineComesBackByItself
 	if a := isActive(f.m, nodeTarget); a != "active" {
 		t.Errorf("%s is %s after the restart", nodeTarget, a)
 	}
-	// A heartbeat after the restart ended is the new kubelet's.
-	waitNodeReadySince(t, f, node, time.Now(), 3*time.Minute)
+	// A heartbeat since the restarted unit's start is the new kubelet's.
+	waitNodeReadySince(t, f, node, unitStartedAt(t, f.m, nspawnKube1), 3*time.Minute)
 
 	// By a Restart MachineOperation: the daemon starts the unit and
 	// completes the operation.
@@ -70,8 +70,8 @@ func TestRestartNspawnRebootsOnlyTheMachineAndAnUnfencedMachineComesBackByItself
 		t.Errorf("%s main pid %s -> %s after the Restart operation: want a new, running machine", nspawnKube1, machine1, m2)
 	}
 	wantSameHost(t, f.m, host)
-	// A heartbeat after the restart ended is the new kubelet's.
-	waitNodeReadySince(t, f, node, time.Now(), 3*time.Minute)
+	// A heartbeat since the restarted unit's start is the new kubelet's.
+	waitNodeReadySince(t, f, node, unitStartedAt(t, f.m, nspawnKube1), 3*time.Minute)
 
 	// Fenced: the restart runs the fence, which refuses; the node stays
 	// down.

@@ -31,7 +31,7 @@ include=systemd,systemd-sysv,dbus,systemd-container,iproute2,procps,ca-certifica
 mirror=${UNBOUNDED_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 cache=${UNBOUNDED_ROOTFS_CACHE:-/var/cache/unbounded-tests}
 # Bump when the post-processing below changes.
-postproc=3
+postproc=4
 
 log() { echo "rootfs.sh: $*" >&2; }
 
@@ -91,6 +91,14 @@ ln -s /etc/machine-id "$tmp/var/lib/dbus/machine-id"
 # containerd copies it into every pod sandbox and fails the pod without it,
 # and this tree is also the node image of the nspawn mode's tests.
 printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' >"$tmp/etc/hosts"
+
+# debootstrap copies the build machine's /etc/resolv.conf, which names the
+# VM's resolver, an address outside every namespace a test creates. Test
+# hosts (and the nspawn nodes, which copy their host's) resolve no name
+# through DNS: with no nameserver line, glibc and Go ask only the
+# loopback (127.0.0.1:53, ::1), where nothing listens, and fail at once.
+rm -f "$tmp/etc/resolv.conf"
+printf '# No resolver: test hosts resolve names only through /etc/hosts.\n' >"$tmp/etc/resolv.conf"
 
 # Another run may have finished the same recipe meanwhile: keep theirs.
 if mv -T "$tmp" "$final" 2>/dev/null; then

@@ -24,7 +24,7 @@ const Token = "abcdef.0123456789abcdef"
 func Node() modes.Node {
 	return modes.Node{
 		Name:              "site-w1",
-		APIServer:         "https://10.0.0.1:6443",
+		APIServer:         "https://127.0.0.1:1",
 		CACert:            []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"),
 		BootstrapToken:    config.NewSecret(Token),
 		KubernetesVersion: "1.36.3",

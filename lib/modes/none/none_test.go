@@ -99,7 +99,7 @@ func TestPrepareInstallsAVersionAndFlipsCurrentWithNothingUnderUsrOrOpt(t *testi
 	// (an in-place repave's rollback target). This host runs
 	// systemd-resolved: kubelet gets its upstream list, not the stub.
 	os.MkdirAll(p.Join("/run/systemd/resolve"), 0o755)
-	os.WriteFile(p.Join("/run/systemd/resolve/resolv.conf"), []byte("nameserver 192.0.2.53\n"), 0o644)
+	os.WriteFile(p.Join("/run/systemd/resolve/resolv.conf"), []byte("nameserver 127.0.0.153\n"), 0o644)
 	if err := m.Prepare(ctx, slot(t, "1.36.4")); err != nil {
 		t.Fatal(err)
 	}

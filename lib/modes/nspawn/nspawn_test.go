@@ -70,7 +70,7 @@ func newFixture(t *testing.T, mountinfo string, ref string) *fixture {
 	f := &fixture{sd: &modestest.Systemd{}, root: t.TempDir(), logs: &bytes.Buffer{}}
 	f.p = hostpaths.New(f.root)
 	resolv := filepath.Join(t.TempDir(), "resolv.conf")
-	os.WriteFile(resolv, []byte("nameserver 192.0.2.53\n"), 0o644)
+	os.WriteFile(resolv, []byte("nameserver 127.0.0.153\n"), 0o644)
 	f.m = &Mode{
 		Paths:      f.p,
 		Host:       cgroupHost(mountinfo),
@@ -220,7 +220,7 @@ func (f *fixture) checkTree(t *testing.T, cg string) {
 	if read("etc/hostname") != "site-w1\n" {
 		t.Errorf("hostname = %q", read("etc/hostname"))
 	}
-	if m := mode("etc/resolv.conf"); !m.IsRegular() || !strings.Contains(read("etc/resolv.conf"), "nameserver 192.0.2.53") {
+	if m := mode("etc/resolv.conf"); !m.IsRegular() || !strings.Contains(read("etc/resolv.conf"), "nameserver 127.0.0.153") {
 		t.Errorf("resolv.conf is %v and does not hold the host's servers (the image's was a link to the stub)", m)
 	}
 	if read("etc/machine-id") != "" {
