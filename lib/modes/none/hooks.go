@@ -24,8 +24,9 @@ var versionFiles = []string{"bin/kubelet", "bin/containerd", "etc/kubelet/kubele
 //   - removes what an interrupted build left in versions/ (temporary and
 //     swapped-aside directories, a half-made link);
 //   - checks that `current` points at a complete version directory (an
-//     error naming what is missing otherwise: the units could not start
-//     again, and it is no hook to make up);
+//     error naming what is missing otherwise, and nothing changed: the
+//     units could not start again, it is no hook to make up, and
+//     lifecycle's failure is what recovery reports);
 //   - sets the live bridge CNI configuration from the version's copy when
 //     it has one (a crash between the two writes of a flip);
 //   - daemon-reloads, so that systemd runs the units and drop-ins as
@@ -82,7 +83,7 @@ func (m *Mode) ensureCurrent() error {
 		return err
 	}
 	if cur == "" {
-		return fmt.Errorf("%s does not exist: no version of the node stack is installed", filepath.Join(versions, "current"))
+		return fmt.Errorf("%s does not exist: no version of the node stack is installed, and the node cannot start from this record (a repave needs the running version; `unbounded reset --yes` and a new bootstrap install one)", filepath.Join(versions, "current"))
 	}
 	var missing []string
 	for _, f := range versionFiles {

@@ -501,6 +501,32 @@ func TestEnsureHooksRemovesLeftoversRestoresTheCNIConfigAndReloadsWithoutRestart
 	}
 }
 
+// A none record whose versions/current is gone is corrupt state that no
+// hook makes up: lifecycle fails naming the path and the way out (its
+// failure is what recovery reports), and changes nothing.
+func TestEnsureHooksRefusesARecordWhoseCurrentVersionIsMissingAndChangesNothing(t *testing.T) {
+	h := newRepaveHost(t)
+	current := filepath.Join(h.m.Paths.VersionsDir(), "current")
+	if err := os.Remove(current); err != nil {
+		t.Fatal(err)
+	}
+	h.sd.Calls = nil
+	cni := h.liveCNI(t)
+	err := h.m.EnsureHooks(h.ctx, "kube1")
+	if err == nil || !strings.Contains(err.Error(), current+" does not exist") || !strings.Contains(err.Error(), "unbounded reset") {
+		t.Fatalf("EnsureHooks without versions/current: %v; want an error naming %s and the way out", err, current)
+	}
+	if len(h.sd.Calls) != 0 {
+		t.Errorf("EnsureHooks without versions/current called systemd: %q", h.sd.Calls)
+	}
+	if got := h.versions(t); !slices.Equal(got, []string{"1.36.3"}) {
+		t.Errorf("versions after the refusal: %q, want the installed one left alone", got)
+	}
+	if h.liveCNI(t) != cni {
+		t.Errorf("the live CNI config changed")
+	}
+}
+
 func TestEnsureHooksLeavesAnUnfinishedRepaveAlone(t *testing.T) {
 	h := newRepaveHost(t)
 	h.crashAt = "repave/after-old-stopped"
