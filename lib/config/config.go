@@ -57,6 +57,27 @@ type Config struct {
 	// (the embedded reference not included).
 	Files []string `toml:"-"`
 	paths hostpaths.Paths
+	// locate finds the file and line that set a key (KeyError).
+	locate func(key toml.Key) (file string, line int)
+}
+
+// KeyError is a problem with the effective value of key (dotted, such as
+// "node.ip") found after loading, when the host is looked at: located
+// like a load's own errors, in the file and at the line that set it, and
+// an exit 78 like them.
+func (c *Config) KeyError(key, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	tk := toml.Key(strings.Split(key, "."))
+	if c.locate != nil {
+		if file, line := c.locate(tk); file != "" {
+			return &Error{File: file, Line: line, Key: key, Msg: msg}
+		}
+	}
+	file := ""
+	if len(c.Files) > 0 {
+		file = c.Files[0]
+	}
+	return &Error{File: file, Key: key, Msg: msg + " (the default value; set " + key + " to change it)"}
 }
 
 // Cluster is how the host reaches the cluster.
@@ -83,6 +104,9 @@ type Node struct {
 	// approver approves: serverTLSBootstrap) or "self-signed" (the
 	// kubelet makes its own, which the API server cannot verify).
 	ServingCert string `toml:"serving-cert"`
+	// IP is the Node's address, or an IPv4 and an IPv6 address separated
+	// by a comma (dual-stack); empty: the default route's (NodeIPs).
+	IP string `toml:"ip"`
 }
 
 // The values of node.serving-cert.
@@ -347,6 +371,14 @@ func (l *loader) load() (*Config, error) {
 	cfg.paths = l.paths
 	for _, s := range l.sources {
 		cfg.Files = append(cfg.Files, s.file)
+	}
+	cfg.locate = func(key toml.Key) (string, int) {
+		for n := len(key); n > 0; n-- {
+			if i, ok := l.origin[key[:n].String()]; ok {
+				return l.sources[i].file, l.sources[i].lines.lookup(key)
+			}
+		}
+		return "", 0
 	}
 	// Without all of its files the merged config is not the operator's:
 	// checking its values would only add noise ("machine: required key is

@@ -140,6 +140,11 @@ func (l *loader) validate(c *Config) {
 			l.at(k("node", "pod-cidr"), "must be a network in CIDR notation such as \"10.244.1.0/24\", got %q", c.Node.PodCIDR)
 		}
 	})
+	check(k("node", "ip"), func() {
+		if _, err := ParseNodeIPs(c.Node.IP); err != nil {
+			l.at(k("node", "ip"), "%v", err)
+		}
+	})
 	check(k("node", "serving-cert"), func() {
 		switch c.Node.ServingCert {
 		case ServingCertCluster, ServingCertSelfSigned:
@@ -460,4 +465,35 @@ func checkTaint(t string) (key, effect, msg string) {
 		return "", "", fmt.Sprintf("taint %q: effect must be one of %s", t, strings.Join(taintEffects, ", "))
 	}
 	return key, effect, ""
+}
+
+// ParseNodeIPs reads node.ip: empty (nil: detect), one address, or an
+// IPv4 and an IPv6 address separated by a comma. An address the kubelet
+// could not be reached at as a Node (unspecified, loopback, multicast,
+// link-local) is refused.
+func ParseNodeIPs(s string) ([]netip.Addr, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	parts := strings.Split(s, ",")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("at most two addresses (an IPv4 and an IPv6 one, dual-stack), got %d in %q", len(parts), s)
+	}
+	var ips []netip.Addr
+	for _, p := range parts {
+		a, err := netip.ParseAddr(strings.TrimSpace(p))
+		if err != nil || a.Zone() != "" {
+			return nil, fmt.Errorf("must be an IP address such as \"192.0.2.10\" or \"2001:db8::10\" (or one of each, comma-separated), got %q", s)
+		}
+		a = a.Unmap()
+		switch {
+		case a.IsUnspecified(), a.IsLoopback(), a.IsMulticast(), a.IsLinkLocalUnicast():
+			return nil, fmt.Errorf("%s is not an address other hosts reach a Node at (unspecified, loopback, multicast or link-local)", a)
+		}
+		if len(ips) == 1 && ips[0].Is4() == a.Is4() {
+			return nil, fmt.Errorf("two addresses of one family (%s, %s): dual-stack is one IPv4 and one IPv6 address", ips[0], a)
+		}
+		ips = append(ips, a)
+	}
+	return ips, nil
 }

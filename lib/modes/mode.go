@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -160,6 +161,10 @@ type Node struct {
 	// certificate of its own making; false (node.serving-cert "cluster")
 	// has it ask the cluster for one (serverTLSBootstrap).
 	SelfSignedServingCert bool
+	// IPs is the Node's address (one, or one of each family): the
+	// kubelet's --node-ip and the node's /etc/hosts entry for Name. Empty
+	// where the host has no default route and none is configured.
+	IPs []netip.Addr
 }
 
 // Slot is what Prepare builds.
@@ -237,6 +242,14 @@ func SlotFromConfig(c *config.Config, slot string, a Artifacts) (Slot, error) {
 	if err != nil {
 		return Slot{}, err
 	}
+	configured, err := config.ParseNodeIPs(c.Node.IP)
+	if err != nil {
+		return Slot{}, c.KeyError("node.ip", "%v", err)
+	}
+	ips, err := HostNet{}.NodeIPs(configured)
+	if err != nil {
+		return Slot{}, c.KeyError("node.ip", "%v", err)
+	}
 	s := Slot{
 		Name: slot,
 		Node: Node{
@@ -251,6 +264,7 @@ func SlotFromConfig(c *config.Config, slot string, a Artifacts) (Slot, error) {
 			SandboxImage:          c.Node.SandboxImage,
 			PodCIDR:               c.Node.PodCIDR,
 			SelfSignedServingCert: c.Node.ServingCert == config.ServingCertSelfSigned,
+			IPs:                   ips,
 		},
 		Artifacts: a,
 		Image:     Image{Ref: c.Nspawn.Image},

@@ -2,6 +2,7 @@ package modes_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
@@ -66,6 +68,22 @@ func TestSlotFromConfigCarriesTheConfigAndTheArtifacts(t *testing.T) {
 	}
 	if err := s.Check(); err != nil {
 		t.Errorf("a slot from a valid config does not pass Check: %v", err)
+	}
+	// No node.ip: the address of this host's default route, as the
+	// kernel says.
+	if want, _ := (modes.HostNet{}).NodeIPs(nil); fmt.Sprint(n.IPs) != fmt.Sprint(want) {
+		t.Errorf("node IPs %v, want the default route's %v", n.IPs, want)
+	}
+
+	// A node.ip that is not this host's: exit 78 at the key's line.
+	write(t, p.ConfigDropinDir()+"/50-ip.toml", "[node]\nip = \"2001:db8::dead\"\n", 0o644)
+	cfg, err = config.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = modes.SlotFromConfig(cfg, "kube2", a)
+	if err == nil || !errors.Is(err, exitcode.ErrConfigInvalid) || !strings.Contains(err.Error(), "50-ip.toml:2: node.ip: 2001:db8::dead is not an address of this host") {
+		t.Errorf("a foreign node.ip: %v; want exit 78 naming the drop-in, line and key", err)
 	}
 	if strings.Contains(fmt.Sprintf("%+v %#v", s, s), modestest.Token) {
 		t.Error("printing the slot prints the token")

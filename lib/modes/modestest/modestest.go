@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -33,6 +34,7 @@ func Node() modes.Node {
 		Taints:            []string{"dedicated=gpu:NoSchedule"},
 		SandboxImage:      "registry.k8s.io/pause:3.10",
 		PodCIDR:           "10.244.1.0/24",
+		IPs:               []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10")},
 	}
 }
 

@@ -321,6 +321,16 @@ func KubeletArgs(n modes.Node, l Layout) []string {
 		// not register as a second Node).
 		"--hostname-override=" + n.Name,
 	}
+	if len(n.IPs) > 0 {
+		// The Node's address, known: without it the kubelet resolves its
+		// own name in DNS at start and at every status update, and waits
+		// 10 s each time where no resolver answers.
+		ips := make([]string, len(n.IPs))
+		for i, a := range n.IPs {
+			ips[i] = a.String()
+		}
+		args = append(args, "--node-ip="+strings.Join(ips, ","))
+	}
 	if len(n.Labels) > 0 {
 		keys := make([]string, 0, len(n.Labels))
 		for k := range n.Labels {
@@ -526,4 +536,17 @@ func extractExecutables(archive, dir string) ([]string, error) {
 		names = append(names, name)
 	}
 	return names, nil
+}
+
+// Hosts is the node's /etc/hosts: localhost, and the Node's name at its
+// addresses, so that a lookup of the name (the kubelet's without a node
+// IP, a hostNetwork pod's, a tool's) is answered without DNS.
+func Hosts(n modes.Node) []byte {
+	var b strings.Builder
+	b.WriteString("# Written by unbounded-agent at prepare: the Node's name at its address.\n")
+	b.WriteString("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+	for _, a := range n.IPs {
+		fmt.Fprintf(&b, "%s\t%s\n", a, n.Name)
+	}
+	return []byte(b.String())
 }

@@ -208,10 +208,29 @@ func TestCNIConfigOnlyWhenAPodCIDRIsGiven(t *testing.T) {
 
 func TestKubeletArgsNameTheNodeAndItsLabels(t *testing.T) {
 	got := strings.Join(KubeletArgs(modestest.Node(), layout), " ")
-	for _, want := range []string{"--hostname-override=site-w1", "--node-labels=a.example/x=1,topology.kubernetes.io/zone=edge-1",
+	for _, want := range []string{"--hostname-override=site-w1", "--node-ip=192.0.2.10,2001:db8::10", "--node-labels=a.example/x=1,topology.kubernetes.io/zone=edge-1",
 		"--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf", "--config=/var/lib/kubelet/config.yaml"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("kubelet args %q lack %q", got, want)
+		}
+	}
+}
+
+// Without an address (no default route, none configured) the kubelet is
+// given none and finds its own.
+func TestKubeletArgsWithoutAnAddressGiveNoNodeIP(t *testing.T) {
+	n := modestest.Node()
+	n.IPs = nil
+	if got := strings.Join(KubeletArgs(n, layout), " "); strings.Contains(got, "--node-ip") {
+		t.Errorf("kubelet args %q carry a node IP the host does not have", got)
+	}
+}
+
+func TestHostsNamesTheNodeAtEachOfItsAddresses(t *testing.T) {
+	got := string(Hosts(modestest.Node()))
+	for _, want := range []string{"127.0.0.1\tlocalhost\n", "::1\tlocalhost", "192.0.2.10\tsite-w1\n", "2001:db8::10\tsite-w1\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("hosts lacks %q:\n%s", want, got)
 		}
 	}
 }

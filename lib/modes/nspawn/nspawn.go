@@ -242,6 +242,7 @@ func (m *Mode) writeNode(rootfs string, s modes.Slot, cg nodestack.Cgroup) error
 	files = append(files,
 		nodestack.File{Path: "/etc/hostname", Mode: 0o644, Data: []byte(s.Node.Name + "\n")},
 		nodestack.File{Path: "/etc/resolv.conf", Mode: 0o644, Data: resolv},
+		nodestack.File{Path: "/etc/hosts", Mode: 0o644, Data: nodestack.Hosts(s.Node)},
 		// Empty: systemd gives the machine an id of its own at its first
 		// boot, so two slots (and every copy of one image) differ, as
 		// kubelet's machine ID and the journal expect.

@@ -223,6 +223,9 @@ func (f *fixture) checkTree(t *testing.T, cg string) {
 	if m := mode("etc/resolv.conf"); !m.IsRegular() || !strings.Contains(read("etc/resolv.conf"), "nameserver 127.0.0.153") {
 		t.Errorf("resolv.conf is %v and does not hold the host's servers (the image's was a link to the stub)", m)
 	}
+	if h := read("etc/hosts"); !strings.Contains(h, "192.0.2.10\tsite-w1\n") || !strings.Contains(h, "localhost") {
+		t.Errorf("the machine's /etc/hosts does not name the Node at its address:\n%s", h)
+	}
 	if read("etc/machine-id") != "" {
 		t.Error("the image's machine-id was kept: every slot must get its own")
 	}
