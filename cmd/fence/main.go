@@ -67,13 +67,8 @@ func Main(args []string) int {
 		Machine:       cfg.Machine,
 		AllocationUID: cfg.Allocation.UID,
 		Budget:        cfg.Fence.RetryBudget.D(),
-		Credentials: kube.Credentials{
-			APIServer: cfg.Cluster.APIServer,
-			CAFile:    cfg.Resolve(cfg.Cluster.CAFile),
-			TokenFile: cfg.Resolve(cfg.Cluster.BootstrapTokenFile),
-			Certs:     kube.CertStore{Dir: paths.PKIDir()},
-		},
-		Log: log,
+		Credentials:   kube.CredentialsFor(cfg, paths.PKIDir()),
+		Log:           log,
 	}
 	err = check.Run(ctx)
 	// The record tells the health timer and the daemon which kind of

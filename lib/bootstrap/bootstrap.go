@@ -449,12 +449,7 @@ func (b *Bootstrap) reporter(cfg *config.Config) Reporter {
 }
 
 func credentials(cfg *config.Config, p hostpaths.Paths) kube.Credentials {
-	return kube.Credentials{
-		APIServer: cfg.Cluster.APIServer,
-		CAFile:    cfg.Resolve(cfg.Cluster.CAFile),
-		TokenFile: cfg.Resolve(cfg.Cluster.BootstrapTokenFile),
-		Certs:     kube.CertStore{Dir: p.PKIDir()},
-	}
+	return kube.CredentialsFor(cfg, p.PKIDir())
 }
 
 // inputSum is the SHA-256 over what the phases build from. The token's

@@ -50,12 +50,7 @@ func loadCredentials(p hostpaths.Paths, now time.Time) (*credentials, error) {
 	if err != nil {
 		return nil, err
 	}
-	creds := kube.Credentials{
-		APIServer: cfg.Cluster.APIServer,
-		CAFile:    cfg.Resolve(cfg.Cluster.CAFile),
-		TokenFile: cfg.Resolve(cfg.Cluster.BootstrapTokenFile),
-		Certs:     kube.CertStore{Dir: p.PKIDir()},
-	}
+	creds := kube.CredentialsFor(cfg, p.PKIDir())
 	mgr := kube.CertManager{Store: creds.Certs, Machine: cfg.Machine}
 	if rc, cert, err := creds.CertConfig(now); err == nil {
 		return &credentials{machine: cfg.Machine, kind: "certificate", rest: rc,

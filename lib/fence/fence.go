@@ -348,6 +348,14 @@ func (c *Check) read(ctx context.Context) outcome {
 	if err == nil {
 		return c.readByCertificate(ctx, cfg, cert.NotAfter)
 	}
+	if errors.Is(err, kube.ErrForeignCertificate) {
+		// Refused like a certificate the API server rejects: whatever
+		// the Machine says, a host holding another machine's identity
+		// (a cloned disk) must not start a node. The report goes with
+		// the token, and the daemon requests this host's own
+		// certificate, after which the check allows again.
+		return outcome{via: viaCertificate, refusal: &Refusal{Reason: v1alpha3.ReasonCertificateRejected, Message: err.Error(), Err: err}}
+	}
 	if !errors.Is(err, kube.ErrNoCertificate) {
 		return outcome{via: viaCertificate, refusal: &Refusal{Reason: ReasonCredentialsUnusable, Message: err.Error(), Err: err}}
 	}

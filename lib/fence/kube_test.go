@@ -90,6 +90,7 @@ func newHostGrant(t testing.TB, mutate func(*v1alpha3.Machine), grant bool) *hos
 		CAFile:    env.CAFile(),
 		TokenFile: tokenFile,
 		Certs:     kube.CertStore{Dir: filepath.Join(dir, "pki")},
+		Machine:   h.machine,
 	}
 	return h
 }

@@ -19,6 +19,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -88,6 +89,7 @@ func hostCredentials(t *testing.T, certUntil time.Time) kube.Credentials {
 		CAFile:    filepath.Join(dir, "ca.crt"),
 		TokenFile: filepath.Join(dir, "token"),
 		Certs:     kube.CertStore{Dir: filepath.Join(dir, "pki")},
+		Machine:   "w1",
 	}
 	os.WriteFile(cr.CAFile, certPEM, 0o644)
 	os.WriteFile(cr.TokenFile, []byte("abcdef.0123456789abcdef\n"), 0o600)
@@ -299,5 +301,36 @@ func TestClearingWriteKeepsTheRefusalOfAMachineFencedSinceTheRead(t *testing.T) 
 	}
 	if api.mutates != 1 || api.changed {
 		t.Errorf("writes=%d changed=%v: the refusal of a Machine fenced since the read was cleared", api.mutates, api.changed)
+	}
+}
+
+// A disk cloned from host w1 onto host w2 keeps w1's certificate: the
+// fence never reads as w1, refuses as for a rejected certificate, and
+// reports with w2's own bootstrap token.
+func TestAnotherMachinesCertificateIsRefusedWithoutAReadAndReportedWithTheToken(t *testing.T) {
+	clock := &fakeClock{t: time.Now()}
+	cr := hostCredentials(t, clock.t.Add(time.Hour)) // CN=unbounded-agent:w1
+	cr.Machine = "w2"
+	api := &scriptedAPI{
+		get: func(cfg *rest.Config) (*v1alpha3.Machine, error) {
+			t.Errorf("the Machine was read (certificate: %v): the foreign certificate must not be used, and a refusal needs no read", len(cfg.CertData) != 0)
+			return boundMachine(), nil
+		},
+	}
+	c := &Check{Machine: "w2", AllocationUID: "uid-1", Credentials: cr,
+		Clock: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
+	err := c.Run(context.Background())
+	var r *Refusal
+	if !errors.As(err, &r) || r.Reason != v1alpha3.ReasonCertificateRejected || exitcode.For(err) != exitcode.Refused {
+		t.Fatalf("Run: %v, want a CertificateRejected refusal (exit 77)", err)
+	}
+	if !strings.Contains(r.Message, `"unbounded-agent:w1"`) || !strings.Contains(r.Message, `"w2"`) {
+		t.Errorf("the refusal does not name both identities: %s", r.Message)
+	}
+	if !errors.Is(err, kube.ErrForeignCertificate) {
+		t.Errorf("the refusal does not wrap kube.ErrForeignCertificate: %v", err)
+	}
+	if api.mutates != 1 {
+		t.Errorf("%d reports on the Machine, want one (with the token)", api.mutates)
 	}
 }

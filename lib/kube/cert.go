@@ -152,6 +152,11 @@ func (m CertManager) EnsureConfig(ctx context.Context, cfg *rest.Config) (*CertP
 
 func (m CertManager) ensure(ctx context.Context, rc rest.Interface) (*CertPair, error) {
 	pair, err := m.Store.Load()
+	if err == nil {
+		// Another machine's certificate (a cloned disk) is never kept:
+		// this host requests its own.
+		err = CheckIdentity(pair.Cert, m.Machine)
+	}
 	switch {
 	case err != nil:
 		m.log().Info("requesting a client certificate", "reason", err.Error())

@@ -122,7 +122,7 @@ func TestCertConfigRejectsAnExpiredCertificate(t *testing.T) {
 	if err := s.Save(c, k); err != nil {
 		t.Fatal(err)
 	}
-	cr := Credentials{APIServer: "https://127.0.0.1:1", CAFile: ca, Certs: s}
+	cr := Credentials{APIServer: "https://127.0.0.1:1", CAFile: ca, Certs: s, Machine: "w1"}
 	if _, _, err := cr.CertConfig(now); !errors.Is(err, ErrNoCertificate) {
 		t.Fatalf("CertConfig with an expired certificate: %v, want ErrNoCertificate", err)
 	}
@@ -158,5 +158,31 @@ func TestTokenNeverPrints(t *testing.T) {
 	os.WriteFile(f, []byte("not-a-token-but-a-secret\n"), 0o600)
 	if _, err := ReadToken(f); err == nil || strings.Contains(err.Error(), "not-a-token-but-a-secret") {
 		t.Errorf("malformed token: err %v (must fail without quoting the file)", err)
+	}
+}
+
+// Another machine's certificate (a cloned disk) is never used, whatever
+// its validity: CertConfig says so, as "no certificate" too, so that the
+// callers fall back to the token.
+func TestCertConfigRefusesAnotherMachinesCertificate(t *testing.T) {
+	dir := t.TempDir()
+	s := CertStore{Dir: filepath.Join(dir, "pki")}
+	ca := filepath.Join(dir, "ca.crt")
+	now := time.Now()
+	c, k := selfSigned(t, "unbounded-agent:w1", now.Add(-time.Hour), now.Add(time.Hour))
+	os.WriteFile(ca, c, 0o644)
+	if err := s.Save(c, k); err != nil {
+		t.Fatal(err)
+	}
+	for _, machine := range []string{"w2", ""} {
+		cr := Credentials{APIServer: "https://127.0.0.1:1", CAFile: ca, Certs: s, Machine: machine}
+		_, _, err := cr.CertConfig(now)
+		if !errors.Is(err, ErrForeignCertificate) || !errors.Is(err, ErrNoCertificate) {
+			t.Errorf("machine %q: CertConfig of w1's certificate: %v, want ErrForeignCertificate and ErrNoCertificate", machine, err)
+		}
+	}
+	cr := Credentials{APIServer: "https://127.0.0.1:1", CAFile: ca, Certs: s, Machine: "w1"}
+	if _, _, err := cr.CertConfig(now); err != nil {
+		t.Errorf("w1's own certificate: %v", err)
 	}
 }

@@ -23,6 +23,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
+	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/version"
 )
@@ -41,6 +43,13 @@ var ErrBootstrapTokenRejected = errors.New("the API server rejected the bootstra
 // match, or it has expired. The caller uses the bootstrap token instead,
 // or requests a new certificate.
 var ErrNoCertificate = errors.New("no usable client certificate stored")
+
+// ErrForeignCertificate means the stored client certificate names another
+// machine than this host's (a disk cloned from another host, a golden
+// image that kept the PKI directory). It wraps ErrNoCertificate: the host
+// never speaks as that machine; it uses its bootstrap token and requests
+// a certificate of its own.
+var ErrForeignCertificate = errors.New("the stored client certificate is another machine's")
 
 // Token is a bootstrap token. It formats as "[redacted]" in every fmt verb
 // and in slog, so that a log line or an error that carries it by mistake
@@ -91,6 +100,9 @@ type Credentials struct {
 	TokenFile string
 	// Certs is where the client certificate is stored.
 	Certs CertStore
+	// Machine is this host's machine: a stored certificate for any other
+	// identity is not used (ErrForeignCertificate).
+	Machine string
 	// Timeout bounds each request (rest.Config.Timeout); 0 means 30s.
 	// Watches are not bounded by it.
 	Timeout time.Duration
@@ -147,6 +159,9 @@ func (c Credentials) CertConfig(now time.Time) (*rest.Config, *x509.Certificate,
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := CheckIdentity(pair.Cert, c.Machine); err != nil {
+		return nil, pair.Cert, err
+	}
 	if !now.Before(pair.Cert.NotAfter) {
 		return nil, pair.Cert, fmt.Errorf("%w: expired at %s", ErrNoCertificate, pair.Cert.NotAfter.UTC().Format(time.RFC3339))
 	}
@@ -157,6 +172,30 @@ func (c Credentials) CertConfig(now time.Time) (*rest.Config, *x509.Certificate,
 	cfg.CertData = pair.CertPEM
 	cfg.KeyData = pair.KeyPEM
 	return cfg, pair.Cert, nil
+}
+
+// CheckIdentity returns an error wrapping ErrForeignCertificate (and
+// ErrNoCertificate) unless cert is machine's agent identity
+// (CN=unbounded-agent:<machine>, what CertManager requests).
+func CheckIdentity(cert *x509.Certificate, machine string) error {
+	want := identity.AgentUserName(machine)
+	if machine != "" && cert.Subject.CommonName == want {
+		return nil
+	}
+	return fmt.Errorf("%w: %w: it names %q, this host is %q (want CN=%s); a disk or image copied from another host keeps its PKI directory",
+		ErrNoCertificate, ErrForeignCertificate, cert.Subject.CommonName, machine, want)
+}
+
+// CredentialsFor are the credentials the configuration cfg names, with
+// the client certificate stored in pkiDir (hostpaths.Paths.PKIDir).
+func CredentialsFor(cfg *config.Config, pkiDir string) Credentials {
+	return Credentials{
+		APIServer: cfg.Cluster.APIServer,
+		CAFile:    cfg.Resolve(cfg.Cluster.CAFile),
+		TokenFile: cfg.Resolve(cfg.Cluster.BootstrapTokenFile),
+		Certs:     CertStore{Dir: pkiDir},
+		Machine:   cfg.Machine,
+	}
 }
 
 // TokenRejected turns a 401 from a request made with the bootstrap token

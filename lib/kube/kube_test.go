@@ -47,7 +47,7 @@ func newAgentHost(t *testing.T) *agentHost {
 	tf := filepath.Join(dir, "bootstrap-token")
 	os.WriteFile(tf, []byte(token+"\n"), 0o600)
 	h.creds = kube.Credentials{APIServer: env.Host(), CAFile: env.CAFile(), TokenFile: tf,
-		Certs: kube.CertStore{Dir: filepath.Join(dir, "var/lib/unbounded/pki")}}
+		Certs: kube.CertStore{Dir: filepath.Join(dir, "var/lib/unbounded/pki")}, Machine: h.machine}
 	return h
 }
 
@@ -215,6 +215,29 @@ func TestCSRReplacesAnUnreadableStoredCertificate(t *testing.T) {
 	}, map[string]bool{})
 	if _, err := h.creds.Certs.Load(); err != nil || pair == nil {
 		t.Fatalf("after a new CSR the store is still unusable: %v", err)
+	}
+}
+
+// A disk cloned from another host holds that machine's valid
+// certificate: the manager never keeps it, it requests this host's own.
+func TestCSRReplacesAnotherMachinesStoredCertificate(t *testing.T) {
+	h := newAgentHost(t)
+	c, k := clustertest.Get(t).MintClientCert(t, "unbounded-agent:some-other-machine", nil, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
+	if err := h.creds.Certs.Save(c, k); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := h.creds.CertConfig(time.Now()); !errors.Is(err, kube.ErrForeignCertificate) {
+		t.Fatalf("CertConfig of the other machine's certificate: %v, want ErrForeignCertificate", err)
+	}
+	m := kube.CertManager{Store: h.creds.Certs, Machine: h.machine, Wait: 30 * time.Second, Log: quiet}
+	pair, _ := h.ensureApproved(t, func(ctx context.Context) (*kube.CertPair, error) {
+		return m.EnsureConfig(ctx, h.bootstrapConfig(t))
+	}, map[string]bool{})
+	if want := "unbounded-agent:" + h.machine; pair == nil || pair.Cert.Subject.CommonName != want {
+		t.Fatalf("after Ensure: %v, want a certificate for %s", pair, want)
+	}
+	if _, _, err := h.creds.CertConfig(time.Now()); err != nil {
+		t.Errorf("the stored certificate after Ensure: %v", err)
 	}
 }
 

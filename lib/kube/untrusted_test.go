@@ -53,7 +53,7 @@ func TestUntrustedIsTheWrongCANotAClosedPortOrAnAnswer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			creds := kube.Credentials{APIServer: tc.server, CAFile: tc.ca, Timeout: 5 * time.Second,
-				Certs: kube.CertStore{Dir: t.TempDir()}}
+				Certs: kube.CertStore{Dir: t.TempDir()}, Machine: "untrusted-probe"}
 			c, k := env.MintClientCert(t, "unbounded-agent:untrusted-probe", nil, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
 			if err := creds.Certs.Save(c, k); err != nil {
 				t.Fatal(err)

@@ -128,12 +128,7 @@ func (m *MachineReporter) Report(ctx context.Context, rep Report) error {
 	if a, err := state.ReadActive(m.Paths); err == nil && a != nil && a.Machine != "" {
 		machine = a.Machine
 	}
-	creds := kube.Credentials{
-		APIServer: cfg.Cluster.APIServer,
-		CAFile:    cfg.Resolve(cfg.Cluster.CAFile),
-		TokenFile: cfg.Resolve(cfg.Cluster.BootstrapTokenFile),
-		Certs:     kube.CertStore{Dir: m.Paths.PKIDir()},
-	}
+	creds := kube.CredentialsFor(cfg, m.Paths.PKIDir())
 	rc, _, err := creds.CertConfig(m.now())
 	usingToken := err != nil
 	if usingToken {

@@ -660,12 +660,7 @@ func (r *Repave) cluster(cfg *config.Config, drainTimeout time.Duration) (Cluste
 	if r.Cluster != nil {
 		return r.Cluster(cfg, drainTimeout)
 	}
-	creds := kube.Credentials{
-		APIServer: cfg.Cluster.APIServer,
-		CAFile:    cfg.Resolve(cfg.Cluster.CAFile),
-		TokenFile: cfg.Resolve(cfg.Cluster.BootstrapTokenFile),
-		Certs:     kube.CertStore{Dir: r.Paths.PKIDir()},
-	}
+	creds := kube.CredentialsFor(cfg, r.Paths.PKIDir())
 	// Only the daemon's certificate may cordon and delete the Node (the
 	// admission policy of lib/api/manifests refuses a bootstrap token).
 	rc, _, err := creds.CertConfig(r.now())

@@ -53,7 +53,7 @@ func newFixture(t *testing.T, grant bool) *fixture {
 	os.WriteFile(tf, []byte(token), 0o600)
 	f.r = &Reporter{Machine: name, Mode: v1alpha3.IsolationNone,
 		Credentials: kube.Credentials{APIServer: env.Host(), CAFile: env.CAFile(), TokenFile: tf,
-			Certs: kube.CertStore{Dir: filepath.Join(dir, "pki")}},
+			Certs: kube.CertStore{Dir: filepath.Join(dir, "pki")}, Machine: name},
 		Timeout: 5 * time.Second,
 		Log:     slog.New(slog.NewTextHandler(&f.log, nil))}
 	return f
