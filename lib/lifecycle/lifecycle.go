@@ -90,6 +90,13 @@ func (l *Lifecycle) Run(ctx context.Context) error {
 	if found {
 		return l.resume(ctx, RepaveUnit, "an interrupted repave left its journal")
 	}
+	// The first writer after a boot: an applied record whose staged
+	// replacement a power cut left unrenamed goes under its own name
+	// (readers took it already). No installation owns the host, and
+	// only installations write records.
+	if err := state.FinishApplied(l.Paths); err != nil {
+		return err
+	}
 	active, err := state.ReadActive(l.Paths)
 	if err != nil {
 		return fmt.Errorf("applied state: %w", err)

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"unbounded-cloud.io/agent/lib/bootstrap/bootstraptest"
@@ -122,5 +124,35 @@ func TestLifecycleFinishesARepaveWhoseJournalIsLeft(t *testing.T) {
 	}
 	if err := run(t, w); !errors.Is(err, state.ErrCorrupt) {
 		t.Errorf("corrupt journal: %v, want ErrCorrupt", err)
+	}
+}
+
+// A power cut between the staging of first boot's record and its renames
+// leaves only the staged pair: the next boot's lifecycle puts the record
+// under its own name, and the node's hooks are kept current as usual.
+func TestLifecyclePutsAStagedAppliedRecordUnderItsOwnName(t *testing.T) {
+	w := newWorld(t, true)
+	rec := w.P.AppliedConfig("kube1")
+	for _, f := range []string{rec, rec + ".sha256"} {
+		if err := os.Rename(f, strings.Replace(f, ".json", ".json.next", 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := run(t, w); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(rec); err != nil {
+		t.Errorf("the record is not under its own name after lifecycle: %v", err)
+	}
+	for _, f := range []string{rec + ".next", rec + ".next.sha256"} {
+		if _, err := os.Lstat(f); !os.IsNotExist(err) {
+			t.Errorf("%s is left (%v)", f, err)
+		}
+	}
+	if a, err := state.ReadApplied(w.P, "kube1"); err != nil || a.Slot != "kube1" {
+		t.Errorf("the record after lifecycle: %+v, %v", a, err)
+	}
+	if c := w.Calls(); !slices.Equal(c, []string{"ensure-hooks kube1"}) {
+		t.Errorf("calls %q, want only the hooks of kube1", c)
 	}
 }

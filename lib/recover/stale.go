@@ -245,6 +245,16 @@ func (r *Recovery) retireStale(ctx context.Context, log *slog.Logger, sd Systemd
 		o.cannot("take the installation lock: %v", err)
 		return "", false
 	}
+	// A staged replacement of a record goes under its own name first:
+	// moving the record aside would leave the staged pair to be read as
+	// the record.
+	if err := state.FinishApplied(p); err != nil {
+		if rerr := lock.Release(); rerr != nil {
+			o.cannot("release the installation lock: %v", rerr)
+		}
+		o.cannot("%v", err)
+		return "", false
+	}
 	// Decided again under the lock: a repave may have ended meanwhile.
 	again, ok := r.planRetirement(ctx, sd)
 	if !ok || again.slot != rt.slot || again.keep != rt.keep || again.sidecar != rt.sidecar {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/regfile"
 )
@@ -177,20 +178,37 @@ func ReadVerified(file string) ([]byte, error) {
 // WriteVerified atomically replaces file and its SHA-256 sidecar (see
 // pending for why this takes more than one rename). perm applies to both.
 func WriteVerified(file string, data []byte, perm os.FileMode) error {
+	if err := stage(file, data, perm); err != nil {
+		return err
+	}
+	return FinishPending(file)
+}
+
+// stage writes the staged pair of file: the record, then its sidecar (the
+// commit point).
+func stage(file string, data []byte, perm os.FileMode) error {
 	next := pending(file)
-	name := filepath.Base(file)
 	if err := WriteFileAtomic(next, data, perm); err != nil {
 		return err
 	}
-	if err := WriteFileAtomic(hostpaths.Checksum(next), ChecksumLine(data, name), perm); err != nil {
-		return err
-	}
-	return finishPending(file)
+	return WriteFileAtomic(hostpaths.Checksum(next), ChecksumLine(data, filepath.Base(file)), perm)
 }
 
-// finishPending moves a completely staged pair into place, or drops a
-// half-staged one. It is idempotent: every writer calls it before it reads.
-func finishPending(file string) error {
+// CrashAfterStagedApplied is the crash point (lib/crashpoint) between an
+// applied record's staging and its renames: a power cut there leaves
+// only the staged pair, which readers take and the next writer moves.
+const CrashAfterStagedApplied = "applied/after-staged"
+
+// FinishPending moves a completely staged pair into place, or drops a
+// half-staged one (see pending). It is idempotent. Readers never need it
+// (ReadVerified takes a complete staged pair as the record, and the
+// generator must not write); the first writer after a boot calls it so
+// that the record is under its own name again: WriteVerified after its
+// own staging, lifecycle at every boot (FinishApplied), recovery before
+// it moves a record. Call it only under the installation lock, or where
+// no installation holds it: a writer between its two staging writes has
+// a half-staged pair that this drops.
+func FinishPending(file string) error {
 	next := pending(file)
 	nextSide := hostpaths.Checksum(next)
 	if _, err := readPair(next, nextSide); err == nil {
@@ -274,7 +292,24 @@ func WriteApplied(p hostpaths.Paths, a *AppliedConfig) error {
 	}
 	// 0600: the effective config names the token file and may carry
 	// cluster details an unprivileged user has no business reading.
-	return WriteVerified(p.AppliedConfig(a.Slot), append(data, '\n'), 0o600)
+	file := p.AppliedConfig(a.Slot)
+	if err := stage(file, append(data, '\n'), 0o600); err != nil {
+		return err
+	}
+	crashpoint.Hit(CrashAfterStagedApplied)
+	return FinishPending(file)
+}
+
+// FinishApplied finishes a staged replacement of each slot's applied
+// record (FinishPending): after a power cut between the staging and the
+// renames, the record is under its real name again.
+func FinishApplied(p hostpaths.Paths) error {
+	for _, slot := range hostpaths.Slots {
+		if err := FinishPending(p.AppliedConfig(slot)); err != nil {
+			return fmt.Errorf("finish the staged applied config of %s: %w", slot, err)
+		}
+	}
+	return nil
 }
 
 // RemoveApplied forgets the applied config of slot.

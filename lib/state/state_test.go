@@ -172,7 +172,7 @@ func TestWriteVerifiedSurvivesACrashAtEveryStep(t *testing.T) {
 				t.Fatalf("read %s, want %s", got.KubernetesVersion, want)
 			}
 			// The next writer finishes or drops the staged pair first.
-			if err := finishPending(f); err != nil {
+			if err := FinishPending(f); err != nil {
 				t.Fatal(err)
 			}
 			got, err = ReadApplied(p, "kube1")
