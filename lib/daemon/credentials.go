@@ -37,7 +37,15 @@ type credentials struct {
 	kind    string // "certificate" or "bootstrap token"
 	rest    *rest.Config
 	renew   *renewal
+	// pending is, on the bootstrap token, why no certificate is used
+	// (none issued yet, expired, another machine's).
+	pending string
 }
+
+// tokenOnly reports whether the daemon speaks with the bootstrap token:
+// the admission policies let it write only the bootstrap's part of the
+// Machine's status (lib/api/manifests, [bootstrap-status]).
+func (c *credentials) tokenOnly() bool { return c.kind == "bootstrap token" }
 
 // renewal obtains the next certificate at a point in time.
 type renewal struct {
@@ -52,16 +60,17 @@ func loadCredentials(p hostpaths.Paths, now time.Time) (*credentials, error) {
 	}
 	creds := kube.CredentialsFor(cfg, p.PKIDir())
 	mgr := kube.CertManager{Store: creds.Certs, Machine: cfg.Machine}
-	if rc, cert, err := creds.CertConfig(now); err == nil {
+	rc, cert, certErr := creds.CertConfig(now)
+	if certErr == nil {
 		return &credentials{machine: cfg.Machine, kind: "certificate", rest: rc,
 			renew: &renewal{at: kube.RenewAt(cert), manager: mgr}}, nil
 	}
-	rc, err := creds.BootstrapConfig()
+	rc, err = creds.BootstrapConfig()
 	if err != nil {
-		return nil, fmt.Errorf("no usable client certificate and no bootstrap token: %w", err)
+		return nil, fmt.Errorf("no usable client certificate (%v) and no bootstrap token: %w", certErr, err)
 	}
 	return &credentials{machine: cfg.Machine, kind: "bootstrap token", rest: rc,
-		renew: &renewal{at: now, manager: mgr}}, nil
+		renew: &renewal{at: now, manager: mgr}, pending: certErr.Error()}, nil
 }
 
 // run waits until the renewal point, obtains a certificate with cfg, and

@@ -135,7 +135,7 @@ func Run(ctx context.Context, opts Options) error {
 		if cfg == nil {
 			cfg = creds.rest
 			d.renew = creds.renew
-			log.Info("cluster credential", "kind", creds.kind)
+			d.useCredential(log, creds)
 		}
 	}
 	if err := identity.ValidateMachineName(d.machine); err != nil {
@@ -170,8 +170,33 @@ func Run(ctx context.Context, opts Options) error {
 		if d.cluster, err = newCluster(cfg); err != nil {
 			return err
 		}
-		log.Info("cluster credential", "kind", creds.kind)
+		d.useCredential(log, creds)
+		_ = d.host.notify("STATUS=" + d.watching())
 	}
+}
+
+// useCredential notes which credential the daemon speaks with. On the
+// bootstrap token it says once, in the journal and in STATUS=, that its
+// certificate is pending and why: until it has one it writes only what
+// the token may (the agent version; the bootstrap writes the rest of
+// its part), and the writes the token may not make are not tried (the
+// cluster would refuse each), but made once the certificate is issued.
+func (d *daemon) useCredential(log *slog.Logger, c *credentials) {
+	d.tokenOnly = c.tokenOnly()
+	if !d.tokenOnly {
+		log.Info("cluster credential", "kind", c.kind)
+		return
+	}
+	log.Warn("cluster credential: the bootstrap token, until this host's client certificate is issued; until then only the agent version is reported on the Machine (isolation, slot and Node name follow with the certificate)",
+		"kind", c.kind, "certificate", c.pending)
+}
+
+// watching is the STATUS= of a daemon that follows its Machine.
+func (d *daemon) watching() string {
+	if d.tokenOnly {
+		return "watching Machine " + d.machine + " (client certificate pending: reporting only the agent version)"
+	}
+	return "watching Machine " + d.machine
 }
 
 func checkOwnership(p hostpaths.Paths) error {
@@ -236,19 +261,21 @@ type result struct {
 }
 
 type daemon struct {
-	opts    Options
-	p       hostpaths.Paths
-	host    Host
-	log     *slog.Logger
-	active  *state.AppliedConfig
-	machine string
-	node    string
-	poll    time.Duration
-	grace   time.Duration // Options.NodeGoneGrace
-	started time.Time
-	cluster *cluster
-	sd      Systemd
-	renew   *renewal
+	opts Options
+	// tokenOnly: the credential is the bootstrap token (useCredential).
+	tokenOnly bool
+	p         hostpaths.Paths
+	host      Host
+	log       *slog.Logger
+	active    *state.AppliedConfig
+	machine   string
+	node      string
+	poll      time.Duration
+	grace     time.Duration // Options.NodeGoneGrace
+	started   time.Time
+	cluster   *cluster
+	sd        Systemd
+	renew     *renewal
 
 	mu         sync.Mutex
 	machineUID types.UID
@@ -325,7 +352,7 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 	// Ready once the host side is set up: a cluster that is unreachable
 	// at boot must not make the start time out and the unit fail; the
 	// watches keep retrying.
-	if err := d.host.notify("READY=1\nSTATUS=watching Machine " + d.machine); err != nil {
+	if err := d.host.notify("READY=1\nSTATUS=" + d.watching()); err != nil {
 		d.log.Warn("sd_notify READY failed", "error", err)
 	}
 	d.log.Info("daemon started", "version", version.Version, "node", d.node)
@@ -484,7 +511,7 @@ func (d *daemon) followMachine(ctx context.Context) {
 			d.log.Info("Machine registered; following it", "uid", d.machineObj.UID)
 		}
 		d.machineSeen, d.idleLogged = true, ""
-		_ = d.host.notify("STATUS=watching Machine " + d.machine)
+		_ = d.host.notify("STATUS=" + d.watching())
 		d.followGen++
 		fctx, stop := context.WithCancel(context.WithValue(ctx, genKey{}, d.followGen))
 		d.followStop = stop
@@ -693,14 +720,16 @@ func (d *daemon) reportMachine(ctx context.Context) {
 	defer cancel()
 	want := d.machineObj.DeepCopy()
 	want.Status.Agent = &v1alpha3.AgentStatus{Version: version.Version}
-	if d.active != nil {
+	// With the bootstrap token only the agent version: the rest is not
+	// the bootstrap's, and the token may not write it (useCredential).
+	if d.active != nil && !d.tokenOnly {
 		iso := &v1alpha3.IsolationStatus{Mode: v1alpha3.IsolationMode(d.active.Mode)}
 		if d.active.Mode != string(v1alpha3.IsolationNone) {
 			iso.Slot = v1alpha3.Slot(d.active.Slot)
 		}
 		want.Status.Isolation = iso
 	}
-	if d.nodeSeen != "" {
+	if d.nodeSeen != "" && !d.tokenOnly {
 		want.Status.NodeName = d.nodeSeen
 	}
 	if equality.Semantic.DeepEqual(want.Status, d.machineObj.Status) {

@@ -1,0 +1,96 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/api/identity"
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/version"
+	"unbounded-cloud.io/agent/tests/kubeenv"
+)
+
+// lockedBuffer is a log sink the daemon's goroutines may share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A host whose certificate is not issued yet (no approver has approved
+// its CSR) runs its daemon on the bootstrap token: it reports what the
+// token may (the agent version), says once that the certificate is
+// pending, and does not try the writes the cluster refuses the token
+// (isolation, slot: the admission policy's [bootstrap-status] rule).
+func TestDaemonOnTheBootstrapTokenReportsOnlyWhatTheTokenMayAndSaysOnceWhy(t *testing.T) {
+	env := getEnv(t)
+	machine := env.newMachine(t)
+	id, secret := kubeenv.RandomTokenID(t)
+	token := env.CreateBootstrapToken(t, id, secret, identity.BootstrapAgentsGroup, identity.BootstrapGroup(machine))
+	p := newRoot(t, machine)
+	write := func(name, data string, mode os.FileMode) {
+		t.Helper()
+		if err := os.MkdirAll(p.Join("/etc/unbounded"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p.Join(name), []byte(data), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("/etc/unbounded/ca.crt", string(env.CAPEM(t)), 0o644)
+	write("/etc/unbounded/bootstrap-token", token+"\n", 0o600)
+	write(p.Rel(p.ConfigFile()), `machine = "`+machine+`"
+[cluster]
+api-server = "`+env.Host()+`"
+kubernetes-version = "1.36.3"
+`, 0o644)
+	var logs, status lockedBuffer
+	fake := newFakeSystemd()
+	host := fake.host()
+	host.Notify = func(s string) error { _, err := status.Write([]byte(s + "\n")); return err }
+	d := startDaemon(t, Options{Paths: p, Host: host, PollInterval: 20 * time.Millisecond, NodeGoneGrace: time.Hour,
+		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+
+	var m *v1alpha3.Machine
+	eventually(t, 20*time.Second, "the agent version reported with the token", func() bool {
+		var err error
+		m, err = env.ops.machines.Get(context.Background(), machine)
+		return err == nil && m.Status.Agent != nil && m.Status.Agent.Version == version.Version
+	})
+	// Long enough for a refused write and its 30 s retry to show up in
+	// the log if the daemon made one.
+	time.Sleep(2 * time.Second)
+	if err := d.stop(t); err != nil {
+		t.Fatalf("daemon: %v", err)
+	}
+	out := logs.String()
+	if m.Status.Isolation != nil || m.Status.NodeName != "" {
+		t.Errorf("Machine status %+v: the token may not write isolation or the Node name", m.Status)
+	}
+	if strings.Contains(out, "cannot report the Machine status") || strings.Contains(out, "bootstrap-status") {
+		t.Errorf("the daemon tried a write the token may not make:\n%s", out)
+	}
+	if n := strings.Count(out, "until this host's client certificate is issued"); n != 1 {
+		t.Errorf("the pending certificate was said %d times, want once:\n%s", n, out)
+	}
+	if st := status.String(); !strings.Contains(st, "STATUS=watching Machine "+machine+" (client certificate pending") {
+		t.Errorf("sd_notify %q does not say the certificate is pending", st)
+	}
+}
