@@ -49,6 +49,7 @@ import (
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/noderecord"
+	"unbounded-cloud.io/agent/lib/report"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/version"
 )
@@ -720,6 +721,15 @@ func (d *daemon) reportMachine(ctx context.Context) {
 	defer cancel()
 	want := d.machineObj.DeepCopy()
 	want.Status.Agent = &v1alpha3.AgentStatus{Version: version.Version}
+	if d.active != nil && (want.Status.Bootstrap == nil || want.Status.Bootstrap.State != v1alpha3.BootstrapSucceeded) {
+		// A host with an applied record was bootstrapped (a record is
+		// written only once its node is healthy), so the Machine is owed
+		// the bootstrap's Succeeded: a power cut between the record and
+		// its report, or an API server down then, lost it, and the next
+		// boot only hands the node over. Either credential may write it.
+		report.SetBootstrap(want, v1alpha3.BootstrapSucceeded, report.ReasonSucceeded, "node bootstrapped (reported by the daemon: the bootstrap's own report did not land)", d.host.now())
+		d.log.Info("reporting the bootstrap's Succeeded, which the Machine lacks", "slot", d.active.Slot)
+	}
 	// With the bootstrap token only the agent version: the rest is not
 	// the bootstrap's, and the token may not write it (useCredential).
 	if d.active != nil && !d.tokenOnly {

@@ -10,8 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+
 	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/report"
 	"unbounded-cloud.io/agent/lib/version"
 	"unbounded-cloud.io/agent/tests/kubeenv"
 )
@@ -93,4 +96,26 @@ kubernetes-version = "1.36.3"
 	if st := status.String(); !strings.Contains(st, "STATUS=watching Machine "+machine+" (client certificate pending") {
 		t.Errorf("sd_notify %q does not say the certificate is pending", st)
 	}
+}
+
+// A power cut between first boot's record and its report leaves the
+// Machine Running with Bootstrapped=False on a host that runs its node:
+// the daemon, which the next boot starts, makes the report the bootstrap
+// owed.
+func TestDaemonMakesTheBootstrapsSucceededReportALostOneOwed(t *testing.T) {
+	f := newFixture(t)
+	m, err := f.env.ops.machines.Get(context.Background(), f.machine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report.SetBootstrap(m, v1alpha3.BootstrapRunning, "Running", "bootstrap running", time.Now())
+	if _, err := f.env.ops.machines.UpdateStatus(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	startDaemon(t, f.opts)
+	eventually(t, 20*time.Second, "the Machine reports the bootstrap Succeeded", func() bool {
+		m, err := f.env.ops.machines.Get(context.Background(), f.machine)
+		return err == nil && m.Status.Bootstrap != nil && m.Status.Bootstrap.State == v1alpha3.BootstrapSucceeded &&
+			meta.IsStatusConditionTrue(m.Status.Conditions, v1alpha3.ConditionBootstrapped) && m.Status.Phase == v1alpha3.MachineReady
+	})
 }

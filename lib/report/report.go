@@ -115,28 +115,7 @@ func (r *Reporter) report(ctx context.Context, st v1alpha3.BootstrapState, reaso
 		return nil
 	}
 	mutate := func(m *v1alpha3.Machine) bool {
-		now := metav1.NewTime(r.now())
-		m.Status.Bootstrap = &v1alpha3.BootstrapStatus{State: st, Message: truncate(message, 4096), Time: &now}
-		cond := metav1.Condition{Type: v1alpha3.ConditionBootstrapped, Status: metav1.ConditionFalse,
-			Reason: reason, Message: truncate(message, 4096), ObservedGeneration: m.Generation}
-		switch st {
-		case v1alpha3.BootstrapRunning:
-			m.Status.Phase = v1alpha3.MachineBootstrapping
-		case v1alpha3.BootstrapSucceeded:
-			m.Status.Phase = v1alpha3.MachineReady
-			cond.Status = metav1.ConditionTrue
-		case v1alpha3.BootstrapFailed:
-			m.Status.Phase = v1alpha3.MachineFailed
-			m.Status.Bootstrap.Reason = reason
-		}
-		if meta.IsStatusConditionTrue(m.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) {
-			// A refusal recorded by the fence is cleared only by a fence
-			// check that read the allocation on this Machine; the
-			// bootstrap's progress must not paint over it.
-			m.Status.Phase = v1alpha3.MachineRefused
-		}
-		meta.SetStatusCondition(&m.Status.Conditions, cond)
-		m.Status.Agent = &v1alpha3.AgentStatus{Version: version.Version}
+		SetBootstrap(m, st, reason, message, r.now())
 		return true
 	}
 	_, err = ms.MutateStatus(ctx, r.Machine, mutate)
@@ -154,6 +133,36 @@ func (r *Reporter) report(ctx context.Context, st v1alpha3.BootstrapState, reaso
 		return nil
 	}
 	return r.explain(err, st, usingToken)
+}
+
+// SetBootstrap sets the bootstrap's part of m's status (what a bootstrap
+// token may write): the bootstrap state, the phase, the Bootstrapped
+// condition and the agent version. The daemon uses it too, to make a
+// Succeeded report the bootstrap owed (the node was recorded, the report
+// did not land).
+func SetBootstrap(m *v1alpha3.Machine, st v1alpha3.BootstrapState, reason, message string, at time.Time) {
+	now := metav1.NewTime(at)
+	m.Status.Bootstrap = &v1alpha3.BootstrapStatus{State: st, Message: truncate(message, 4096), Time: &now}
+	cond := metav1.Condition{Type: v1alpha3.ConditionBootstrapped, Status: metav1.ConditionFalse,
+		Reason: reason, Message: truncate(message, 4096), ObservedGeneration: m.Generation}
+	switch st {
+	case v1alpha3.BootstrapRunning:
+		m.Status.Phase = v1alpha3.MachineBootstrapping
+	case v1alpha3.BootstrapSucceeded:
+		m.Status.Phase = v1alpha3.MachineReady
+		cond.Status = metav1.ConditionTrue
+	case v1alpha3.BootstrapFailed:
+		m.Status.Phase = v1alpha3.MachineFailed
+		m.Status.Bootstrap.Reason = reason
+	}
+	if meta.IsStatusConditionTrue(m.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) {
+		// A refusal recorded by the fence is cleared only by a fence
+		// check that read the allocation on this Machine; the
+		// bootstrap's progress must not paint over it.
+		m.Status.Phase = v1alpha3.MachineRefused
+	}
+	meta.SetStatusCondition(&m.Status.Conditions, cond)
+	m.Status.Agent = &v1alpha3.AgentStatus{Version: version.Version}
 }
 
 // explain turns a failed report into one log line that says what is
