@@ -122,6 +122,12 @@ var CrashPoints = func() []string {
 	return append(out, "bootstrap/after-release", "bootstrap/after-reload")
 }()
 
+// CrashAfterApplied is the crash point between the record and its
+// Succeeded report, inside the record phase: not in CrashPoints, whose
+// chain resumes each point in turn (a recorded host is handed over, and
+// never reaches the points after it).
+const CrashAfterApplied = "bootstrap/after-applied"
+
 // DefaultReadyTimeout bounds the wait for a Ready Node. A kubelet's TLS
 // bootstrap, its first sync and the CNI's readiness take tens of seconds
 // on a healthy host; ten minutes also covers a pull of the pause image
@@ -285,6 +291,13 @@ func (b *Bootstrap) Run(ctx context.Context) error {
 	}
 	b.crash("bootstrap/after-lock")
 
+	// The first writer after a boot that cut an earlier run between the
+	// staging of its record and the renames: the record goes under its
+	// own name before anything reads it.
+	if err := state.FinishApplied(b.Paths); err != nil {
+		lock.Release()
+		return err
+	}
 	active, err := state.ReadActive(b.Paths)
 	if err != nil {
 		lock.Release()
@@ -355,6 +368,11 @@ func (b *Bootstrap) load(ctx context.Context) (*config.Config, *Journal, Reporte
 	if cfg.Mode == "nspawn" && cfg.Nspawn.Image == "" {
 		return nil, nil, nil, fmt.Errorf("%w: %s: [nspawn] image is not set; mode nspawn builds the node from that image",
 			exitcode.ErrConfigInvalid, strings.Join(cfg.Files, ", "))
+	}
+	// node.ip must be an address of this host: said now, not once the
+	// host is prepared and the slot is built.
+	if _, err := modes.NodeIPs(cfg); err != nil {
+		return nil, nil, nil, err
 	}
 	input, err := inputSum(cfg)
 	if err != nil {
@@ -658,7 +676,10 @@ func (b *Bootstrap) record(ctx context.Context, cfg *config.Config, slot string,
 	if err := state.WriteApplied(b.Paths, a); err != nil {
 		return err
 	}
-	// Best effort (lib/report): the node is up whatever the report does.
+	b.crash(CrashAfterApplied)
+	// Best effort (lib/report): the node is up whatever the report does;
+	// a report that does not land is the daemon's to make (it reports
+	// Succeeded for a host with an applied record).
 	_ = rep.Succeeded(ctx)
 	return nil
 }

@@ -278,6 +278,23 @@ func TestNspawnModeWithoutAnImageExits78BeforeTheHostIsChanged(t *testing.T) {
 	}
 }
 
+// A node.ip that is not an address of this host is a configuration
+// error at its line, said before the host is changed.
+func TestNodeIPThatIsNotTheHostsExits78AtItsLineBeforeTheHostIsChanged(t *testing.T) {
+	w := newWorld(t)
+	w.Write("/etc/unbounded/agent.toml.d/50-ip.toml", "[node]\nip = \"2001:db8::dead\"\n")
+	before, _ := w.Snapshot()
+	err := run(t, w)
+	if code := exitcode.For(err); code != exitcode.ConfigInvalid || !strings.Contains(err.Error(), "50-ip.toml:2: node.ip: 2001:db8::dead is not an address of this host") {
+		t.Fatalf("exit %d: %v", code, err)
+	}
+	after, _ := w.Snapshot()
+	delete(after, "run/unbounded/ownership.lock")
+	if d := bootstraptest.Diff(before, after); len(d) > 0 {
+		t.Errorf("the host changed:\n%s", strings.Join(d, "\n"))
+	}
+}
+
 func TestAnotherInstallationOwningTheHostDefers(t *testing.T) {
 	w := newWorld(t)
 	lock, err := state.AcquireOwnership(w.P, "reset", "unbounded-reset.service")

@@ -229,6 +229,22 @@ func (s Slot) Check() error {
 	return nil
 }
 
+// NodeIPs is the Node's address on this host for the configuration c
+// (HostNet.NodeIPs of node.ip): a configured address that is not the
+// host's is a configuration error at node.ip's line (exit 78). The
+// operations that change the host call it before their first change.
+func NodeIPs(c *config.Config) ([]netip.Addr, error) {
+	configured, err := config.ParseNodeIPs(c.Node.IP)
+	if err != nil {
+		return nil, c.KeyError("node.ip", "%v", err)
+	}
+	ips, err := HostNet{}.NodeIPs(configured)
+	if err != nil {
+		return nil, c.KeyError("node.ip", "%v", err)
+	}
+	return ips, nil
+}
+
 // SlotFromConfig builds the Slot that the configuration c describes, with
 // the verified artifacts a. It reads the CA file and the bootstrap token
 // (both checked by config.Load already; read again because they can change
@@ -242,13 +258,9 @@ func SlotFromConfig(c *config.Config, slot string, a Artifacts) (Slot, error) {
 	if err != nil {
 		return Slot{}, err
 	}
-	configured, err := config.ParseNodeIPs(c.Node.IP)
+	ips, err := NodeIPs(c)
 	if err != nil {
-		return Slot{}, c.KeyError("node.ip", "%v", err)
-	}
-	ips, err := HostNet{}.NodeIPs(configured)
-	if err != nil {
-		return Slot{}, c.KeyError("node.ip", "%v", err)
+		return Slot{}, err
 	}
 	s := Slot{
 		Name: slot,

@@ -273,6 +273,12 @@ func (r *Repave) Run(ctx context.Context) error {
 		return err // 69: another installation owns the host
 	}
 	r.crash("repave/after-lock")
+	// A record a power cut left staged goes under its own name first (the
+	// first writer after the boot).
+	if err := state.FinishApplied(r.Paths); err != nil {
+		lock.Release()
+		return err
+	}
 	j, cfg, m, err := r.plan(ctx)
 	if err != nil {
 		lock.Release()
@@ -357,6 +363,10 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 	if cfg.Machine != active.Machine && active.Machine != "" {
 		return nil, nil, nil, fmt.Errorf("%w: the desired config names machine %q, the node runs as %q: a repave keeps the Node's name (reset and bootstrap the host to rename it)",
 			exitcode.ErrConfigInvalid, cfg.Machine, active.Machine)
+	}
+	// node.ip must be an address of this host: said before the drain.
+	if _, err := modes.NodeIPs(cfg); err != nil {
+		return nil, nil, nil, err
 	}
 	want, err := effective(cfg)
 	if err != nil {
