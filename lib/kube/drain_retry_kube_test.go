@@ -184,9 +184,10 @@ func TestDrainAndCordonRideOutAnAPIServerThatDoesNotAnswer(t *testing.T) {
 	}
 }
 
-// TestAnAnswerThatIsNotTransientFailsAtOnce: a 403 is the API server's
-// answer, not its absence: neither the drain nor the cordon tries again.
-func TestAnAnswerThatIsNotTransientFailsAtOnce(t *testing.T) {
+// TestDrainAndCordonFailAtOnceOnAnAnswerThatIsNotTransient: a 403 is the
+// API server's answer, not its absence: neither the drain nor the cordon
+// tries again.
+func TestDrainAndCordonFailAtOnceOnAnAnswerThatIsNotTransient(t *testing.T) {
 	f := newDrainFixture(t)
 	calls := &apiCalls{plan: map[string][]fault{"list pods": {forbidden}, "patch node": {forbidden}}}
 	d := f.drainer(calls)
@@ -211,10 +212,10 @@ func TestAnAnswerThatIsNotTransientFailsAtOnce(t *testing.T) {
 	}
 }
 
-// TestRetriesEndAtTheirBound: with an API server that never answers, the
-// retries end at RetryFor, at the context's sooner deadline, and at the
-// drain's timeout, each with the last failure.
-func TestRetriesEndAtTheirBound(t *testing.T) {
+// TestDrainerRetriesEndAtTheirBound: with an API server that never
+// answers, the retries end at RetryFor, at the context's sooner deadline,
+// and at the drain's timeout, each with the last failure.
+func TestDrainerRetriesEndAtTheirBound(t *testing.T) {
 	f := newDrainFixture(t)
 	calls := &apiCalls{down: true}
 	d := f.drainer(calls)
