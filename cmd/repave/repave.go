@@ -24,9 +24,10 @@ import (
 
 type cli struct {
 	concern.Root
-	Force        bool          `help:"Repave even when the desired config is the applied one, and go on when the drain times out or the cluster cannot be asked."`
-	DrainTimeout time.Duration `help:"How long the drain (evictions, PodDisruptionBudgets, grace periods) may take; the request's drainTimeout parameter wins." default:"5m"`
-	ReadyTimeout time.Duration `help:"How long to wait for the new node to be Ready before rolling back." default:"10m"`
+	Force           bool          `help:"Repave even when the desired config is the applied one, and go on when the drain times out or the cluster cannot be asked (not past pods without a controller: --delete-unmanaged)."`
+	DrainTimeout    time.Duration `help:"How long the drain (evictions, PodDisruptionBudgets, grace periods) may take; the request's drainTimeout parameter wins." default:"5m"`
+	DeleteUnmanaged bool          `help:"Let the drain evict the pods without a controller (nothing creates them again: they are lost); without it such pods refuse the drain and the repave fails with the node as it was. The request's deleteUnmanaged parameter does the same."`
+	ReadyTimeout    time.Duration `help:"How long to wait for the new node to be Ready before rolling back." default:"10m"`
 }
 
 // Main runs repave with args (without the program name) and returns the
@@ -42,7 +43,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	log := logging.New(stderr, slog.LevelInfo)
-	r := &repave.Repave{Paths: paths, Force: c.Force, DrainTimeout: c.DrainTimeout, ReadyTimeout: c.ReadyTimeout, Log: log}
+	r := &repave.Repave{Paths: paths, Force: c.Force, DrainTimeout: c.DrainTimeout, DeleteUnmanaged: c.DeleteUnmanaged, ReadyTimeout: c.ReadyTimeout, Log: log}
 	err := r.Run(ctx)
 	if errors.Is(err, repave.ErrNothingToDo) {
 		log.Info("repave: " + err.Error())

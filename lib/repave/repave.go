@@ -26,8 +26,9 @@
 //	           Node exists)
 //	drain      its pods are evicted through the eviction API (lib/kube
 //	           Drainer: PodDisruptionBudgets honoured, DaemonSet and mirror
-//	           pods left), bounded by the drain timeout; on timeout the
-//	           Node is uncordoned and the repave fails, unless forced.
+//	           pods left, pods without a controller refused unless
+//	           deleteUnmanaged), bounded by the drain timeout; on timeout
+//	           the Node is uncordoned and the repave fails, unless forced.
 //	           unbounded-fence.service is started beside it (earlyFence)
 //	switch     Mode.Repave: the old stack stopped, its networking cleaned,
 //	           then the Fence hook (the Node deleted now that its kubelet
@@ -105,11 +106,19 @@ const Concern = "repave"
 const (
 	// ParamForce "true": repave even when the desired config is the
 	// applied one, and go on when the drain times out (or the cluster
-	// cannot be asked) instead of failing.
+	// cannot be asked) instead of failing; not when the drain refuses
+	// pods without a controller (ParamDeleteUnmanaged).
 	ParamForce = "force"
 	// ParamDrainTimeout is a Go duration ("90s", "10m") bounding the
 	// drain; absent: the --drain-timeout flag (default 5 min).
 	ParamDrainTimeout = "drainTimeout"
+	// ParamDeleteUnmanaged "true": the drain evicts the pods without a
+	// controller too (nothing creates them again: they are lost), where
+	// without it such pods refuse the drain (kube.ErrUnmanagedPods) and
+	// the repave fails with the Node as it was. Force does not decide
+	// this: it goes on past a drain that timed out, not past pods that
+	// an eviction would lose.
+	ParamDeleteUnmanaged = "deleteUnmanaged"
 )
 
 // Steps, in order.
@@ -153,9 +162,9 @@ type Journal struct {
 	// bootstrap token referenced by file): a resumed run applies exactly
 	// this, whatever the files on disk say by then.
 	Config json.RawMessage `json:"config"`
-	// Force and DrainTimeout are the run's options, kept for a resume.
-	Force        bool          `json:"force,omitempty"`
-	DrainTimeout time.Duration `json:"drain-timeout,omitempty"`
+	// The run's options, kept for a resume: a resumed run drains as the
+	// first one was told to.
+	Options
 	// Request is the UID of the daemon's request this run carries out
 	// ("" for a start by hand).
 	Request string   `json:"request,omitempty"`
@@ -166,6 +175,20 @@ type Journal struct {
 	// Step says where the last run got to, for `unbounded status`.
 	Step      string    `json:"step,omitempty"`
 	StartedAt time.Time `json:"started-at,omitzero"`
+}
+
+// Options are a run's options, from the flags and the daemon's request
+// (its drainTimeout wins; its "true" force or deleteUnmanaged adds to the
+// flags).
+type Options struct {
+	// Force repaves an unchanged config, and goes on past a drain that
+	// timed out or a cluster that cannot be asked.
+	Force bool `json:"force,omitempty"`
+	// DeleteUnmanaged evicts the pods without a controller
+	// (kube.Drainer.DeleteUnmanaged).
+	DeleteUnmanaged bool `json:"delete-unmanaged,omitempty"`
+	// DrainTimeout bounds the drain.
+	DrainTimeout time.Duration `json:"drain-timeout,omitempty"`
 }
 
 func (j *Journal) done(step string) bool { return slices.Contains(j.Done, step) }
@@ -184,11 +207,15 @@ type Cluster interface {
 type Repave struct {
 	Paths hostpaths.Paths
 	// Force repaves an unchanged config, and goes on past a drain that
-	// timed out (the request's "force" parameter does the same).
+	// timed out (the request's "force" parameter does the same), but not
+	// past pods without a controller (DeleteUnmanaged).
 	Force bool
 	// DrainTimeout bounds the drain; 0 is kube.DefaultDrainTimeout (the
 	// request's "drainTimeout" parameter wins).
 	DrainTimeout time.Duration
+	// DeleteUnmanaged lets the drain evict the pods without a controller
+	// (the request's "deleteUnmanaged" parameter does the same).
+	DeleteUnmanaged bool
 	// ReadyTimeout bounds the wait for the new node; 0 is
 	// bootstrap.DefaultReadyTimeout.
 	ReadyTimeout time.Duration
@@ -199,9 +226,9 @@ type Repave struct {
 	Systemd func(ctx context.Context) (units.Manager, error)
 	// Fetch fetches the verified artifacts; nil: lib/artifacts.
 	Fetch func(ctx context.Context, cfg *config.Config) ([]artifacts.Result, error)
-	// Cluster returns the cluster client for cfg's Node; nil: lib/kube's
-	// Drainer with the stored client certificate.
-	Cluster func(cfg *config.Config, drainTimeout time.Duration) (Cluster, error)
+	// Cluster returns the cluster client for cfg's Node, draining as o
+	// says; nil: lib/kube's Drainer with the stored client certificate.
+	Cluster func(cfg *config.Config, o Options) (Cluster, error)
 	// Healthy waits for the new node; nil: bootstrap's ready wait.
 	Healthy func(ctx context.Context, cfg *config.Config, slot string, m modes.Mode) error
 	// Fence runs the allocation fence; nil: unbounded-fence.service.
@@ -352,7 +379,7 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	force, drainTimeout, err := r.options(req)
+	opts, err := r.options(req)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -374,13 +401,13 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 	}
 	if same, err := sameConfig(want, active.Config); err != nil {
 		return nil, nil, nil, err
-	} else if same && !force {
+	} else if same && !opts.Force {
 		r.status("the desired config is the one slot %s runs: nothing to do", active.Slot)
 		return nil, nil, nil, nil
 	}
 	j = Journal{
 		From: active.Slot, To: TargetSlot(active.Mode, active.Slot), Mode: active.Mode,
-		Config: want, Force: force, DrainTimeout: drainTimeout, StartedAt: r.now().UTC(),
+		Config: want, Options: opts, StartedAt: r.now().UTC(),
 	}
 	if req != nil {
 		j.Request = req.UID
@@ -393,7 +420,7 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 		return nil, nil, nil, err
 	}
 	r.log().Info("repave planned", "from", j.From, "to", j.To, "mode", j.Mode,
-		"kubernetes_version", cfg.Cluster.KubernetesVersion, "force", force, "drain_timeout", drainTimeout.String())
+		"kubernetes_version", cfg.Cluster.KubernetesVersion, "force", opts.Force, "delete_unmanaged", opts.DeleteUnmanaged, "drain_timeout", opts.DrainTimeout.String())
 	return &j, cfg, m, nil
 }
 
@@ -468,10 +495,10 @@ func VanishedNode(req *request.Request) bool {
 	return req != nil && req.Operation == "" && strings.HasPrefix(req.UID, "node:")
 }
 
-// options are the run's force and drain timeout: the request's parameters
-// win over the flags.
-func (r *Repave) options(req *request.Request) (bool, time.Duration, error) {
-	force, timeout := r.Force, r.DrainTimeout
+// options are the run's options: the request's parameters win over the
+// flags (a "true" one adds to them).
+func (r *Repave) options(req *request.Request) (Options, error) {
+	force, deleteUnmanaged, timeout := r.Force, r.DeleteUnmanaged, r.DrainTimeout
 	if VanishedNode(req) {
 		// The config did not change, the Node did: the new node registers
 		// it afresh, so unchanged is no reason to stop here.
@@ -483,14 +510,21 @@ func (r *Repave) options(req *request.Request) (bool, time.Duration, error) {
 		if v, ok := req.Parameters[ParamForce]; ok {
 			b, err := strconv.ParseBool(v)
 			if err != nil {
-				return false, 0, fmt.Errorf("the daemon's request: parameter %s=%q: want true or false", ParamForce, v)
+				return Options{}, fmt.Errorf("the daemon's request: parameter %s=%q: want true or false", ParamForce, v)
 			}
 			force = force || b
+		}
+		if v, ok := req.Parameters[ParamDeleteUnmanaged]; ok {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return Options{}, fmt.Errorf("the daemon's request: parameter %s=%q: want true or false", ParamDeleteUnmanaged, v)
+			}
+			deleteUnmanaged = deleteUnmanaged || b
 		}
 		if v, ok := req.Parameters[ParamDrainTimeout]; ok {
 			d, err := time.ParseDuration(v)
 			if err != nil || d <= 0 {
-				return false, 0, fmt.Errorf("the daemon's request: parameter %s=%q: want a positive duration such as 90s or 10m", ParamDrainTimeout, v)
+				return Options{}, fmt.Errorf("the daemon's request: parameter %s=%q: want a positive duration such as 90s or 10m", ParamDrainTimeout, v)
 			}
 			timeout = d
 		}
@@ -498,7 +532,7 @@ func (r *Repave) options(req *request.Request) (bool, time.Duration, error) {
 	if timeout <= 0 {
 		timeout = kube.DefaultDrainTimeout
 	}
-	return force, timeout, nil
+	return Options{Force: force, DeleteUnmanaged: deleteUnmanaged, DrainTimeout: timeout}, nil
 }
 
 // effective is the config as an applied record stores it (the JSON
@@ -593,7 +627,7 @@ func (r *Repave) steps(ctx context.Context, j *Journal, cfg *config.Config, m mo
 			return cl, nil
 		}
 		var err error
-		cl, err = r.cluster(cfg, j.DrainTimeout)
+		cl, err = r.cluster(cfg, j.Options)
 		return cl, err
 	}
 	steps := []struct {
@@ -666,9 +700,9 @@ func (r *Repave) fetch(ctx context.Context, cfg *config.Config) ([]artifacts.Res
 	return f.FetchAll(ctx, artifacts.FromConfig(cfg, runtime.GOARCH))
 }
 
-func (r *Repave) cluster(cfg *config.Config, drainTimeout time.Duration) (Cluster, error) {
+func (r *Repave) cluster(cfg *config.Config, o Options) (Cluster, error) {
 	if r.Cluster != nil {
-		return r.Cluster(cfg, drainTimeout)
+		return r.Cluster(cfg, o)
 	}
 	creds := kube.CredentialsFor(cfg, r.Paths.PKIDir())
 	// Only the daemon's certificate may cordon and delete the Node (the
@@ -681,7 +715,7 @@ func (r *Repave) cluster(cfg *config.Config, drainTimeout time.Duration) (Cluste
 	if err != nil {
 		return nil, err
 	}
-	d.Timeout, d.Log = drainTimeout, r.log()
+	d.Timeout, d.DeleteUnmanaged, d.Log = o.DrainTimeout, o.DeleteUnmanaged, r.log()
 	return d, nil
 }
 
@@ -709,6 +743,8 @@ func (r *Repave) cordon(ctx context.Context, j *Journal, cfg *config.Config, clu
 			}
 		}
 	}
+	// GetNode and SetUnschedulable try again for a minute
+	// (kube.DefaultRetryFor) before they say the cluster cannot be asked.
 	if err != nil && j.Force && unreachable(err) {
 		r.log().Warn("the cluster cannot be asked; forced: repaving without cordon and drain", "error", err.Error())
 		return nil
@@ -740,6 +776,11 @@ func (r *Repave) drain(ctx context.Context, j *Journal, cfg *config.Config, clus
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, kube.ErrUnmanagedPods):
+		// Not passed by force: going on would stop the old node with
+		// every pod still on it, the budgets unasked, and lose those
+		// pods all the same.
+		return fmt.Errorf("%w; the Node is uncordoned and the node left as it was (the parameter %s=true, or --delete-unmanaged, evicts such pods; force does not)", err, ParamDeleteUnmanaged)
 	case j.Force:
 		r.log().Warn("drain did not finish; forced: repaving anyway", "error", err.Error())
 		return nil
@@ -945,7 +986,7 @@ func (r *Repave) fail(ctx context.Context, j *Journal, cfg *config.Config, lock 
 	asBefore := !switched && (step != StepSwitch || errors.Is(err, modes.ErrRolledBack) || errors.Is(err, modes.ErrNotImplemented))
 	if asBefore {
 		if j.Cordoned {
-			if c, cerr := r.cluster(cfg, j.DrainTimeout); cerr == nil {
+			if c, cerr := r.cluster(cfg, j.Options); cerr == nil {
 				if uerr := c.SetUnschedulable(cctx, false); uerr != nil {
 					r.log().Error("Node not uncordoned after the failed repave", "error", uerr.Error())
 				} else {

@@ -61,8 +61,13 @@ func fake(w *bootstraptest.World, name string) string { return filepath.Join(w.R
 func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // cluster is the fake Node: fake/node holds its UID, fake/unschedulable
-// says it is cordoned, fake/drain-stuck makes a drain time out.
-type cluster struct{ w *bootstraptest.World }
+// says it is cordoned, fake/drain-stuck makes a drain time out,
+// fake/bare-pod puts a pod without a controller on it, which the drain
+// refuses as lib/kube's does unless told to evict it.
+type cluster struct {
+	w *bootstraptest.World
+	o repave.Options
+}
 
 func (c cluster) GetNode(context.Context) (*corev1.Node, error) {
 	uid, err := os.ReadFile(fake(c.w, "node"))
@@ -87,6 +92,12 @@ func (c cluster) SetUnschedulable(_ context.Context, on bool) error {
 
 func (c cluster) Drain(context.Context) error {
 	c.w.Log("cluster drain")
+	if exists(fake(c.w, "bare-pod")) {
+		if !c.o.DeleteUnmanaged {
+			return fmt.Errorf("drain node %s: %w: ns/bare (no ownerReference with controller=true: nothing would create them again); nothing was evicted", bootstraptest.Machine, kube.ErrUnmanagedPods)
+		}
+		c.w.Log("cluster evict ns/bare")
+	}
 	if exists(fake(c.w, "drain-stuck")) {
 		return fmt.Errorf("%w (1s) on node %s: 1 pod(s) left; ns/p: eviction refused (429)", kube.ErrDrainTimeout, bootstraptest.Machine)
 	}
@@ -155,7 +166,7 @@ func newRepave(w *bootstraptest.World, log *slog.Logger) *repave.Repave {
 			return repaveMode{Mode: m, w: w}, nil
 		},
 		Systemd: b.Systemd,
-		Cluster: func(*config.Config, time.Duration) (repave.Cluster, error) { return cluster{w}, nil },
+		Cluster: func(_ *config.Config, o repave.Options) (repave.Cluster, error) { return cluster{w, o}, nil },
 		Healthy: func(_ context.Context, _ *config.Config, slot string, _ modes.Mode) error {
 			if w.UnitState("systemd-nspawn@"+slot+".service") != "active" {
 				return errors.New("machine not running")
@@ -376,6 +387,94 @@ func TestDrainTimeoutUncordonsAndLeavesTheNodeUnlessForced(t *testing.T) {
 	// disk is applied already, so there is nothing to do.
 	if err := run(t, w); !errors.Is(err, repave.ErrNothingToDo) {
 		t.Fatalf("a start by hand after the daemon's forced request: %v, want nothing to do", err)
+	}
+}
+
+func TestPodsWithoutAControllerFailTheRepaveEvenForcedUnlessDeleteUnmanaged(t *testing.T) {
+	w := bootstrapped(t)
+	changeImage(t, w)
+	if err := os.WriteFile(fake(w, "bare-pod"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	asBefore := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, kube.ErrUnmanagedPods) || exitcode.For(err) != exitcode.Failed {
+			t.Fatalf("%s: %v (exit %d), want ErrUnmanagedPods (exit 1)", what, err, exitcode.For(err))
+		}
+		for _, words := range []string{"ns/bare", repave.ParamDeleteUnmanaged + "=true", "--delete-unmanaged", "uncordoned"} {
+			if !strings.Contains(err.Error(), words) {
+				t.Errorf("%s: the error does not say %q: %v", what, words, err)
+			}
+		}
+		wantActive(t, w, "kube1")
+		if exists(fake(w, "unschedulable")) {
+			t.Errorf("%s: the Node is still cordoned", what)
+		}
+		if slices.Contains(w.Calls(), "stop systemd-nspawn@kube1.service") {
+			t.Errorf("%s: the old node was stopped although the drain refused", what)
+		}
+	}
+	asBefore("repave with a pod without a controller", run(t, w))
+	// Force goes on past a drain that timed out, not past pods that an
+	// eviction would lose.
+	asBefore("forced repave with a pod without a controller", run(t, w, func(r *repave.Repave) { r.Force = true }))
+
+	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "op-1", Type: string(v1alpha3.OperationRepave),
+		Machine: bootstraptest.Machine, Parameters: map[string]string{repave.ParamDeleteUnmanaged: "yes"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t, w); err == nil || !strings.Contains(err.Error(), repave.ParamDeleteUnmanaged) {
+		t.Fatalf("bad %s: %v, want an error naming it", repave.ParamDeleteUnmanaged, err)
+	}
+	wantActive(t, w, "kube1")
+
+	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "op-2", Type: string(v1alpha3.OperationRepave),
+		Machine: bootstraptest.Machine, Parameters: map[string]string{repave.ParamDeleteUnmanaged: "true"}}); err != nil {
+		t.Fatal(err)
+	}
+	w.ClearCalls()
+	if err := run(t, w); err != nil {
+		t.Fatalf("repave with %s=true: %v", repave.ParamDeleteUnmanaged, err)
+	}
+	order(t, w.Calls(), "cluster drain", "cluster evict ns/bare", "stop systemd-nspawn@kube1.service")
+	wantActive(t, w, "kube2")
+
+	// The flag does the same as the parameter.
+	if err := run(t, w, func(r *repave.Repave) { r.Force, r.DeleteUnmanaged = true, true }); err != nil {
+		t.Fatalf("forced repave with DeleteUnmanaged: %v", err)
+	}
+	wantActive(t, w, "kube1")
+}
+
+func TestAResumedRepaveDrainsAsTheRequestSaid(t *testing.T) {
+	w := bootstrapped(t)
+	changeImage(t, w)
+	if err := os.WriteFile(fake(w, "bare-pod"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "op-1", Type: string(v1alpha3.OperationRepave),
+		Machine: bootstraptest.Machine, Parameters: map[string]string{repave.ParamDeleteUnmanaged: "true", repave.ParamDrainTimeout: "90s"}}); err != nil {
+		t.Fatal(err)
+	}
+	point := "repave/after-" + repave.StepCordon
+	if code, out := child(t, w, point); code != crashpoint.ExitCode {
+		t.Fatalf("crash at %s: exit %d, want %d\n%s", point, code, crashpoint.ExitCode, out)
+	}
+	var j repave.Journal
+	if ok, err := state.ReadJournal(w.P, repave.Operation, &j); !ok || err != nil {
+		t.Fatalf("journal after the crash: found %v, %v", ok, err)
+	}
+	if !j.DeleteUnmanaged || j.DrainTimeout != 90*time.Second {
+		t.Fatalf("journal after the crash: delete-unmanaged %v, drain timeout %s; want true, 90s", j.DeleteUnmanaged, j.DrainTimeout)
+	}
+	// The rerun takes its options from the journal only (the child's
+	// flags say nothing of them).
+	if code, out := child(t, w, ""); code != 0 {
+		t.Fatalf("resumed repave: exit %d\n%s", code, out)
+	}
+	wantActive(t, w, "kube2")
+	if !slices.Contains(w.Calls(), "cluster evict ns/bare") {
+		t.Errorf("the resumed drain did not evict the pod without a controller: %q", w.Calls())
 	}
 }
 
