@@ -34,7 +34,9 @@ func TestFirstBootNoneBringsUpAReadyNode(t *testing.T) {
 	// The host's OS (iptables, writable cgroup v1 controllers) and
 	// containerd's store at /var/lib/containerd on the VM's file system:
 	// nodestack.FirstBootHost in mode none.
-	f := newFirstBoot(t, firstBootOptions{mode: "none"})
+	// node.ip set: the host's second address, not the default route's
+	// (wantBootstrapped checks the Node's InternalIP).
+	f := newFirstBoot(t, firstBootOptions{mode: "none", nodeIP: nodestack.OtherNodeIP})
 	t.Cleanup(func() {
 		if t.Failed() {
 			f.diagnoseNone(t)

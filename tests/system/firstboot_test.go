@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -69,6 +70,9 @@ type firstBootOptions struct {
 	offline bool
 	// env is the control plane the host joins; nil: the shared one.
 	env *kubeEnv
+	// nodeIP is agent.toml's node.ip (empty: not set, the default
+	// route's address).
+	nodeIP string
 }
 
 func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
@@ -103,7 +107,7 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 	h := nodestack.NewFirstBootHost(t, nodestack.FirstBootOptions{
 		Env: env.Env, Stage: s, Name: f.name, Mode: o.mode,
 		RegistryHost: f.reg.Host, MirrorURL: f.mirror.URL, Pause: f.pause, NodeRef: f.nodeRef,
-		Offline: o.offline, Extra: o.extra,
+		Offline: o.offline, Extra: o.extra, NodeIP: o.nodeIP,
 	})
 	f.fwd = h.Forward
 	f.m = h.Machine(t, 8*time.Minute, o.nspawnArgs...)
@@ -127,6 +131,15 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 		t.Logf("node stack stopped in %v (%v)%s", time.Since(begin).Round(time.Millisecond), err, out)
 	})
 	return f
+}
+
+// nodeIP is the address the Node must have: node.ip when the test sets
+// it in agent.toml, else the test host's default route's.
+func (f *firstBoot) nodeIP() string {
+	if cfg, err := config.Load(f.paths); err == nil && cfg.Node.IP != "" {
+		return cfg.Node.IP
+	}
+	return nodestack.NodeIP
 }
 
 // diagnose logs what explains a failed first boot.
@@ -233,6 +246,22 @@ func (f *firstBoot) wantBootstrapped(t *testing.T, mode, supervisor string) {
 	}
 	if ok, _ := f.nodeReady(context.Background()); !ok {
 		t.Errorf("Node %s is not Ready", f.name)
+	}
+	// The Node's address is the host's, given to the kubelet, never
+	// looked up: the host's resolver never answers (nodestack.DNSSink).
+	if n, err := f.env.kube.CoreV1().Nodes().Get(context.Background(), f.name, metav1.GetOptions{}); err == nil {
+		var internal []string
+		for _, a := range n.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP {
+				internal = append(internal, a.Address)
+			}
+		}
+		if want := f.nodeIP(); !slices.Equal(internal, []string{want}) {
+			t.Errorf("Node %s InternalIP %v, want %s (node.ip, or the default route's address)", f.name, internal, want)
+		}
+	}
+	if q, err := m.Run("ss", "-Hnl", "src", nodestack.DNSSink); err == nil {
+		t.Logf("DNS queries left unanswered at %s (ss: Recv-Q holds what was asked):\n%s", nodestack.DNSSink, q)
 	}
 	applied := f.paths.AppliedConfig("kube1")
 	for _, p := range []string{applied, applied + ".sha256"} {

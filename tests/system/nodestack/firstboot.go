@@ -16,6 +16,14 @@ import (
 	"unbounded-cloud.io/agent/tests/system/harness"
 )
 
+// NodeIP is the address NodeIPService gives a test host: the address of
+// its default route's interface, which the agent gives its Node.
+const NodeIP = "192.0.2.10"
+
+// OtherNodeIP is a second address of the test host's interface, for a
+// node.ip that is not the default one.
+const OtherNodeIP = "192.0.2.11"
+
 // NodeIPService is the [Service] section of a unit that gives a machine an
 // address and a default route of its own, for the kubelet's Node address:
 // a veth pair inside the machine's private network namespace, where
@@ -24,7 +32,8 @@ const NodeIPService = `[Service]
 Type=oneshot
 RemainAfterExit=yes
 ExecStart=ip link add ubt0 type veth peer name ubt1
-ExecStart=ip addr add 192.0.2.10/24 dev ubt0
+ExecStart=ip addr add ` + NodeIP + `/24 dev ubt0
+ExecStart=ip addr add ` + OtherNodeIP + `/24 dev ubt0
 ExecStart=ip link set ubt1 up
 ExecStart=ip link set ubt0 up
 ExecStart=ip route add default via 192.0.2.1 dev ubt0
@@ -45,6 +54,26 @@ var kubeletForwardFiles = []harness.File{
 		"[Unit]\nRequires=unbounded-test-kubelet.socket\nAfter=unbounded-test-kubelet.socket\n[Service]\nExecStart=/lib/systemd/systemd-socket-proxyd 127.0.0.1:10250\n")},
 	{Path: "/etc/systemd/system/sockets.target.d/unbounded-test-kubelet.conf", Mode: 0o644, Data: []byte(
 		"[Unit]\nWants=unbounded-test-kubelet.socket\n")},
+}
+
+// DNSSink is the resolver every first-boot test host names in its
+// resolv.conf: a listener that takes queries and never answers, as the
+// DNS of a host at the edge or behind an air gap does (a resolver no
+// longer reachable). A lookup there waits out Go's and glibc's timeouts
+// (5 s x 2 attempts); nothing on the way to a Ready node may. It is on
+// the host's own loopback, so no query leaves the test's namespaces.
+const DNSSink = "127.0.0.153"
+
+// dnsSinkFiles are the socket that takes the queries (UDP and TCP; systemd
+// holds them) and the service it hands them to, which never reads.
+var dnsSinkFiles = []harness.File{
+	{Path: "/etc/resolv.conf", Mode: 0o644, Data: []byte("# tests/system/nodestack: a resolver that never answers (DNSSink).\nnameserver " + DNSSink + "\n")},
+	{Path: "/etc/systemd/system/ubt-dns-sink.socket", Mode: 0o644, Data: []byte(
+		"# Written by tests/system/nodestack: DNS queries are taken and never answered.\n[Socket]\nListenDatagram=" + DNSSink + ":53\nListenStream=" + DNSSink + ":53\n")},
+	{Path: "/etc/systemd/system/ubt-dns-sink.service", Mode: 0o644, Data: []byte(
+		"[Unit]\nRequires=ubt-dns-sink.socket\nAfter=ubt-dns-sink.socket\n[Service]\nExecStart=/bin/sleep infinity\n")},
+	{Path: "/etc/systemd/system/sockets.target.d/ubt-dns-sink.conf", Mode: 0o644, Data: []byte(
+		"[Unit]\nWants=ubt-dns-sink.socket\n")},
 }
 
 // firstBootNodeIPUnit is NodeIPService as a unit of a first-boot test host:
@@ -95,6 +124,8 @@ type FirstBootOptions struct {
 	Offline bool
 	// Extra is appended to agent.toml.
 	Extra string
+	// NodeIP is agent.toml's node.ip (empty: not set).
+	NodeIP string
 }
 
 // FirstBootHost is what a test host (a systemd container with the .deb
@@ -105,6 +136,7 @@ type FirstBootOptions struct {
 //     (Forward: unix sockets and systemd-socket-proxyd);
 //   - an address and a default route of its own for the kubelet's Node
 //     (NodeIPService);
+//   - a resolver that never answers (DNSSink), as at the edge;
 //   - a way from the API server to its kubelet port: a unix socket in a
 //     directory of the VM (kubeletForwardFiles), published to the test
 //     control plane under the Node's name (kubeenv.PublishKubelet);
@@ -181,6 +213,9 @@ cni-plugins-version = %q
 	if o.NodeRef != "" {
 		cfg += fmt.Sprintf("\n[nspawn]\nimage = %q\n", o.NodeRef)
 	}
+	if o.NodeIP != "" {
+		cfg = strings.Replace(cfg, "[node]\n", fmt.Sprintf("[node]\nip = %q\n", o.NodeIP), 1)
+	}
 	cfg += o.Extra
 
 	files := append(fwd.Files(),
@@ -191,6 +226,7 @@ cni-plugins-version = %q
 		harness.File{Path: "/etc/systemd/system/multi-user.target.d/ubt-nodeip.conf", Data: []byte("[Unit]\nWants=ubt-nodeip.service\n"), Mode: 0o644},
 	)
 	files = append(files, kubeletForwardFiles...)
+	files = append(files, dnsSinkFiles...)
 	// A short path: unix socket paths are limited to 107 bytes.
 	kubeletDir, err := os.MkdirTemp("", "ubt-kl-")
 	if err != nil {
