@@ -2,7 +2,7 @@
 // unbounded-recover@.service: `recover UNIT`, where UNIT is the failed
 // unit (the template's instance, from OnFailure=unbounded-recover@%n.service)
 // or "generator" (the generator's safe state). The logic is in
-// lib/recover; this is flags, one call, and the exit code: 0 nothing to
+// lib/recovery; this is flags, one call, and the exit code: 0 nothing to
 // recover, recovered, or held back by the rate limit; 1 something could
 // not be repaired (reported); 69 an installation owns the host (reported,
 // nothing touched).
@@ -18,7 +18,7 @@ import (
 	"unbounded-cloud.io/agent/lib/concern"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/logging"
-	"unbounded-cloud.io/agent/lib/recover"
+	"unbounded-cloud.io/agent/lib/recovery"
 )
 
 type cli struct {
@@ -41,7 +41,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return code
 	}
 	log := logging.New(stderr, slog.LevelInfo)
-	r := &recover.Recovery{Paths: paths, Failure: recover.FailureFromEnv(c.Unit, getenv), Log: log}
+	r := &recovery.Recovery{Paths: paths, Failure: recovery.FailureFromEnv(c.Unit, getenv), Log: log}
 	err := r.Run(ctx)
 	code = exitcode.For(err)
 	if code != exitcode.OK && code != exitcode.Deferred && !isUnrepaired(err) {
@@ -51,4 +51,4 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 }
 
 // isUnrepaired: Run has said what it could not repair already.
-func isUnrepaired(err error) bool { return errors.Is(err, recover.ErrUnrepaired) }
+func isUnrepaired(err error) bool { return errors.Is(err, recovery.ErrUnrepaired) }

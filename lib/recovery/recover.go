@@ -46,7 +46,7 @@
 //  4. The report: on the Machine (condition Recovered and an Event with
 //     the failed unit, its result and its last journal lines) when the
 //     cluster answers, and always in the journal.
-package recover
+package recovery
 
 import (
 	"context"
