@@ -12,6 +12,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
 
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/tests/tiers"
 )
 
@@ -47,7 +48,7 @@ func requireAll(t *testing.T, u *parsed, section, key string, want ...string) {
 func modeTargets() []string {
 	var s []string
 	for _, m := range state.Modes {
-		s = append(s, generator.ModeTarget(m))
+		s = append(s, unitnames.ModeTarget(m))
 	}
 	return s
 }
@@ -95,9 +96,9 @@ var graphRules = []graphRule{
 	},
 	{
 		name:    "the node target is reached after the mode targets and after bootstrap",
-		applies: isNamed(generator.NodeTarget),
+		applies: isNamed(unitnames.NodeTarget),
 		check: func(t *testing.T, u *parsed) {
-			requireAll(t, u, "Unit", "After", append(modeTargets(), generator.BootstrapService)...)
+			requireAll(t, u, "Unit", "After", append(modeTargets(), unitnames.Bootstrap)...)
 		},
 	},
 	{
@@ -112,7 +113,7 @@ var graphRules = []graphRule{
 	},
 	{
 		name:    "the generator's targets are never enabled (only the generator pulls them in)",
-		applies: isNamed(append(modeTargets(), generator.NodeTarget)...),
+		applies: isNamed(append(modeTargets(), unitnames.NodeTarget)...),
 		check: func(t *testing.T, u *parsed) {
 			if u.hasSection("Install") {
 				t.Errorf("%s has an [Install] section: enabling it would start a node the generator held back", u.name)
@@ -121,18 +122,18 @@ var graphRules = []graphRule{
 	},
 	{
 		name:    "bootstrap does not wait for the node target (the node target waits for it)",
-		applies: isNamed(generator.BootstrapService),
+		applies: isNamed(unitnames.Bootstrap),
 		check: func(t *testing.T, u *parsed) {
 			for _, k := range []string{"After", "Requires", "BindsTo"} {
-				if u.has("Unit", k, generator.NodeTarget) {
-					t.Errorf("%s: %s=%s makes an ordering cycle with unbounded-node.target", u.name, k, generator.NodeTarget)
+				if u.has("Unit", k, unitnames.NodeTarget) {
+					t.Errorf("%s: %s=%s makes an ordering cycle with unbounded-node.target", u.name, k, unitnames.NodeTarget)
 				}
 			}
 		},
 	},
 	{
 		name:    "lifecycle runs before the daemon, which pulls it in (a repave is never started over a half-done one)",
-		applies: isNamed(generator.DaemonService),
+		applies: isNamed(unitnames.Daemon),
 		check: func(t *testing.T, u *parsed) {
 			requireAll(t, u, "Unit", "Wants", "unbounded-lifecycle.service")
 			requireAll(t, u, "Unit", "After", "unbounded-lifecycle.service")
@@ -142,17 +143,17 @@ var graphRules = []graphRule{
 		name:    "repave runs after lifecycle and after the node target's start, and is no part of the node target (it stops the old node and starts the target itself)",
 		applies: isNamed("unbounded-repave.service"),
 		check: func(t *testing.T, u *parsed) {
-			requireAll(t, u, "Unit", "After", "unbounded-lifecycle.service", generator.NodeTarget)
+			requireAll(t, u, "Unit", "After", "unbounded-lifecycle.service", unitnames.NodeTarget)
 			for _, k := range []string{"Requires", "BindsTo", "PartOf", "Requisite"} {
-				if u.has("Unit", k, generator.NodeTarget) {
-					t.Errorf("%s: %s=%s: stopping the old node would stop the repave", u.name, k, generator.NodeTarget)
+				if u.has("Unit", k, unitnames.NodeTarget) {
+					t.Errorf("%s: %s=%s: stopping the old node would stop the repave", u.name, k, unitnames.NodeTarget)
 				}
 			}
 		},
 	},
 	{
 		name:    "the fence is a oneshot without RemainAfterExit, so every node start runs it again",
-		applies: isNamed(generator.FenceService),
+		applies: isNamed(unitnames.Fence),
 		check: func(t *testing.T, u *parsed) {
 			if ty := u.values("Service", "Type"); !slices.Equal(ty, []string{"oneshot"}) {
 				t.Errorf("%s: Type=%q, want oneshot", u.name, ty)
@@ -166,8 +167,8 @@ var graphRules = []graphRule{
 		name:    "restart waits for an installation of the same transaction (first boot, repave, lifecycle): it does not restart a node being built or replaced",
 		applies: isNamed(restartService),
 		check: func(t *testing.T, u *parsed) {
-			requireAll(t, u, "Unit", "After", generator.BootstrapService, "unbounded-repave.service", "unbounded-lifecycle.service")
-			noOrderingOn(t, u, "Before", generator.BootstrapService, "unbounded-repave.service", "unbounded-lifecycle.service")
+			requireAll(t, u, "Unit", "After", unitnames.Bootstrap, "unbounded-repave.service", "unbounded-lifecycle.service")
+			noOrderingOn(t, u, "Before", unitnames.Bootstrap, "unbounded-repave.service", "unbounded-lifecycle.service")
 		},
 	},
 	{
@@ -183,20 +184,20 @@ var graphRules = []graphRule{
 		name:    "health judges the node after its start was tried (node target, first boot, daemon) and before boot-complete.target",
 		applies: isNamed(healthService),
 		check: func(t *testing.T, u *parsed) {
-			requireAll(t, u, "Unit", "After", generator.NodeTarget, generator.BootstrapService, "unbounded-daemon.service")
+			requireAll(t, u, "Unit", "After", unitnames.NodeTarget, unitnames.Bootstrap, "unbounded-daemon.service")
 			requireAll(t, u, "Unit", "Before", bootComplete)
 			noOrderingOn(t, u, "After", bootComplete)
 			// Health starts the restart and the node target itself: an
 			// ordering on the restart would make its own start job wait
 			// for, or cycle with, the restart it starts.
-			noOrderingOn(t, u, "Before", generator.NodeTarget, restartService)
+			noOrderingOn(t, u, "Before", unitnames.NodeTarget, restartService)
 		},
 	},
 	{
 		name:    "the health timer is pulled in with the node target (so a refused or unanswered fence is retried) and runs the check with accuracy finer than its interval",
 		applies: isNamed(healthTimer),
 		check: func(t *testing.T, u *parsed) {
-			requireAll(t, u, "Install", "WantedBy", generator.NodeTarget)
+			requireAll(t, u, "Install", "WantedBy", unitnames.NodeTarget)
 			if v := u.values("Timer", "Unit"); len(v) > 0 && v[len(v)-1] != healthService {
 				t.Errorf("%s: Unit=%q, want %s", u.name, v, healthService)
 			}
@@ -313,7 +314,7 @@ func nodePlan(t *testing.T, mode, slot string) generator.Plan {
 	}
 	plan := generator.Decide(generator.Input{
 		Active:    &state.AppliedConfig{Slot: slot, Mode: mode},
-		FenceUnit: hostpaths.UnitDirHost + "/" + generator.FenceService,
+		FenceUnit: hostpaths.UnitDirHost + "/" + unitnames.Fence,
 		NodeUnits: nodeUnits,
 	})
 	if plan.Problem != "" || len(plan.Files) == 0 {
@@ -361,7 +362,7 @@ func TestEveryRequiresTheGeneratorAddsIsOrdered(t *testing.T) {
 				dir = strings.TrimSuffix(dir, "/")
 				switch {
 				case dir == "multi-user.target.wants":
-					if unit != generator.NodeTarget && unit != generator.DaemonService {
+					if unit != unitnames.NodeTarget && unit != unitnames.Daemon {
 						t.Errorf("%s %s: multi-user.target wants %s", mode, slot, unit)
 					}
 					continue
@@ -414,14 +415,14 @@ func TestGeneratedFenceDropInMakesTheNodeUnitRequireTheFence(t *testing.T) {
 		t.Fatalf("drop-ins for %s: %q, want the fence drop-in", node, dropIns)
 	}
 	merged := parseUnit(t, node, template, dropIns...)
-	requireAll(t, merged, "Unit", "Requires", generator.FenceService)
-	requireAll(t, merged, "Unit", "After", generator.FenceService)
+	requireAll(t, merged, "Unit", "Requires", unitnames.Fence)
+	requireAll(t, merged, "Unit", "After", unitnames.Fence)
 	if len(merged.values("Service", "ExecStart")) == 0 {
 		t.Errorf("the merged unit lost the template's ExecStart=")
 	}
 	// The chain above the machine, from the shipped unit files.
 	requireAll(t, parseUnit(t, "unbounded-mode-nspawn.target", "unbounded-mode-nspawn.target"), "Unit", "After", node)
-	requireAll(t, parseUnit(t, generator.NodeTarget, generator.NodeTarget), "Unit", "After", "unbounded-mode-nspawn.target")
+	requireAll(t, parseUnit(t, unitnames.NodeTarget, unitnames.NodeTarget), "Unit", "After", "unbounded-mode-nspawn.target")
 
 	// systemd's loader on the same drop-in: /etc/systemd/system stands in
 	// for /run/systemd/generator, which verify does not read under --root.

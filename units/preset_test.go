@@ -12,9 +12,9 @@ import (
 	"strings"
 	"testing"
 
-	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/tests/tiers"
 )
 
@@ -80,15 +80,15 @@ type stubUnit struct {
 // WantedBy=multi-user.target; the ones hooked on the node target are
 // enabled.
 var presetStubs = []stubUnit{
-	{generator.BootstrapService, "multi-user.target", false},
-	{generator.DaemonService, "multi-user.target", false},
-	{generator.FenceService, "multi-user.target", false},
+	{unitnames.Bootstrap, "multi-user.target", false},
+	{unitnames.Daemon, "multi-user.target", false},
+	{unitnames.Fence, "multi-user.target", false},
 	{"unbounded-containerd.service", "multi-user.target", false},
 	{"unbounded-kubelet.service", "multi-user.target", false},
 	{"unbounded-reset.service", "multi-user.target", false},
 	{"unbounded-repave.service", "multi-user.target", false},
-	{"unbounded-health.timer", generator.NodeTarget, true},
-	{"unbounded-upgrade.path", generator.NodeTarget, true},
+	{"unbounded-health.timer", unitnames.NodeTarget, true},
+	{"unbounded-upgrade.path", unitnames.NodeTarget, true},
 }
 
 func writeStub(t *testing.T, unitDir string, s stubUnit) {
@@ -187,13 +187,13 @@ func TestPresetAllEnablesOnlyWhatThePresetSays(t *testing.T) {
 			return nil
 		}
 		linked++
-		if dir := filepath.Base(filepath.Dir(p)); dir != generator.NodeTarget+".wants" {
+		if dir := filepath.Base(filepath.Dir(p)); dir != unitnames.NodeTarget+".wants" {
 			rel, _ := filepath.Rel(etc, p)
 			t.Errorf("preset-all linked %s -> %s: it would start without the generator pulling in the node target", rel, target)
 		}
 		return nil
 	})
 	if linked == 0 {
-		t.Errorf("preset-all linked no agent unit at all; the stand-ins hooked on %s should have been", generator.NodeTarget)
+		t.Errorf("preset-all linked no agent unit at all; the stand-ins hooked on %s should have been", unitnames.NodeTarget)
 	}
 }

@@ -80,6 +80,7 @@ import (
 	"unbounded-cloud.io/agent/lib/report"
 	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 	"unbounded-cloud.io/agent/lib/version"
 )
@@ -89,7 +90,7 @@ const Operation = "bootstrap"
 
 // Unit is the unit that runs bootstrap; the ownership record names it, so
 // that the generator resumes it after a reboot mid-bootstrap.
-const Unit = generator.BootstrapService
+const Unit = unitnames.Bootstrap
 
 // FirstSlot is the slot a first boot prepares.
 const FirstSlot = "kube1"
@@ -634,26 +635,26 @@ func (b *Bootstrap) fence(ctx context.Context) error {
 	defer sd.Close()
 	// A fence left failed by an earlier refusal would still start; this
 	// only keeps `systemctl status` from showing the old failure as now.
-	_ = sd.ResetFailed(ctx, generator.FenceService)
-	serr := sd.StartUnit(ctx, generator.FenceService)
+	_ = sd.ResetFailed(ctx, unitnames.Fence)
+	serr := sd.StartUnit(ctx, unitnames.Fence)
 	if serr == nil {
 		return nil
 	}
-	code, err := sd.ExecMainStatus(ctx, generator.FenceService)
+	code, err := sd.ExecMainStatus(ctx, unitnames.Fence)
 	if err != nil {
 		return fmt.Errorf("%w (and its exit status: %v)", serr, err)
 	}
 	switch code {
 	case exitcode.Refused:
 		return fmt.Errorf("%w: %s exited %d (the Machine shows %s; journalctl -u %s says why)",
-			exitcode.ErrRefused, generator.FenceService, code, v1alpha3.ConditionAllocationLaunchRefused, generator.FenceService)
+			exitcode.ErrRefused, unitnames.Fence, code, v1alpha3.ConditionAllocationLaunchRefused, unitnames.Fence)
 	case exitcode.ConfigInvalid:
 		return fmt.Errorf("%w: %s exited %d (journalctl -u %s names the file and key)",
-			exitcode.ErrConfigInvalid, generator.FenceService, code, generator.FenceService)
+			exitcode.ErrConfigInvalid, unitnames.Fence, code, unitnames.Fence)
 	case exitcode.TempFail:
-		return fmt.Errorf("%w: %s was stopped before a decision: %w", exitcode.ErrTemporary, generator.FenceService, serr)
+		return fmt.Errorf("%w: %s was stopped before a decision: %w", exitcode.ErrTemporary, unitnames.Fence, serr)
 	}
-	return fmt.Errorf("%s exited %d: %w", generator.FenceService, code, serr)
+	return fmt.Errorf("%s exited %d: %w", unitnames.Fence, code, serr)
 }
 
 // record writes the applied config of the healthy node and reports
@@ -803,7 +804,7 @@ func (b *Bootstrap) handOver(ctx context.Context, lock *state.Lock) error {
 // wires the node target), start the node target without waiting (it is
 // ordered after this unit), and start the daemon.
 func (b *Bootstrap) start(ctx context.Context) error {
-	b.status("handing over: daemon-reload, starting %s and %s", generator.NodeTarget, generator.DaemonService)
+	b.status("handing over: daemon-reload, starting %s and %s", unitnames.NodeTarget, unitnames.Daemon)
 	sd, err := b.systemd(ctx)
 	if err != nil {
 		return err
@@ -813,12 +814,12 @@ func (b *Bootstrap) start(ctx context.Context) error {
 		return err
 	}
 	b.crash("bootstrap/after-reload")
-	if err := sd.EnqueueStart(ctx, generator.NodeTarget); err != nil {
+	if err := sd.EnqueueStart(ctx, unitnames.NodeTarget); err != nil {
 		return err
 	}
-	if err := sd.StartUnit(ctx, generator.DaemonService); err != nil {
+	if err := sd.StartUnit(ctx, unitnames.Daemon); err != nil {
 		return err
 	}
-	b.status("bootstrapped: %s queued, %s started", generator.NodeTarget, generator.DaemonService)
+	b.status("bootstrapped: %s queued, %s started", unitnames.NodeTarget, unitnames.Daemon)
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // Reasons the daemon writes into a MachineOperation's status and its Events.
@@ -41,9 +42,9 @@ const JournalLines = 20
 type target struct{ concern, unit string }
 
 var targets = map[v1alpha3.OperationType]target{
-	v1alpha3.OperationRepave:       {"repave", "unbounded-repave.service"},
-	v1alpha3.OperationRestart:      {"restart", "unbounded-restart.service"},
-	v1alpha3.OperationAgentUpgrade: {"upgrade", "unbounded-upgrade.service"},
+	v1alpha3.OperationRepave:       {"repave", unitnames.Repave},
+	v1alpha3.OperationRestart:      {"restart", unitnames.Restart},
+	v1alpha3.OperationAgentUpgrade: {"upgrade", unitnames.Upgrade},
 	v1alpha3.OperationReboot:       {"reboot", ""},
 }
 

@@ -9,11 +9,8 @@ import (
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	fencerecord "unbounded-cloud.io/agent/lib/fence/record"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
-
-// nodeTarget is what the daemon starts once an explicit fence refusal no
-// longer holds; its start runs the fence again.
-const nodeTarget = "unbounded-node.target"
 
 // unfenceState remembers which Machine generation the node was started
 // for, so that each change of the Machine's spec gets one new start and
@@ -70,14 +67,14 @@ func (d *daemon) unfence(ctx context.Context) {
 		"refused", rec.Reason, "generation", m.Generation)
 	go func() {
 		defer u.starting.Store(false)
-		res, err := d.sd.StartUnit(ctx, nodeTarget)
+		res, err := d.sd.StartUnit(ctx, unitnames.NodeTarget)
 		switch {
 		case err != nil:
-			d.log.Warn("start of the node after the fence's refusal", "unit", nodeTarget, "error", err)
+			d.log.Warn("start of the node after the fence's refusal", "unit", unitnames.NodeTarget, "error", err)
 		case res != "done":
-			d.log.Warn("the node did not start after the fence's refusal (see unbounded-fence.service)", "unit", nodeTarget, "result", res)
+			d.log.Warn("the node did not start after the fence's refusal (see unbounded-fence.service)", "unit", unitnames.NodeTarget, "result", res)
 		default:
-			d.log.Info("node started after the fence's refusal was lifted", "unit", nodeTarget)
+			d.log.Info("node started after the fence's refusal was lifted", "unit", unitnames.NodeTarget)
 		}
 	}()
 }

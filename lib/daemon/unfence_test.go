@@ -14,6 +14,7 @@ import (
 	fencerecord "unbounded-cloud.io/agent/lib/fence/record"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // The daemon starts the node once the Machine no longer refuses what the
@@ -46,7 +47,7 @@ func TestUnfenceStartsTheNodeOncePerMachineChangeThatLiftsAnExplicitRefusal(t *t
 		for d.unfenceState.starting.Load() && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
-		return sd.startCount(nodeTarget)
+		return sd.startCount(unitnames.NodeTarget)
 	}
 
 	write(fencerecord.Refused)

@@ -10,6 +10,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/regfile/regfiletest"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // hangBudget bounds one Read of the state in tests. It detects a read
@@ -178,7 +179,7 @@ func FuzzDecideFromState(f *testing.F) {
 		fenced := flags&64 != 0
 		if fenced {
 			os.MkdirAll(p.UnitDir(), 0o755)
-			os.WriteFile(filepath.Join(p.UnitDir(), FenceService), []byte("[Service]\nType=oneshot\n"), 0o644)
+			os.WriteFile(filepath.Join(p.UnitDir(), unitnames.Fence), []byte("[Service]\nType=oneshot\n"), 0o644)
 		}
 
 		nodeUnits := flags&128 != 0
@@ -208,8 +209,8 @@ func FuzzDecideFromState(f *testing.F) {
 			if !filepath.IsLocal(l.Path) || !strings.HasPrefix(l.Target, "/usr/lib/systemd/system/") {
 				t.Fatalf("link %+v leaves its directory", l)
 			}
-			hasNode = hasNode || strings.HasSuffix(l.Path, "/"+NodeTarget) || strings.HasSuffix(l.Path, "/"+DaemonService)
-			hasRecover = hasRecover || strings.HasSuffix(l.Path, "/"+RecoverUnit)
+			hasNode = hasNode || strings.HasSuffix(l.Path, "/"+unitnames.NodeTarget) || strings.HasSuffix(l.Path, "/"+unitnames.Daemon)
+			hasRecover = hasRecover || strings.HasSuffix(l.Path, "/"+unitnames.RecoverGenerator)
 		}
 		trusted := in.Active != nil && in.ActiveErr == nil
 		if hasNode != (trusted && fenced && nodeUnits) {

@@ -17,6 +17,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // linkSet renders a plan's links as "path -> target" lines, sorted.
@@ -30,7 +31,7 @@ func linkSet(p Plan) []string {
 }
 
 // fence is what Read finds on a host with the package installed.
-const fence = "/usr/lib/systemd/system/" + FenceService
+const fence = "/usr/lib/systemd/system/" + unitnames.Fence
 
 // installed is what Read finds for the supervising units of mode on a host
 // with the package (and systemd-container) installed: each unit's
@@ -95,7 +96,7 @@ func TestDecideFollowsTheContractRulesInOrder(t *testing.T) {
 			},
 			dropIns: []string{"systemd-nspawn@kube2.service.d/50-unbounded-fence.conf"}},
 		{name: "container kube1 requires the slot's container",
-			in: Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "container"}, FenceUnit: "/etc/systemd/system/" + FenceService, NodeUnits: installed("container")},
+			in: Input{Active: &state.AppliedConfig{Slot: "kube1", Mode: "container"}, FenceUnit: "/etc/systemd/system/" + unitnames.Fence, NodeUnits: installed("container")},
 			links: []string{
 				"multi-user.target.wants/unbounded-daemon.service -> " + u + "unbounded-daemon.service",
 				"multi-user.target.wants/unbounded-node.target -> " + u + "unbounded-node.target",
@@ -214,7 +215,7 @@ func TestReadStopsAtOwnershipAndAtActiveState(t *testing.T) {
 // search directories under a real root, as a host can have them.
 func TestReadFindsTheFenceWhereSystemdWouldLoadItFrom(t *testing.T) {
 	const unitFile = "[Unit]\nDescription=fence\n[Service]\nType=oneshot\nExecStart=/bin/true\n"
-	etc, run, usr := "/etc/systemd/system/"+FenceService, "/run/systemd/system/"+FenceService, "/usr/lib/systemd/system/"+FenceService
+	etc, run, usr := "/etc/systemd/system/"+unitnames.Fence, "/run/systemd/system/"+unitnames.Fence, "/usr/lib/systemd/system/"+unitnames.Fence
 	for _, tc := range []struct {
 		name  string
 		setup func(p hostpaths.Paths)
@@ -381,10 +382,10 @@ func TestReadFindsTheNodeUnitsAsSystemdWouldLoadThem(t *testing.T) {
 			if !errors.Is(in.NodeUnitsErr, ErrNodeUnitMissing) {
 				t.Errorf("error %v, want ErrNodeUnitMissing", in.NodeUnitsErr)
 			}
-			if !strings.Contains(problem, tc.problem) || strings.Contains(problem, FenceService) {
+			if !strings.Contains(problem, tc.problem) || strings.Contains(problem, unitnames.Fence) {
 				t.Errorf("problem %q, want one containing %q (and the fence is installed)", problem, tc.problem)
 			}
-			if got := linkSet(plan); len(plan.Files) != 0 || len(got) != 1 || !strings.Contains(got[0], RecoverUnit) {
+			if got := linkSet(plan); len(plan.Files) != 0 || len(got) != 1 || !strings.Contains(got[0], unitnames.RecoverGenerator) {
 				t.Errorf("plan %q %+v, want recovery only", got, plan.Files)
 			}
 		})
@@ -635,17 +636,17 @@ func TestExplainNamesTheActionOfThePlan(t *testing.T) {
 		reason string
 	}{
 		{"fresh host without config", Input{}, ActionNothing, nil, "no /etc/unbounded/agent.toml; the package stays idle"},
-		{"fresh host with config", Input{ConfigExists: true}, ActionBootstrap, []string{BootstrapService}, "bootstrap: /etc/unbounded/agent.toml is in place"},
+		{"fresh host with config", Input{ConfigExists: true}, ActionBootstrap, []string{unitnames.Bootstrap}, "bootstrap: /etc/unbounded/agent.toml is in place"},
 		{"config not stat'able", Input{ConfigErr: fmt.Errorf("stat /tmp/r/etc/unbounded/agent.toml: %w", fs.ErrPermission)}, ActionNothing, nil,
 			"nothing starts: cannot tell whether the config exists, bootstrap not started: stat /etc/unbounded/agent.toml: permission denied"},
 		{"bootstrapped", Input{Active: nspawn2, FenceUnit: fence, NodeUnits: installed("nspawn")}, ActionStartNode,
-			[]string{NodeTarget, DaemonService}, "start the node: mode nspawn in slot kube2"},
-		{"corrupt", Input{ActiveErr: errors.New("checksum mismatch")}, ActionSafeState, []string{RecoverUnit}, "safe state: applied state not trusted"},
-		{"no fence", Input{Active: nspawn2, NodeUnits: installed("nspawn")}, ActionSafeState, []string{RecoverUnit}, "node would start unfenced"},
+			[]string{unitnames.NodeTarget, unitnames.Daemon}, "start the node: mode nspawn in slot kube2"},
+		{"corrupt", Input{ActiveErr: errors.New("checksum mismatch")}, ActionSafeState, []string{unitnames.RecoverGenerator}, "safe state: applied state not trusted"},
+		{"no fence", Input{Active: nspawn2, NodeUnits: installed("nspawn")}, ActionSafeState, []string{unitnames.RecoverGenerator}, "node would start unfenced"},
 		{"owned, resumed", Input{Ownership: &state.Ownership{Owner: "reprovision", Unit: "unbounded-reprovision.service"}}, ActionResume,
 			[]string{"unbounded-reprovision.service"}, `the installation "reprovision" owns the host: unbounded-reprovision.service is resumed`},
 		{"owned, no unit", Input{Ownership: &state.Ownership{Owner: "bootstrap"}}, ActionNothing, nil, `"bootstrap" owns the host and names no unit`},
-		{"owned, unreadable", Input{Ownership: &state.Ownership{Owner: "unknown"}, OwnershipErr: state.ErrCorrupt}, ActionSafeState, []string{RecoverUnit}, "safe state: ownership record unreadable"},
+		{"owned, unreadable", Input{Ownership: &state.Ownership{Owner: "unknown"}, OwnershipErr: state.ErrCorrupt}, ActionSafeState, []string{unitnames.RecoverGenerator}, "safe state: ownership record unreadable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			nb := Explain(root, tc.in, Decide(tc.in))

@@ -11,6 +11,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // ownedDepDirs are the dependency directories of the generator's own
@@ -21,7 +22,7 @@ import (
 // an older generator converges too.
 func ownedDepDirs() []string {
 	var dirs []string
-	for _, t := range append([]string{NodeTarget}, modeTargets()...) {
+	for _, t := range append([]string{unitnames.NodeTarget}, modeTargets()...) {
 		dirs = append(dirs, t+".requires", t+".wants")
 	}
 	return dirs
@@ -30,7 +31,7 @@ func ownedDepDirs() []string {
 func modeTargets() []string {
 	var s []string
 	for _, m := range state.Modes {
-		s = append(s, ModeTarget(m))
+		s = append(s, unitnames.ModeTarget(m))
 	}
 	return s
 }

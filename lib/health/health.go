@@ -54,6 +54,7 @@ import (
 	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // Defaults of Check's knobs (flags of unbounded-health; an operator's
@@ -91,15 +92,9 @@ const (
 // Units whose run means "an operation changes the node right now": health
 // neither judges nor restarts the node under them.
 var busyUnits = []string{
-	"unbounded-restart.service", "unbounded-repave.service", "unbounded-bootstrap.service",
-	"unbounded-lifecycle.service", "unbounded-reset.service", "unbounded-isolation.service",
+	unitnames.Restart, unitnames.Repave, unitnames.Bootstrap,
+	unitnames.Lifecycle, unitnames.Reset, unitnames.Isolation,
 }
-
-// RestartUnit is what health starts after Failures unhealthy runs.
-const RestartUnit = "unbounded-restart.service"
-
-// NodeTarget is what health starts to retry a fence that got no answer.
-const NodeTarget = "unbounded-node.target"
 
 // Units is the part of the service manager health uses (lib/units.Manager).
 type Units interface {
@@ -298,7 +293,7 @@ func (c *Check) run(ctx context.Context) error {
 		}
 	}()
 
-	nodeUp, _ := c.Units.ActiveState(ctx, NodeTarget)
+	nodeUp, _ := c.Units.ActiveState(ctx, unitnames.NodeTarget)
 	rec, err := record.Read(c.Paths)
 	if err != nil {
 		log.Warn("fence record unreadable", "error", err.Error())
@@ -398,14 +393,14 @@ func (c *Check) run(ctx context.Context) error {
 		st.GaveUp, st.GaveUpAt = true, c.now().UTC()
 		return fmt.Errorf("%w: the node stack (%s, slot %s) is still unhealthy after %d restart(s) by %s (%s); "+
 			"no more restarts until the node is healthy again, a new config is applied, or the host reboots",
-			ErrGaveUp, active.Mode, active.Slot, st.Restarts, RestartUnit, what)
+			ErrGaveUp, active.Mode, active.Slot, st.Restarts, unitnames.Restart, what)
 	}
 	st.Restarts++
 	st.Failures = 0
-	log.Warn("node unhealthy; starting a restart of the node stack", "unit", RestartUnit,
+	log.Warn("node unhealthy; starting a restart of the node stack", "unit", unitnames.Restart,
 		"restart", st.Restarts, "of", maxRestarts, "problems", what)
-	if err := c.Units.EnqueueStart(ctx, RestartUnit); err != nil {
-		return fmt.Errorf("start %s: %w", RestartUnit, err)
+	if err := c.Units.EnqueueStart(ctx, unitnames.Restart); err != nil {
+		return fmt.Errorf("start %s: %w", unitnames.Restart, err)
 	}
 	return nil
 }
@@ -436,8 +431,8 @@ func (c *Check) retryFence(ctx context.Context, log *slog.Logger, st *State, rec
 	st.NextFenceRetry = now.Add(delay)
 	log.Warn("the allocation fence got no answer; starting the node again, which runs the fence again",
 		"reason", rec.Reason, "message", rec.Message, "try", st.FenceRetries, "nextTryIn", delay)
-	if err := c.Units.EnqueueStart(ctx, NodeTarget); err != nil {
-		return fmt.Errorf("start %s: %w", NodeTarget, err)
+	if err := c.Units.EnqueueStart(ctx, unitnames.NodeTarget); err != nil {
+		return fmt.Errorf("start %s: %w", unitnames.NodeTarget, err)
 	}
 	return nil
 }

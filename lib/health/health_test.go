@@ -12,6 +12,7 @@ import (
 	"unbounded-cloud.io/agent/lib/fence/record"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // fakeUnits is the service manager as health sees it: unit states, and
@@ -50,7 +51,7 @@ func newHost(t *testing.T) *host {
 		t.Fatal(err)
 	}
 	return &host{p: p, healthy: true, now: time.Unix(2000, 0), units: &fakeUnits{states: map[string]string{
-		"unbounded-containerd.service": "active", "unbounded-kubelet.service": "active", NodeTarget: "active",
+		"unbounded-containerd.service": "active", "unbounded-kubelet.service": "active", unitnames.NodeTarget: "active",
 	}}}
 }
 
@@ -84,8 +85,8 @@ func TestHealthRestartsThenGivesUpOnceThenStaysQuietUntilHealthyAgain(t *testing
 	for range 8 {
 		errs = append(errs, h.run(t))
 	}
-	if n := slices.Index(h.units.started, RestartUnit); n != 0 || len(h.units.started) != 1 {
-		t.Fatalf("starts %v, want one %s", h.units.started, RestartUnit)
+	if n := slices.Index(h.units.started, unitnames.Restart); n != 0 || len(h.units.started) != 1 {
+		t.Fatalf("starts %v, want one %s", h.units.started, unitnames.Restart)
 	}
 	var gaveUp []int
 	for i, err := range errs {
@@ -270,8 +271,8 @@ func TestHealthRetriesAFenceWithoutAnswerWithAGrowingDelayButNotAnExplicitRefusa
 		t.Errorf("node starts at %v, want %v (30 s doubling, capped at 10 min)", at, want)
 	}
 	for _, u := range h.units.started {
-		if u != NodeTarget {
-			t.Errorf("started %s, want only %s", u, NodeTarget)
+		if u != unitnames.NodeTarget {
+			t.Errorf("started %s, want only %s", u, unitnames.NodeTarget)
 		}
 	}
 }
@@ -295,8 +296,8 @@ func TestARunningOperationHoldsTheCheckBackAFinishedOneDoesNot(t *testing.T) {
 	for range 3 {
 		h.run(t)
 	}
-	if !slices.Contains(h.units.started, RestartUnit) {
-		t.Fatalf("health started %v with lifecycle finished (active, remaining); want %s after %d unhealthy checks", h.units.started, RestartUnit, 2)
+	if !slices.Contains(h.units.started, unitnames.Restart) {
+		t.Fatalf("health started %v with lifecycle finished (active, remaining); want %s after %d unhealthy checks", h.units.started, unitnames.Restart, 2)
 	}
 }
 

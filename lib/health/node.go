@@ -7,12 +7,8 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/noderecord"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
-
-// DaemonUnit is the daemon whose Node record (lib/noderecord) health
-// reads: a record is the cluster's view only while the daemon that
-// watches the Node runs.
-const DaemonUnit = "unbounded-daemon.service"
 
 // NodeReady returns an error when the cluster reports the Node not Ready,
 // as the daemon's live watch of it last saw (/run/unbounded/node.json),
@@ -27,7 +23,7 @@ const DaemonUnit = "unbounded-daemon.service"
 // would put this binary over its 5 MB budget (ARCHITECTURE section 3),
 // and the daemon already watches the Node.
 func NodeReady(ctx context.Context, p hostpaths.Paths, sd Units) error {
-	if st, err := sd.ActiveState(ctx, DaemonUnit); err != nil || st != "active" {
+	if st, err := sd.ActiveState(ctx, unitnames.Daemon); err != nil || st != "active" {
 		return nil
 	}
 	rec, err := noderecord.Read(p)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/noderecord"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // NodeReady counts a Node the cluster reports not Ready only when the
@@ -24,7 +25,7 @@ func TestNodeReadyCountsOnlyWhatTheDaemonsLiveWatchSays(t *testing.T) {
 	notReady := noderecord.Record{Node: "w1", Present: true, Status: "False", Reason: "KubeletNotReady",
 		Message: "container runtime network not ready", Transition: time.Unix(3000, 0), Since: time.Unix(3001, 0)}
 
-	h.units.states[DaemonUnit] = "active"
+	h.units.states[unitnames.Daemon] = "active"
 	if err := NodeReady(ctx, h.p, h.units); err != nil {
 		t.Fatalf("no record (watch not live): %v", err)
 	}
@@ -38,11 +39,11 @@ func TestNodeReadyCountsOnlyWhatTheDaemonsLiveWatchSays(t *testing.T) {
 		!strings.Contains(err.Error(), "container runtime network not ready") {
 		t.Fatalf("NotReady: %v", err)
 	}
-	h.units.states[DaemonUnit] = "activating"
+	h.units.states[unitnames.Daemon] = "activating"
 	if err := NodeReady(ctx, h.p, h.units); err != nil {
 		t.Fatalf("daemon not running (its record is not current): %v", err)
 	}
-	h.units.states[DaemonUnit] = "active"
+	h.units.states[unitnames.Daemon] = "active"
 	write(noderecord.Record{Node: "w1", Present: false})
 	if err := NodeReady(ctx, h.p, h.units); err != nil {
 		t.Fatalf("no Node (registration is the kubelet's, a vanished one the daemon's): %v", err)
@@ -57,7 +58,7 @@ func TestHealthCountsANodeReportedNotReady(t *testing.T) {
 	if err := h.run(t); err != nil { // the boot's first check: healthy
 		t.Fatal(err)
 	}
-	h.units.states[DaemonUnit] = "active"
+	h.units.states[unitnames.Daemon] = "active"
 	if err := noderecord.Write(h.p, noderecord.Record{Node: "w1", Present: true, Status: "Unknown", Reason: "NodeStatusUnknown",
 		Message: "Kubelet stopped posting node status."}); err != nil {
 		t.Fatal(err)
@@ -72,8 +73,8 @@ func TestHealthCountsANodeReportedNotReady(t *testing.T) {
 			t.Fatalf("check %d: %v", i, err)
 		}
 	}
-	if len(h.units.started) != 1 || h.units.started[0] != RestartUnit {
-		t.Fatalf("after 2 checks of a NotReady Node: started %v, want one %s", h.units.started, RestartUnit)
+	if len(h.units.started) != 1 || h.units.started[0] != unitnames.Restart {
+		t.Fatalf("after 2 checks of a NotReady Node: started %v, want one %s", h.units.started, unitnames.Restart)
 	}
 	// The daemon's watch goes down (record removed): unknown, not counted,
 	// and the node counts as healthy again.

@@ -35,16 +35,14 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 )
 
-// RepaveUnit is the repave's unit; RepaveJournal its journal's name
-// (lib/repave's Unit and Operation, named here so that this package does
-// not link lib/repave's cluster client).
-const (
-	RepaveUnit    = "unbounded-repave.service"
-	RepaveJournal = "repave"
-)
+// RepaveJournal is the repave's journal's name (lib/repave's Operation,
+// named here so that this package does not link lib/repave's cluster
+// client).
+const RepaveJournal = "repave"
 
 // Lifecycle runs on one host; the zero value of each field but Paths is
 // the real host.
@@ -88,7 +86,7 @@ func (l *Lifecycle) Run(ctx context.Context) error {
 		return fmt.Errorf("repave journal: %w", jerr)
 	}
 	if found {
-		return l.resume(ctx, RepaveUnit, "an interrupted repave left its journal")
+		return l.resume(ctx, unitnames.Repave, "an interrupted repave left its journal")
 	}
 	// The first writer after a boot: an applied record whose staged
 	// replacement a power cut left unrenamed goes under its own name

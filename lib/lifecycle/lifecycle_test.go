@@ -14,6 +14,7 @@ import (
 	"unbounded-cloud.io/agent/lib/lifecycle"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 )
 
@@ -80,7 +81,7 @@ func TestLifecycleOnAFreshHostDoesNothing(t *testing.T) {
 
 func TestLifecycleResumesTheRepaveThatOwnsTheHost(t *testing.T) {
 	w := newWorld(t, true)
-	lock, err := state.AcquireOwnership(w.P, "repave", lifecycle.RepaveUnit)
+	lock, err := state.AcquireOwnership(w.P, "repave", unitnames.Repave)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +98,7 @@ func TestLifecycleResumesTheRepaveThatOwnsTheHost(t *testing.T) {
 	}
 	// Running already: not queued twice.
 	w.ClearCalls()
-	w.SetUnitState(lifecycle.RepaveUnit, "activating")
+	w.SetUnitState(unitnames.Repave, "activating")
 	if err := run(t, w); err != nil {
 		t.Fatal(err)
 	}

@@ -63,15 +63,16 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitjournal"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // GeneratorInstance is the instance the generator pulls in on unusable
-// state (generator.RecoverUnit): no unit failed; the generator's own
+// state (unitnames.RecoverGenerator): no unit failed; the generator's own
 // decision says what is wrong.
 const GeneratorInstance = "generator"
 
 // DaemonUnit is the unit recovery repairs.
-const DaemonUnit = generator.DaemonService
+const DaemonUnit = unitnames.Daemon
 
 // Owner is recovery's name in the ownership record.
 const Owner = "recover"
@@ -447,10 +448,10 @@ func (r *Recovery) repair(ctx context.Context, log *slog.Logger, sd Systemd, too
 		}
 		if err := sd.Reload(ctx); err != nil {
 			o.cannot("daemon-reload after the ownership record of an interrupted recovery was removed: %v", err)
-		} else if err := sd.EnqueueStart(ctx, generator.NodeTarget); err != nil {
-			o.cannot("start %s: %v", generator.NodeTarget, err)
+		} else if err := sd.EnqueueStart(ctx, unitnames.NodeTarget); err != nil {
+			o.cannot("start %s: %v", unitnames.NodeTarget, err)
 		} else {
-			o.did("Removed the ownership record an interrupted recovery left, and started %s (behind the allocation fence)", generator.NodeTarget)
+			o.did("Removed the ownership record an interrupted recovery left, and started %s (behind the allocation fence)", unitnames.NodeTarget)
 		}
 	}
 	// The lock is taken only for what changes the host's files (an
@@ -510,10 +511,10 @@ func (r *Recovery) repair(ctx context.Context, log *slog.Logger, sd Systemd, too
 		// unusable (a move that an earlier recovery did not finish):
 		// start it, behind its fence, now that the reload pulls it in.
 		// A start of an active target still starts what it requires.
-		if err := sd.EnqueueStart(ctx, generator.NodeTarget); err != nil {
-			o.cannot("start %s: %v", generator.NodeTarget, err)
+		if err := sd.EnqueueStart(ctx, unitnames.NodeTarget); err != nil {
+			o.cannot("start %s: %v", unitnames.NodeTarget, err)
 		} else {
-			o.did("The node of the remaining record did not run: started %s (behind the allocation fence)", generator.NodeTarget)
+			o.did("The node of the remaining record did not run: started %s (behind the allocation fence)", unitnames.NodeTarget)
 		}
 	}
 	startDaemon := d.start

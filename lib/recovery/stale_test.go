@@ -20,6 +20,7 @@ import (
 	"unbounded-cloud.io/agent/lib/lifecycle"
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // twoRecords makes h a host with both slots recorded (kube1 by newHost,
@@ -34,7 +35,7 @@ func twoRecords(t *testing.T, h *host, running ...string) {
 		h.sd.units["systemd-nspawn@"+s+".service"] = UnitStatus{LoadState: "loaded", ActiveState: "active"}
 	}
 	if len(running) > 0 {
-		h.sd.units[generator.NodeTarget] = UnitStatus{LoadState: "loaded", ActiveState: "active"}
+		h.sd.units[unitnames.NodeTarget] = UnitStatus{LoadState: "loaded", ActiveState: "active"}
 	}
 }
 
@@ -87,7 +88,7 @@ func TestTwoAppliedConfigsTheRecordOfTheSlotThatDoesNotRunIsMovedAsideAndTheDaem
 	if !h.sd.called("start " + DaemonUnit) {
 		t.Errorf("calls %v: the daemon was not started", h.sd.calls)
 	}
-	if h.sd.called("enqueue " + generator.NodeTarget) {
+	if h.sd.called("enqueue " + unitnames.NodeTarget) {
 		t.Errorf("calls %v: the running node's target was started again", h.sd.calls)
 	}
 	if len(h.reports) != 1 {
@@ -301,8 +302,8 @@ func TestARecoveryKilledBetweenTheTwoRenamesIsFinishedByTheNext(t *testing.T) {
 		}
 		return n
 	}
-	if r, e, d := last("reload"), last("enqueue "+generator.NodeTarget), last("start "+DaemonUnit); r < 0 || e < r || d < 0 ||
-		strings.Count(strings.Join(h.sd.calls, ","), "enqueue "+generator.NodeTarget) != 2 {
+	if r, e, d := last("reload"), last("enqueue "+unitnames.NodeTarget), last("start "+DaemonUnit); r < 0 || e < r || d < 0 ||
+		strings.Count(strings.Join(h.sd.calls, ","), "enqueue "+unitnames.NodeTarget) != 2 {
 		t.Errorf("calls %v: want the node target started after the reload that follows the move, and the daemon started", h.sd.calls)
 	}
 	if _, err := os.Stat(h.p.Ownership()); !os.IsNotExist(err) {

@@ -88,6 +88,7 @@ import (
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 	"unbounded-cloud.io/agent/lib/version"
 )
@@ -97,7 +98,7 @@ const Operation = "repave"
 
 // Unit is the unit that runs a repave; the ownership record names it, so
 // that the generator resumes it after a reboot mid-repave.
-const Unit = "unbounded-repave.service"
+const Unit = unitnames.Repave
 
 // Concern is the request file's name (/run/unbounded/requests/repave.json).
 const Concern = "repave"
@@ -1038,11 +1039,11 @@ func (r *Repave) handOver(ctx context.Context) error {
 	if err := sd.Reload(ctx); err != nil {
 		return err
 	}
-	if err := sd.StartUnit(ctx, generator.NodeTarget); err != nil {
+	if err := sd.StartUnit(ctx, unitnames.NodeTarget); err != nil {
 		return err
 	}
 	// Queued, not waited for: a daemon that runs (the one that started
 	// this repave, waiting for it) is left alone; one that exited 69
 	// while the host was owned starts again.
-	return sd.EnqueueStart(ctx, generator.DaemonService)
+	return sd.EnqueueStart(ctx, unitnames.Daemon)
 }

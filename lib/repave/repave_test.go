@@ -23,12 +23,12 @@ import (
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
-	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/repave"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // childEnv makes the test binary run one repave on the world whose root
@@ -285,10 +285,10 @@ func TestBlueGreenBuildsBesideDrainsSwitchesAndRetiresTheOldSlot(t *testing.T) {
 	calls := w.Calls()
 	order(t, calls, "prepare kube2", "cluster unschedulable=true", "cluster drain", "stop systemd-nspawn@kube1.service",
 		"cluster delete-node", "start systemd-nspawn@kube2.service(owned)",
-		"destroy kube1", "start "+generator.NodeTarget, "enqueue "+generator.DaemonService)
+		"destroy kube1", "start "+unitnames.NodeTarget, "enqueue "+unitnames.Daemon)
 	// The fence is asked while the drain runs, and answers before the
 	// new node starts.
-	order(t, calls, "cluster unschedulable=true", "start "+generator.FenceService+"(owned)", "start systemd-nspawn@kube2.service(owned)")
+	order(t, calls, "cluster unschedulable=true", "start "+unitnames.Fence+"(owned)", "start systemd-nspawn@kube2.service(owned)")
 	a := wantActive(t, w, "kube2")
 	if !strings.Contains(string(a.Config), "node:1.36.3-2") {
 		t.Errorf("kube2's record does not hold the desired config:\n%s", a.Config)
@@ -347,7 +347,7 @@ func TestRepaveRollsBackWhenNewSlotNeverHealthy(t *testing.T) {
 	if exists(fake(w, "unschedulable")) {
 		t.Errorf("the Node is still cordoned after the rollback")
 	}
-	order(t, w.Calls(), "cluster unschedulable=true", "destroy kube2", "start systemd-nspawn@kube1.service(owned)", "cluster unschedulable=false", "start "+generator.NodeTarget)
+	order(t, w.Calls(), "cluster unschedulable=true", "destroy kube2", "start systemd-nspawn@kube1.service(owned)", "cluster unschedulable=false", "start "+unitnames.NodeTarget)
 }
 
 func TestDrainTimeoutUncordonsAndLeavesTheNodeUnlessForced(t *testing.T) {
@@ -573,7 +573,7 @@ func TestCrashAtEveryPointThenRerunConverges(t *testing.T) {
 			if !exists(fake(w, "node")) || exists(fake(w, "unschedulable")) {
 				t.Errorf("the Node is not back schedulable")
 			}
-			if !slices.Contains(w.Calls(), "enqueue "+generator.DaemonService) {
+			if !slices.Contains(w.Calls(), "enqueue "+unitnames.Daemon) {
 				t.Errorf("daemon never started: %q", w.Calls())
 			}
 		})

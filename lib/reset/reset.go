@@ -52,12 +52,12 @@ import (
 
 	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/crashpoint"
-	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 )
 
@@ -65,7 +65,7 @@ import (
 const Operation = "reset"
 
 // Unit runs reset; the ownership record names it.
-const Unit = "unbounded-reset.service"
+const Unit = unitnames.Reset
 
 // CrashPoints are reset's own named crash points in the order a run
 // reaches them; lib/hostprep's "hostprep/after-undo" is reached inside
@@ -129,9 +129,9 @@ func (r *Reset) mode(name string) (modes.Mode, error) {
 // lifecycle too, which stays active (RemainAfterExit=) and keeps its
 // PrivateTmp= directory under /var/tmp while it is.
 var stoppedFirst = []string{
-	generator.DaemonService, generator.BootstrapService,
-	"unbounded-health.timer", "unbounded-health.service", "unbounded-restart.service",
-	"unbounded-lifecycle.service",
+	unitnames.Daemon, unitnames.Bootstrap,
+	unitnames.HealthTimer, unitnames.Health, unitnames.Restart,
+	unitnames.Lifecycle,
 }
 
 func (r *Reset) Run(ctx context.Context) error {
@@ -141,7 +141,7 @@ func (r *Reset) Run(ctx context.Context) error {
 	}
 	defer sd.Close()
 
-	r.status("stopping %s and the units that act on the node", generator.DaemonService)
+	r.status("stopping %s and the units that act on the node", unitnames.Daemon)
 	for _, u := range stoppedFirst {
 		if err := stop(ctx, sd, u); err != nil {
 			return err
@@ -263,8 +263,8 @@ func (r *Reset) modesInUse() []string {
 
 // node stops the node target and destroys both slots of every mode in use.
 func (r *Reset) node(ctx context.Context, sd units.Manager) error {
-	r.status("stopping %s", generator.NodeTarget)
-	if err := stop(ctx, sd, generator.NodeTarget); err != nil {
+	r.status("stopping %s", unitnames.NodeTarget)
+	if err := stop(ctx, sd, unitnames.NodeTarget); err != nil {
 		return err
 	}
 	for _, name := range r.modesInUse() {

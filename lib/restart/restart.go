@@ -37,6 +37,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/softreboot"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // DefaultTimeout bounds the wait for the node to be healthy after the
@@ -138,8 +139,8 @@ func (r *Restart) Run(ctx context.Context) error {
 		return err
 	}
 	restarted := time.Since(begin)
-	if err := r.Units.StartUnit(ctx, health.NodeTarget); err != nil {
-		return fmt.Errorf("the node stack restarted, but %s did not start: %w", health.NodeTarget, err)
+	if err := r.Units.StartUnit(ctx, unitnames.NodeTarget); err != nil {
+		return fmt.Errorf("the node stack restarted, but %s did not start: %w", unitnames.NodeTarget, err)
 	}
 	log.Info("node stack restarted; waiting for it to be healthy", "took", restarted.Round(time.Millisecond), "atMost", timeout)
 	if err := health.WaitHealthy(ctx, r.Units, healthz, nodeReady, active.Mode, active.Slot, timeout, settle, interval); err != nil {

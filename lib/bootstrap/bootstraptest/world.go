@@ -41,6 +41,7 @@ import (
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/reset"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 )
 
@@ -370,7 +371,7 @@ func (m *Manager) owned() string {
 
 func (m *Manager) StartUnit(_ context.Context, unit string) error {
 	m.w.Log("start " + unit + m.owned())
-	if unit == generator.FenceService {
+	if unit == unitnames.Fence {
 		if code := m.w.fenceExit(); code != 0 {
 			m.w.SetUnitState(unit, "failed")
 			return fmt.Errorf("start %s: job failed", unit)
@@ -400,7 +401,7 @@ func (m *Manager) ActiveState(_ context.Context, unit string) (string, error) {
 }
 
 func (m *Manager) ExecMainStatus(_ context.Context, unit string) (int, error) {
-	if unit == generator.FenceService {
+	if unit == unitnames.Fence {
 		return m.w.fenceExit(), nil
 	}
 	return 0, nil

@@ -64,13 +64,14 @@ import (
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
 	"unbounded-cloud.io/agent/lib/modes/softreboot"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 )
 
 // The shipped units (units/), in start order.
 const (
-	ContainerdUnit = "unbounded-containerd.service"
-	KubeletUnit    = "unbounded-kubelet.service"
+	ContainerdUnit = unitnames.Containerd
+	KubeletUnit    = unitnames.Kubelet
 )
 
 // Current is the link the shipped units run through.
