@@ -1,0 +1,105 @@
+package lint
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// layers is the order of the project's packages, lowest first, as
+// ARCHITECTURE section 3 describes them: small packages with one job at
+// the bottom (names, paths, records), the modes and the cluster client
+// in the middle, the concerns above them, the commands on top. A package
+// imports only packages of lower layers (so there is no cycle, and no
+// arrow up), and lib never imports cmd. A new package is put in a layer
+// here; test support (a package ending in "test") may import tests/.
+var layers = [][]string{
+	// Leaves: names, paths, file and protocol helpers.
+	{"lib/api/identity", "lib/api/manifests", "lib/api/v1alpha3", "lib/crashpoint", "lib/hostpaths", "lib/logging",
+		"lib/regfile", "lib/regfile/regfiletest", "lib/sdstatus", "lib/unitjournal", "lib/unitnames", "lib/units", "lib/version"},
+	// State files: atomic writes, verified records, journals, the lock.
+	{"lib/state"},
+	// What the state means: exit codes, host preparation, the small
+	// records, the generator's decision.
+	{"lib/exitcode", "lib/hostprep", "lib/noderecord", "lib/request", "lib/fence/record", "lib/generator"},
+	{"lib/privilege", "lib/modes/softreboot"},
+	// Configuration, and what every command shares.
+	{"lib/config", "lib/concern", "lib/concern/small"},
+	// The cluster client, the artifacts, the mode interface, the status.
+	{"lib/artifacts", "lib/kube", "lib/modes", "lib/status"},
+	{"lib/modes/nodestack", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest"},
+	// The modes, and the concerns that need no installation.
+	{"lib/modes/none", "lib/modes/nspawn", "lib/restart", "lib/daemon", "lib/recovery", "lib/cli"},
+	// The installations.
+	{"lib/bootstrap"},
+	{"lib/reset", "lib/repave"},
+	{"lib/bootstrap/bootstraptest"},
+	// The commands: one per concern, the CLI, the generator.
+	{"cmd/bootstrap", "cmd/daemon", "cmd/fence", "cmd/health", "cmd/lifecycle", "cmd/recover", "cmd/repave", "cmd/reset",
+		"cmd/restart", "cmd/unbounded", "generators/unbounded-generator"},
+	// The multicall executable dispatches to the concerns' commands.
+	{"cmd/unbounded-agent"},
+}
+
+func TestPackagesImportOnlyLowerLayers(t *testing.T) {
+	goBin(t)
+	const module = "unbounded-cloud.io/agent/"
+	layer := map[string]int{}
+	for i, l := range layers {
+		for _, p := range l {
+			if _, dup := layer[p]; dup {
+				t.Errorf("%s is in two layers", p)
+			}
+			layer[p] = i
+		}
+	}
+	out, stderr, err := command(repo, nil, "go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "./lib/...", "./cmd/...", "./generators/...")
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, stderr)
+	}
+	var problems []string
+	seen := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg := strings.TrimPrefix(f[0], module)
+		seen[pkg] = true
+		li, ok := layer[pkg]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("%s is in no layer: add it to tests/lint/layers_test.go where it belongs", pkg))
+			continue
+		}
+		for _, imp := range f[1:] {
+			dep, ours := strings.CutPrefix(imp, module)
+			if !ours {
+				continue
+			}
+			if strings.HasPrefix(dep, "tests/") {
+				if !strings.HasSuffix(pkg, "test") {
+					problems = append(problems, fmt.Sprintf("%s imports %s: only test support may import tests/", pkg, dep))
+				}
+				continue
+			}
+			if strings.HasPrefix(pkg, "lib/") && strings.HasPrefix(dep, "cmd/") {
+				problems = append(problems, fmt.Sprintf("%s imports %s: lib never imports a command", pkg, dep))
+				continue
+			}
+			ld, ok := layer[dep]
+			if !ok {
+				continue // reported as its own line
+			}
+			if ld >= li {
+				problems = append(problems, fmt.Sprintf("%s (layer %d) imports %s (layer %d): a package imports only lower layers", pkg, li, dep, ld))
+			}
+		}
+	}
+	for p := range layer {
+		if !seen[p] {
+			problems = append(problems, fmt.Sprintf("%s is listed in a layer but is no package: remove it", p))
+		}
+	}
+	sort.Strings(problems)
+	for _, p := range problems {
+		t.Error(p)
+	}
+}
