@@ -131,6 +131,11 @@ func (p Paths) Journal(operation string) string {
 	return filepath.Join(p.JournalDir(), operation+".json")
 }
 
+// OwedDir holds the cluster writes an operation owes the cluster and
+// could not make (lib/owed): one file a write, carried out by the daemon
+// once the API server answers.
+func (p Paths) OwedDir() string { return filepath.Join(p.HostRoot(), "owed") }
+
 // PKIDir holds the daemon's client key and certificate.
 func (p Paths) PKIDir() string { return filepath.Join(p.HostRoot(), "pki") }
 

@@ -85,6 +85,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
@@ -742,6 +743,12 @@ func (r *Repave) cordon(ctx context.Context, j *Journal, cfg *config.Config, clu
 			if err = state.WriteJournal(r.Paths, Operation, j); err == nil {
 				err = c.SetUnschedulable(ctx, true)
 			}
+			if err == nil {
+				// This repave decides the Node's schedulability now:
+				// an uncordon an earlier one owed would undo the
+				// cordon under the drain.
+				err = owed.Settle(r.Paths, owed.Uncordon)
+			}
 		}
 	}
 	// GetNode and SetUnschedulable try again for a minute
@@ -987,13 +994,7 @@ func (r *Repave) fail(ctx context.Context, j *Journal, cfg *config.Config, lock 
 	asBefore := !switched && (step != StepSwitch || errors.Is(err, modes.ErrRolledBack) || errors.Is(err, modes.ErrNotImplemented))
 	if asBefore {
 		if j.Cordoned {
-			if c, cerr := r.cluster(cfg, j.Options); cerr == nil {
-				if uerr := c.SetUnschedulable(cctx, false); uerr != nil {
-					r.log().Error("Node not uncordoned after the failed repave", "error", uerr.Error())
-				} else {
-					r.log().Info("Node uncordoned: the repave failed and the node is as it was", "node", cfg.Machine)
-				}
-			}
+			r.uncordonOwed(cctx, j, cfg, err)
 		}
 		if j.From != j.To && !errors.Is(err, modes.ErrRolledBack) && j.done(StepBuild) {
 			// Built but never started: the old node never stopped.
@@ -1025,6 +1026,36 @@ func (r *Repave) fail(ctx context.Context, j *Journal, cfg *config.Config, lock 
 		}
 	}
 	return err
+}
+
+// uncordonOwed uncordons the Node of a repave that failed with the node
+// as it was. The write is owed first (lib/owed), durably: if the cluster
+// does not answer within the retries, or the host loses power before,
+// the daemon makes it once the API server answers; a Node is never left
+// cordoned by a repave that did not replace it.
+func (r *Repave) uncordonOwed(ctx context.Context, j *Journal, cfg *config.Config, cause error) {
+	why := cause.Error()
+	if len(why) > 300 {
+		why = why[:300] + "..."
+	}
+	w := owed.Write{Kind: owed.Uncordon, Node: cfg.Machine, By: Operation, Since: r.now().UTC(),
+		Why: "the repave failed with the node as it was (" + why + ")"}
+	if err := owed.Owe(r.Paths, w); err != nil {
+		r.log().Error("the owed uncordon was not recorded", "error", err.Error())
+	}
+	c, err := r.cluster(cfg, j.Options)
+	if err == nil {
+		err = c.SetUnschedulable(ctx, false)
+	}
+	if err != nil {
+		r.log().Error("Node not uncordoned after the failed repave; the daemon uncordons it once the API server answers (unbounded status lists it)",
+			"node", cfg.Machine, "error", err.Error())
+		return
+	}
+	r.log().Info("Node uncordoned: the repave failed and the node is as it was", "node", cfg.Machine)
+	if err := owed.Settle(r.Paths, owed.Uncordon); err != nil {
+		r.log().Error("the owed uncordon was made but its record stays", "error", err.Error())
+	}
 }
 
 // handOver reloads (the generator wires the node target to the active
