@@ -86,6 +86,10 @@ fi
 # rolls a repave onto a never-healthy node back: the downtime, the slot
 # build, the Node's gap and the rollback are printed, the downtime next to
 # its floor (machine boot + kubelet to Node Ready; goal: floor + 1 s).
+# Beside the agent's phases, after first boot's and each repave's Node
+# Ready: the kubelet's own startup gauges (kubelet_node_startup_*, read
+# through the API server's node proxy) and the ready wait's node stack
+# restarts for the kubelet's CSINode (journal lines of the run).
 # Then `unbounded reset --yes` in the host, its pod still running. Needs root and the system tier's
 # fixtures (demo.sh builds them; no apt-get here).
 firstboot() { # MODE: nspawn or none
@@ -110,6 +114,26 @@ firstboot() { # MODE: nspawn or none
 	# boot, kubelet; none: install, kubelet).
 	awk -v p="$prefix" -v skip="$skip" '
 	function line(n, v, extra) { printf "%-60s %8.1f s%s\n", n, v, extra }
+	# The kubelet'"'"'s own startup gauges (tests/demo kubeletStart; k is
+	# firstboot or repave): its start -> first registration try ->
+	# Node created -> Node Ready. Its pre_kubelet and total count from
+	# the kernel'"'"'s boot, the VM'"'"'s for these containers: their
+	# difference is its start -> Node Ready. And the ready wait'"'"'s node
+	# stack restarts for the kubelet'"'"'s CSINode.
+	function kubelet(k, l,   m) {
+		m = k ".kubelet_node_startup_"
+		if ((k ".kubelet-metrics.failed") in v)
+			print "  " l "kubelet: startup metrics not read (BENCH_KEEP_LOG=1: the demo output says why)"
+		else if ((m "duration_seconds") in v) {
+			line("  " l "kubelet: pre-registration", v[m "pre_registration_duration_seconds"])
+			line("  " l "kubelet: registration", v[m "registration_duration_seconds"])
+			line("  " l "kubelet: post-registration", v[m "post_registration_duration_seconds"])
+			line("  " l "kubelet: start -> Node Ready (its own metric)", v[m "duration_seconds"] - v[m "pre_kubelet_duration_seconds"])
+			if (v[m "registration_duration_seconds"] == 0 && v[m "post_registration_duration_seconds"] == 0)
+				print "  note: the kubelet'"'"'s startup gauges are 0: the running kubelet found its Node registered\n  already (as one a CSINode restart started does); only a kubelet that creates its Node sets them"
+		}
+		if ((k ".csinode-restarts") in v) printf "%-60s %8d\n", "  " l "CSINode restarts", v[k ".csinode-restarts"]
+	}
 	BEGIN {
 		label["floor.unpack"] = "node image pull + unpack (nspawn.Unpack)"
 		label["floor.boot"] = "systemd-nspawn boot"
@@ -121,6 +145,7 @@ firstboot() { # MODE: nspawn or none
 		for (i = 1; i <= n; i++) if (order[i] ~ /^phase\./) line("  " p "phase " substr(order[i], 7), v[order[i]])
 		fb = v["firstboot.start-to-ready"]
 		line(p "first boot: systemctl start unbounded-bootstrap -> Node Ready", fb)
+		kubelet("firstboot", p)
 		floor = 0
 		for (i = 1; i <= n; i++) if (order[i] ~ /^floor\./ && order[i] != skip) {
 			floor += v[order[i]]
@@ -159,7 +184,8 @@ firstboot() { # MODE: nspawn or none
 				line(p "repave floor: nspawn boot + kubelet start -> Node Ready", rf)
 			}
 			printf "%-60s %8.2f x  (goal: under floor + 1 s: %s)\n", p "repave downtime / floor", (rf > 0 ? v["repave.downtime"] / rf : 0), v["repave.downtime"] < rf + 1 ? "met" : "NOT met"
-			if (v["repave.csinode-restart"]) print "  note: the new kubelet registered its Node after its early CSINode tries and the repave restarted\n  its node stack once (as the first boot does); the downtime holds that restart: run again"
+			if (v["repave.csinode-restarts"] > 0) print "  note: the new kubelet registered its Node after its early CSINode tries and the repave restarted\n  its node stack once (as the first boot does); the downtime holds that restart: run again"
+			kubelet("repave", p "repave ")
 			line(p "repave: unbounded-repave.service, start to exit", v["repave.unit"])
 			if ("repave.rollback" in v) line(p "repave rollback: new node given up -> old node healthy", v["repave.rollback"])
 		}

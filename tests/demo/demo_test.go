@@ -269,6 +269,7 @@ func TestDemo(t *testing.T) {
 				node.Status.NodeInfo.KubeletVersion, node.Status.NodeInfo.ContainerRuntimeVersion)
 		}
 	}
+	bench.kubeletStart(t, ctx, o, kube, m, "firstboot", name, bootstrapUnit, bootBegin)
 
 	o.step("unbounded status (inside the host)")
 	st, err := m.Run("unbounded", "status")

@@ -65,10 +65,10 @@ func (d *repaveDemo) runNone(t *testing.T, ctx context.Context) {
 		d.bench.add("repave.build", stopping.Sub(begun.at))
 	}
 	d.bench.add("repave.unit", unit)
-	if _, ok := find(lines, "the kubelet's CSINode is not initialized"); ok {
+	if csinodeRestarts(lines) > 0 {
 		o.say("(the new kubelet hit its CSINode retry: the node stack was restarted once, which the downtime above includes)")
-		d.bench.lines = append(d.bench.lines, "repave.csinode-restart 1")
 	}
+	d.bench.kubeletStart(t, ctx, o, d.kube, d.m, "repave", d.name, repaveUnit, begin)
 	o.say("pod %s Running again on %s (IP %s), %s after the repave started", pod.Name, pod.Spec.NodeName, pod.Status.PodIP, took(podBack.Sub(begin)))
 	st, _ := d.m.Run("unbounded", "status")
 	o.say("$ unbounded status")

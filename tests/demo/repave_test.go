@@ -58,7 +58,13 @@ type journalLine struct {
 // journal is unit's journal since since (a second before it).
 func (d *repaveDemo) journal(t *testing.T, unit string, since time.Time) []journalLine {
 	t.Helper()
-	out, err := d.m.Run("journalctl", "-q", "--no-pager", "-o", "short-unix", "-u", unit, "--since", "@"+strconv.FormatInt(since.Unix()-1, 10))
+	return unitJournal(t, d.m, unit, since)
+}
+
+// unitJournal is unit's journal in m since since (a second before it).
+func unitJournal(t *testing.T, m *harness.Machine, unit string, since time.Time) []journalLine {
+	t.Helper()
+	out, err := m.Run("journalctl", "-q", "--no-pager", "-o", "short-unix", "-u", unit, "--since", "@"+strconv.FormatInt(since.Unix()-1, 10))
 	if err != nil {
 		t.Fatalf("journalctl: %v\n%s", err, out)
 	}
@@ -269,13 +275,13 @@ func (d *repaveDemo) run(t *testing.T, ctx context.Context) {
 		}
 	}
 	d.bench.add("repave.unit", unit)
-	if _, ok := find(lines, "the kubelet's CSINode is not initialized"); ok {
+	if csinodeRestarts(lines) > 0 {
 		// The kubelet registered its Node after its early CSINode
 		// tries; the wait restarted the node stack once (lib/bootstrap
 		// ready). The downtime then holds that restart.
 		o.say("(the new kubelet hit its CSINode retry: the node stack was restarted once, which the downtime above includes)")
-		d.bench.lines = append(d.bench.lines, "repave.csinode-restart 1")
 	}
+	d.bench.kubeletStart(t, ctx, o, d.kube, d.m, "repave", d.name, repaveUnit, begin)
 	o.say("pod %s Running again on %s (IP %s), %s after the repave started", pod.Name, pod.Spec.NodeName, pod.Status.PodIP, took(podBack.Sub(begin)))
 	st, _ := d.m.Run("unbounded", "status")
 	o.say("$ unbounded status")
