@@ -265,6 +265,8 @@ type daemon struct {
 	opts Options
 	// tokenOnly: the credential is the bootstrap token (useCredential).
 	tokenOnly bool
+	// owedRunning: an owed write is being made (settleOwed).
+	owedRunning atomic.Bool
 	p         hostpaths.Paths
 	host      Host
 	log       *slog.Logger
@@ -455,6 +457,7 @@ func (d *daemon) apply(ctx context.Context, u update) {
 			d.reportMachine(ctx)
 		}
 		d.refreshActive(ctx)
+		d.settleOwed(ctx, node)
 	case kindMachine:
 		var m *v1alpha3.Machine
 		if len(u.objs) > 0 && !u.deleted {

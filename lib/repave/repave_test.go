@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/repave"
+	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -85,6 +87,9 @@ func (c cluster) SetUnschedulable(_ context.Context, on bool) error {
 	c.w.Log(fmt.Sprintf("cluster unschedulable=%t", on))
 	if on {
 		return os.WriteFile(fake(c.w, "unschedulable"), nil, 0o644)
+	}
+	if _, err := os.Stat(fake(c.w, "api-down-at-uncordon")); err == nil {
+		return &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}
 	}
 	os.Remove(fake(c.w, "unschedulable"))
 	return nil
@@ -387,6 +392,35 @@ func TestDrainTimeoutUncordonsAndLeavesTheNodeUnlessForced(t *testing.T) {
 	// disk is applied already, so there is nothing to do.
 	if err := run(t, w); !errors.Is(err, repave.ErrNothingToDo) {
 		t.Fatalf("a start by hand after the daemon's forced request: %v, want nothing to do", err)
+	}
+}
+
+// The drain fails and the API server is down at the moment of the
+// uncordon: the uncordon is owed (lib/owed) for the daemon, and a later
+// repave that cordons the Node takes it over.
+func TestAFailedUncordonIsOwedAndALaterRepaveTakesTheNodeOver(t *testing.T) {
+	w := bootstrapped(t)
+	changeImage(t, w)
+	for _, f := range []string{"drain-stuck", "api-down-at-uncordon"} {
+		if err := os.WriteFile(fake(w, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := run(t, w); !errors.Is(err, kube.ErrDrainTimeout) {
+		t.Fatalf("repave with a drain that times out: %v", err)
+	}
+	ws, err := owed.List(w.P)
+	if err != nil || len(ws) != 1 || ws[0].Kind != owed.Uncordon || ws[0].Node != bootstraptest.Machine || ws[0].By != repave.Operation {
+		t.Fatalf("owed writes after an uncordon that failed: %+v (%v), want the Node's uncordon", ws, err)
+	}
+	// The API answers again; a repave cordons, and decides from there.
+	os.Remove(fake(w, "api-down-at-uncordon"))
+	os.Remove(fake(w, "drain-stuck"))
+	if err := run(t, w); err != nil {
+		t.Fatalf("repave: %v", err)
+	}
+	if ws, _ := owed.List(w.P); len(ws) != 0 {
+		t.Errorf("owed writes after a repave that took the Node over: %+v", ws)
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/state"
 )
@@ -58,6 +59,11 @@ type Report struct {
 	// NextBoot is what the generator makes systemd start at the next boot
 	// (or daemon-reload), decided by the generator's own code.
 	NextBoot generator.NextBoot `json:"next-boot"`
+	// Owed are the cluster writes an operation owes the cluster and the
+	// daemon makes once the API server answers (lib/owed).
+	Owed []owed.Write `json:"owed"`
+	// OwedError says why some owed writes could not be read.
+	OwedError string `json:"owed-error,omitempty"`
 }
 
 // Config says whether the operator configuration is in place and valid.
@@ -156,6 +162,13 @@ func Gather(p hostpaths.Paths) Report {
 	r.Legacy = Legacy{Detected: l.Found(), AppliedConfigs: l.AppliedConfigs, Binary: l.Binary, Unit: l.Unit}
 
 	r.Journals = readJournals(p)
+	r.Owed = []owed.Write{}
+	if ws, err := owed.List(p); err != nil {
+		r.OwedError = err.Error()
+		r.Owed = append(r.Owed, ws...)
+	} else if len(ws) > 0 {
+		r.Owed = ws
+	}
 
 	in := generator.Host{}.Read(p)
 	r.NextBoot = generator.Explain(p, in, generator.Decide(in))
@@ -303,6 +316,15 @@ func (r Report) Text(out io.Writer) error {
 		default:
 			row("journal", "%s: step %s, updated %s", j.Operation, orNone(j.Step), j.Updated.Format(time.RFC3339))
 		}
+	}
+	if len(r.Owed) == 0 && r.OwedError == "" {
+		row("owed", "nothing owed to the cluster")
+	}
+	for _, o := range r.Owed {
+		row("owed", "%s", o)
+	}
+	if r.OwedError != "" {
+		row("owed", "unreadable: %s", r.OwedError)
 	}
 	return w.err
 }

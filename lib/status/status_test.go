@@ -6,8 +6,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/owed"
 )
 
 // An operator runs status when things are broken: garbage in every state
@@ -46,6 +48,31 @@ func TestGatherReportsGarbageInEveryStateFile(t *testing.T) {
 	var out bytes.Buffer
 	r.Text(&out)
 	if !strings.Contains(out.String(), "state corrupt") || !strings.Contains(out.String(), "held by unknown") {
+		t.Errorf("text:\n%s", out.String())
+	}
+}
+
+// An uncordon a failed repave owes the cluster is listed until the daemon
+// makes it; a garbage record is named, the others still listed.
+func TestStatusListsTheWritesOwedToTheCluster(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	var out bytes.Buffer
+	Gather(p).Text(&out)
+	if !strings.Contains(out.String(), "owed:        nothing owed to the cluster") {
+		t.Errorf("without owed writes:\n%s", out.String())
+	}
+	since := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	if err := owed.Owe(p, owed.Write{Kind: owed.Uncordon, Node: "site-w1", By: "repave", Why: "the repave failed", Since: since}); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(p.OwedDir(), "other.json"), []byte("{garbage"), 0o600)
+	r := Gather(p)
+	out.Reset()
+	r.Text(&out)
+	if len(r.Owed) != 1 || r.Owed[0].Node != "site-w1" || !strings.Contains(r.OwedError, "other.json") {
+		t.Errorf("owed = %+v, error %q", r.Owed, r.OwedError)
+	}
+	if !strings.Contains(out.String(), "uncordon Node site-w1 (owed by repave since 2026-12-01T10:00:00Z: the repave failed)") || !strings.Contains(out.String(), "unreadable") {
 		t.Errorf("text:\n%s", out.String())
 	}
 }

@@ -22,7 +22,7 @@ var layers = [][]string{
 	{"lib/state"},
 	// What the state means: exit codes, host preparation, the small
 	// records, the generator's decision.
-	{"lib/exitcode", "lib/hostprep", "lib/noderecord", "lib/request", "lib/fence/record", "lib/generator"},
+	{"lib/exitcode", "lib/hostprep", "lib/noderecord", "lib/owed", "lib/request", "lib/fence/record", "lib/generator"},
 	{"lib/privilege", "lib/modes/softreboot"},
 	// Configuration, and what every command shares.
 	{"lib/config", "lib/concern", "lib/concern/small"},
