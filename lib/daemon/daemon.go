@@ -267,18 +267,18 @@ type daemon struct {
 	tokenOnly bool
 	// owedRunning: an owed write is being made (settleOwed).
 	owedRunning atomic.Bool
-	p         hostpaths.Paths
-	host      Host
-	log       *slog.Logger
-	active    *state.AppliedConfig
-	machine   string
-	node      string
-	poll      time.Duration
-	grace     time.Duration // Options.NodeGoneGrace
-	started   time.Time
-	cluster   *cluster
-	sd        Systemd
-	renew     *renewal
+	p           hostpaths.Paths
+	host        Host
+	log         *slog.Logger
+	active      *state.AppliedConfig
+	machine     string
+	node        string
+	poll        time.Duration
+	grace       time.Duration // Options.NodeGoneGrace
+	started     time.Time
+	cluster     *cluster
+	sd          Systemd
+	renew       *renewal
 
 	mu         sync.Mutex
 	machineUID types.UID
