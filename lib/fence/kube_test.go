@@ -269,9 +269,11 @@ func TestFenceRetriesAnUnreachableAPIServerUntilTheBudgetThenRefuses(t *testing.
 
 func TestFenceRefusesAtOnceWhenRBACForbidsTheRead(t *testing.T) {
 	h := newHost(t, nil)
-	// A valid certificate of an identity without rights on Machines: not
-	// in the agents' group (every agent may read every Machine).
-	h.storeCert(t, identity.AgentUserName(clustertest.UniqueName("stranger")), nil,
+	// A valid certificate of this host's identity without rights on
+	// Machines: not in the agents' group (every agent may read every
+	// Machine). (Another machine's identity is refused before any read:
+	// TestAnotherMachinesCertificateIsRefusedWithoutAReadAndReportedWithTheToken.)
+	h.storeCert(t, identity.AgentUserName(h.machine), nil,
 		time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
 	const budget = 30 * time.Second
 	code, took := h.run(t, h.check(budget))

@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 )
 
@@ -67,14 +66,6 @@ var ErrDrainTimeout = errors.New("drain did not finish within its timeout")
 // error names each pod; the caller fails and says which setting lets them
 // go.
 var ErrUnmanagedPods = errors.New("pods without a controller, which an eviction loses for good")
-
-// retryBackoff spaces the tries of a request that got no answer (see
-// NoAnswer: refused or cut connections, 5xx, timeouts, a 429 of the API
-// server's flow control): 0.5 s doubling to 5 s, so that a restart of the
-// API server of a few seconds costs the drain a few seconds, and a long
-// outage one request every 5 s. Steps only limits the doubling (the cap
-// ends it sooner); the caller's bound ends the tries.
-var retryBackoff = wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Cap: 5 * time.Second, Steps: 10}
 
 // Drainer cordons, drains and deletes one Node, as `kubectl drain` and
 // `kubectl delete node` do, with the daemon's certificate (the cluster's
@@ -138,36 +129,9 @@ func (d *Drainer) retryUntil() time.Time {
 	return time.Now().Add(DefaultRetryFor)
 }
 
-// retry runs call until it succeeds, fails with an error retriable does
-// not accept, or until passes (or ctx ends); it returns call's last error.
-// Each try gets ctx, not until: a request begun before until may finish
-// after it (Drain gives its last pass that room).
+// retry is Retry with the Drainer's log and Node.
 func (d *Drainer) retry(ctx context.Context, until time.Time, what string, retriable func(error) bool, call func(context.Context) error) error {
-	bounded, cancel := context.WithDeadline(ctx, until)
-	defer cancel()
-	start := time.Now()
-	tries := 0
-	var last error
-	delay := retryBackoff.DelayFunc()
-	_ = delay.Until(bounded, true, true, func(context.Context) (bool, error) {
-		tries++
-		err := call(ctx)
-		if err != nil && ctx.Err() != nil && last != nil {
-			// The caller's context cut this try short: the answer
-			// before says more than "context deadline exceeded".
-			return true, nil
-		}
-		last = err
-		if err == nil || !retriable(err) {
-			return true, nil
-		}
-		d.log().Info("no answer from the API server; trying again", "request", what, "node", d.Node, "try", tries, "error", err.Error())
-		return false, nil
-	})
-	if last != nil && retriable(last) && tries > 1 {
-		return fmt.Errorf("%w (%d tries in %s)", last, tries, time.Since(start).Round(100*time.Millisecond))
-	}
-	return last
+	return Retry(ctx, until, d.log().With("node", d.Node), what, retriable, call)
 }
 
 // GetNode reads the Node; a Node that does not exist is (nil, nil).

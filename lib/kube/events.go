@@ -84,5 +84,7 @@ func PostEvent(ctx context.Context, cfg *rest.Config, ev *corev1.Event) error {
 	if err != nil {
 		return err
 	}
-	return rc.Post().Namespace(ev.Namespace).Resource("events").Body(ev).Do(ctx).Error()
+	return Retry(ctx, until(ctx), nil, "post Event "+ev.Reason, NoAnswer, func(ctx context.Context) error {
+		return rc.Post().Namespace(ev.Namespace).Resource("events").Body(ev).Do(ctx).Error()
+	})
 }

@@ -114,26 +114,33 @@ func (m *Machines) Watch(ctx context.Context, name, resourceVersion string) (wat
 // else wrote in between) it reads again and retries, a few times. It
 // returns the Machine as last seen.
 func (m *Machines) MutateStatus(ctx context.Context, name string, mutate func(*v1alpha3.Machine) bool) (*v1alpha3.Machine, error) {
-	var err error
-	for try := 0; try < 5; try++ {
-		var cur *v1alpha3.Machine
-		cur, err = m.Get(ctx, name)
+	var out *v1alpha3.Machine
+	conflicts := 0
+	// A conflict is answered by reading again (five times at most); no
+	// answer by trying again within ctx's deadline (Retry).
+	retriable := func(err error) bool {
+		if apierrors.IsConflict(err) {
+			conflicts++
+			return conflicts < 5
+		}
+		return NoAnswer(err)
+	}
+	err := Retry(ctx, until(ctx), nil, "update the status of Machine "+name, retriable, func(ctx context.Context) error {
+		cur, err := m.Get(ctx, name)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if !mutate(cur) {
-			return cur, nil
+			out = cur
+			return nil
 		}
-		var out *v1alpha3.Machine
 		out, err = m.UpdateStatus(ctx, cur)
-		if err == nil {
-			return out, nil
-		}
-		if !apierrors.IsConflict(err) {
-			return nil, err
-		}
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
-	return nil, err
+	return out, nil
 }
 
 // ReviewOwnToken sends a TokenReview of the bearer token that cfg
