@@ -2,9 +2,11 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -248,5 +250,33 @@ func newRoot(t testing.TB, machine string) hostpaths.Paths {
 		t.Fatal(err)
 	}
 	writeApplied(t, p, machine, "kube1")
+	return p
+}
+
+// tokenHost is newRoot with the operator configuration of a host whose
+// client certificate is not issued yet: agent.toml naming the test API
+// server, its CA, and a bootstrap token of machine's own (0600).
+func tokenHost(t testing.TB, env *testEnv, machine string) hostpaths.Paths {
+	t.Helper()
+	id, secret := kubeenv.RandomTokenID(t)
+	token := env.CreateBootstrapToken(t, id, secret, identity.BootstrapAgentsGroup, identity.BootstrapGroup(machine))
+	p := newRoot(t, machine)
+	for path, f := range map[string]struct {
+		data string
+		mode os.FileMode
+	}{
+		"/etc/unbounded/ca.crt":          {string(env.CAPEM(t)), 0o644},
+		"/etc/unbounded/bootstrap-token": {token + "\n", 0o600},
+		hostpaths.ConfigFileHost: {fmt.Sprintf("machine = %q\nmode = \"nspawn\"\n[cluster]\napi-server = %q\nkubernetes-version = \"1.36.3\"\n",
+			machine, env.Host()), 0o644},
+	} {
+		full := p.Join(path)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(f.data), f.mode); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return p
 }

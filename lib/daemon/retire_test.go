@@ -7,10 +7,7 @@ package daemon
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -19,10 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
-	"unbounded-cloud.io/agent/lib/hostpaths"
-	"unbounded-cloud.io/agent/tests/kubeenv"
 )
 
 // quietPeriod is how long a test watches for something that must not
@@ -225,26 +219,7 @@ func TestDaemonStopsActingOnARetiredMachineAndNeverRecreatesIt(t *testing.T) {
 func TestDaemonRequestsNoCertificateWithoutALiveMachine(t *testing.T) {
 	env := getEnv(t)
 	machine := env.newUnregisteredMachine(t)
-	id, secret := kubeenv.RandomTokenID(t)
-	token := env.CreateBootstrapToken(t, id, secret, identity.BootstrapAgentsGroup, identity.BootstrapGroup(machine))
-	p := newRoot(t, machine)
-	for path, f := range map[string]struct {
-		data string
-		mode os.FileMode
-	}{
-		"/etc/unbounded/ca.crt":          {string(env.CAPEM(t)), 0o644},
-		"/etc/unbounded/bootstrap-token": {token + "\n", 0o600},
-		hostpaths.ConfigFileHost: {fmt.Sprintf("machine = %q\nmode = \"nspawn\"\n[cluster]\napi-server = %q\nkubernetes-version = \"1.36.3\"\n",
-			machine, env.Host()), 0o644},
-	} {
-		full := p.Join(path)
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, []byte(f.data), f.mode); err != nil {
-			t.Fatal(err)
-		}
-	}
+	p := tokenHost(t, env, machine)
 	csrs := func() []string {
 		list, err := env.kube.CertificatesV1().CertificateSigningRequests().List(context.Background(), metav1.ListOptions{})
 		if err != nil {

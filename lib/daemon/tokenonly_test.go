@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -12,11 +11,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 
-	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/report"
 	"unbounded-cloud.io/agent/lib/version"
-	"unbounded-cloud.io/agent/tests/kubeenv"
 )
 
 // lockedBuffer is a log sink the daemon's goroutines may share.
@@ -45,25 +42,7 @@ func (l *lockedBuffer) String() string {
 func TestDaemonOnTheBootstrapTokenReportsOnlyWhatTheTokenMayAndSaysOnceWhy(t *testing.T) {
 	env := getEnv(t)
 	machine := env.newMachine(t)
-	id, secret := kubeenv.RandomTokenID(t)
-	token := env.CreateBootstrapToken(t, id, secret, identity.BootstrapAgentsGroup, identity.BootstrapGroup(machine))
-	p := newRoot(t, machine)
-	write := func(name, data string, mode os.FileMode) {
-		t.Helper()
-		if err := os.MkdirAll(p.Join("/etc/unbounded"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p.Join(name), []byte(data), mode); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("/etc/unbounded/ca.crt", string(env.CAPEM(t)), 0o644)
-	write("/etc/unbounded/bootstrap-token", token+"\n", 0o600)
-	write(p.Rel(p.ConfigFile()), `machine = "`+machine+`"
-[cluster]
-api-server = "`+env.Host()+`"
-kubernetes-version = "1.36.3"
-`, 0o644)
+	p := tokenHost(t, env, machine)
 	var logs, status lockedBuffer
 	fake := newFakeSystemd()
 	host := fake.host()
