@@ -107,7 +107,7 @@ var graphRules = []graphRule{
 		check: func(t *testing.T, u *parsed) {
 			mode := strings.TrimSuffix(strings.TrimPrefix(u.name, "unbounded-mode-"), ".target")
 			for _, slot := range hostpaths.Slots {
-				requireAll(t, u, "Unit", "After", generator.SupervisingUnits(mode, slot)...)
+				requireAll(t, u, "Unit", "After", unitnames.Supervising(mode, slot)...)
 			}
 		},
 	},
@@ -309,7 +309,7 @@ func TestUnitGraph(t *testing.T) {
 func nodePlan(t *testing.T, mode, slot string) generator.Plan {
 	t.Helper()
 	var nodeUnits []string
-	for _, u := range generator.SupervisingUnits(mode, slot) {
+	for _, u := range unitnames.Supervising(mode, slot) {
 		nodeUnits = append(nodeUnits, hostpaths.UnitDirHost+"/"+u)
 	}
 	plan := generator.Decide(generator.Input{
@@ -381,7 +381,7 @@ func TestEveryRequiresTheGeneratorAddsIsOrdered(t *testing.T) {
 					t.Errorf("%s %s: the generator makes %s require %s, but %s has no After=%s (has %q)", mode, slot, x, unit, x, unit, u.values("Unit", "After"))
 				}
 			}
-			if want := 1 + len(generator.SupervisingUnits(mode, slot)); requires != want {
+			if want := 1 + len(unitnames.Supervising(mode, slot)); requires != want {
 				t.Errorf("%s %s: %d requires links, want %d (mode target, supervising units)", mode, slot, requires, want)
 			}
 		}

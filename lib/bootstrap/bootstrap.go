@@ -69,7 +69,6 @@ import (
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
-	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/kube"
@@ -519,7 +518,7 @@ func (b *Bootstrap) phases(ctx context.Context, cfg *config.Config, j *Journal, 
 		{PhaseSlot, true, func() error { return b.prepareSlot(ctx, cfg, m, j.Slot, results) }},
 		{PhaseFence, false, func() error { return b.fence(ctx) }},
 		{PhaseStart, false, func() error {
-			b.status("phase %s: starting %s", PhaseStart, strings.Join(generator.SupervisingUnits(cfg.Mode, j.Slot), ", "))
+			b.status("phase %s: starting %s", PhaseStart, strings.Join(unitnames.Supervising(cfg.Mode, j.Slot), ", "))
 			return m.Start(ctx, j.Slot)
 		}},
 		{PhaseReady, false, func() error { return b.ready(ctx, cfg, j.Slot, m) }},
@@ -742,7 +741,7 @@ func (b *Bootstrap) stopNode(ctx context.Context, mode, slot string) {
 		return
 	}
 	defer sd.Close()
-	us := generator.SupervisingUnits(mode, slot)
+	us := unitnames.Supervising(mode, slot)
 	for i := len(us) - 1; i >= 0; i-- {
 		if err := sd.StopUnit(ctx, us[i]); err != nil {
 			b.log().Error("node unit not stopped after the failed bootstrap", "unit", us[i], "error", err.Error())

@@ -19,12 +19,12 @@ import (
 
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/exitcode"
-	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/sdstatus"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // KubeletHealthz is the kubelet's health endpoint as lib/modes/nodestack
@@ -103,7 +103,7 @@ func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string, 
 	var lastNodeErr error
 	for {
 		missing, lastNodeErr = nil, nil
-		for _, u := range generator.SupervisingUnits(cfg.Mode, slot) {
+		for _, u := range unitnames.Supervising(cfg.Mode, slot) {
 			st, err := sd.ActiveState(ctx, u)
 			if err != nil {
 				st = err.Error()

@@ -186,7 +186,7 @@ func FuzzDecideFromState(f *testing.F) {
 		if nodeUnits {
 			os.MkdirAll(p.UnitDir(), 0o755)
 			for _, m := range state.Modes {
-				for _, u := range SupervisingUnits(m, "kube1") {
+				for _, u := range unitnames.Supervising(m, "kube1") {
 					os.WriteFile(filepath.Join(p.UnitDir(), template(u)), []byte("[Service]\nExecStart=/bin/true\n"), 0o644)
 				}
 			}

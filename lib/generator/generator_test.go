@@ -38,7 +38,7 @@ const fence = "/usr/lib/systemd/system/" + unitnames.Fence
 // template, or the unit itself, in the package directory.
 func installed(mode string) []string {
 	var files []string
-	for _, u := range SupervisingUnits(mode, "kube1") {
+	for _, u := range unitnames.Supervising(mode, "kube1") {
 		files = append(files, "/usr/lib/systemd/system/"+template(u))
 	}
 	return files

@@ -42,7 +42,7 @@ func possibleDropIns() []string {
 	seen := map[string]bool{}
 	for _, m := range state.Modes {
 		for _, s := range hostpaths.Slots {
-			for _, u := range SupervisingUnits(m, s) {
+			for _, u := range unitnames.Supervising(m, s) {
 				if f := u + ".d/" + FenceDropIn; !seen[f] {
 					seen[f] = true
 					files = append(files, f)

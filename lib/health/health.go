@@ -51,7 +51,6 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/fence/record"
-	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -111,7 +110,7 @@ var ErrGaveUp = errors.New("gave up restarting the node stack")
 // (NodeReady).
 func Problems(ctx context.Context, sd Units, healthz, node func(context.Context) error, mode, slot string) []string {
 	var out []string
-	for _, u := range generator.SupervisingUnits(mode, slot) {
+	for _, u := range unitnames.Supervising(mode, slot) {
 		st, err := sd.ActiveState(ctx, u)
 		if err != nil {
 			st = err.Error()
@@ -408,7 +407,7 @@ func (c *Check) run(ctx context.Context) error {
 // stoppedCleanly says whether every supervising unit of the active slot is
 // inactive (stopped, or never started) rather than failed or restarting.
 func (c *Check) stoppedCleanly(ctx context.Context, a *state.AppliedConfig) bool {
-	for _, u := range generator.SupervisingUnits(a.Mode, a.Slot) {
+	for _, u := range unitnames.Supervising(a.Mode, a.Slot) {
 		if st, err := c.Units.ActiveState(ctx, u); err != nil || st != "inactive" {
 			return false
 		}

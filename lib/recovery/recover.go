@@ -641,7 +641,7 @@ func (r *Recovery) runningSlot(ctx context.Context, sd Systemd) (slot string, un
 		if err != nil {
 			continue
 		}
-		us := generator.SupervisingUnits(a.Mode, a.Slot)
+		us := unitnames.Supervising(a.Mode, a.Slot)
 		all := len(us) > 0
 		for _, u := range us {
 			st, err := sd.ActiveState(ctx, u)

@@ -13,10 +13,10 @@ import (
 	"strings"
 
 	"unbounded-cloud.io/agent/lib/crashpoint"
-	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // Two applied configs.
@@ -152,7 +152,7 @@ func (r *Recovery) planRetirement(ctx context.Context, sd Systemd) (rt retiremen
 			if err != nil {
 				continue
 			}
-			for _, u := range generator.SupervisingUnits(a.Mode, a.Slot) {
+			for _, u := range unitnames.Supervising(a.Mode, a.Slot) {
 				st, err := sd.ActiveState(ctx, u)
 				if err != nil {
 					st = "unknown (" + err.Error() + ")"
@@ -182,7 +182,7 @@ func (r *Recovery) planRetirement(ctx context.Context, sd Systemd) (rt retiremen
 		}
 	}
 	if a, err := state.ReadApplied(p, rt.slot); err == nil {
-		for _, u := range generator.SupervisingUnits(a.Mode, a.Slot) {
+		for _, u := range unitnames.Supervising(a.Mode, a.Slot) {
 			st, _ := sd.ActiveState(ctx, u)
 			rt.others = append(rt.others, u+" "+st)
 		}
@@ -287,7 +287,7 @@ func (r *Recovery) retireStale(ctx context.Context, log *slog.Logger, sd Systemd
 	if err != nil {
 		return "", false
 	}
-	for _, u := range generator.SupervisingUnits(a.Mode, a.Slot) {
+	for _, u := range unitnames.Supervising(a.Mode, a.Slot) {
 		if st, err := sd.ActiveState(ctx, u); err != nil || st != "active" {
 			return "", true
 		}

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/crashpoint"
-	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/lifecycle"
 	"unbounded-cloud.io/agent/lib/modes/none"
@@ -182,7 +181,7 @@ func TestTwoAppliedConfigsAreLeftAloneUnlessExactlyOneNodeRuns(t *testing.T) {
 			}
 		}
 		h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "failed"}
-		for _, u := range generator.SupervisingUnits("none", "kube1") {
+		for _, u := range unitnames.Supervising("none", "kube1") {
 			h.sd.units[u] = UnitStatus{LoadState: "loaded", ActiveState: "active"}
 		}
 		refused(t, h, "in mode none both slots' records name the same units, which run (unbounded-containerd.service active, unbounded-kubelet.service active)")

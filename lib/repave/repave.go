@@ -81,7 +81,6 @@ import (
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
-	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/modes"
@@ -805,7 +804,7 @@ func (r *Repave) oldRuns(ctx context.Context, j *Journal) (bool, error) {
 		return false, err
 	}
 	defer sd.Close()
-	for _, u := range generator.SupervisingUnits(j.Mode, j.From) {
+	for _, u := range unitnames.Supervising(j.Mode, j.From) {
 		st, err := sd.ActiveState(ctx, u)
 		if err != nil {
 			return false, err

@@ -32,7 +32,6 @@ import (
 
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/fence/record"
-	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/health"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/softreboot"
@@ -123,10 +122,10 @@ func (r *Restart) Run(ctx context.Context) error {
 	}
 	log = log.With("mode", active.Mode, "slot", active.Slot)
 	begin := time.Now()
-	log.Info("restarting the node stack (the host is not restarted)", "units", strings.Join(generator.SupervisingUnits(active.Mode, active.Slot), " "))
+	log.Info("restarting the node stack (the host is not restarted)", "units", strings.Join(unitnames.Supervising(active.Mode, active.Slot), " "))
 	// A unit that hit its start limit (a payload that kept dying) would
 	// refuse the restart job; the restart is the deliberate new start.
-	for _, u := range generator.SupervisingUnits(active.Mode, active.Slot) {
+	for _, u := range unitnames.Supervising(active.Mode, active.Slot) {
 		if err := r.Units.ResetFailed(ctx, u); err != nil {
 			log.Warn("reset-failed", "unit", u, "error", err.Error())
 		}

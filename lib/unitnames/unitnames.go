@@ -31,3 +31,18 @@ const (
 
 // ModeTarget is the target of an isolation mode.
 func ModeTarget(mode string) string { return "unbounded-mode-" + mode + ".target" }
+
+// Supervising are the units that run the node stack of mode in slot
+// (ARCHITECTURE section 2): what the mode target requires, what the
+// fence guards, what "the node runs" means. Nil for an unknown mode.
+func Supervising(mode, slot string) []string {
+	switch mode {
+	case "nspawn":
+		return []string{"systemd-nspawn@" + slot + ".service"}
+	case "container":
+		return []string{"unbounded-container@" + slot + ".service"}
+	case "none":
+		return []string{Containerd, Kubelet}
+	}
+	return nil
+}

@@ -35,7 +35,6 @@ import (
 	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/crashpoint"
-	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/modes"
@@ -270,7 +269,7 @@ func (w *World) Bootstrap(log *slog.Logger) *bootstrap.Bootstrap {
 		Reporter: func(*config.Config) bootstrap.Reporter { return reporter{w} },
 		Probe: func(cfg *config.Config, mode, slot string) bootstrap.Probe {
 			up := func() bool {
-				for _, u := range generator.SupervisingUnits(mode, slot) {
+				for _, u := range unitnames.Supervising(mode, slot) {
 					if w.UnitState(u) != "active" {
 						return false
 					}
@@ -433,7 +432,7 @@ func (f *fakeMode) Prepare(_ context.Context, s modes.Slot) error {
 	if err := s.Check(); err != nil {
 		return err
 	}
-	for _, u := range generator.SupervisingUnits(f.name, s.Name) {
+	for _, u := range unitnames.Supervising(f.name, s.Name) {
 		if modes.Running(f.w.UnitState(u)) {
 			return modes.ErrSlotActive
 		}
@@ -449,7 +448,7 @@ func (f *fakeMode) Prepare(_ context.Context, s modes.Slot) error {
 func (f *fakeMode) Start(ctx context.Context, slot string) error {
 	m := &Manager{f.w}
 	m.Reload(ctx)
-	for _, u := range generator.SupervisingUnits(f.name, slot) {
+	for _, u := range unitnames.Supervising(f.name, slot) {
 		if err := m.StartUnit(ctx, u); err != nil {
 			return err
 		}
@@ -474,7 +473,7 @@ func (f *fakeMode) EnsureHooks(context.Context, string) error { return modes.Err
 func (f *fakeMode) Destroy(ctx context.Context, slot string) error {
 	f.w.Log("destroy " + slot)
 	m := &Manager{f.w}
-	for _, u := range generator.SupervisingUnits(f.name, slot) {
+	for _, u := range unitnames.Supervising(f.name, slot) {
 		m.StopUnit(ctx, u)
 	}
 	return modes.RemoveVerified(f.dir(slot))

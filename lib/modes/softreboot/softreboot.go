@@ -33,8 +33,8 @@ import (
 	"slices"
 	"strings"
 
-	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // Units is the part of the service manager a soft reboot uses
@@ -52,7 +52,7 @@ func Restart(ctx context.Context, sd Units, mode, slot string) error {
 	if !hostpaths.ValidSlot(slot) {
 		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
 	}
-	us := generator.SupervisingUnits(mode, slot)
+	us := unitnames.Supervising(mode, slot)
 	if len(us) == 0 {
 		return fmt.Errorf("isolation mode %q has no node stack to restart in this release", mode)
 	}
