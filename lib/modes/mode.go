@@ -231,16 +231,21 @@ func (s Slot) Check() error {
 
 // NodeIPs is the Node's address on this host for the configuration c
 // (HostNet.NodeIPs of node.ip): a configured address that is not the
-// host's is a configuration error at node.ip's line (exit 78). The
-// operations that change the host call it before their first change.
+// host's is a configuration error at node.ip's line (exit 78), a host
+// whose routes or addresses cannot be read an error (exit 1: the kubelet
+// would otherwise look its name up). The operations that change the host
+// call it before their first change.
 func NodeIPs(c *config.Config) ([]netip.Addr, error) {
 	configured, err := config.ParseNodeIPs(c.Node.IP)
 	if err != nil {
 		return nil, c.KeyError("node.ip", "%v", err)
 	}
 	ips, err := HostNet{}.NodeIPs(configured)
-	if err != nil {
+	if errors.Is(err, ErrNotTheHosts) {
 		return nil, c.KeyError("node.ip", "%v", err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the Node's address: %w", err)
 	}
 	return ips, nil
 }

@@ -3,6 +3,7 @@ package modes
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -40,19 +41,25 @@ func (h HostNet) NodeIPs(configured []netip.Addr) ([]netip.Addr, error) {
 		}
 		for _, a := range configured {
 			if !slices.Contains(all, a) {
-				return nil, fmt.Errorf("%s is not an address of this host (it has %s)", a, joinAddrs(all))
+				return nil, fmt.Errorf("%s is %w (it has %s)", a, ErrNotTheHosts, joinAddrs(all))
 			}
 		}
 		return configured, nil
 	}
 	for _, v6 := range []bool{false, true} {
 		iface, err := h.defaultRouteInterface(v6)
-		if err != nil || iface == "" {
+		if errors.Is(err, os.ErrNotExist) {
+			continue // a kernel without this family
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the host's default route: %w", err)
+		}
+		if iface == "" {
 			continue
 		}
 		addrs, err := h.addrs(iface)
 		if err != nil {
-			continue
+			return nil, fmt.Errorf("list the addresses of %s, the default route's interface: %w", iface, err)
 		}
 		for _, a := range addrs {
 			if a.Is4() != v6 && a.IsGlobalUnicast() {
@@ -62,6 +69,11 @@ func (h HostNet) NodeIPs(configured []netip.Addr) ([]netip.Addr, error) {
 	}
 	return nil, nil
 }
+
+// ErrNotTheHosts is wrapped by NodeIPs' error for a configured address
+// that is not one of the host's: a configuration error (exit 78), unlike
+// a host whose addresses cannot be read.
+var ErrNotTheHosts = errors.New("not an address of this host")
 
 func (h HostNet) addrs(iface string) ([]netip.Addr, error) {
 	if h.Addrs != nil {

@@ -1,6 +1,7 @@
 package modes
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -89,4 +90,22 @@ func fmtAddrs(as []netip.Addr) string {
 		s[i] = a.String()
 	}
 	return "[" + strings.Join(s, " ") + "]"
+}
+
+// A host whose addresses cannot be read (a sandbox without netlink) is an
+// error, never a silent "no address": the kubelet would then look its own
+// name up. A kernel without IPv6 routes is not an error.
+func TestNodeIPOfAHostWhoseAddressesCannotBeReadIsAnError(t *testing.T) {
+	h := fakeNet(t, route4, "", nil)
+	h.Addrs = func(string) ([]netip.Addr, error) { return nil, errors.New("address family not supported by protocol") }
+	if ips, err := h.NodeIPs(nil); err == nil || !strings.Contains(err.Error(), "eth0") {
+		t.Errorf("NodeIPs with unreadable addresses = %v, %v; want an error naming the interface", ips, err)
+	}
+	if _, err := h.NodeIPs([]netip.Addr{netip.MustParseAddr("192.0.2.10")}); err == nil || errors.Is(err, ErrNotTheHosts) {
+		t.Errorf("a configured address on a host whose addresses cannot be read: %v, want an error that is not ErrNotTheHosts", err)
+	}
+	h = fakeNet(t, route4, "", map[string][]string{"eth0": {"192.168.100.7"}})
+	if ips, err := h.NodeIPs(nil); err != nil || fmtAddrs(ips) != "[192.168.100.7]" {
+		t.Errorf("without ipv6_route: %v, %v", ips, err)
+	}
 }

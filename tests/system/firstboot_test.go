@@ -18,6 +18,7 @@ import (
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/nspawn"
 	"unbounded-cloud.io/agent/tests/kubeenv"
 	"unbounded-cloud.io/agent/tests/system/harness"
 	"unbounded-cloud.io/agent/tests/system/nodestack"
@@ -258,6 +259,21 @@ func (f *firstBoot) wantBootstrapped(t *testing.T, mode, supervisor string) {
 		}
 		if want := f.nodeIP(); !slices.Equal(internal, []string{want}) {
 			t.Errorf("Node %s InternalIP %v, want %s (node.ip, or the default route's address)", f.name, internal, want)
+		}
+	}
+	// Given, not found by the kubelet itself (which would look the name
+	// up first, and wait on the resolver).
+	machine := hostpaths.MachinesDirHost + "/kube1"
+	kubeletArgs := machine + "/etc/systemd/system/" + nspawn.KubeletUnit
+	if mode == "none" {
+		kubeletArgs = hostpaths.VersionsDirHost + "/current/etc/kubelet/kubelet.env"
+	}
+	if data, err := m.ReadFile(kubeletArgs); err != nil || !strings.Contains(string(data), "--node-ip="+f.nodeIP()) {
+		t.Errorf("the kubelet is not given --node-ip=%s (%v):\n%s", f.nodeIP(), err, data)
+	}
+	if mode == "nspawn" {
+		if h, err := m.ReadFile(machine + "/etc/hosts"); err != nil || !strings.Contains(string(h), f.nodeIP()+"\t"+f.name+"\n") {
+			t.Errorf("the node machine's /etc/hosts does not name %s at %s (%v):\n%s", f.name, f.nodeIP(), err, h)
 		}
 	}
 	if q, err := m.Run("ss", "-Hnl", "src", nodestack.DNSSink); err == nil {
