@@ -77,16 +77,17 @@ func Main(args []string) int {
 	// without /run/unbounded (an offline root, not a booted host) has
 	// nobody to read it.
 	if _, rerr := state.RunDir(paths); rerr == nil {
-		if werr := record.Write(paths, recordOf(err, cfg.Allocation.UID)); werr != nil {
+		if werr := record.Write(paths, recordOf(err, cfg.Allocation.UID, check.Via())); werr != nil {
 			log.Warn("cannot record the fence's outcome", "file", record.File(paths), "error", werr.Error())
 		}
 	}
 	return exitcode.For(err)
 }
 
-// recordOf is the record of the check's outcome err.
-func recordOf(err error, allocation string) record.Record {
-	r := record.Record{Outcome: record.Allowed, AllocationUID: allocation, At: time.Now().UTC()}
+// recordOf is the record of the check's outcome err, decided by a read
+// with the credential via.
+func recordOf(err error, allocation string, via fence.Credential) record.Record {
+	r := record.Record{Outcome: record.Allowed, AllocationUID: allocation, Via: string(via), At: time.Now().UTC()}
 	var refusal *fence.Refusal
 	switch {
 	case err == nil:

@@ -17,6 +17,8 @@ import (
 	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/fence"
+	"unbounded-cloud.io/agent/lib/fence/record"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/kube/clustertest"
@@ -70,13 +72,30 @@ func TestMainExitsZeroForABoundMachineAnd77OnceItIsFenced(t *testing.T) {
 	ca, _ := os.ReadFile(env.CAFile())
 	root := writeHost(t, env.Host(), string(ca), token, machine, uid)
 	c, k := env.MintClientCert(t, identity.AgentUserName(machine), []string{identity.AgentGroup}, time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
-	if err := (kube.CertStore{Dir: hostpaths.New(root).PKIDir()}).Save(c, k); err != nil {
+	p := hostpaths.New(root)
+	if err := (kube.CertStore{Dir: p.PKIDir()}).Save(c, k); err != nil {
 		t.Fatal(err)
+	}
+	// As on a booted host, where tmpfiles created it: the record is
+	// written only into an existing runtime directory.
+	if err := os.MkdirAll(p.RunDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wantRecord := func(outcome record.Outcome, reason string) {
+		t.Helper()
+		r, err := record.Read(p)
+		if err != nil || r == nil {
+			t.Fatalf("record: %v %v", r, err)
+		}
+		if r.Outcome != outcome || r.Reason != reason || r.Via != string(fence.ViaCertificate) || r.AllocationUID != uid {
+			t.Errorf("record %+v, want outcome %s, reason %q, via %s, allocation %s", r, outcome, reason, fence.ViaCertificate, uid)
+		}
 	}
 
 	if code := Main([]string{"--root", root}); code != exitcode.OK {
 		t.Fatalf("bound machine: exit %d, want 0", code)
 	}
+	wantRecord(record.Allowed, "")
 
 	cur, _ := ms.Get(ctx, machine)
 	cur.Spec.Allocation.Fenced = true
@@ -86,6 +105,7 @@ func TestMainExitsZeroForABoundMachineAnd77OnceItIsFenced(t *testing.T) {
 	if code := Main([]string{"--root", root}); code != exitcode.Refused {
 		t.Fatalf("fenced machine: exit %d, want 77", code)
 	}
+	wantRecord(record.Refused, v1alpha3.ReasonAllocationFenced)
 	cur, _ = ms.Get(ctx, machine)
 	if !meta.IsStatusConditionTrue(cur.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) {
 		t.Errorf("conditions %+v, want AllocationLaunchRefused True", cur.Status.Conditions)
@@ -134,5 +154,25 @@ func TestMainAllowsWithoutAllocationWithoutTouchingTheNetwork(t *testing.T) {
 func TestMainFailsClosedWithoutConfig(t *testing.T) {
 	if code := Main([]string{"--root", t.TempDir()}); code != exitcode.ConfigInvalid {
 		t.Fatalf("exit %d, want 78 (no config: the node must not start)", code)
+	}
+}
+
+// The record names the credential of the deciding read for every outcome
+// that a read decided, and none for an interrupted check.
+func TestRecordOfNamesTheCredentialThatDecided(t *testing.T) {
+	for _, c := range []struct {
+		err     error
+		via     fence.Credential
+		outcome record.Outcome
+	}{
+		{nil, fence.ViaCertificate, record.Allowed},
+		{&fence.Refusal{Reason: "BootstrapTokenRejected"}, fence.ViaToken, record.Refused},
+		{&fence.Refusal{Reason: "ClusterUnreachable", NoAnswer: true}, fence.ViaCertificate, record.NoAnswer},
+		{fence.ErrInterrupted, "", record.Interrupted},
+	} {
+		r := recordOf(c.err, "uid-1", c.via)
+		if r.Outcome != c.outcome || r.Via != string(c.via) || r.AllocationUID != "uid-1" {
+			t.Errorf("recordOf(%v, %q) = %+v, want outcome %s via %q", c.err, c.via, r, c.outcome, c.via)
+		}
 	}
 }

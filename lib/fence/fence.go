@@ -164,7 +164,18 @@ type Check struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 	API   API
 	Log   *slog.Logger
+
+	// via is what Via returns: set by Run when it returns.
+	via Credential
 }
+
+// Via is the credential of the read that the last Run's outcome rests on:
+// the read that allowed or refused, or, for a refusal for lack of an
+// answer, the last read that got none. "" when no read decided: no
+// allocation configured, or the check was interrupted. cmd/fence records
+// it in fence.json: which identity the cluster judged is the first thing
+// to know about a refusal (a rejected certificate, a revoked token).
+func (c *Check) Via() Credential { return c.via }
 
 func (c *Check) now() time.Time {
 	if c.Clock != nil {
@@ -214,17 +225,18 @@ const (
 	minLastRead = 200 * time.Millisecond
 )
 
-// path names the credential a read used, for logs and messages.
-type path string
+// Credential names the credential a read used, in logs, in messages and
+// in the fence record (lib/fence/record), where Check.Via puts it.
+type Credential string
 
 const (
-	viaCertificate path = "certificate"
-	viaToken       path = "bootstrap-token"
+	ViaCertificate Credential = "certificate"
+	ViaToken       Credential = "bootstrap-token"
 )
 
 // outcome of one read: allowed, refused (final) or no answer (retry).
 type outcome struct {
-	via     path
+	via     Credential
 	refusal *Refusal
 	// noAnswer is set when the read got no decision; it is retried.
 	noAnswer error
@@ -241,6 +253,7 @@ type outcome struct {
 // *Refusal (exitcode.ErrRefused) otherwise; the only other error is
 // ErrInterrupted, when ctx ends first.
 func (c *Check) Run(ctx context.Context) error {
+	c.via = ""
 	start := c.now()
 	if c.AllocationUID == "" {
 		c.log().Info("no allocation configured; node start allowed")
@@ -266,6 +279,7 @@ func (c *Check) Run(ctx context.Context) error {
 		}
 		last = out
 		if out.noAnswer == nil {
+			c.via = out.via
 			if out.refusal != nil {
 				c.log().Error("allocation launch refused", "machine", c.Machine, "allocation", c.AllocationUID,
 					"via", out.via, "reason", out.refusal.Reason, "message", out.refusal.Message)
@@ -303,6 +317,7 @@ func (c *Check) Run(ctx context.Context) error {
 		msg += " (last: " + last.noAnswer.Error() + ")"
 	}
 	r := &Refusal{Reason: v1alpha3.ReasonClusterUnreachable, Message: msg, Err: last.noAnswer, NoAnswer: true}
+	c.via = last.via
 	if notValidNow(last.noAnswer) {
 		// The report would fail on the same certificate; the log line
 		// below is the record, as for an untrusted server.
@@ -333,7 +348,7 @@ func (c *Check) interrupted(ctx context.Context, attempts int) error {
 // outside its validity period at this host's time is no answer instead:
 // the clock may be far off (set a little later by NTP, or by hand), and
 // no Machine can say anything about that.
-func (c *Check) untrusted(via path, err error) outcome {
+func (c *Check) untrusted(via Credential, err error) outcome {
 	if notValidNow(err) {
 		return outcome{via: via, noAnswer: err}
 	}
@@ -354,23 +369,23 @@ func (c *Check) read(ctx context.Context) outcome {
 		// (a cloned disk) must not start a node. The report goes with
 		// the token, and the daemon requests this host's own
 		// certificate, after which the check allows again.
-		return outcome{via: viaCertificate, refusal: &Refusal{Reason: v1alpha3.ReasonCertificateRejected, Message: err.Error(), Err: err}}
+		return outcome{via: ViaCertificate, refusal: &Refusal{Reason: v1alpha3.ReasonCertificateRejected, Message: err.Error(), Err: err}}
 	}
 	if !errors.Is(err, kube.ErrNoCertificate) {
-		return outcome{via: viaCertificate, refusal: &Refusal{Reason: ReasonCredentialsUnusable, Message: err.Error(), Err: err}}
+		return outcome{via: ViaCertificate, refusal: &Refusal{Reason: ReasonCredentialsUnusable, Message: err.Error(), Err: err}}
 	}
 	return c.readByToken(ctx)
 }
 
 func (c *Check) readByCertificate(ctx context.Context, cfg *rest.Config, notAfter time.Time) outcome {
 	m, err := c.api().GetMachine(ctx, cfg, c.Machine)
-	out := outcome{via: viaCertificate, machine: m}
+	out := outcome{via: ViaCertificate, machine: m}
 	switch {
 	case err == nil:
 		out.refusal = c.judge(m)
 		return out
 	case kube.Untrusted(err):
-		return c.untrusted(viaCertificate, err)
+		return c.untrusted(ViaCertificate, err)
 	case kube.NoAnswer(err):
 		out.noAnswer = err
 	case (apierrors.IsUnauthorized(err) || apierrors.IsForbidden(err)) && !c.now().Before(notAfter):
@@ -411,7 +426,7 @@ func (c *Check) judge(m *v1alpha3.Machine) *Refusal {
 }
 
 func (c *Check) readByToken(ctx context.Context) outcome {
-	out := outcome{via: viaToken}
+	out := outcome{via: ViaToken}
 	cfg, err := c.Credentials.BootstrapConfig()
 	if err != nil {
 		out.refusal = &Refusal{Reason: ReasonCredentialsUnusable, Message: "no usable client certificate and no usable bootstrap token: " + err.Error(), Err: err}
@@ -421,7 +436,7 @@ func (c *Check) readByToken(ctx context.Context) outcome {
 	switch {
 	case err == nil:
 	case kube.Untrusted(err):
-		return c.untrusted(viaToken, err)
+		return c.untrusted(ViaToken, err)
 	case kube.NoAnswer(err):
 		out.noAnswer = err
 		return out
@@ -457,14 +472,14 @@ func (c *Check) readByToken(ctx context.Context) outcome {
 // about the fence flag, the deletion or the allocation binding, and RBAC
 // lets the token read them.
 func (c *Check) readMachineByToken(ctx context.Context, cfg *rest.Config) outcome {
-	out := outcome{via: viaToken}
+	out := outcome{via: ViaToken}
 	m, err := c.api().GetMachine(ctx, cfg, c.Machine)
 	switch {
 	case err == nil:
 		out.machine = m
 		out.refusal = c.judge(m)
 	case kube.Untrusted(err):
-		return c.untrusted(viaToken, err)
+		return c.untrusted(ViaToken, err)
 	case kube.NoAnswer(err):
 		out.noAnswer = err
 	case apierrors.IsUnauthorized(err):

@@ -11,7 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,14 +120,51 @@ func (h *host) check(budget time.Duration) *fence.Check {
 	}
 }
 
-// run runs the check and returns its exit code and how long it took.
-func (h *host) run(t *testing.T, c *fence.Check) (int, time.Duration) {
+// run runs the check and returns its exit code, how long it took and its
+// error.
+func (h *host) run(t *testing.T, c *fence.Check) (int, time.Duration, error) {
 	t.Helper()
 	start := time.Now()
 	err := c.Run(context.Background())
 	took := time.Since(start)
-	t.Logf("fence: %v (exit %d) after %s\n%s", err, exitcode.For(err), took.Round(time.Millisecond), h.log.String())
-	return exitcode.For(err), took
+	t.Logf("fence: %v (exit %d, via %q) after %s\n%s", err, exitcode.For(err), c.Via(), took.Round(time.Millisecond), h.log.String())
+	return exitcode.For(err), took, err
+}
+
+// wantReason wants err to be a refusal for reason.
+func wantReason(t *testing.T, err error, reason string) {
+	t.Helper()
+	var r *fence.Refusal
+	if !errors.As(err, &r) || r.Reason != reason {
+		t.Errorf("Run: %v, want a refusal %s", err, reason)
+	}
+}
+
+// wantVia wants the outcome of c's last run to rest on a read with
+// credential via.
+func wantVia(t *testing.T, c *fence.Check, via fence.Credential) {
+	t.Helper()
+	if got := c.Via(); got != via {
+		t.Errorf("the deciding read used %q, want %q", got, via)
+	}
+}
+
+// countRetries makes c count its waits between reads (one after each read
+// that got no answer, and none otherwise); the waits themselves are real.
+func countRetries(c *fence.Check) *atomic.Int32 {
+	var n atomic.Int32
+	c.Sleep = func(ctx context.Context, d time.Duration) error {
+		n.Add(1)
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return &n
 }
 
 // condition is AllocationLaunchRefused as the admin reads it (nil: absent).
@@ -168,12 +205,11 @@ func TestFenceAllowsABoundMachineWithTheCertificateAndClearsAnEarlierRefusal(t *
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := h.run(t, h.check(5*time.Second)); code != exitcode.OK {
+	c := h.check(5 * time.Second)
+	if code, _, _ := h.run(t, c); code != exitcode.OK {
 		t.Fatalf("exit %d, want 0", code)
 	}
-	if !strings.Contains(h.log.String(), "via=certificate") {
-		t.Error("the allowed read did not use the certificate")
-	}
+	wantVia(t, c, fence.ViaCertificate)
 	if c := h.condition(t); c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha3.ReasonAllowed {
 		t.Errorf("AllocationLaunchRefused = %+v, want False/Allowed after an allow", c)
 	}
@@ -181,19 +217,18 @@ func TestFenceAllowsABoundMachineWithTheCertificateAndClearsAnEarlierRefusal(t *
 
 func TestFenceAllowsWithTheBootstrapTokenWhenNoCertificateIsStored(t *testing.T) {
 	h := newHost(t, nil)
-	if code, _ := h.run(t, h.check(5*time.Second)); code != exitcode.OK {
+	c := h.check(5 * time.Second)
+	if code, _, _ := h.run(t, c); code != exitcode.OK {
 		t.Fatalf("exit %d, want 0", code)
 	}
-	if !strings.Contains(h.log.String(), "via=bootstrap-token") {
-		t.Error("the allowed read did not use the bootstrap token")
-	}
+	wantVia(t, c, fence.ViaToken)
 	h.wantNoCondition(t, "nothing was refused")
 }
 
 func TestFenceRefusesAFencedAllocation(t *testing.T) {
 	h := newHost(t, func(m *v1alpha3.Machine) { m.Spec.Allocation.Fenced = true })
 	h.validCert(t)
-	if code, took := h.run(t, h.check(30*time.Second)); code != exitcode.Refused || took > 5*time.Second {
+	if code, took, _ := h.run(t, h.check(30*time.Second)); code != exitcode.Refused || took > 5*time.Second {
 		t.Fatalf("exit %d after %s, want 77 at once", code, took)
 	}
 	h.wantRefused(t, v1alpha3.ReasonAllocationFenced)
@@ -213,7 +248,7 @@ func TestFenceRefusesAMachineBeingDeleted(t *testing.T) {
 	if err != nil || m.DeletionTimestamp == nil {
 		t.Fatalf("machine not in deletion: %v %v", err, m.DeletionTimestamp)
 	}
-	if code, took := h.run(t, h.check(30*time.Second)); code != exitcode.Refused || took > 5*time.Second {
+	if code, took, _ := h.run(t, h.check(30*time.Second)); code != exitcode.Refused || took > 5*time.Second {
 		t.Fatalf("exit %d after %s, want 77 at once", code, took)
 	}
 	h.wantRefused(t, v1alpha3.ReasonMachineDeleting)
@@ -224,7 +259,7 @@ func TestFenceRefusesAMachineBoundToAnotherAllocation(t *testing.T) {
 	h.validCert(t)
 	c := h.check(30 * time.Second)
 	c.AllocationUID = "some-other-allocation-uid"
-	if code, _ := h.run(t, c); code != exitcode.Refused {
+	if code, _, _ := h.run(t, c); code != exitcode.Refused {
 		t.Fatalf("exit %d, want 77", code)
 	}
 	h.wantRefused(t, v1alpha3.ReasonAllocationMismatch)
@@ -233,13 +268,13 @@ func TestFenceRefusesAMachineBoundToAnotherAllocation(t *testing.T) {
 func TestFenceRefusesARevokedBootstrapToken(t *testing.T) {
 	h := newHost(t, nil)
 	h.env.RevokeToken(t, h.tokenSecret)
-	code, took := h.run(t, h.check(30*time.Second))
+	c := h.check(30 * time.Second)
+	code, took, err := h.run(t, c)
 	if code != exitcode.Refused || took > 5*time.Second {
 		t.Fatalf("exit %d after %s, want 77 at once", code, took)
 	}
-	if !strings.Contains(h.log.String(), "reason="+v1alpha3.ReasonBootstrapTokenRejected) {
-		t.Error("refusal reason is not BootstrapTokenRejected")
-	}
+	wantReason(t, err, v1alpha3.ReasonBootstrapTokenRejected)
+	wantVia(t, c, fence.ViaToken)
 	// The host's only credential is gone: it cannot write the condition.
 	h.wantNoCondition(t, "no credential left to write it with")
 }
@@ -251,19 +286,24 @@ func TestFenceRetriesAnUnreachableAPIServerUntilTheBudgetThenRefuses(t *testing.
 	h.creds.APIServer = p.Host()
 	p.Close()
 	const budget = 2 * time.Second
-	code, took := h.run(t, h.check(budget))
+	c := h.check(budget)
+	retries := countRetries(c)
+	code, took, err := h.run(t, c)
 	if code != exitcode.Refused {
 		t.Fatalf("exit %d, want 77", code)
 	}
 	if took < budget-300*time.Millisecond || took > budget+2*time.Second {
 		t.Errorf("took %s, want about the budget %s", took, budget)
 	}
-	if n := strings.Count(h.log.String(), "retrying"); n < 3 {
-		t.Errorf("%d retries logged, want several with backoff", n)
+	if n := retries.Load(); n < 3 {
+		t.Errorf("%d retries, want several with backoff", n)
 	}
-	if !strings.Contains(h.log.String(), "reason="+v1alpha3.ReasonClusterUnreachable) {
-		t.Error("refusal reason is not ClusterUnreachable")
+	wantReason(t, err, v1alpha3.ReasonClusterUnreachable)
+	var r *fence.Refusal
+	if errors.As(err, &r) && !r.NoAnswer {
+		t.Error("an unreachable server's refusal is not one for lack of an answer")
 	}
+	wantVia(t, c, fence.ViaCertificate)
 	h.wantNoCondition(t, "the cluster was unreachable")
 }
 
@@ -276,16 +316,16 @@ func TestFenceRefusesAtOnceWhenRBACForbidsTheRead(t *testing.T) {
 	h.storeCert(t, identity.AgentUserName(h.machine), nil,
 		time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
 	const budget = 30 * time.Second
-	code, took := h.run(t, h.check(budget))
+	c := h.check(budget)
+	code, took, err := h.run(t, c)
 	if code != exitcode.Refused {
 		t.Fatalf("exit %d, want 77", code)
 	}
 	if took > 3*time.Second {
 		t.Errorf("took %s: a 403 is final and must not wait for the %s budget", took, budget)
 	}
-	if !strings.Contains(h.log.String(), "reason="+v1alpha3.ReasonForbidden) {
-		t.Error("refusal reason is not Forbidden")
-	}
+	wantReason(t, err, v1alpha3.ReasonForbidden)
+	wantVia(t, c, fence.ViaCertificate)
 	// The certificate's identity may not write this Machine; the host's
 	// bootstrap token may, and records the refusal (issue 6).
 	h.wantRefused(t, v1alpha3.ReasonForbidden)
@@ -295,12 +335,17 @@ func TestFenceUsesTheTokenWhenTheStoredCertificateExpired(t *testing.T) {
 	h := newHost(t, nil)
 	h.storeCert(t, identity.AgentUserName(h.machine), []string{identity.AgentGroup},
 		time.Now().Add(-2*time.Hour), time.Now().Add(-time.Minute))
-	code, _ := h.run(t, h.check(5*time.Second))
+	c := h.check(5 * time.Second)
+	retries := countRetries(c)
+	code, _, _ := h.run(t, c)
 	if code != exitcode.OK {
 		t.Fatalf("exit %d, want 0 through the token", code)
 	}
-	if strings.Contains(h.log.String(), "via=certificate") || !strings.Contains(h.log.String(), "via=bootstrap-token") {
-		t.Error("the read did not go to the bootstrap token alone")
+	// Allowed by a token read without a retry: the only read was the
+	// token's, none was made with the expired certificate.
+	wantVia(t, c, fence.ViaToken)
+	if n := retries.Load(); n != 0 {
+		t.Errorf("%d retries before the token's read, want none", n)
 	}
 }
 
@@ -312,7 +357,7 @@ func TestFenceHonoursTheBudgetAgainstASlowAPIServer(t *testing.T) {
 	p.SetDelay(10 * time.Second)
 	const budget = 2 * time.Second
 	c := h.check(budget)
-	code, took := h.run(t, c)
+	code, took, _ := h.run(t, c)
 	if code != exitcode.Refused {
 		t.Fatalf("exit %d, want 77", code)
 	}

@@ -116,6 +116,9 @@ func TestNoAllocationAllowsWithoutAnyRequest(t *testing.T) {
 	if api.gets+api.reviews+api.mutates != 0 {
 		t.Errorf("requests made without an allocation: %+v", api)
 	}
+	if c.Via() != "" {
+		t.Errorf("Via %q without a read, want none", c.Via())
+	}
 }
 
 func TestCertificateExpiringDuringTheReadMovesOnlyTheNextReadToTheToken(t *testing.T) {
@@ -151,6 +154,9 @@ func TestCertificateExpiringDuringTheReadMovesOnlyTheNextReadToTheToken(t *testi
 	if certGets != 1 || api.reviews != 1 || api.gets != 2 {
 		t.Errorf("certificate gets=%d reviews=%d gets=%d, want one certificate read, then one token read (TokenReview and Machine)", certGets, api.reviews, api.gets)
 	}
+	if c.Via() != ViaToken {
+		t.Errorf("allowed via %q, want the token's read", c.Via())
+	}
 }
 
 func TestRejectedValidCertificateIsFinalAndNeverRescuedByTheToken(t *testing.T) {
@@ -167,11 +173,15 @@ func TestRejectedValidCertificateIsFinalAndNeverRescuedByTheToken(t *testing.T) 
 	c := &Check{Machine: "w1", AllocationUID: "uid-1", Credentials: hostCredentials(t, clock.t.Add(time.Hour)),
 		Clock: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
 	err := c.Run(context.Background())
-	if exitcode.For(err) != exitcode.Refused {
-		t.Fatalf("Run: %v (exit %d), want a refusal", err, exitcode.For(err))
+	var r *Refusal
+	if !errors.As(err, &r) || r.Reason != v1alpha3.ReasonCertificateRejected || exitcode.For(err) != exitcode.Refused {
+		t.Fatalf("Run: %v (exit %d), want a CertificateRejected refusal (exit 77)", err, exitcode.For(err))
 	}
 	if api.gets != 1 {
 		t.Errorf("gets=%d: a final answer was retried", api.gets)
+	}
+	if c.Via() != ViaCertificate {
+		t.Errorf("refused via %q, want the certificate's read", c.Via())
 	}
 }
 
@@ -323,6 +333,9 @@ func TestAnotherMachinesCertificateIsRefusedWithoutAReadAndReportedWithTheToken(
 	var r *Refusal
 	if !errors.As(err, &r) || r.Reason != v1alpha3.ReasonCertificateRejected || exitcode.For(err) != exitcode.Refused {
 		t.Fatalf("Run: %v, want a CertificateRejected refusal (exit 77)", err)
+	}
+	if c.Via() != ViaCertificate {
+		t.Errorf("refused via %q, want the certificate", c.Via())
 	}
 	if !strings.Contains(r.Message, `"unbounded-agent:w1"`) || !strings.Contains(r.Message, `"w2"`) {
 		t.Errorf("the refusal does not name both identities: %s", r.Message)

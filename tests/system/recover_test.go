@@ -16,6 +16,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -151,11 +152,18 @@ ExecStart=/bin/sh -c 'if [ -e /run/test-retried ]; then exit 0; fi; touch /run/t
 	t.Logf("first boot to the daemon active: %v", time.Since(begin).Round(time.Millisecond))
 	// The Recovered condition is written with the agent's client
 	// certificate (the cluster keeps the bootstrap token to the
-	// bootstrap's conditions): approve the daemon's CSR, as the cluster
-	// side does, and wait until the certificate is stored.
+	// bootstrap's conditions), which each recovery run loads from the
+	// host's certificate store: approve the daemon's CSR, as the cluster
+	// side does, and wait until the store holds a certificate that
+	// recovery would use (this Machine's identity, unexpired).
 	approveAgentCSR(t, f.env, f.m, f.name)
-	waitUntil(t, 2*time.Minute, "the daemon switched to its certificate", func(context.Context) (bool, error) {
-		return strings.Contains(f.m.Journal("unbounded-daemon.service"), "kind=certificate"), nil
+	store := kube.CertStore{Dir: f.paths.PKIDir()}
+	waitUntil(t, 2*time.Minute, "the daemon's certificate stored in "+store.Dir, func(context.Context) (bool, error) {
+		pair, err := store.Load()
+		if err != nil {
+			return false, nil // not stored yet
+		}
+		return kube.CheckIdentity(pair.Cert, f.name) == nil && time.Now().Before(pair.Cert.NotAfter), nil
 	})
 
 	t.Run("AFailedOneShotIsReportedWithItsResultAndLastLines", func(t *testing.T) {

@@ -49,8 +49,13 @@ type Record struct {
 	Message string `json:"message,omitempty"`
 	// AllocationUID is the allocation the check was made for ("" when the
 	// host has none: allowed without asking).
-	AllocationUID string    `json:"allocationUID,omitempty"`
-	At            time.Time `json:"at"`
+	AllocationUID string `json:"allocationUID,omitempty"`
+	// Via is the credential whose read the outcome rests on
+	// ("certificate" or "bootstrap-token", lib/fence's Check.Via), ""
+	// when no read decided (no allocation, interrupted). Optional:
+	// readers must not require it.
+	Via string    `json:"via,omitempty"`
+	At  time.Time `json:"at"`
 }
 
 // name is the record's file under /run/unbounded.
