@@ -116,6 +116,13 @@ func (d *repaveDemo) runNone(t *testing.T, ctx context.Context) {
 	dropin := "/etc/systemd/system/" + repaveUnit + ".d/bench.conf"
 	d.m.WriteFile(dropin, []byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/repave --ready-timeout=60s\n"), 0o644)
 	d.m.Systemctl("daemon-reload")
+	// The floor deleted the Node: the daemon repaves the vanished Node
+	// (nothing to do: the version runs); that run ends first.
+	waitUntil(t, ctx, 5*time.Minute, "no repave runs", func(context.Context) (bool, error) {
+		out, _ := d.m.Systemctl("is-active", repaveUnit)
+		s := strings.TrimSpace(out)
+		return s != "active" && s != "activating" && s != "deactivating", nil
+	})
 	begin = time.Now()
 	d.m.Systemctl("reset-failed", repaveUnit)
 	if out, err := d.m.Systemctl("start", "--no-block", repaveUnit); err != nil {
