@@ -3,6 +3,7 @@ package reset_test
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -32,7 +33,7 @@ func TestMain(m *testing.M) {
 		if os.Getenv(childOp) == "bootstrap" {
 			err = w.Bootstrap(log).Run(context.Background())
 		} else {
-			r := w.Reset(log)
+			r := resetOn(w, log)
 			r.KeepHandoff = os.Getenv(childOp) == "reset-keep-handoff"
 			err = r.Run(context.Background())
 		}
@@ -186,7 +187,7 @@ func TestResetDefersToAReprovision(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Release()
-	r := w.Reset(nil)
+	r := resetOn(w, nil)
 	if code := exitcode.For(r.Run(context.Background())); code != exitcode.Deferred {
 		t.Errorf("exit %d, want 69", code)
 	}
@@ -238,7 +239,7 @@ func TestResetEmptiesAMountPointUnderTheHostRootAndKeepsIt(t *testing.T) {
 	if err := w.Write("/var/lib/unbounded/slots/kube1/containerd/leftover", "x"); err != nil {
 		t.Fatal(err)
 	}
-	r := w.Reset(slog.New(slog.DiscardHandler))
+	r := resetOn(w, slog.New(slog.DiscardHandler))
 	r.MountInfo = func() ([]byte, error) {
 		return []byte("1 0 8:1 / / rw - ext4 /dev/vda1 rw\n" +
 			"99 1 8:17 /slots /var/lib/unbounded/slots rw - ext4 /dev/vdb1 rw\n"), nil
@@ -259,5 +260,22 @@ func TestResetEmptiesAMountPointUnderTheHostRootAndKeepsIt(t *testing.T) {
 	}
 	if strings.Join(names, " ") != "offline slots" {
 		t.Errorf("/var/lib/unbounded after reset holds %v, want the offline directory and the mount point", names)
+	}
+}
+
+// resetOn is a reset run on the world, with the same fakes as its
+// bootstrap (bootstraptest sits below lib/reset: it serves bootstrap's
+// tests too, and must not import a package that imports bootstrap).
+func resetOn(w *bootstraptest.World, log *slog.Logger) *reset.Reset {
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &reset.Reset{
+		Paths:    w.P,
+		Mode:     w.Mode,
+		Systemd:  w.Systemd,
+		HostPrep: func(ctx context.Context) ([]string, error) { return w.HostPrep(log).Undo(ctx) },
+		Notify:   func(string) {},
+		Log:      log,
 	}
 }

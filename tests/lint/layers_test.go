@@ -33,8 +33,9 @@ var layers = [][]string{
 	{"lib/modes/none", "lib/modes/nspawn", "lib/restart", "lib/daemon", "lib/recovery", "lib/cli"},
 	// The installations.
 	{"lib/bootstrap"},
-	{"lib/reset", "lib/repave"},
-	{"lib/bootstrap/bootstraptest"},
+	// Bootstrap's test support sits beside the operations built on
+	// bootstrap, never above them: bootstrap's own tests use it.
+	{"lib/reset", "lib/repave", "lib/bootstrap/bootstraptest"},
 	// The commands: one per concern, the CLI, the generator.
 	{"cmd/bootstrap", "cmd/daemon", "cmd/fence", "cmd/health", "cmd/lifecycle", "cmd/recover", "cmd/repave", "cmd/reset",
 		"cmd/restart", "cmd/unbounded", "generators/unbounded-generator"},

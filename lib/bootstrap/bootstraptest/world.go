@@ -38,7 +38,6 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/modes"
-	"unbounded-cloud.io/agent/lib/reset"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
@@ -306,21 +305,6 @@ func (w *World) Bootstrap(log *slog.Logger) *bootstrap.Bootstrap {
 	}
 }
 
-// Reset is a lib/reset run on the world, with the same fakes.
-func (w *World) Reset(log *slog.Logger) *reset.Reset {
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	return &reset.Reset{
-		Paths:    w.P,
-		Mode:     w.Mode,
-		Systemd:  func(context.Context) (units.Manager, error) { return &Manager{w}, nil },
-		HostPrep: func(ctx context.Context) ([]string, error) { return w.HostPrep(log).Undo(ctx) },
-		Notify:   func(string) {},
-		Log:      log,
-	}
-}
-
 // HostPrep is lib/hostprep on the world's root.
 func (w *World) HostPrep(log *slog.Logger) *hostprep.Host {
 	return &hostprep.Host{
@@ -356,6 +340,10 @@ func (r reporter) Failed(_ context.Context, reason, msg string) error {
 
 // Manager is the fake service manager: unit states in files.
 type Manager struct{ w *World }
+
+// Systemd is the world's service manager, as the operations' Systemd
+// field takes it.
+func (w *World) Systemd(context.Context) (units.Manager, error) { return &Manager{w}, nil }
 
 func (m *Manager) Close() {}
 
