@@ -74,9 +74,19 @@ kubernetes-version = "1.36.3"
 	}
 	approveAgentCSR(t, env, m, machine)
 
-	// The daemon stores the certificate, then restarts its watches with it.
+	// The daemon stores the certificate, then restarts its watches with
+	// it, which its STATUS= says (no longer "client certificate pending").
+	store := kube.CertStore{Dir: filepath.Join(m.Root(), hostpaths.HostRootHost, "pki")}
+	switched := func() bool {
+		pair, err := store.Load()
+		if err != nil || kube.CheckIdentity(pair.Cert, machine) != nil {
+			return false
+		}
+		st, _ := m.Systemctl("show", "-p", "StatusText", "--value", daemonUnit)
+		return strings.TrimSpace(st) == "watching Machine "+machine
+	}
 	deadline := time.Now().Add(60 * time.Second)
-	for !strings.Contains(m.Journal(daemonUnit), "kind=certificate") {
+	for !switched() {
 		if hits := sandboxDenials(m.Journal(daemonUnit)); len(hits) > 0 {
 			t.Fatalf("the daemon's sandbox refused it:\n  %s", strings.Join(hits, "\n  "))
 		}
@@ -85,15 +95,14 @@ kubernetes-version = "1.36.3"
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	store := kube.CertStore{Dir: p.PKIDir()}
-	fi, err := os.Stat(filepath.Join(m.Root(), hostpaths.HostRootHost, "pki", filepath.Base(store.Path())))
+	fi, err := os.Stat(store.Path())
 	if err != nil {
 		t.Fatalf("no stored certificate: %v\n%s", err, m.Journal(daemonUnit))
 	}
 	if fi.Mode().Perm() != 0o600 {
 		t.Errorf("stored certificate and key: mode %v, want 0600", fi.Mode().Perm())
 	}
-	if pair, err := (kube.CertStore{Dir: filepath.Join(m.Root(), hostpaths.HostRootHost, "pki")}).Load(); err != nil || pair.Cert.Subject.CommonName != identity.AgentUserName(machine) {
+	if pair, err := store.Load(); err != nil || pair.Cert.Subject.CommonName != identity.AgentUserName(machine) {
 		t.Errorf("stored certificate: %v (err %v), want one for %s", pair, err, identity.AgentUserName(machine))
 	}
 	if s := m.UnitState(daemonUnit); s.ActiveState != "active" {
