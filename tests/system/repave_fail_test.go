@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -17,6 +18,26 @@ import (
 
 // repaveFlags gives unbounded-repave.service's command line flags through
 // a drop-in, as an operator would (empty: the shipped command line).
+// runBarePod runs a pod without a controller on the node (in ns, whose
+// sleeper the budget holds) and waits until it runs.
+func (f *firstBoot) runBarePod(t *testing.T, ns, name string) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := f.env.kube.CoreV1().Pods(ns).Create(ctx, nodestack.BarePod(ns, name, f.name, f.app), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var pod *corev1.Pod
+	waitUntil(t, 2*time.Minute, "pod "+name+" Running", func(ctx context.Context) (bool, error) {
+		p, err := f.env.kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		pod = p
+		return p.Status.Phase == corev1.PodRunning, nil
+	})
+	return pod
+}
+
 func (f *firstBoot) repaveFlags(t *testing.T, flags ...string) {
 	t.Helper()
 	dropin := "/etc/systemd/system/" + repaveService + ".d/flags.conf"
@@ -126,11 +147,41 @@ func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 		return err == nil && p.Status.ObservedGeneration == p.Generation && p.Status.CurrentHealthy == 1 && p.Status.DisruptionsAllowed == 0, nil
 	})
 
-	// (1) The budget holds: fail after the timeout, nothing changed.
+	// (0) A pod without a controller on the node: the drain refuses it at
+	// once, names it and the parameter that would evict it; nothing is
+	// evicted, the Node is uncordoned, the node left as it was.
+	bare := f.runBarePod(t, ns, "bare")
 	good := f.setNodeImage(t, "bookworm-2")
 	f.repaveFlags(t, "--drain-timeout=15s")
 	p, took := f.repave(t, 5*time.Minute)
 	j := f.lastRunJournal(t, p)
+	if p["ExecMainStatus"] != "1" || p["ActiveState"] != "failed" {
+		t.Fatalf("repave with a pod without a controller: %v, want exit 1\n%s", p, j)
+	}
+	t.Logf("repave with a pod without a controller refused after %v", took.Round(time.Millisecond))
+	for _, words := range []string{"without a controller", ns + "/" + bare.Name, "deleteUnmanaged", "uncordoned"} {
+		if !strings.Contains(j, words) {
+			t.Errorf("the repave's journal does not say %q:\n%s", words, j)
+		}
+	}
+	if n := f.nodeObject(t); n.UID != before.UID || n.Spec.Unschedulable {
+		t.Errorf("after the refused drain the Node is UID %s (was %s), unschedulable=%v: want it unchanged and uncordoned", n.UID, before.UID, n.Spec.Unschedulable)
+	}
+	f.wantSlot(t, "kube1", "")
+	for _, name := range []string{bare.Name, podBefore.Name} {
+		if pod, err := f.env.kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err != nil || pod.DeletionTimestamp != nil {
+			t.Errorf("pod %s after the refused drain: %v (deletion %v), want it left alone", name, err, pod.GetDeletionTimestamp())
+		}
+	}
+	if t.Failed() {
+		return
+	}
+
+	// (1) The budget holds: fail after the timeout, nothing changed. (The
+	// bare pod stays: the budget fails the drain whatever else it does.)
+	f.repaveFlags(t, "--drain-timeout=15s", "--delete-unmanaged")
+	p, took = f.repave(t, 5*time.Minute)
+	j = f.lastRunJournal(t, p)
 	if p["ExecMainStatus"] != "1" || p["ActiveState"] != "failed" {
 		t.Fatalf("repave against the budget: %v, want exit 1\n%s", p, j)
 	}
@@ -148,6 +199,11 @@ func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 	if pod := f.waitPodRunning(t, ns, time.Minute); pod.UID != podBefore.UID {
 		t.Errorf("the pod was replaced (%s -> %s) although the budget forbade it", podBefore.Name, pod.Name)
 	}
+	// --delete-unmanaged: the bare pod was evicted (no budget covers it).
+	waitUntil(t, time.Minute, "the pod without a controller evicted", func(ctx context.Context) (bool, error) {
+		p, err := f.env.kube.CoreV1().Pods(ns).Get(ctx, bare.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil), nil
+	})
 	if t.Failed() {
 		return
 	}
@@ -155,7 +211,7 @@ func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 	// (2) Forced onto a node that never gets healthy: rollback.
 	bad := f.reg.Push(t, "unbounded/node:never-healthy", nodestack.NeverHealthyNodeImage(t, f.stage.NodeImage(t)))
 	f.setImageRef(t, bad)
-	f.repaveFlags(t, "--force", "--drain-timeout=15s", "--ready-timeout=100s")
+	f.repaveFlags(t, "--force", "--delete-unmanaged", "--drain-timeout=15s", "--ready-timeout=100s")
 	recBefore := showProps(t, f.m, recoverOf(repaveService), "InvocationID")["InvocationID"]
 	p, took = f.repave(t, 10*time.Minute)
 	j = f.lastRunJournal(t, p)

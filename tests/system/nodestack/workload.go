@@ -46,3 +46,16 @@ func NodeReady(ctx context.Context, c kubernetes.Interface, name string) (bool, 
 	}
 	return false, nil
 }
+
+// BarePod is a sleeper pod bound to node without a controller: nothing
+// creates it again once it is gone, so a drain refuses it.
+func BarePod(ns, name, node, image string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": name}},
+		Spec: corev1.PodSpec{
+			NodeName:                      node,
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			Containers:                    []corev1.Container{{Name: "sleep", Image: image}},
+		},
+	}
+}
