@@ -1,14 +1,20 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
@@ -48,5 +54,67 @@ func TestDaemonMakesAnOwedUncordonOnceTheClusterAnswers(t *testing.T) {
 	})
 	if _, err := os.Stat(f.opts.Paths.OwedDir() + "/uncordon.json"); !os.IsNotExist(err) {
 		t.Errorf("the owed record is left: %v", err)
+	}
+}
+
+// flakyStatus answers the first writes of an operation's final status
+// (Complete) with a 503, as a load balancer before a restarting API
+// server does.
+type flakyStatus struct {
+	next http.RoundTripper
+	mu   sync.Mutex
+	left int
+	hits int
+}
+
+func (f *flakyStatus) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/machineoperations/") && strings.HasSuffix(r.URL.Path, "/status") && r.Body != nil {
+		body, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		f.mu.Lock()
+		fail := f.left > 0 && bytes.Contains(body, []byte(`"state":"Complete"`))
+		if fail {
+			f.left--
+			f.hits++
+		}
+		f.mu.Unlock()
+		if fail {
+			if r.Body != nil {
+				r.Body.Close()
+			}
+			return &http.Response{StatusCode: http.StatusServiceUnavailable, Status: "503 Service Unavailable", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+				Header: http.Header{"Content-Type": {"text/plain"}}, Body: io.NopCloser(strings.NewReader("upstream connect error")), Request: r}, nil
+		}
+	}
+	return f.next.RoundTrip(r)
+}
+
+// An operation's status write that gets no answer is tried again (the
+// rule of every cluster write, kube.Retry): the operation still ends
+// Complete, and the daemon keeps running.
+func TestOperationStatusWritesRideOutAnAPIServerThatDoesNotAnswer(t *testing.T) {
+	f := newFixture(t)
+	flaky := &flakyStatus{left: 3}
+	f.opts.REST.Wrap(func(rt http.RoundTripper) http.RoundTripper { flaky.next = rt; return flaky })
+	d := startDaemon(t, f.opts)
+	op := f.env.createOp(t, f.machine, v1alpha3.OperationRestart)
+	done := f.env.waitOp(t, op.Name, opTimeout)
+	if done.Status.State != v1alpha3.OperationComplete {
+		t.Fatalf("operation ended %s/%s (%s), want Complete", done.Status.State, done.Status.Reason, done.Status.Message)
+	}
+	flaky.mu.Lock()
+	hits := flaky.hits
+	flaky.mu.Unlock()
+	if hits != 3 {
+		t.Errorf("%d final status writes answered 503, want 3", hits)
+	}
+	select {
+	case <-d.done:
+		t.Fatalf("the daemon stopped: %v", d.err)
+	default:
 	}
 }

@@ -12,9 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -348,6 +348,10 @@ func (d *daemon) finish(ctx context.Context, j *job, r *result, s v1alpha3.Opera
 	return err
 }
 
+// opStatusRetryFor bounds the retries of an operation's status write
+// that gets no answer.
+const opStatusRetryFor = 2 * time.Minute
+
 // setState writes the operation's status, retrying conflicts (someone
 // else, a label change for example, updated the object in between). Jobs
 // without an operation (a vanished Node) only log.
@@ -357,7 +361,20 @@ func (d *daemon) setState(ctx context.Context, j *job, r *result, s v1alpha3.Ope
 	}
 	now := metav1.NewTime(d.host.now())
 	op := j.op
-	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+	// A conflict reads the operation again; no answer (the API server
+	// restarting, a cut) is tried again for two minutes (kube.Retry, the
+	// rule of every cluster write of the host's operations); past that
+	// the daemon stops, and its next start reports the finished unit
+	// from its request.
+	conflicts := 0
+	retriable := func(err error) bool {
+		if apierrors.IsConflict(err) {
+			conflicts++
+			return conflicts < 10
+		}
+		return kube.NoAnswer(err)
+	}
+	err := kube.Retry(ctx, time.Now().Add(opStatusRetryFor), d.log, "set the status of operation "+op.Name, retriable, func(ctx context.Context) error {
 		want := op.DeepCopy()
 		want.Status.State = s
 		want.Status.Reason = reason
