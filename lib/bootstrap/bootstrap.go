@@ -69,6 +69,7 @@ import (
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/fence"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/kube"
@@ -76,6 +77,7 @@ import (
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
+	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/report"
 	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
@@ -175,12 +177,12 @@ type Reporter interface {
 // Probe looks at the started node. Each field's zero value is the real
 // host.
 type Probe struct {
-	// Healthz answers nil when kubelet's healthz says ok; nil is GET
-	// KubeletHealthz.
+	// Healthz answers nil when kubelet's healthz says ok; nil is
+	// readiness.Healthz.
 	Healthz func(ctx context.Context) error
 	// Node reads the Node as the API server has it; nil reads it with the
 	// kubelet's own client certificate (see NodeReader).
-	Node func(ctx context.Context) (NodeStatus, error)
+	Node readiness.NodeSource
 }
 
 // Bootstrap runs the first boot on one host. The zero value of every field
@@ -208,7 +210,7 @@ type Bootstrap struct {
 	PollInterval time.Duration
 	// CSINodeGrace is how long a registered Node may stay NotReady
 	// because the kubelet's CSINode is not initialized before the node
-	// stack is restarted once (see ready); 0 is DefaultCSINodeGrace.
+	// stack is restarted once (readiness.CSINode); 0 is its default.
 	CSINodeGrace time.Duration
 	// CSINodeAfterStart, when set, is how long after the ready wait began
 	// the kubelet's early CSINode tries are over for a caller that started
@@ -632,28 +634,7 @@ func (b *Bootstrap) fence(ctx context.Context) error {
 		return err
 	}
 	defer sd.Close()
-	// A fence left failed by an earlier refusal would still start; this
-	// only keeps `systemctl status` from showing the old failure as now.
-	_ = sd.ResetFailed(ctx, unitnames.Fence)
-	serr := sd.StartUnit(ctx, unitnames.Fence)
-	if serr == nil {
-		return nil
-	}
-	code, err := sd.ExecMainStatus(ctx, unitnames.Fence)
-	if err != nil {
-		return fmt.Errorf("%w (and its exit status: %v)", serr, err)
-	}
-	switch code {
-	case exitcode.Refused:
-		return fmt.Errorf("%w: %s exited %d (the Machine shows %s; journalctl -u %s says why)",
-			exitcode.ErrRefused, unitnames.Fence, code, v1alpha3.ConditionAllocationLaunchRefused, unitnames.Fence)
-	case exitcode.ConfigInvalid:
-		return fmt.Errorf("%w: %s exited %d (journalctl -u %s names the file and key)",
-			exitcode.ErrConfigInvalid, unitnames.Fence, code, unitnames.Fence)
-	case exitcode.TempFail:
-		return fmt.Errorf("%w: %s was stopped before a decision: %w", exitcode.ErrTemporary, unitnames.Fence, serr)
-	}
-	return fmt.Errorf("%s exited %d: %w", unitnames.Fence, code, serr)
+	return fence.RunUnit(ctx, sd)
 }
 
 // record writes the applied config of the healthy node and reports

@@ -217,7 +217,7 @@ func TestNodeNeverReadyTimesOutSayingWhatIsMissingAndStopsTheNode(t *testing.T) 
 	if code := exitcode.For(err); code != exitcode.Failed {
 		t.Fatalf("exit %d (%v), want 1", code, err)
 	}
-	if !strings.Contains(err.Error(), "still missing: Node site-w1 Ready (Ready=False KubeletNotReady") {
+	if !strings.Contains(err.Error(), "still missing: Node site-w1 is not Ready (Ready False, reason KubeletNotReady") {
 		t.Errorf("timeout error does not say what was missing: %v", err)
 	}
 	if st := w.UnitState("systemd-nspawn@kube1.service"); st != "inactive" {

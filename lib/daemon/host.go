@@ -11,6 +11,7 @@ import (
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
 
 	"unbounded-cloud.io/agent/lib/unitjournal"
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 )
 
@@ -57,13 +58,7 @@ type UnitState struct {
 
 // Running reports whether the unit is in a transition (a oneshot stays in
 // "activating" while its ExecStart= runs).
-func (s UnitState) Running() bool {
-	switch s.ActiveState {
-	case "activating", "deactivating", "reloading", "refreshing":
-		return true
-	}
-	return false
-}
+func (s UnitState) Running() bool { return unitnames.InTransition(s.ActiveState) }
 
 // Succeeded reports whether the unit's last run ended well.
 func (s UnitState) Succeeded() bool {

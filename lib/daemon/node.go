@@ -12,9 +12,10 @@ import (
 // /run/unbounded/node.json (lib/noderecord): health has no Kubernetes
 // client (ARCHITECTURE section 3), and the daemon already watches the Node.
 //
-// The file is written only when what it records changes (a Node's status
-// updates that leave the Ready condition alone, such as heartbeats, write
-// nothing), so that the idle daemon stays idle, and it is removed whenever
+// The file is written only when the Ready condition changes, its heartbeat
+// among it (Node updates that leave the condition alone write nothing;
+// the kubelet writes it at its start, on a change, else every 5 min), so
+// that the idle daemon stays about idle, and it is removed whenever
 // the watch is not live: then health counts nothing, since the cluster's
 // view is not known.
 
@@ -88,6 +89,7 @@ func nodeRecordOf(name string, n *corev1.Node, now time.Time) *noderecord.Record
 		r.Status, r.Reason, r.Message = string(c.Status), c.Reason, c.Message
 		r.Ready = c.Status == corev1.ConditionTrue
 		r.Transition = c.LastTransitionTime.UTC()
+		r.Heartbeat = c.LastHeartbeatTime.UTC()
 	}
 	return r
 }

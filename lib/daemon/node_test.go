@@ -20,8 +20,8 @@ import (
 )
 
 // The daemon hands the Node's Ready condition to unbounded-health through
-// /run/unbounded/node.json: written when the condition changes and only
-// then (a heartbeat writes nothing), removed while the watch is not live
+// /run/unbounded/node.json: written when the condition (its heartbeat
+// among it) changes and only then, removed while the watch is not live
 // and when the Node is no longer followed.
 func TestNodeRecordFollowsReadyAndTheWatch(t *testing.T) {
 	p := hostpaths.New(t.TempDir())
@@ -66,9 +66,18 @@ func TestNodeRecordFollowsReadyAndTheWatch(t *testing.T) {
 		t.Fatalf("after the list of a Ready Node: %+v", r)
 	}
 	before := stat()
-	d.apply(ctx, update{kind: kindNode, objs: []any{node(corev1.ConditionTrue, "KubeletReady", time.Unix(2010, 0))}})
+	other := node(corev1.ConditionTrue, "KubeletReady", time.Unix(2000, 0))
+	other.ResourceVersion = "2"
+	other.Status.Conditions = append(other.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse})
+	d.apply(ctx, update{kind: kindNode, objs: []any{other}})
 	if !os.SameFile(before, stat()) {
-		t.Fatal("a heartbeat that leaves Ready alone rewrote the record")
+		t.Fatal("a Node update that leaves its Ready condition alone rewrote the record")
+	}
+	// The kubelet's write (at its start, on a change, else every 5 min)
+	// is recorded: health tells by it a Ready of the running kubelet.
+	d.apply(ctx, update{kind: kindNode, objs: []any{node(corev1.ConditionTrue, "KubeletReady", time.Unix(2010, 0))}})
+	if r := read(); r == nil || !r.Ready || !r.Heartbeat.Equal(time.Unix(2010, 0)) {
+		t.Fatalf("after the kubelet's write: %+v, want its heartbeat", r)
 	}
 
 	d.apply(ctx, update{kind: kindNode, objs: []any{node(corev1.ConditionFalse, "KubeletNotReady", time.Unix(2020, 0))}})

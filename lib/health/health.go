@@ -1,17 +1,8 @@
 // Package health is the periodic check of the node stack
-// (unbounded-health.service, started by unbounded-health.timer) and the
-// health wait of unbounded-restart. It links no Kubernetes client and no
-// net/http (ARCHITECTURE section 3: under 5 MB).
-//
-// What "healthy" means here: the supervising unit(s) of the active slot
-// are active, the kubelet's healthz answers ok, and the cluster does not
-// report the Node NotReady when that is known. The Node's Ready condition
-// comes from the daemon, which watches the Node and records what it sees
-// in /run/unbounded/node.json (lib/noderecord, NodeReady): this binary
-// has no TLS client (crypto/tls alone puts it over its 5 MB budget). A
-// Node the cluster reports not Ready while the daemon's watch is live
-// counts as a failed check, like a failed healthz; an unknown one (no
-// live watch: the cluster is not reachable) counts as nothing.
+// (unbounded-health.service, started by unbounded-health.timer). "Healthy"
+// is lib/readiness's "up", with the Node as the daemon's live watch
+// records it (readiness.FromDaemon): this binary has no TLS client
+// (ARCHITECTURE section 3: under 5 MB).
 //
 // One run (Check.Run) decides, from the state it keeps between runs:
 //
@@ -52,6 +43,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/fence/record"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
@@ -70,15 +62,9 @@ const (
 	// DefaultBootWait bounds the first run of a boot: the node stack
 	// starts in about a minute (nspawn machine boot, kubelet).
 	DefaultBootWait = 4 * time.Minute
-	// DefaultSettle is how long a node must stay healthy, on every check,
-	// before a wait for it (the first check of a boot, a restart) counts
-	// it healthy: a kubelet that dies again within seconds of its start
-	// (a bad flag, a payload killed over and over) answers healthz
-	// between two crashes, and the cluster keeps its Node Ready for the
-	// node monitor's grace period (40 s). Five seconds of checks with the
-	// supervising units active throughout see such a kubelet restart
-	// (Restart=always, RestartSec=2s) at least once.
-	DefaultSettle = 5 * time.Second
+	// DefaultSettle: the first check of a boot needs the node up on
+	// every look for readiness.DefaultSettle.
+	DefaultSettle = readiness.DefaultSettle
 	// FirstFenceRetry and MaxFenceRetry: the delay between node starts
 	// after a fence that got no answer doubles from the first to the
 	// cap. The cap is the issue's: a cluster back after an outage is
@@ -97,81 +83,13 @@ var busyUnits = []string{
 
 // Units is the part of the service manager health uses (lib/units.Manager).
 type Units interface {
-	ActiveState(ctx context.Context, unit string) (string, error)
+	readiness.Units
 	// EnqueueStart queues a start job and returns at once.
 	EnqueueStart(ctx context.Context, unit string) error
 }
 
 // ErrGaveUp is returned by the run that gives up (exit 1).
 var ErrGaveUp = errors.New("gave up restarting the node stack")
-
-// Problems returns what is wrong with the node stack of mode in slot, or
-// nil when it is healthy. node, when not nil, is the Node's Ready check
-// (NodeReady).
-func Problems(ctx context.Context, sd Units, healthz, node func(context.Context) error, mode, slot string) []string {
-	var out []string
-	for _, u := range unitnames.Supervising(mode, slot) {
-		st, err := sd.ActiveState(ctx, u)
-		if err != nil {
-			st = err.Error()
-		}
-		if st != "active" {
-			out = append(out, fmt.Sprintf("%s is %s", u, st))
-		}
-	}
-	if err := healthz(ctx); err != nil {
-		out = append(out, fmt.Sprintf("kubelet healthz (%s): %v", KubeletHealthzAddr, err))
-	}
-	if node != nil {
-		if err := node(ctx); err != nil {
-			out = append(out, err.Error())
-		}
-	}
-	return out
-}
-
-// WaitHealthy polls Problems every interval until the node has been
-// healthy on every check for settle (nil), or timeout passes (an error
-// listing what is still wrong). The settle window is what tells a node
-// that came back from one that only answered between two crashes: a
-// kubelet killed every half second still answers healthz now and then,
-// and the cluster keeps reporting its Node Ready for the node monitor's
-// grace period. settle 0 returns at the first healthy check.
-func WaitHealthy(ctx context.Context, sd Units, healthz, node func(context.Context) error, mode, slot string, timeout, settle, interval time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var healthySince time.Time
-	var last []string
-	for {
-		probs := Problems(ctx, sd, healthz, node, mode, slot)
-		now := time.Now()
-		if len(probs) == 0 {
-			if healthySince.IsZero() {
-				healthySince = now
-			}
-			if now.Sub(healthySince) >= settle {
-				return nil
-			}
-		} else {
-			healthySince, last = time.Time{}, probs
-		}
-		if now.After(deadline) {
-			if len(probs) == 0 {
-				return fmt.Errorf("not healthy within %s: healthy for %s only, not the %s it must hold; before that: %s",
-					timeout, now.Sub(healthySince).Round(time.Millisecond), settle, strings.Join(last, "; "))
-			}
-			return fmt.Errorf("not healthy within %s: %s", timeout, strings.Join(probs, "; "))
-		}
-		select {
-		case <-ctx.Done():
-			what := strings.Join(probs, "; ")
-			if what == "" {
-				what = "healthy for " + now.Sub(healthySince).Round(time.Millisecond).String() + " of " + settle.String()
-			}
-			return fmt.Errorf("stopped while waiting for the node to be healthy (%s): %w", what, ctx.Err())
-		case <-time.After(interval):
-		}
-	}
-}
 
 // Check is one run of unbounded-health. The zero value of each
 // host-touching field is the real host; tests replace them.
@@ -188,10 +106,11 @@ type Check struct {
 
 	Units   Units
 	Healthz func(context.Context) error
-	// NodeReady is the Node's Ready check; nil is NodeReady on Paths.
-	NodeReady func(context.Context) error
-	Now       func() time.Time
-	Log       *slog.Logger
+	// Node reads the Node; nil is the daemon's record on Paths
+	// (readiness.FromDaemon).
+	Node readiness.NodeSource
+	Now  func() time.Time
+	Log  *slog.Logger
 }
 
 func (c *Check) now() time.Time {
@@ -201,18 +120,13 @@ func (c *Check) now() time.Time {
 	return time.Now()
 }
 
-func (c *Check) healthz(ctx context.Context) error {
-	if c.Healthz != nil {
-		return c.Healthz(ctx)
+// readiness is what "healthy" means for the active slot.
+func (c *Check) readiness(a *state.AppliedConfig) *readiness.Check {
+	node := c.Node
+	if node == nil {
+		node = readiness.FromDaemon(c.Paths, c.Units)
 	}
-	return Healthz(ctx, KubeletHealthzAddr)
-}
-
-func (c *Check) nodeReady(ctx context.Context) error {
-	if c.NodeReady != nil {
-		return c.NodeReady(ctx)
-	}
-	return NodeReady(ctx, c.Paths, c.Units)
+	return &readiness.Check{Units: c.Units, Mode: a.Mode, Slot: a.Slot, Name: a.Machine, Healthz: c.Healthz, Node: node}
 }
 
 // Run is one check. Its error is the give-up (ErrGaveUp) or the boot's
@@ -265,7 +179,7 @@ func (c *Check) run(ctx context.Context) error {
 	// while "deactivating"); "active" is one that has finished and
 	// remains (lifecycle's RemainAfterExit=yes, for the whole boot).
 	for _, u := range busyUnits {
-		if st, err := c.Units.ActiveState(ctx, u); err == nil && (st == "activating" || st == "deactivating") {
+		if st, err := c.Units.ActiveState(ctx, u); err == nil && unitnames.InTransition(st) {
 			log.Info("an operation on the node runs; not checking it", "unit", u, "state", st)
 			return nil
 		}
@@ -322,7 +236,8 @@ func (c *Check) run(ctx context.Context) error {
 	if wait <= 0 {
 		wait = DefaultBootWait
 	}
-	probs := Problems(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot)
+	chk := c.readiness(active)
+	probs := chk.Look(ctx).Problems
 	settle := c.Settle
 	if settle == 0 {
 		settle = DefaultSettle
@@ -338,11 +253,11 @@ func (c *Check) run(ctx context.Context) error {
 		if len(probs) > 0 {
 			log.Info("first check of this boot: waiting for the node to become healthy", "atMost", wait, "problems", strings.Join(probs, "; "))
 		}
-		if err := WaitHealthy(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot, wait, min(settle, wait), interval); err == nil {
+		if err := chk.Wait(ctx, readiness.Wait{Timeout: wait, Settle: min(settle, wait), Poll: interval}); err == nil {
 			probs = nil
 		} else if ctx.Err() != nil {
 			return err // stopped: nothing counted, nothing started (see Run)
-		} else if probs = Problems(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot); len(probs) == 0 {
+		} else if probs = chk.Look(ctx).Problems; len(probs) == 0 {
 			// Healthy right now, but not for the whole window.
 			probs = []string{err.Error()}
 		}
@@ -352,7 +267,7 @@ func (c *Check) run(ctx context.Context) error {
 		// give-up): one answer between two crashes of a kubelet that keeps
 		// dying is not that (seen in tests/system: a give-up lifted by one
 		// lucky check, then restarts again). The settle window again.
-		if err := WaitHealthy(ctx, c.Units, c.healthz, c.nodeReady, active.Mode, active.Slot, settle+2*interval, settle, interval); err != nil {
+		if err := chk.Wait(ctx, readiness.Wait{Timeout: settle + 2*interval, Settle: settle, Poll: interval}); err != nil {
 			if ctx.Err() != nil {
 				return err // stopped: nothing counted (see Run)
 			}

@@ -7,36 +7,19 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/fence/record"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
+	"unbounded-cloud.io/agent/lib/units/unitstest"
 )
-
-// fakeUnits is the service manager as health sees it: unit states, and
-// the starts health asked for.
-type fakeUnits struct {
-	states  map[string]string
-	started []string
-}
-
-func (f *fakeUnits) ActiveState(_ context.Context, u string) (string, error) {
-	if s, ok := f.states[u]; ok {
-		return s, nil
-	}
-	return "inactive", nil
-}
-
-func (f *fakeUnits) EnqueueStart(_ context.Context, u string) error {
-	f.started = append(f.started, u)
-	return nil
-}
 
 type host struct {
 	p       hostpaths.Paths
-	units   *fakeUnits
+	units   *unitstest.Fake
 	healthy bool
 	now     time.Time
 }
@@ -50,9 +33,23 @@ func newHost(t *testing.T) *host {
 	if err := state.WriteApplied(p, &state.AppliedConfig{Slot: "kube1", Mode: "none", Machine: "w1", AppliedAt: time.Unix(1000, 0)}); err != nil {
 		t.Fatal(err)
 	}
-	return &host{p: p, healthy: true, now: time.Unix(2000, 0), units: &fakeUnits{states: map[string]string{
-		"unbounded-containerd.service": "active", "unbounded-kubelet.service": "active", unitnames.NodeTarget: "active",
-	}}}
+	u := &unitstest.Fake{}
+	for _, unit := range []string{unitnames.Containerd, unitnames.Kubelet, unitnames.NodeTarget} {
+		u.Set(unit, "active")
+	}
+	u.SetStarted(unitnames.Kubelet, time.Now().Add(-time.Hour))
+	return &host{p: p, healthy: true, now: time.Unix(2000, 0), units: u}
+}
+
+// started are the units health started.
+func (h *host) started() []string {
+	var out []string
+	for _, c := range h.units.CallList() {
+		if u, ok := strings.CutPrefix(c, "enqueue "); ok {
+			out = append(out, u)
+		}
+	}
+	return out
 }
 
 func (h *host) check() *Check {
@@ -85,8 +82,8 @@ func TestHealthRestartsThenGivesUpOnceThenStaysQuietUntilHealthyAgain(t *testing
 	for range 8 {
 		errs = append(errs, h.run(t))
 	}
-	if n := slices.Index(h.units.started, unitnames.Restart); n != 0 || len(h.units.started) != 1 {
-		t.Fatalf("starts %v, want one %s", h.units.started, unitnames.Restart)
+	if n := slices.Index(h.started(), unitnames.Restart); n != 0 || len(h.started()) != 1 {
+		t.Fatalf("starts %v, want one %s", h.started(), unitnames.Restart)
 	}
 	var gaveUp []int
 	for i, err := range errs {
@@ -111,52 +108,56 @@ func TestHealthRestartsThenGivesUpOnceThenStaysQuietUntilHealthyAgain(t *testing
 			t.Fatal(err)
 		}
 	}
-	if len(h.units.started) != 2 {
-		t.Errorf("after the node was healthy again: starts %v, want a second restart", h.units.started)
+	if len(h.started()) != 2 {
+		t.Errorf("after the node was healthy again: starts %v, want a second restart", h.started())
 	}
 }
 
 // After a give-up, one healthy answer between two crashes does not lift
 // it: the node must be healthy for the settle window.
 func TestHealthGiveUpIsNotLiftedByOneLuckyCheck(t *testing.T) {
-	h := newHost(t)
-	if err := h.run(t); err != nil {
-		t.Fatal(err)
-	}
-	h.healthy = false
-	for range 4 {
-		h.run(t)
-	}
-	if len(h.units.started) != 1 {
-		t.Fatalf("starts %v, want one restart before the give-up", h.units.started)
-	}
-	flapping := flappingHealthz(3)
-	for range 3 {
-		c := h.check()
-		c.Settle, c.Healthz = 20*time.Millisecond, flapping
-		if err := c.Run(context.Background()); err != nil {
-			t.Fatalf("a quiet check after the give-up: %v", err)
+	// Its windows are virtual time (testing/synctest): a loaded machine
+	// cannot stretch them.
+	synctest.Test(t, func(t *testing.T) {
+		h := newHost(t)
+		if err := h.run(t); err != nil {
+			t.Fatal(err)
 		}
-	}
-	h.healthy = false
-	h.run(t)
-	h.run(t)
-	if len(h.units.started) != 1 {
-		t.Errorf("starts %v: a kubelet answering between crashes lifted the give-up, and health restarted again", h.units.started)
-	}
-	// Steady for the window: lifted.
-	c := h.check()
-	c.Settle = 20 * time.Millisecond
-	h.healthy = true
-	if err := c.Run(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	h.healthy = false
-	h.run(t)
-	h.run(t)
-	if len(h.units.started) != 2 {
-		t.Errorf("starts %v: a node healthy for the settle window did not lift the give-up", h.units.started)
-	}
+		h.healthy = false
+		for range 4 {
+			h.run(t)
+		}
+		if len(h.started()) != 1 {
+			t.Fatalf("starts %v, want one restart before the give-up", h.started())
+		}
+		flapping := flappingHealthz(3)
+		for range 3 {
+			c := h.check()
+			c.Settle, c.Healthz = 20*time.Millisecond, flapping
+			if err := c.Run(context.Background()); err != nil {
+				t.Fatalf("a quiet check after the give-up: %v", err)
+			}
+		}
+		h.healthy = false
+		h.run(t)
+		h.run(t)
+		if len(h.started()) != 1 {
+			t.Errorf("starts %v: a kubelet answering between crashes lifted the give-up, and health restarted again", h.started())
+		}
+		// Steady for the window: lifted.
+		c := h.check()
+		c.Settle = 20 * time.Millisecond
+		h.healthy = true
+		if err := c.Run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		h.healthy = false
+		h.run(t)
+		h.run(t)
+		if len(h.started()) != 2 {
+			t.Errorf("starts %v: a node healthy for the settle window did not lift the give-up", h.started())
+		}
+	})
 }
 
 // A new applied config (a repave) ends a give-up too.
@@ -197,49 +198,57 @@ func TestHealthFirstCheckOfABootFailsForANodeThatIsNotUp(t *testing.T) {
 // healthz between two crashes, and happens to answer the first check, is
 // a bad boot; a steady one passes once the window is over.
 func TestHealthFirstCheckOfABootNeedsTheNodeSteadyForTheSettleWindow(t *testing.T) {
-	h := newHost(t)
-	c := h.check()
-	c.BootWait, c.Settle = 80*time.Millisecond, 30*time.Millisecond
-	c.Healthz = flappingHealthz(4)
-	err := c.Run(context.Background())
-	if err == nil || errors.Is(err, ErrGaveUp) {
-		t.Fatalf("first check of the boot with a kubelet that keeps dying: %v, want the boot's failure", err)
-	}
+	// Its windows are virtual time (testing/synctest): a loaded machine
+	// cannot stretch them.
+	synctest.Test(t, func(t *testing.T) {
+		h := newHost(t)
+		c := h.check()
+		c.BootWait, c.Settle = 80*time.Millisecond, 30*time.Millisecond
+		c.Healthz = flappingHealthz(4)
+		err := c.Run(context.Background())
+		if err == nil || errors.Is(err, ErrGaveUp) {
+			t.Fatalf("first check of the boot with a kubelet that keeps dying: %v, want the boot's failure", err)
+		}
 
-	h = newHost(t)
-	c = h.check()
-	c.BootWait, c.Settle = time.Second, 30*time.Millisecond
-	begin := time.Now()
-	if err := c.Run(context.Background()); err != nil {
-		t.Fatalf("first check of the boot with a steady node: %v", err)
-	}
-	if took := time.Since(begin); took < 30*time.Millisecond {
-		t.Errorf("the first check passed after %v, before the 30ms settle window", took)
-	}
+		h = newHost(t)
+		c = h.check()
+		c.BootWait, c.Settle = time.Second, 30*time.Millisecond
+		begin := time.Now()
+		if err := c.Run(context.Background()); err != nil {
+			t.Fatalf("first check of the boot with a steady node: %v", err)
+		}
+		if took := time.Since(begin); took < 30*time.Millisecond {
+			t.Errorf("the first check passed after %v, before the 30ms settle window", took)
+		}
+	})
 }
 
 // A check stopped in the middle (systemctl stop, a reset) is not a
 // failed run: recovery would report a failure there never was.
 func TestHealthStoppedInTheMiddleOfACheckIsNotAFailure(t *testing.T) {
-	h := newHost(t)
-	h.healthy = false
-	c := h.check()
-	c.BootWait = time.Minute
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
-	defer cancel()
-	if err := c.Run(ctx); err != nil {
-		t.Fatalf("a check stopped during the boot's wait: %v, want nil (not a failure)", err)
-	}
-	if err := h.run(t); err == nil {
-		t.Errorf("the next check, not stopped, of a node that is down: nil, want the boot's failure")
-	}
+	// Its windows are virtual time (testing/synctest): a loaded machine
+	// cannot stretch them.
+	synctest.Test(t, func(t *testing.T) {
+		h := newHost(t)
+		h.healthy = false
+		c := h.check()
+		c.BootWait = time.Minute
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+		defer cancel()
+		if err := c.Run(ctx); err != nil {
+			t.Fatalf("a check stopped during the boot's wait: %v, want nil (not a failure)", err)
+		}
+		if err := h.run(t); err == nil {
+			t.Errorf("the next check, not stopped, of a node that is down: nil, want the boot's failure")
+		}
+	})
 }
 
 // A fence that got no answer: health starts the node again with a delay
 // that doubles up to the cap; an explicit refusal is left to the daemon.
 func TestHealthRetriesAFenceWithoutAnswerWithAGrowingDelayButNotAnExplicitRefusal(t *testing.T) {
 	h := newHost(t)
-	h.units.states = map[string]string{} // node down
+	h.units.States = nil // node down
 	if err := record.Write(h.p, record.Record{Outcome: record.Refused, Reason: "AllocationFenced", At: h.now}); err != nil {
 		t.Fatal(err)
 	}
@@ -248,8 +257,8 @@ func TestHealthRetriesAFenceWithoutAnswerWithAGrowingDelayButNotAnExplicitRefusa
 			t.Fatal(err)
 		}
 	}
-	if len(h.units.started) != 0 {
-		t.Fatalf("explicit refusal: health started %v", h.units.started)
+	if len(h.started()) != 0 {
+		t.Fatalf("explicit refusal: health started %v", h.started())
 	}
 	if err := record.Write(h.p, record.Record{Outcome: record.NoAnswer, Reason: "ClusterUnreachable", At: h.now}); err != nil {
 		t.Fatal(err)
@@ -257,11 +266,11 @@ func TestHealthRetriesAFenceWithoutAnswerWithAGrowingDelayButNotAnExplicitRefusa
 	var at []time.Duration
 	start := h.now
 	for range 60 * 30 { // 30 min in steps of 1 s
-		n := len(h.units.started)
+		n := len(h.started())
 		if err := h.run(t); err != nil {
 			t.Fatal(err)
 		}
-		if len(h.units.started) > n {
+		if len(h.started()) > n {
 			at = append(at, h.now.Sub(start))
 		}
 		h.now = h.now.Add(time.Second)
@@ -270,7 +279,7 @@ func TestHealthRetriesAFenceWithoutAnswerWithAGrowingDelayButNotAnExplicitRefusa
 	if !slices.Equal(at, want) {
 		t.Errorf("node starts at %v, want %v (30 s doubling, capped at 10 min)", at, want)
 	}
-	for _, u := range h.units.started {
+	for _, u := range h.started() {
 		if u != unitnames.NodeTarget {
 			t.Errorf("started %s, want only %s", u, unitnames.NodeTarget)
 		}
@@ -283,48 +292,21 @@ func TestHealthRetriesAFenceWithoutAnswerWithAGrowingDelayButNotAnExplicitRefusa
 func TestARunningOperationHoldsTheCheckBackAFinishedOneDoesNot(t *testing.T) {
 	h := newHost(t)
 	h.healthy = false
-	h.units.states["unbounded-lifecycle.service"] = "activating"
+	h.units.Set("unbounded-lifecycle.service", "activating")
 	for range 3 {
 		if err := h.run(t); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if len(h.units.started) != 0 {
-		t.Fatalf("health started %v while lifecycle runs; want nothing", h.units.started)
+	if len(h.started()) != 0 {
+		t.Fatalf("health started %v while lifecycle runs; want nothing", h.started())
 	}
-	h.units.states["unbounded-lifecycle.service"] = "active"
+	h.units.Set("unbounded-lifecycle.service", "active")
 	for range 3 {
 		h.run(t)
 	}
-	if !slices.Contains(h.units.started, unitnames.Restart) {
-		t.Fatalf("health started %v with lifecycle finished (active, remaining); want %s after %d unhealthy checks", h.units.started, unitnames.Restart, 2)
-	}
-}
-
-// A kubelet that answers now and then between crashes is not healthy: the
-// wait needs every check of the settle window to pass, and says so when
-// the timeout ends it.
-func TestWaitHealthyNeedsTheSettleWindowWithoutAFailedCheck(t *testing.T) {
-	u := &fakeUnits{states: map[string]string{"unbounded-containerd.service": "active", "unbounded-kubelet.service": "active"}}
-	flapping := flappingHealthz(3)
-	err := WaitHealthy(context.Background(), u, flapping, nil, "none", "kube1", 60*time.Millisecond, 20*time.Millisecond, time.Millisecond)
-	if err == nil || !strings.Contains(err.Error(), "not healthy within") || !strings.Contains(err.Error(), "connection refused") {
-		t.Fatalf("flapping healthz: got %v, want a timeout naming the failed check", err)
-	}
-
-	calls := 0
-	steady := func(context.Context) error { calls++; return nil }
-	begin := time.Now()
-	if err := WaitHealthy(context.Background(), u, steady, nil, "none", "kube1", time.Second, 20*time.Millisecond, time.Millisecond); err != nil {
-		t.Fatalf("steady node: %v", err)
-	}
-	if took := time.Since(begin); took < 20*time.Millisecond || calls < 2 {
-		t.Errorf("returned after %v and %d checks: want the 20ms settle window, checked more than once", took, calls)
-	}
-
-	calls = 0
-	if err := WaitHealthy(context.Background(), u, steady, nil, "none", "kube1", time.Second, 0, time.Millisecond); err != nil || calls != 1 {
-		t.Errorf("settle 0: err %v after %d checks, want nil after 1", err, calls)
+	if !slices.Contains(h.started(), unitnames.Restart) {
+		t.Fatalf("health started %v with lifecycle finished (active, remaining); want %s after %d unhealthy checks", h.started(), unitnames.Restart, 2)
 	}
 }
 

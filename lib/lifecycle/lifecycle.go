@@ -149,7 +149,7 @@ func Resume(ctx context.Context, sd units.Manager, log *slog.Logger, unit, why s
 	if err != nil {
 		return err
 	}
-	if modes.Running(st) {
+	if unitnames.Running(st) {
 		log.Info(why+"; its unit runs already", "unit", unit, "state", st)
 		return nil
 	}

@@ -27,6 +27,14 @@ import (
 type Mode interface {
 	// Name is the mode's name in the config ("nspawn", "none").
 	Name() string
+	// NodeRoot is the root of slot's node stack file system on the host
+	// (the machine's rootfs for nspawn, the host's root for none): where
+	// the host finds a file the node stack names by its own path.
+	NodeRoot(slot string) string
+	// InPlace says whether a repave replaces the node stack in its own
+	// slot (none: the same units, a new version beside) rather than in
+	// the other slot (blue/green).
+	InPlace() bool
 	// Prepare builds slot s.Name from s: everything the node stack needs
 	// on disk, written atomically, so that Start can run it. Running it
 	// again with the same input gives the same result (idempotent). It
@@ -64,6 +72,25 @@ type Mode interface {
 	Destroy(ctx context.Context, slot string) error
 }
 
+// KubeletClientCert is the kubelet's client certificate and key (one PEM
+// file, a link to the current pair), written by its TLS bootstrap into its
+// default --cert-dir, as the node stack sees its own file system.
+const KubeletClientCert = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+
+// KubeletCertFile is KubeletClientCert of m's slot as the host sees it.
+func KubeletCertFile(m Mode, slot string) string {
+	return filepath.Join(m.NodeRoot(slot), KubeletClientCert)
+}
+
+// TargetSlot is the slot a repave of m builds the new stack into when
+// running serves.
+func TargetSlot(m Mode, running string) string {
+	if m.InPlace() {
+		return running
+	}
+	return hostpaths.OtherSlot(running)
+}
+
 // ErrNotImplemented is returned by operations this release does not
 // carry yet (repave, lifecycle hooks: issue 8). A caller maps it to exit 1.
 var ErrNotImplemented = errors.New("not implemented in this release")
@@ -87,6 +114,27 @@ type RepaveHooks struct {
 	Healthy func(ctx context.Context, slot string) error
 	// Crash is called at each named step ("repave/<point>", lib/crashpoint).
 	Crash func(point string)
+}
+
+// ErrHookMissing: a repave was asked without its fence or its health
+// wait. It fails closed: no new node starts unfenced, and none counts as
+// up unchecked.
+var ErrHookMissing = errors.New("a repave needs its Fence and Healthy hooks")
+
+// Check refuses hooks without a Fence or Healthy (ErrHookMissing); a nil
+// Crash is none.
+func (h RepaveHooks) Check() error {
+	var missing []string
+	if h.Fence == nil {
+		missing = append(missing, "Fence")
+	}
+	if h.Healthy == nil {
+		missing = append(missing, "Healthy")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w (missing: %s)", ErrHookMissing, strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // ErrSlotActive is returned by Prepare for a slot whose supervising unit is

@@ -24,13 +24,3 @@ type Systemd interface {
 	ActiveState(ctx context.Context, unit string) (string, error)
 	Close()
 }
-
-// Running reports whether an ActiveState means the unit runs or is in a
-// transition that will leave it running or stopping.
-func Running(activeState string) bool {
-	switch activeState {
-	case "active", "activating", "reloading", "refreshing", "deactivating":
-		return true
-	}
-	return false
-}

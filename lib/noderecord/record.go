@@ -5,8 +5,9 @@
 // over). The daemon (lib/daemon, node.go) writes it.
 //
 // It lives in /run/unbounded/node.json: about this boot only. The daemon
-// writes it only when what it records changes (no heartbeat: at idle the
-// daemon writes nothing), and removes it whenever its watch of the Node is
+// writes it only when what it records changes (the Ready condition, its
+// heartbeat among it: the kubelet writes that at its start, on a change,
+// else every 5 min), and removes it whenever its watch of the Node is
 // not live (list or watch failing, Node not followed, daemon starting or
 // stopping), so that a present file with Live set is what the cluster says
 // now, and an absent one means "not known" (the cluster is not reachable).
@@ -36,6 +37,10 @@ type Record struct {
 	Message string `json:"message,omitempty"`
 	// Transition is the condition's lastTransitionTime.
 	Transition time.Time `json:"transition,omitzero"`
+	// Heartbeat is the condition's lastHeartbeatTime: when the kubelet
+	// last wrote it (at its start, on a change, else every
+	// nodeStatusReportFrequency).
+	Heartbeat time.Time `json:"heartbeat,omitzero"`
 	// Since is when the daemon first saw this value.
 	Since time.Time `json:"since"`
 }
@@ -49,7 +54,7 @@ func (r *Record) Same(o *Record) bool {
 	a, b := *r, *o
 	a.Since, b.Since = time.Time{}, time.Time{}
 	return a.Node == b.Node && a.Present == b.Present && a.Ready == b.Ready && a.Status == b.Status &&
-		a.Reason == b.Reason && a.Message == b.Message && a.Transition.Equal(b.Transition)
+		a.Reason == b.Reason && a.Message == b.Message && a.Transition.Equal(b.Transition) && a.Heartbeat.Equal(b.Heartbeat)
 }
 
 // name is the record's file under /run/unbounded.

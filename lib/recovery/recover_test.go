@@ -61,6 +61,9 @@ func (f *fakeSystemd) ActiveState(_ context.Context, u string) (string, error) {
 func (f *fakeSystemd) ExecMainStatus(_ context.Context, u string) (int, error) {
 	return f.units[u].ExecMainStatus, nil
 }
+func (f *fakeSystemd) MainStartedAt(context.Context, string) (time.Time, error) {
+	return time.Time{}, nil
+}
 func (f *fakeSystemd) ResetFailed(_ context.Context, u string) error {
 	f.calls = append(f.calls, "reset-failed "+u)
 	return nil

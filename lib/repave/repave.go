@@ -81,10 +81,12 @@ import (
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/fence"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/owed"
+	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
@@ -277,16 +279,6 @@ func (r *Repave) mode(name string) (modes.Mode, error) {
 	return bootstrap.ModeFor(r.Paths, r.log())(name)
 }
 
-// TargetSlot is the slot a repave of mode builds the new stack into: the
-// other slot for the blue/green modes, the running slot's record for none
-// (in place: both slots are the same units).
-func TargetSlot(mode, running string) string {
-	if mode == "none" {
-		return running
-	}
-	return hostpaths.OtherSlot(running)
-}
-
 // ErrNothingToDo is returned (and maps to exit 0) when the desired config
 // is the applied one and the repave was not forced.
 var ErrNothingToDo = errors.New("the desired config is the applied one: nothing to repave (--force repaves anyway)")
@@ -406,16 +398,16 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 		r.status("the desired config is the one slot %s runs: nothing to do", active.Slot)
 		return nil, nil, nil, nil
 	}
+	m, err := r.mode(active.Mode)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	j = Journal{
-		From: active.Slot, To: TargetSlot(active.Mode, active.Slot), Mode: active.Mode,
+		From: active.Slot, To: modes.TargetSlot(m, active.Slot), Mode: active.Mode,
 		Config: want, Options: opts, StartedAt: r.now().UTC(),
 	}
 	if req != nil {
 		j.Request = req.UID
-	}
-	m, err := r.mode(j.Mode)
-	if err != nil {
-		return nil, nil, nil, err
 	}
 	if err := r.finish(&j, StepPlan); err != nil {
 		return nil, nil, nil, err
@@ -912,26 +904,48 @@ const ReadyPoll = 250 * time.Millisecond
 // after bootstrap's grace (the restarted kubelet finds its Node).
 const CSINodeEarlyTriesOver = 24 * time.Second
 
-func (r *Repave) helper() *bootstrap.Bootstrap {
-	return &bootstrap.Bootstrap{
-		Paths: r.Paths, Systemd: r.Systemd, ReadyTimeout: r.ReadyTimeout, PollInterval: ReadyPoll,
-		CSINodeAfterStart: CSINodeEarlyTriesOver,
-		Notify:            r.Notify, Log: r.log(),
-	}
-}
-
 func (r *Repave) fence(ctx context.Context) error {
 	if r.Fence != nil {
 		return r.Fence(ctx)
 	}
-	return r.helper().RunFence(ctx)
+	sd, err := r.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	return fence.RunUnit(ctx, sd)
 }
 
+// healthy waits until the new node stack of slot is up (lib/readiness),
+// its Node read live with its kubelet's certificate, with the one
+// node-stack restart for the kubelet's CSINode at once after
+// CSINodeEarlyTriesOver.
 func (r *Repave) healthy(ctx context.Context, cfg *config.Config, slot string, m modes.Mode) error {
 	if r.Healthy != nil {
 		return r.Healthy(ctx, cfg, slot, m)
 	}
-	return r.helper().WaitReady(ctx, cfg, slot, m)
+	sd, err := r.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	timeout := r.ReadyTimeout
+	if timeout <= 0 {
+		timeout = bootstrap.DefaultReadyTimeout
+	}
+	node := &kube.NodeReader{Name: cfg.Machine, Server: cfg.Cluster.APIServer, CAFile: cfg.Resolve(cfg.Cluster.CAFile),
+		CertFile: modes.KubeletCertFile(m, slot), Root: m.NodeRoot(slot)}
+	chk := &readiness.Check{Units: sd, Mode: cfg.Mode, Slot: slot, Name: cfg.Machine, Node: node.Read}
+	r.status("step %s: waiting (at most %s) for the node units, kubelet healthz and Node %s Ready", StepSwitch, timeout, cfg.Machine)
+	err = kube.NotUpExit(chk.Wait(ctx, readiness.Wait{Timeout: timeout, Poll: ReadyPoll, Log: r.log(),
+		Status: func(line string) { sdstatus.Notify(r.Notify, fmt.Sprintf("STATUS=step %s: %s", StepSwitch, line)) },
+		CSINode: &readiness.CSINode{AfterStart: CSINodeEarlyTriesOver,
+			Restart: func(ctx context.Context) error { return m.Restart(ctx, slot) }},
+	}))
+	if err == nil {
+		r.log().Info("node up", "node", cfg.Machine, "slot", slot)
+	}
+	return err
 }
 
 // record writes the new slot's applied config.

@@ -11,10 +11,8 @@
 // fence: a refused fence leaves the node down and this run fails with 77.
 // Then it starts unbounded-node.target (a no-op for the units already
 // running) so that the target is active again even if it had failed, and
-// waits, bounded, until the supervising units are active, the kubelet's
-// healthz answers ok and the cluster does not report the Node NotReady
-// (as the daemon's live watch records it, lib/health.NodeReady), and all
-// of that has held on every check for DefaultSettle.
+// waits, bounded, until the node is up (lib/readiness, with the Node as
+// the daemon's live watch records it) on every look for DefaultSettle.
 //
 // It takes no ownership lock: the lock marks installations that resume
 // across reboots (bootstrap, reset, reprovision), and a restart interrupted
@@ -32,9 +30,9 @@ import (
 
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/fence/record"
-	"unbounded-cloud.io/agent/lib/health"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/softreboot"
+	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
@@ -45,14 +43,14 @@ import (
 // does not come back.
 const DefaultTimeout = 5 * time.Minute
 
-// DefaultSettle is how long the node must stay healthy, on every check,
-// before the restart counts as done (health.DefaultSettle explains why).
-const DefaultSettle = health.DefaultSettle
+// DefaultSettle is how long the node must stay up, on every look, before
+// the restart counts as done.
+const DefaultSettle = readiness.DefaultSettle
 
 // Units is the service manager as a restart uses it (lib/units.Manager).
 type Units interface {
 	softreboot.Units
-	health.Units
+	readiness.Units
 	StartUnit(ctx context.Context, unit string) error
 	ResetFailed(ctx context.Context, unit string) error
 }
@@ -72,9 +70,10 @@ type Restart struct {
 	PollInterval time.Duration
 	Units        Units
 	Healthz      func(context.Context) error
-	// NodeReady is the Node's Ready check; nil is health.NodeReady.
-	NodeReady func(context.Context) error
-	Log       *slog.Logger
+	// Node reads the Node; nil is the daemon's record
+	// (readiness.FromDaemon).
+	Node readiness.NodeSource
+	Log  *slog.Logger
 }
 
 // Run restarts the node stack and waits until it is healthy.
@@ -112,14 +111,11 @@ func (r *Restart) Run(ctx context.Context) error {
 	if interval <= 0 {
 		interval = time.Second
 	}
-	healthz := r.Healthz
-	if healthz == nil {
-		healthz = func(ctx context.Context) error { return health.Healthz(ctx, health.KubeletHealthzAddr) }
+	node := r.Node
+	if node == nil {
+		node = readiness.FromDaemon(r.Paths, r.Units)
 	}
-	nodeReady := r.NodeReady
-	if nodeReady == nil {
-		nodeReady = func(ctx context.Context) error { return health.NodeReady(ctx, r.Paths, r.Units) }
-	}
+	chk := &readiness.Check{Units: r.Units, Mode: active.Mode, Slot: active.Slot, Name: active.Machine, Healthz: r.Healthz, Node: node}
 	log = log.With("mode", active.Mode, "slot", active.Slot)
 	begin := time.Now()
 	log.Info("restarting the node stack (the host is not restarted)", "units", strings.Join(unitnames.Supervising(active.Mode, active.Slot), " "))
@@ -142,7 +138,7 @@ func (r *Restart) Run(ctx context.Context) error {
 		return fmt.Errorf("the node stack restarted, but %s did not start: %w", unitnames.NodeTarget, err)
 	}
 	log.Info("node stack restarted; waiting for it to be healthy", "took", restarted.Round(time.Millisecond), "atMost", timeout)
-	if err := health.WaitHealthy(ctx, r.Units, healthz, nodeReady, active.Mode, active.Slot, timeout, settle, interval); err != nil {
+	if err := chk.Wait(ctx, readiness.Wait{Timeout: timeout, Settle: settle, Poll: interval}); err != nil {
 		return fmt.Errorf("the node stack restarted in %s but is %w", restarted.Round(time.Millisecond), err)
 	}
 	log.Info("node stack healthy again", "restart", restarted.Round(time.Millisecond), "total", time.Since(begin).Round(time.Millisecond))

@@ -14,44 +14,29 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/noderecord"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/units/unitstest"
 )
 
+// fakeUnits is the service manager (every unit active unless set
+// otherwise) and whether the kubelet's healthz answers.
 type fakeUnits struct {
-	calls   []string
-	failOn  string // a unit whose restart job fails
-	onFail  func()
-	states  map[string]string
+	*unitstest.Fake
 	healthy bool
 }
 
-func (f *fakeUnits) RestartUnit(_ context.Context, u string) error {
-	f.calls = append(f.calls, "restart "+u)
-	if u == f.failOn {
-		if f.onFail != nil {
-			f.onFail()
+func newUnits(healthy bool) *fakeUnits {
+	return &fakeUnits{Fake: &unitstest.Fake{Default: "active"}, healthy: healthy}
+}
+
+// failOn makes unit's start and restart jobs fail, running then first.
+func (f *fakeUnits) failOn(unit string, then func()) {
+	f.OnStart = func(u string) error {
+		if u != unit {
+			return nil
 		}
+		then()
 		return errors.New("job for " + u + " finished with result dependency")
 	}
-	return nil
-}
-func (f *fakeUnits) StartUnit(_ context.Context, u string) error {
-	f.calls = append(f.calls, "start "+u)
-	return nil
-}
-func (f *fakeUnits) StopUnit(_ context.Context, u string) error {
-	f.calls = append(f.calls, "stop "+u)
-	return nil
-}
-func (f *fakeUnits) ResetFailed(_ context.Context, u string) error {
-	f.calls = append(f.calls, "reset-failed "+u)
-	return nil
-}
-func (f *fakeUnits) EnqueueStart(_ context.Context, u string) error { return nil }
-func (f *fakeUnits) ActiveState(_ context.Context, u string) (string, error) {
-	if s, ok := f.states[u]; ok {
-		return s, nil
-	}
-	return "active", nil
 }
 
 func newRestart(t *testing.T, mode string, u *fakeUnits) *Restart {
@@ -81,18 +66,19 @@ func TestRestartRestartsTheModesUnitsInOrderAndWaitsHealthy(t *testing.T) {
 			"restart unbounded-containerd.service", "restart unbounded-kubelet.service", "start unbounded-node.target"},
 		"nspawn": {"reset-failed systemd-nspawn@kube2.service", "restart systemd-nspawn@kube2.service", "start unbounded-node.target"},
 	} {
-		u := &fakeUnits{healthy: true}
+		u := newUnits(true)
 		if err := newRestart(t, mode, u).Run(context.Background()); err != nil {
 			t.Fatalf("%s: %v", mode, err)
 		}
-		if !slices.Equal(u.calls, want) {
-			t.Errorf("%s: calls %v, want %v", mode, u.calls, want)
+		if !slices.Equal(u.CallList(), want) {
+			t.Errorf("%s: calls %v, want %v", mode, u.CallList(), want)
 		}
 	}
 }
 
 func TestRestartFailsWhenTheNodeIsNotHealthyInTime(t *testing.T) {
-	u := &fakeUnits{states: map[string]string{"unbounded-kubelet.service": "activating"}}
+	u := newUnits(false)
+	u.StartsTo = map[string]string{"unbounded-kubelet.service": "activating"}
 	err := newRestart(t, "none", u).Run(context.Background())
 	if err == nil || exitcode.For(err) != exitcode.Failed || !strings.Contains(err.Error(), "unbounded-kubelet.service is activating") {
 		t.Fatalf("Run: %v, want a failure naming what is not up", err)
@@ -102,11 +88,11 @@ func TestRestartFailsWhenTheNodeIsNotHealthyInTime(t *testing.T) {
 // A restart job refused by the fence (the node unit's Requires=) is 77,
 // naming the fence's reason.
 func TestRestartRefusedByTheFenceIs77(t *testing.T) {
-	u := &fakeUnits{failOn: "systemd-nspawn@kube2.service"}
+	u := newUnits(false)
 	r := newRestart(t, "nspawn", u)
-	u.onFail = func() {
+	u.failOn("systemd-nspawn@kube2.service", func() {
 		_ = record.Write(r.Paths, record.Record{Outcome: record.Refused, Reason: "AllocationFenced", Message: "fenced", At: time.Now()})
-	}
+	})
 	err := r.Run(context.Background())
 	if exitcode.For(err) != exitcode.Refused || !strings.Contains(err.Error(), "AllocationFenced") {
 		t.Fatalf("Run: %v (exit %d), want 77 naming the reason", err, exitcode.For(err))
@@ -117,11 +103,11 @@ func TestRestartRefusedByTheFenceIs77(t *testing.T) {
 // (which only Wants= containerd) is stopped too, so that the refused node
 // is down, not half up; 77 naming the reason.
 func TestRestartRefusedByTheFenceInModeNoneStopsTheKubeletToo(t *testing.T) {
-	u := &fakeUnits{failOn: "unbounded-containerd.service"}
+	u := newUnits(false)
 	r := newRestart(t, "none", u)
-	u.onFail = func() {
+	u.failOn("unbounded-containerd.service", func() {
 		_ = record.Write(r.Paths, record.Record{Outcome: record.Refused, Reason: "AllocationFenced", Message: "fenced", At: time.Now()})
-	}
+	})
 	err := r.Run(context.Background())
 	if exitcode.For(err) != exitcode.Refused || !strings.Contains(err.Error(), "AllocationFenced") ||
 		!strings.Contains(err.Error(), "stopped unbounded-kubelet.service too") {
@@ -129,41 +115,49 @@ func TestRestartRefusedByTheFenceInModeNoneStopsTheKubeletToo(t *testing.T) {
 	}
 	want := []string{"reset-failed unbounded-containerd.service", "reset-failed unbounded-kubelet.service",
 		"restart unbounded-containerd.service", "stop unbounded-kubelet.service"}
-	if !slices.Equal(u.calls, want) {
-		t.Fatalf("calls %v, want %v (the kubelet stopped, not restarted, and the node target not started)", u.calls, want)
+	if !slices.Equal(u.CallList(), want) {
+		t.Fatalf("calls %v, want %v (the kubelet stopped, not restarted, and the node target not started)", u.CallList(), want)
 	}
 }
 
 // The health wait includes the Node's Ready condition as the daemon's
 // live watch records it: a Node still reported NotReady fails the restart
-// naming the condition's reason; Ready passes.
-func TestRestartWaitsForTheNodeReady(t *testing.T) {
-	u := &fakeUnits{healthy: true}
+// naming the condition's reason; a Ready the cluster kept from the kubelet
+// before the restart fails too; Ready written after the restart passes.
+func TestRestartWaitsForTheNodeReadyOfTheRestartedKubelet(t *testing.T) {
+	u := newUnits(true)
+	restarted := time.Unix(10000, 0)
+	u.Now = func() time.Time { return restarted }
 	r := newRestart(t, "nspawn", u)
-	if err := noderecord.Write(r.Paths, noderecord.Record{Node: "w1", Present: true, Status: "False", Reason: "KubeletNotReady"}); err != nil {
-		t.Fatal(err)
-	}
-	err := r.Run(context.Background())
-	if err == nil || exitcode.For(err) != exitcode.Failed || !strings.Contains(err.Error(), "Node w1 is not Ready (Ready False, reason KubeletNotReady") {
-		t.Fatalf("Run with the Node NotReady: %v", err)
-	}
-	if err := noderecord.Write(r.Paths, noderecord.Record{Node: "w1", Present: true, Ready: true, Status: "True"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Run(context.Background()); err != nil {
-		t.Fatalf("Run with the Node Ready: %v", err)
+	for _, c := range []struct {
+		rec  noderecord.Record
+		want string
+	}{
+		{noderecord.Record{Node: "w1", Present: true, Status: "False", Reason: "KubeletNotReady", Heartbeat: restarted.Add(time.Second)},
+			"Node w1 is not Ready (Ready False, reason KubeletNotReady"},
+		{noderecord.Record{Node: "w1", Present: true, Ready: true, Status: "True", Heartbeat: restarted.Add(-time.Minute)},
+			"Node w1 is Ready from before its kubelet's start"},
+		{noderecord.Record{Node: "w1", Present: true, Ready: true, Status: "True", Heartbeat: restarted.Add(time.Second)}, ""},
+	} {
+		if err := noderecord.Write(r.Paths, c.rec); err != nil {
+			t.Fatal(err)
+		}
+		err := r.Run(context.Background())
+		if c.want == "" && err != nil || c.want != "" && (exitcode.For(err) != exitcode.Failed || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("Run with %+v: %v, want %q", c.rec, err, c.want)
+		}
 	}
 }
 
 func TestRestartDefersToAnInstallation(t *testing.T) {
-	u := &fakeUnits{healthy: true}
+	u := newUnits(true)
 	r := newRestart(t, "none", u)
 	lock, err := state.AcquireOwnership(r.Paths, "bootstrap", "unbounded-bootstrap.service")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lock.Release()
-	if err := r.Run(context.Background()); exitcode.For(err) != exitcode.Deferred || len(u.calls) != 0 {
-		t.Fatalf("Run: %v, calls %v; want 69 and nothing touched", err, u.calls)
+	if err := r.Run(context.Background()); exitcode.For(err) != exitcode.Deferred || len(u.CallList()) != 0 {
+		t.Fatalf("Run: %v, calls %v; want 69 and nothing touched", err, u.CallList())
 	}
 }

@@ -46,3 +46,36 @@ func Supervising(mode, slot string) []string {
 	}
 	return nil
 }
+
+// KubeletHost is the supervising unit whose start starts the kubelet of
+// mode in slot: the machine for nspawn and container, the kubelet's own
+// unit for none. "" for an unknown mode.
+func KubeletHost(mode, slot string) string {
+	if u := Supervising(mode, slot); len(u) > 0 {
+		return u[len(u)-1]
+	}
+	return ""
+}
+
+// Running says whether a unit in ActiveState runs or is in a transition
+// that leaves it running or stopping: what "a node unit still runs"
+// means (a slot that must not be rebuilt, a unit that must be stopped).
+func Running(activeState string) bool {
+	switch activeState {
+	case "active", "activating", "reloading", "refreshing", "deactivating":
+		return true
+	}
+	return false
+}
+
+// InTransition says whether a unit in ActiveState has a job under way: a
+// oneshot stays "activating" while its ExecStart= runs, so this is what
+// "the operation runs now" means. A finished oneshot with
+// RemainAfterExit= is "active", not in transition.
+func InTransition(activeState string) bool {
+	switch activeState {
+	case "activating", "deactivating", "reloading", "refreshing":
+		return true
+	}
+	return false
+}

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
 	"github.com/godbus/dbus/v5"
@@ -41,6 +42,9 @@ type Manager interface {
 	// ExecMainStatus is the exit status of the unit's last main process
 	// (ExecMainStatus: for a oneshot, the ExecStart= that ran last).
 	ExecMainStatus(ctx context.Context, unit string) (int, error)
+	// MainStartedAt is when the unit's main process last started
+	// (ExecMainStartTimestamp); zero when it never did.
+	MainStartedAt(ctx context.Context, unit string) (time.Time, error)
 	// ResetFailed forgets a unit's failed state (`systemctl
 	// reset-failed UNIT`); a unit that is not failed is no error.
 	ResetFailed(ctx context.Context, unit string) error
@@ -140,6 +144,21 @@ func (m dbusManager) ExecMainStatus(ctx context.Context, unit string) (int, erro
 		return 0, fmt.Errorf("read exit status of %s: unexpected %s", unit, p.Value.Signature())
 	}
 	return int(v), nil
+}
+
+func (m dbusManager) MainStartedAt(ctx context.Context, unit string) (time.Time, error) {
+	p, err := m.conn.GetServicePropertyContext(ctx, unit, "ExecMainStartTimestamp")
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read start time of %s: %w", unit, err)
+	}
+	v, ok := p.Value.Value().(uint64)
+	if !ok {
+		return time.Time{}, fmt.Errorf("read start time of %s: unexpected %s", unit, p.Value.Signature())
+	}
+	if v == 0 {
+		return time.Time{}, nil
+	}
+	return time.UnixMicro(int64(v)), nil
 }
 
 func (m dbusManager) ResetFailed(ctx context.Context, unit string) error {

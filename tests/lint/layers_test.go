@@ -19,11 +19,11 @@ var layers = [][]string{
 	{"lib/api/identity", "lib/api/manifests", "lib/api/v1alpha3", "lib/crashpoint", "lib/hostpaths", "lib/logging",
 		"lib/regfile", "lib/regfile/regfiletest", "lib/sdstatus", "lib/unitjournal", "lib/unitnames", "lib/units", "lib/version"},
 	// State files: atomic writes, verified records, journals, the lock.
-	{"lib/state"},
+	{"lib/state", "lib/units/unitstest"},
 	// What the state means: exit codes, host preparation, the small
 	// records, the generator's decision.
 	{"lib/exitcode", "lib/hostprep", "lib/noderecord", "lib/owed", "lib/request", "lib/fence/record", "lib/generator"},
-	{"lib/privilege", "lib/modes/softreboot"},
+	{"lib/privilege", "lib/modes/softreboot", "lib/readiness"},
 	// Configuration, and what every command shares.
 	{"lib/config", "lib/concern", "lib/concern/small"},
 	// The cluster client, the artifacts, the mode interface, the status.

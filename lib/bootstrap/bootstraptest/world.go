@@ -29,6 +29,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/artifacts"
@@ -38,6 +39,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
@@ -62,6 +64,10 @@ image = "registry.example/node:1.36.3"
 type World struct {
 	Root string
 	P    hostpaths.Paths
+	// started is when the fake service manager last started each unit
+	// (unit name -> time.Time): kept out of the files, which are the
+	// host's end state.
+	started sync.Map
 }
 
 // New makes a fresh host under root (a test's TempDir).
@@ -282,17 +288,21 @@ func (w *World) Bootstrap(log *slog.Logger) *bootstrap.Bootstrap {
 					}
 					return nil
 				},
-				Node: func(context.Context) (bootstrap.NodeStatus, error) {
+				Node: func(context.Context) (readiness.Node, error) {
 					if !up() {
-						return bootstrap.NodeStatus{}, nil
+						return readiness.Node{Known: true}, nil
 					}
+					n := readiness.Node{Known: true, Present: true, Status: "False", Reason: "KubeletNotReady", Heartbeat: time.Now()}
 					if _, err := os.Stat(w.fake("csinode-pending")); err == nil {
-						return bootstrap.NodeStatus{Registered: true, Detail: "Ready=False KubeletNotReady: CSINode is not yet initialized"}, nil
+						n.Message = "CSINode is not yet initialized"
+						return n, nil
 					}
 					if _, err := os.Stat(w.fake("node-not-ready")); err == nil {
-						return bootstrap.NodeStatus{Registered: true, Detail: "Ready=False KubeletNotReady: container runtime network not ready"}, nil
+						n.Message = "container runtime network not ready"
+						return n, nil
 					}
-					return bootstrap.NodeStatus{Registered: true, Ready: true}, nil
+					n.Ready, n.Status, n.Reason = true, "True", "KubeletReady"
+					return n, nil
 				},
 			}
 		},
@@ -367,7 +377,16 @@ func (m *Manager) StartUnit(_ context.Context, unit string) error {
 		return nil
 	}
 	m.w.SetUnitState(unit, "active")
+	m.w.started.Store(unit, time.Now())
 	return nil
+}
+
+// MainStartedAt is when StartUnit last started unit.
+func (m *Manager) MainStartedAt(_ context.Context, unit string) (time.Time, error) {
+	if at, ok := m.w.started.Load(unit); ok {
+		return at.(time.Time), nil
+	}
+	return time.Time{}, nil
 }
 
 func (m *Manager) RestartUnit(ctx context.Context, unit string) error { return m.StartUnit(ctx, unit) }
@@ -413,6 +432,15 @@ type fakeMode struct {
 
 func (f *fakeMode) Name() string { return f.name }
 
+func (f *fakeMode) NodeRoot(slot string) string {
+	if f.name == "none" {
+		return f.w.P.Join("/")
+	}
+	return f.dir(slot)
+}
+
+func (f *fakeMode) InPlace() bool { return f.name == "none" }
+
 func (f *fakeMode) dir(slot string) string { return f.w.P.MachineDir(slot) }
 
 func (f *fakeMode) Prepare(_ context.Context, s modes.Slot) error {
@@ -421,7 +449,7 @@ func (f *fakeMode) Prepare(_ context.Context, s modes.Slot) error {
 		return err
 	}
 	for _, u := range unitnames.Supervising(f.name, s.Name) {
-		if modes.Running(f.w.UnitState(u)) {
+		if unitnames.Running(f.w.UnitState(u)) {
 			return modes.ErrSlotActive
 		}
 	}

@@ -145,6 +145,13 @@ var _ modes.Mode = (*Mode)(nil)
 // Name is "none".
 func (m *Mode) Name() string { return "none" }
 
+// NodeRoot is the host's root: the node stack runs on the host.
+func (m *Mode) NodeRoot(string) string { return m.Paths.Join("/") }
+
+// InPlace is true: both slots are the same units; a repave installs the
+// new version beside the running one and flips `current`.
+func (m *Mode) InPlace() bool { return true }
+
 func (m *Mode) log() *slog.Logger {
 	if m.Log != nil {
 		return m.Log
@@ -193,7 +200,7 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	for _, u := range []string{KubeletUnit, ContainerdUnit} {
 		if st, err := sd.ActiveState(ctx, u); err != nil {
 			return err
-		} else if modes.Running(st) {
+		} else if unitnames.Running(st) {
 			return fmt.Errorf("prepare slot %s: %w (%s is %s)", s.Name, modes.ErrSlotActive, u, st)
 		}
 	}

@@ -122,8 +122,6 @@ func (m *Mode) writeJournal(j *repaveJournal) error {
 	return state.WriteJournal(m.Paths, JournalName, j)
 }
 
-func noHook(context.Context) error { return nil }
-
 // Repave replaces the node stack in place (ARCHITECTURE section 2):
 //
 //  1. install s as a new version directory beside the running one
@@ -174,11 +172,8 @@ func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes
 	if !versionRE.MatchString(v) {
 		return fmt.Errorf("none repave: version %q cannot name a directory", v)
 	}
-	if h.Fence == nil {
-		h.Fence = noHook
-	}
-	if h.Healthy == nil {
-		h.Healthy = func(context.Context, string) error { return nil }
+	if err := h.Check(); err != nil {
+		return fmt.Errorf("none repave: %w", err)
 	}
 	if h.Crash == nil {
 		h.Crash = func(string) {}
@@ -381,10 +376,8 @@ func (m *Mode) rollback(ctx context.Context, j *repaveJournal, h modes.RepaveHoo
 		if err := m.startStack(ctx, j.Running); err != nil {
 			return undo("start version "+j.Old, err)
 		}
-		if h.Healthy != nil {
-			if err := h.Healthy(ctx, j.Running); err != nil {
-				return undo("version "+j.Old+" did not become healthy again", err)
-			}
+		if err := h.Healthy(ctx, j.Running); err != nil {
+			return undo("version "+j.Old+" did not become healthy again", err)
 		}
 	}
 	if j.New != j.Old {

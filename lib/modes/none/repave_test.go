@@ -162,6 +162,25 @@ func TestRepaveInstallsBesideStopsFlipsStartsAndKeepsTheOldVersionUntilRemoveSup
 	}
 }
 
+// A repave without its fence or its health wait fails closed: refused
+// before anything changes (no version built, no journal, no call).
+func TestRepaveWithoutItsHooksChangesNothing(t *testing.T) {
+	h := newRepaveHost(t)
+	s := newSlot(t, "1.36.4", "10.244.9.0/24")
+	for _, hk := range []modes.RepaveHooks{{}, {Fence: func(context.Context) error { return nil }}, {Healthy: func(context.Context, string) error { return nil }}} {
+		err := h.m.Repave(h.ctx, "kube1", s, hk)
+		if !errors.Is(err, modes.ErrHookMissing) || len(h.sd.Calls) != 0 {
+			t.Errorf("hooks %+v: %v, calls %q; want ErrHookMissing and no call", hk, err, h.sd.Calls)
+		}
+	}
+	if _, err := os.Stat(h.m.Paths.Journal(JournalName)); !os.IsNotExist(err) {
+		t.Errorf("journal written without hooks: %v", err)
+	}
+	if cur, _ := h.m.CurrentVersion(); cur != "1.36.3" {
+		t.Errorf("current is %s, want 1.36.3 untouched", cur)
+	}
+}
+
 func TestRepaveToTheSameVersionBuildsASecondDirectoryNeverTheRunningOne(t *testing.T) {
 	h := newRepaveHost(t)
 	s := newSlot(t, "1.36.3", "10.244.2.0/24")

@@ -66,6 +66,7 @@ import (
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
 	"unbounded-cloud.io/agent/lib/modes/softreboot"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 )
 
@@ -100,6 +101,12 @@ var _ modes.Mode = (*Mode)(nil)
 // Name is "nspawn".
 func (m *Mode) Name() string { return "nspawn" }
 
+// NodeRoot is the machine's rootfs.
+func (m *Mode) NodeRoot(slot string) string { return m.Paths.MachineDir(slot) }
+
+// InPlace is false: a repave builds the other slot beside the running one.
+func (m *Mode) InPlace() bool { return false }
+
 // Unit is the supervising unit of slot.
 func Unit(slot string) string { return "systemd-nspawn@" + slot + ".service" }
 
@@ -129,7 +136,7 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	defer sd.Close()
 	if st, err := sd.ActiveState(ctx, Unit(s.Name)); err != nil {
 		return err
-	} else if modes.Running(st) {
+	} else if unitnames.Running(st) {
 		return fmt.Errorf("prepare slot %s: %w (%s is %s)", s.Name, modes.ErrSlotActive, Unit(s.Name), st)
 	}
 	cgs, err := m.Host.CgroupHierarchy()

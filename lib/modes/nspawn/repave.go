@@ -14,6 +14,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // stampName is the file in the slot's state directory
@@ -125,6 +126,9 @@ func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes
 	if s.Name == running {
 		return fmt.Errorf("nspawn repave: the new slot must be the other one than %s (blue/green)", running)
 	}
+	if err := h.Check(); err != nil {
+		return fmt.Errorf("nspawn repave: %w", err)
+	}
 	if err := s.Check(); err != nil {
 		return err
 	}
@@ -142,7 +146,7 @@ func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes
 	if err != nil {
 		return err
 	}
-	if !modes.Running(st) {
+	if !unitnames.Running(st) {
 		if !m.prepared(s) {
 			m.log().Info("building the new slot", "slot", s.Name)
 			if err := m.Prepare(ctx, s); err != nil {
@@ -163,10 +167,8 @@ func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes
 		crash("repave/after-old-stopped")
 		m.cleanNetwork(ctx, running)
 		crash("repave/after-network-cleaned")
-		if h.Fence != nil {
-			if err := h.Fence(ctx); err != nil {
-				return fmt.Errorf("nspawn repave: before starting slot %s: %w; no node runs (slot %s stopped, slot %s built; a rerun tries again)", s.Name, err, running, s.Name)
-			}
+		if err := h.Fence(ctx); err != nil {
+			return fmt.Errorf("nspawn repave: before starting slot %s: %w; no node runs (slot %s stopped, slot %s built; a rerun tries again)", s.Name, err, running, s.Name)
 		}
 		crash("repave/after-fence")
 		if err := sd.StartUnit(ctx, newUnit); err != nil {
@@ -181,10 +183,8 @@ func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes
 			return fmt.Errorf("nspawn repave: stop the old node: %w", err)
 		}
 	}
-	if h.Healthy != nil {
-		if err := h.Healthy(ctx, s.Name); err != nil {
-			return m.rollback(ctx, sd, running, s.Name, h, fmt.Errorf("slot %s did not become healthy: %w", s.Name, err))
-		}
+	if err := h.Healthy(ctx, s.Name); err != nil {
+		return m.rollback(ctx, sd, running, s.Name, h, fmt.Errorf("slot %s did not become healthy: %w", s.Name, err))
 	}
 	crash("repave/after-healthy")
 	return nil
@@ -215,22 +215,18 @@ func (m *Mode) rollback(ctx context.Context, sd modes.Systemd, old, newSlot stri
 	if err := m.Destroy(ctx, newSlot); err != nil {
 		return fmt.Errorf("nspawn repave: %w; rollback failed: slot %s not removed: %v (slot %s is stopped)", cause, newSlot, err, old)
 	}
-	if st, err := sd.ActiveState(ctx, Unit(newSlot)); err != nil || modes.Running(st) {
+	if st, err := sd.ActiveState(ctx, Unit(newSlot)); err != nil || unitnames.Running(st) {
 		return fmt.Errorf("nspawn repave: %w; rollback failed: %s is still %s after its removal (%v)", cause, Unit(newSlot), st, err)
 	}
 	m.cleanNetwork(ctx, newSlot)
-	if h.Fence != nil {
-		if err := h.Fence(ctx); err != nil {
-			return fmt.Errorf("nspawn repave: %w; slot %s stopped and removed; rollback stopped before starting slot %s again: %v; no node runs", cause, newSlot, old, err)
-		}
+	if err := h.Fence(ctx); err != nil {
+		return fmt.Errorf("nspawn repave: %w; slot %s stopped and removed; rollback stopped before starting slot %s again: %v; no node runs", cause, newSlot, old, err)
 	}
 	if err := m.Start(ctx, old); err != nil {
 		return fmt.Errorf("nspawn repave: %w; slot %s stopped and removed; rollback failed: slot %s did not start again: %v", cause, newSlot, old, err)
 	}
-	if h.Healthy != nil {
-		if err := h.Healthy(ctx, old); err != nil {
-			return fmt.Errorf("nspawn repave: %w; slot %s stopped and removed; slot %s started again but is not healthy: %v", cause, newSlot, old, err)
-		}
+	if err := h.Healthy(ctx, old); err != nil {
+		return fmt.Errorf("nspawn repave: %w; slot %s stopped and removed; slot %s started again but is not healthy: %v", cause, newSlot, old, err)
 	}
 	m.log().Info("rolled back", "running", old, "removed", newSlot, "took", time.Since(start).Round(time.Millisecond).String())
 	return fmt.Errorf("nspawn repave: %w; rolled back: slot %s stopped and removed (checked gone), slot %s started again and healthy: %w", cause, newSlot, old, modes.ErrRolledBack)

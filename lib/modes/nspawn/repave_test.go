@@ -148,7 +148,11 @@ func TestRepaveRollsBackWhenTheNewNodeIsNotHealthy(t *testing.T) {
 
 func TestRepaveWithARefusedFenceStartsNothing(t *testing.T) {
 	f, s, _ := repaveFixture(t)
-	h := modes.RepaveHooks{Fence: func(context.Context) error { return errors.New("refused by the allocation fence") }}
+	h := modes.RepaveHooks{Fence: func(context.Context) error { return errors.New("refused by the allocation fence") },
+		Healthy: func(_ context.Context, slot string) error {
+			t.Errorf("health wait for %s after a refused fence", slot)
+			return nil
+		}}
 	err := f.m.Repave(context.Background(), "kube1", s, h)
 	if err == nil || errors.Is(err, modes.ErrRolledBack) || !strings.Contains(err.Error(), "no node runs") {
 		t.Fatalf("repave with a refused fence: %v, want an error saying no node runs", err)
@@ -157,6 +161,22 @@ func TestRepaveWithARefusedFenceStartsNothing(t *testing.T) {
 		if st, _ := f.sd.ActiveState(context.Background(), u); st == "active" {
 			t.Errorf("%s runs after a refused fence", u)
 		}
+	}
+}
+
+// A repave without its fence or its health wait fails closed: refused
+// before anything changes.
+func TestRepaveWithoutItsHooksChangesNothing(t *testing.T) {
+	f, s, _ := repaveFixture(t)
+	for _, h := range []modes.RepaveHooks{{}, {Fence: func(context.Context) error { return nil }}, {Healthy: func(context.Context, string) error { return nil }}} {
+		f.sd.Calls = nil
+		err := f.m.Repave(context.Background(), "kube1", s, h)
+		if !errors.Is(err, modes.ErrHookMissing) || len(f.sd.Calls) != 0 {
+			t.Errorf("hooks %+v: %v, calls %q; want ErrHookMissing and no call", h, err, f.sd.Calls)
+		}
+	}
+	if _, err := os.Stat(f.p.MachineDir("kube2")); !os.IsNotExist(err) {
+		t.Errorf("new slot built without hooks: %v", err)
 	}
 }
 

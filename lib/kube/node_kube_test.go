@@ -1,19 +1,21 @@
-package bootstrap_test
+package kube_test
 
 import (
 	"context"
 	"errors"
-	"k8s.io/client-go/util/retry"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
-	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/tests/kubeenv"
 )
 
@@ -36,7 +38,7 @@ func kubeletPair(t *testing.T, env *kubeenv.Env, p hostpaths.Paths, node string)
 	}
 }
 
-// Bootstrap reads the Node with the kubelet's own certificate: the API
+// Bootstrap and repave read the Node with the kubelet's own certificate: the API
 // server's Node authorizer decides what that identity may read, so this
 // runs against the real one.
 func TestNodeReaderSeesItsNodeRegisteredThenReadyWithTheKubeletsCertificate(t *testing.T) {
@@ -48,17 +50,17 @@ func TestNodeReaderSeesItsNodeRegisteredThenReadyWithTheKubeletsCertificate(t *t
 	if err := os.WriteFile(caFile, env.CAPEM(t), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r := &bootstrap.NodeReader{
+	r := &kube.NodeReader{
 		Name: node, Server: env.Host(), CAFile: caFile,
-		CertFile: bootstrap.KubeletCertFile(p, "nspawn", "kube1"),
-		Root:     bootstrap.NodeRoot(p, "nspawn", "kube1"),
+		CertFile: filepath.Join(p.MachineDir("kube1"), modes.KubeletClientCert),
+		Root:     p.MachineDir("kube1"),
 	}
 
-	if _, err := r.Read(ctx); !errors.Is(err, bootstrap.ErrNoKubeletCertificate) {
+	if _, err := r.Read(ctx); !errors.Is(err, kube.ErrNoKubeletCertificate) {
 		t.Fatalf("before TLS bootstrap: %v, want ErrNoKubeletCertificate", err)
 	}
 	kubeletPair(t, env, p, node)
-	if st, err := r.Read(ctx); err != nil || st.Registered {
+	if st, err := r.Read(ctx); err != nil || !st.Known || st.Present {
 		t.Fatalf("before the kubelet registered: %+v %v", st, err)
 	}
 
@@ -87,11 +89,11 @@ func TestNodeReaderSeesItsNodeRegisteredThenReadyWithTheKubeletsCertificate(t *t
 	}
 	setReady(corev1.ConditionFalse, "KubeletNotReady", "container runtime network not ready")
 	st, err := r.Read(ctx)
-	if err != nil || !st.Registered || st.Ready || !strings.Contains(st.Detail, "KubeletNotReady") {
+	if err != nil || !st.Present || st.Ready || st.Reason != "KubeletNotReady" || st.Heartbeat.IsZero() {
 		t.Fatalf("registered, not ready: %+v %v", st, err)
 	}
 	setReady(corev1.ConditionTrue, "KubeletReady", "kubelet is posting ready status")
-	if st, err := r.Read(ctx); err != nil || !st.Ready {
+	if st, err := r.Read(ctx); err != nil || !st.Ready || time.Since(st.Heartbeat) > time.Minute {
 		t.Fatalf("ready: %+v %v", st, err)
 	}
 
@@ -99,7 +101,7 @@ func TestNodeReaderSeesItsNodeRegisteredThenReadyWithTheKubeletsCertificate(t *t
 	// proves this kubelet's identity, not just any node's.
 	other := hostpaths.New(t.TempDir())
 	kubeletPair(t, env, other, kubeenv.UniqueName(t, "other"))
-	r.CertFile, r.Root = bootstrap.KubeletCertFile(other, "nspawn", "kube1"), bootstrap.NodeRoot(other, "nspawn", "kube1")
+	r.CertFile, r.Root = filepath.Join(other.MachineDir("kube1"), modes.KubeletClientCert), other.MachineDir("kube1")
 	if _, err := r.Read(ctx); err == nil || !strings.Contains(err.Error(), "HTTP 403") {
 		t.Errorf("another node's certificate: %v, want HTTP 403", err)
 	}

@@ -1,4 +1,4 @@
-package health
+package readiness
 
 import (
 	"bufio"
@@ -61,11 +61,4 @@ func Healthz(ctx context.Context, addr string) error {
 		return fmt.Errorf("HTTP %s %q", code, truncate(text, 200))
 	}
 	return nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
 }
