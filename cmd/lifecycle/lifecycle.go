@@ -10,11 +10,11 @@ import (
 	"io"
 	"log/slog"
 
-	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/concern"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/lifecycle"
 	"unbounded-cloud.io/agent/lib/logging"
+	"unbounded-cloud.io/agent/lib/modes/all"
 )
 
 type cli struct {
@@ -34,7 +34,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	log := logging.New(stderr, slog.LevelInfo)
-	l := &lifecycle.Lifecycle{Paths: paths, Mode: bootstrap.ModeFor(paths, log), Log: log}
+	l := &lifecycle.Lifecycle{Paths: paths, Mode: all.Func(paths, log), Log: log}
 	err := l.Run(ctx)
 	code = exitcode.For(err)
 	if code != exitcode.OK {

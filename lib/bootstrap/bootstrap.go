@@ -75,7 +75,7 @@ import (
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/lifecycle"
 	"unbounded-cloud.io/agent/lib/modes"
-	"unbounded-cloud.io/agent/lib/modes/none"
+	"unbounded-cloud.io/agent/lib/modes/all"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
 	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/report"
@@ -130,11 +130,8 @@ var CrashPoints = func() []string {
 // never reaches the points after it).
 const CrashAfterApplied = "bootstrap/after-applied"
 
-// DefaultReadyTimeout bounds the wait for a Ready Node. A kubelet's TLS
-// bootstrap, its first sync and the CNI's readiness take tens of seconds
-// on a healthy host; ten minutes also covers a pull of the pause image
-// over a slow link, and ends a wait that will not succeed.
-const DefaultReadyTimeout = 10 * time.Minute
+// DefaultReadyTimeout bounds the wait for a Ready Node.
+const DefaultReadyTimeout = readiness.DefaultNewNodeTimeout
 
 // DefaultBackoff is the delay before the second try after an exit 75; it
 // doubles with each further temporary failure, up to MaxBackoff. The unit
@@ -258,24 +255,11 @@ func (b *Bootstrap) systemd(ctx context.Context) (units.Manager, error) {
 	return units.Dial(ctx)
 }
 
-// ModeFor returns the real mode of name on the host root p.
-func ModeFor(p hostpaths.Paths, log *slog.Logger) func(string) (modes.Mode, error) {
-	return func(name string) (modes.Mode, error) {
-		switch name {
-		case "nspawn":
-			return &nspawn.Mode{Paths: p, Log: log}, nil
-		case "none":
-			return &none.Mode{Paths: p, Log: log}, nil
-		}
-		return nil, fmt.Errorf("isolation mode %q is not in this release (nspawn and none are; `unbounded supports-isolation %s` says no)", name, name)
-	}
-}
-
 func (b *Bootstrap) mode(name string) (modes.Mode, error) {
 	if b.Mode != nil {
 		return b.Mode(name)
 	}
-	return ModeFor(b.Paths, b.log())(name)
+	return all.For(name, b.Paths, b.log())
 }
 
 // Run bootstraps the host, or hands over a host that is bootstrapped

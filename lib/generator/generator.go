@@ -122,7 +122,7 @@ type Input struct {
 	FenceUnit string
 	FenceErr  error
 	// NodeUnits are the unit files of the active slot's supervising
-	// units, one for each of SupervisingUnits, in that order, as found
+	// units, one for each of unitnames.Supervising, in that order, as found
 	// in the unit search directories under the root (an instance's own
 	// file or its template's). NodeUnitsErr names those that are
 	// missing or masked. As with FenceUnit, the zero value is "missing".

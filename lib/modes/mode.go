@@ -31,6 +31,10 @@ type Mode interface {
 	// (the machine's rootfs for nspawn, the host's root for none): where
 	// the host finds a file the node stack names by its own path.
 	NodeRoot(slot string) string
+	// Installed says whether the host holds anything of this mode (a
+	// slot's files or settings, installed versions), so that a reset
+	// knows what to destroy.
+	Installed() bool
 	// InPlace says whether a repave replaces the node stack in its own
 	// slot (none: the same units, a new version beside) rather than in
 	// the other slot (blue/green).

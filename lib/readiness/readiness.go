@@ -175,6 +175,12 @@ func (c *Check) fresh(ctx context.Context, n Node) string {
 
 // Defaults of Wait.
 const (
+	// DefaultNewNodeTimeout bounds the wait for a node stack that was
+	// just built (bootstrap, repave). A kubelet's TLS bootstrap, its first
+	// sync and the CNI's readiness take seconds to tens of seconds on a
+	// healthy host; ten minutes also covers a pull of the pause image over
+	// a slow link, and ends a wait that will not succeed.
+	DefaultNewNodeTimeout = 10 * time.Minute
 	DefaultPoll = 2 * time.Second
 	// DefaultSettle is the settle window of the waits that follow a
 	// restart (health's first check of a boot, unbounded-restart): a

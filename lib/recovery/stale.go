@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -30,7 +31,7 @@ import (
 // finishes or rolls it back: recovery leaves that decision to it. Without
 // a repave journal (a record restored by hand, a repave of an older
 // release killed between its last two steps) recovery asks the modes
-// which node runs (generator.SupervisingUnits: all active), and when
+// which node runs (unitnames.Supervising: all active), and when
 // exactly one does, moves the other slot's record and its SHA-256 sidecar
 // aside (never deleted) into StaleDir, under the installation lock. Then
 // the repair goes on as on any host.
@@ -165,10 +166,11 @@ func (r *Recovery) planRetirement(ctx context.Context, sd Systemd) (rt retiremen
 			which = "both slots' nodes run"
 			a1, _ := state.ReadApplied(p, hostpaths.Slots[0])
 			a2, _ := state.ReadApplied(p, hostpaths.Slots[1])
-			if a1 != nil && a2 != nil && a1.Mode == "none" && a2.Mode == "none" {
-				// The none mode's slots are one set of units: that they
-				// run says nothing about which record describes them.
-				which = "in mode none both slots' records name the same units, which run"
+			if a1 != nil && a2 != nil && slices.Equal(unitnames.Supervising(a1.Mode, a1.Slot), unitnames.Supervising(a2.Mode, a2.Slot)) {
+				// Both records name one set of units (mode none's slots):
+				// that they run says nothing about which record
+				// describes them.
+				which = fmt.Sprintf("in mode %s both slots' records name the same units, which run", a1.Mode)
 				seen = seen[:len(seen)/2]
 			}
 		}

@@ -77,7 +77,6 @@ import (
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/artifacts"
-	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
@@ -85,6 +84,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/all"
 	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/request"
@@ -220,7 +220,7 @@ type Repave struct {
 	// (the request's "deleteUnmanaged" parameter does the same).
 	DeleteUnmanaged bool
 	// ReadyTimeout bounds the wait for the new node; 0 is
-	// bootstrap.DefaultReadyTimeout.
+	// readiness.DefaultNewNodeTimeout.
 	ReadyTimeout time.Duration
 	// Mode returns the isolation mode named by the config; nil: the real
 	// nspawn or none mode.
@@ -276,7 +276,7 @@ func (r *Repave) mode(name string) (modes.Mode, error) {
 	if r.Mode != nil {
 		return r.Mode(name)
 	}
-	return bootstrap.ModeFor(r.Paths, r.log())(name)
+	return all.For(name, r.Paths, r.log())
 }
 
 // ErrNothingToDo is returned (and maps to exit 0) when the desired config
@@ -931,7 +931,7 @@ func (r *Repave) healthy(ctx context.Context, cfg *config.Config, slot string, m
 	defer sd.Close()
 	timeout := r.ReadyTimeout
 	if timeout <= 0 {
-		timeout = bootstrap.DefaultReadyTimeout
+		timeout = readiness.DefaultNewNodeTimeout
 	}
 	node := &kube.NodeReader{Name: cfg.Machine, Server: cfg.Cluster.APIServer, CAFile: cfg.Resolve(cfg.Cluster.CAFile),
 		CertFile: modes.KubeletCertFile(m, slot), Root: m.NodeRoot(slot)}

@@ -16,8 +16,7 @@
 //	          node and no daemon, and resumes this unit after a reboot
 //	node      unbounded-node.target stopped, and both slots destroyed in
 //	          every mode the host shows evidence of (an applied config, the
-//	          bootstrap journal, an nspawn slot's settings, the none mode's
-//	          versions directory): the mode stops the supervising units,
+//	          bootstrap journal, the mode's own files: modes.Mode.Installed): the mode stops the supervising units,
 //	          removes the slot's rootfs or versions, its settings and
 //	          drop-ins, and checks that they are gone
 //	hostprep  the recorded host preparation undone, exactly (lib/hostprep
@@ -55,6 +54,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/all"
 	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -115,7 +115,7 @@ func (r *Reset) mode(name string) (modes.Mode, error) {
 	if r.Mode != nil {
 		return r.Mode(name)
 	}
-	return bootstrap.ModeFor(r.Paths, r.log())(name)
+	return all.For(name, r.Paths, r.log())
 }
 
 // Run resets the host. Its error maps to the exit code with exitcode.For:
@@ -244,19 +244,15 @@ func (r *Reset) modesInUse() []string {
 		if a, err := state.ReadApplied(r.Paths, s); err == nil {
 			add(a.Mode)
 		}
-		if _, err := os.Lstat(r.Paths.NspawnConfig(s)); err == nil {
-			add("nspawn")
-		}
-		if _, err := os.Lstat(r.Paths.MachineDir(s)); err == nil {
-			add("nspawn")
-		}
 	}
 	var j bootstrap.Journal
 	if ok, err := state.ReadJournal(r.Paths, bootstrap.Operation, &j); ok && err == nil {
 		add(j.Mode)
 	}
-	if _, err := os.Lstat(r.Paths.VersionsDir()); err == nil {
-		add("none")
+	for _, name := range all.Names() {
+		if m, err := r.mode(name); err == nil && m.Installed() {
+			add(name)
+		}
 	}
 	return found
 }

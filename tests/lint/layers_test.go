@@ -31,6 +31,8 @@ var layers = [][]string{
 	{"lib/modes/nodestack", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest"},
 	// The modes, and the concerns that need no installation.
 	{"lib/modes/none", "lib/modes/nspawn", "lib/restart", "lib/daemon", "lib/recovery", "lib/cli"},
+	// The table of the modes this build carries.
+	{"lib/modes/all"},
 	// The installations.
 	{"lib/bootstrap"},
 	// Bootstrap's test support sits beside the operations built on

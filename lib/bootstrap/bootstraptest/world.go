@@ -441,6 +441,17 @@ func (f *fakeMode) NodeRoot(slot string) string {
 
 func (f *fakeMode) InPlace() bool { return f.name == "none" }
 
+// Installed: a slot's directory exists (both fake modes keep their slots
+// there).
+func (f *fakeMode) Installed() bool {
+	for _, s := range hostpaths.Slots {
+		if _, err := os.Lstat(f.dir(s)); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
 func (f *fakeMode) dir(slot string) string { return f.w.P.MachineDir(slot) }
 
 func (f *fakeMode) Prepare(_ context.Context, s modes.Slot) error {

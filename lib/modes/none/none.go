@@ -148,6 +148,12 @@ func (m *Mode) Name() string { return "none" }
 // NodeRoot is the host's root: the node stack runs on the host.
 func (m *Mode) NodeRoot(string) string { return m.Paths.Join("/") }
 
+// Installed: the versions directory exists.
+func (m *Mode) Installed() bool {
+	_, err := os.Lstat(m.Paths.VersionsDir())
+	return err == nil
+}
+
 // InPlace is true: both slots are the same units; a repave installs the
 // new version beside the running one and flips `current`.
 func (m *Mode) InPlace() bool { return true }

@@ -104,6 +104,18 @@ func (m *Mode) Name() string { return "nspawn" }
 // NodeRoot is the machine's rootfs.
 func (m *Mode) NodeRoot(slot string) string { return m.Paths.MachineDir(slot) }
 
+// Installed: a slot's settings or its machine directory exist.
+func (m *Mode) Installed() bool {
+	for _, s := range hostpaths.Slots {
+		for _, f := range []string{m.Paths.NspawnConfig(s), m.Paths.MachineDir(s)} {
+			if _, err := os.Lstat(f); err == nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // InPlace is false: a repave builds the other slot beside the running one.
 func (m *Mode) InPlace() bool { return false }
 
