@@ -181,7 +181,7 @@ const (
 	// healthy host; ten minutes also covers a pull of the pause image over
 	// a slow link, and ends a wait that will not succeed.
 	DefaultNewNodeTimeout = 10 * time.Minute
-	DefaultPoll = 2 * time.Second
+	DefaultPoll           = 2 * time.Second
 	// DefaultSettle is the settle window of the waits that follow a
 	// restart (health's first check of a boot, unbounded-restart): a
 	// kubelet that dies again within seconds of its start (a bad flag, a
