@@ -14,89 +14,15 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/units/unitstest"
 	"unbounded-cloud.io/agent/lib/unitjournal"
 )
-
-// fakeSystemd is the service manager of a unit test: unit states that
-// starts and unmasks change, and a record of the calls.
-type fakeSystemd struct {
-	units   map[string]UnitStatus
-	calls   []string
-	startFn func(unit string) error
-	// reloadFn runs at each daemon-reload (the generator's output).
-	reloadFn func()
-}
-
-func (f *fakeSystemd) Reload(context.Context) error {
-	f.calls = append(f.calls, "reload")
-	if f.reloadFn != nil {
-		f.reloadFn()
-	}
-	return nil
-}
-func (f *fakeSystemd) StartUnit(_ context.Context, u string) error {
-	f.calls = append(f.calls, "start "+u)
-	if f.startFn != nil {
-		if err := f.startFn(u); err != nil {
-			return err
-		}
-	}
-	st := f.units[u]
-	st.ActiveState = "active"
-	f.units[u] = st
-	return nil
-}
-func (f *fakeSystemd) RestartUnit(ctx context.Context, u string) error { return f.StartUnit(ctx, u) }
-func (f *fakeSystemd) StopUnit(context.Context, string) error          { return nil }
-func (f *fakeSystemd) EnqueueStart(_ context.Context, u string) error {
-	f.calls = append(f.calls, "enqueue "+u)
-	return nil
-}
-func (f *fakeSystemd) ActiveState(_ context.Context, u string) (string, error) {
-	if st, ok := f.units[u]; ok {
-		return st.ActiveState, nil
-	}
-	return "inactive", nil
-}
-func (f *fakeSystemd) ExecMainStatus(_ context.Context, u string) (int, error) {
-	return f.units[u].ExecMainStatus, nil
-}
-func (f *fakeSystemd) MainStartedAt(context.Context, string) (time.Time, error) {
-	return time.Time{}, nil
-}
-func (f *fakeSystemd) ResetFailed(_ context.Context, u string) error {
-	f.calls = append(f.calls, "reset-failed "+u)
-	return nil
-}
-func (f *fakeSystemd) Close() {}
-func (f *fakeSystemd) UnitStatus(_ context.Context, u string) (UnitStatus, error) {
-	if st, ok := f.units[u]; ok {
-		return st, nil
-	}
-	return UnitStatus{LoadState: "not-found", ActiveState: "inactive"}, nil
-}
-func (f *fakeSystemd) Unmask(_ context.Context, u string) error {
-	f.calls = append(f.calls, "unmask "+u)
-	st := f.units[u]
-	st.LoadState = "loaded"
-	f.units[u] = st
-	return nil
-}
-
-func (f *fakeSystemd) called(c string) bool {
-	for _, x := range f.calls {
-		if x == c {
-			return true
-		}
-	}
-	return false
-}
 
 // host is a bootstrapped host under a temporary root: an applied config
 // for kube1, the daemon's executable, the generator's link to the daemon.
 type host struct {
 	p       hostpaths.Paths
-	sd      *fakeSystemd
+	sd      *unitstest.Fake
 	reports []Report
 	now     time.Time
 }
@@ -136,13 +62,13 @@ func newHost(t *testing.T) *host {
 	if err := os.Symlink("/usr/lib/systemd/system/"+DaemonUnit, link); err != nil {
 		t.Fatal(err)
 	}
+	sd := &unitstest.Fake{}
+	sd.SetStatus(DaemonUnit, UnitStatus{LoadState: "loaded", ActiveState: "active"})
+	sd.SetStatus("unbounded-bootstrap.service", UnitStatus{LoadState: "loaded", ActiveState: "failed", Result: "exit-code", ExecMainCode: 1, ExecMainStatus: 1})
 	return &host{
 		p:   p,
 		now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC),
-		sd: &fakeSystemd{units: map[string]UnitStatus{
-			DaemonUnit:                    {LoadState: "loaded", ActiveState: "active"},
-			"unbounded-bootstrap.service": {LoadState: "loaded", ActiveState: "failed", Result: "exit-code", ExecMainCode: 1, ExecMainStatus: 1},
-		}},
+		sd:  sd,
 	}
 }
 
@@ -184,13 +110,13 @@ func TestExitsThatAreNotFailuresAreLeftAlone(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := newHost(t)
-			h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "inactive"}
-			h.sd.units[c.f.Unit] = UnitStatus{LoadState: "loaded", ActiveState: "failed", SubState: c.subState}
+			h.sd.SetStatus(DaemonUnit, UnitStatus{LoadState: "loaded", ActiveState: "inactive"})
+			h.sd.SetStatus(c.f.Unit, UnitStatus{LoadState: "loaded", ActiveState: "failed", SubState: c.subState})
 			if err := h.run(t, c.f); err != nil {
 				t.Fatalf("Run: %v", err)
 			}
-			if len(h.reports) != 0 || len(h.sd.calls) != 0 {
-				t.Errorf("reports %v, systemd calls %v: want none", h.reports, h.sd.calls)
+			if len(h.reports) != 0 || len(h.sd.CallList()) != 0 {
+				t.Errorf("reports %v, systemd calls %v: want none", h.reports, h.sd.CallList())
 			}
 			if _, err := os.Stat(h.p.Ownership()); !os.IsNotExist(err) {
 				t.Errorf("ownership record: %v", err)
@@ -201,7 +127,7 @@ func TestExitsThatAreNotFailuresAreLeftAlone(t *testing.T) {
 
 func TestATemporaryFailureThatIsNotRetriedIsRecovered(t *testing.T) {
 	h := newHost(t)
-	h.sd.units["unbounded-bootstrap.service"] = UnitStatus{LoadState: "loaded", ActiveState: "failed", SubState: "failed"}
+	h.sd.SetStatus("unbounded-bootstrap.service", UnitStatus{LoadState: "loaded", ActiveState: "failed", SubState: "failed"})
 	if err := h.run(t, exited("unbounded-bootstrap.service", 75)); err != nil {
 		t.Fatal(err)
 	}
@@ -212,12 +138,12 @@ func TestATemporaryFailureThatIsNotRetriedIsRecovered(t *testing.T) {
 
 func TestAFailedUnitIsReportedWithItsResultAndLastLinesAndTheDaemonStarted(t *testing.T) {
 	h := newHost(t)
-	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "failed"}
+	h.sd.SetStatus(DaemonUnit, UnitStatus{LoadState: "loaded", ActiveState: "failed"})
 	if err := h.run(t, exited("unbounded-bootstrap.service", 1)); err != nil {
 		t.Fatal(err)
 	}
-	if !h.sd.called("reset-failed "+DaemonUnit) || !h.sd.called("start "+DaemonUnit) {
-		t.Errorf("systemd calls %v: want the failed daemon reset and started", h.sd.calls)
+	if !h.sd.Called("reset-failed "+DaemonUnit) || !h.sd.Called("start "+DaemonUnit) {
+		t.Errorf("systemd calls %v: want the failed daemon reset and started", h.sd.CallList())
 	}
 	if len(h.reports) != 1 {
 		t.Fatalf("reports %v", h.reports)
@@ -245,8 +171,8 @@ func TestAKilledUnitIsReportedAndNotStartedAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.sd.called("start unbounded-bootstrap.service") {
-		t.Errorf("recovery started the killed unit: %v", h.sd.calls)
+	if h.sd.Called("start unbounded-bootstrap.service") {
+		t.Errorf("recovery started the killed unit: %v", h.sd.CallList())
 	}
 	if len(h.reports) != 1 || !strings.Contains(h.reports[0].Message, "killed by SIGKILL") {
 		t.Errorf("reports %+v", h.reports)
@@ -260,13 +186,13 @@ func TestAHostOwnedByAnInstallationIsOnlyReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Release()
-	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "inactive"}
+	h.sd.SetStatus(DaemonUnit, UnitStatus{LoadState: "loaded", ActiveState: "inactive"})
 	err = h.run(t, Failure{Unit: "unbounded-bootstrap.service", Result: "signal", ExitCode: "killed", ExitStatus: "KILL"})
 	if !errors.Is(err, state.ErrOwned) {
 		t.Fatalf("Run: %v, want ErrOwned", err)
 	}
-	if h.sd.called("start " + DaemonUnit) {
-		t.Errorf("the daemon was started on an owned host: %v", h.sd.calls)
+	if h.sd.Called("start " + DaemonUnit) {
+		t.Errorf("the daemon was started on an owned host: %v", h.sd.CallList())
 	}
 	if len(h.reports) != 1 || h.reports[0].Reason != ReasonDeferred {
 		t.Errorf("reports %+v", h.reports)
@@ -279,18 +205,18 @@ func TestAHostOwnedByAnInstallationIsOnlyReported(t *testing.T) {
 
 func TestAMaskedDaemonIsUnmaskedAndStarted(t *testing.T) {
 	h := newHost(t)
-	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "masked", ActiveState: "inactive"}
+	h.sd.SetStatus(DaemonUnit, UnitStatus{LoadState: "masked", ActiveState: "inactive"})
 	if err := h.run(t, exited("unbounded-bootstrap.service", 1)); err != nil {
 		t.Fatal(err)
 	}
-	if !h.sd.called("unmask "+DaemonUnit) || !h.sd.called("start "+DaemonUnit) {
-		t.Errorf("calls %v", h.sd.calls)
+	if !h.sd.Called("unmask "+DaemonUnit) || !h.sd.Called("start "+DaemonUnit) {
+		t.Errorf("calls %v", h.sd.CallList())
 	}
 }
 
 func TestAGoneDaemonExecutableIsReportedAndNotRepaired(t *testing.T) {
 	h := newHost(t)
-	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "failed"}
+	h.sd.SetStatus(DaemonUnit, UnitStatus{LoadState: "loaded", ActiveState: "failed"})
 	if err := os.Remove(h.p.Libexec("daemon")); err != nil {
 		t.Fatal(err)
 	}
@@ -298,8 +224,8 @@ func TestAGoneDaemonExecutableIsReportedAndNotRepaired(t *testing.T) {
 	if !errors.Is(err, ErrUnrepaired) {
 		t.Fatalf("Run: %v, want ErrUnrepaired", err)
 	}
-	if h.sd.called("start " + DaemonUnit) {
-		t.Errorf("started a daemon without its executable: %v", h.sd.calls)
+	if h.sd.Called("start " + DaemonUnit) {
+		t.Errorf("started a daemon without its executable: %v", h.sd.CallList())
 	}
 	if len(h.reports) != 1 || h.reports[0].Reason != ReasonRepairFailed || !strings.Contains(h.reports[0].Message, "/usr/libexec/unbounded/daemon is gone") {
 		t.Errorf("reports %+v", h.reports)
@@ -354,7 +280,7 @@ func TestReportKeepsTheLastJournalLinesWhenCut(t *testing.T) {
 
 func TestADaemonTheGeneratorHoldsBackIsNotStarted(t *testing.T) {
 	h := newHost(t)
-	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "inactive"}
+	h.sd.SetStatus(DaemonUnit, UnitStatus{LoadState: "loaded", ActiveState: "inactive"})
 	if err := os.Remove(filepath.Join(h.p.UnitDir(), "unbounded-fence.service")); err != nil {
 		t.Fatal(err)
 	}
@@ -362,8 +288,8 @@ func TestADaemonTheGeneratorHoldsBackIsNotStarted(t *testing.T) {
 	if !errors.Is(err, ErrUnrepaired) {
 		t.Fatalf("Run: %v", err)
 	}
-	if h.sd.called("start "+DaemonUnit) || h.sd.called("reload") {
-		t.Errorf("calls %v: want neither a start of the daemon nor a reload", h.sd.calls)
+	if h.sd.Called("start "+DaemonUnit) || h.sd.Called("reload") {
+		t.Errorf("calls %v: want neither a start of the daemon nor a reload", h.sd.CallList())
 	}
 	if len(h.reports) != 1 || !strings.Contains(h.reports[0].Message, "unbounded-fence.service") || !strings.Contains(h.reports[0].Message, "generator found") {
 		t.Errorf("reports %+v", h.reports)
@@ -380,7 +306,7 @@ func TestTheRecordOfAnInterruptedRecoveryIsTakenOverAndTheNodeStarted(t *testing
 	if err := state.WriteFileAtomic(h.p.Ownership(), []byte(rec), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "inactive"}
+	h.sd.SetStatus(DaemonUnit, UnitStatus{LoadState: "loaded", ActiveState: "inactive"})
 	if err := h.run(t, Failure{Unit: "unbounded-bootstrap.service"}); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -388,8 +314,8 @@ func TestTheRecordOfAnInterruptedRecoveryIsTakenOverAndTheNodeStarted(t *testing
 		t.Errorf("ownership record still there: %v", err)
 	}
 	for _, c := range []string{"reload", "enqueue unbounded-node.target", "start " + DaemonUnit} {
-		if !h.sd.called(c) {
-			t.Errorf("calls %v: want %q", h.sd.calls, c)
+		if !h.sd.Called(c) {
+			t.Errorf("calls %v: want %q", h.sd.CallList(), c)
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"unbounded-cloud.io/agent/lib/lifecycle"
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/units/unitstest"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
@@ -29,12 +30,12 @@ func twoRecords(t *testing.T, h *host, running ...string) {
 	if err := state.WriteApplied(h.p, &state.AppliedConfig{Slot: "kube2", Mode: "nspawn", Machine: "m1", KubernetesVersion: "1.32.1"}); err != nil {
 		t.Fatal(err)
 	}
-	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "failed"}
+	h.sd.SetStatus(DaemonUnit, UnitStatus{LoadState: "loaded", ActiveState: "failed"})
 	for _, s := range running {
-		h.sd.units["systemd-nspawn@"+s+".service"] = UnitStatus{LoadState: "loaded", ActiveState: "active"}
+		h.sd.SetStatus("systemd-nspawn@"+s+".service", UnitStatus{LoadState: "loaded", ActiveState: "active"})
 	}
 	if len(running) > 0 {
-		h.sd.units[unitnames.NodeTarget] = UnitStatus{LoadState: "loaded", ActiveState: "active"}
+		h.sd.SetStatus(unitnames.NodeTarget, UnitStatus{LoadState: "loaded", ActiveState: "active"})
 	}
 }
 
@@ -84,11 +85,11 @@ func TestTwoAppliedConfigsTheRecordOfTheSlotThatDoesNotRunIsMovedAsideAndTheDaem
 	if err != nil || a == nil || a.Slot != "kube2" {
 		t.Errorf("ReadActive after recovery: %+v, %v", a, err)
 	}
-	if !h.sd.called("start " + DaemonUnit) {
-		t.Errorf("calls %v: the daemon was not started", h.sd.calls)
+	if !h.sd.Called("start " + DaemonUnit) {
+		t.Errorf("calls %v: the daemon was not started", h.sd.CallList())
 	}
-	if h.sd.called("enqueue " + unitnames.NodeTarget) {
-		t.Errorf("calls %v: the running node's target was started again", h.sd.calls)
+	if h.sd.Called("enqueue " + unitnames.NodeTarget) {
+		t.Errorf("calls %v: the running node's target was started again", h.sd.CallList())
 	}
 	if len(h.reports) != 1 {
 		t.Fatalf("reports %+v", h.reports)
@@ -135,8 +136,8 @@ func refused(t *testing.T, h *host, words ...string) {
 	if strings.Join(after, " ") != strings.Join(before, " ") || len(stale) != 0 {
 		t.Errorf("records %v -> %v, stale %v: want nothing moved", before, after, stale)
 	}
-	if h.sd.called("start " + DaemonUnit) {
-		t.Errorf("calls %v: the daemon was started", h.sd.calls)
+	if h.sd.Called("start " + DaemonUnit) {
+		t.Errorf("calls %v: the daemon was started", h.sd.CallList())
 	}
 	if len(h.reports) != 1 {
 		t.Fatalf("reports %+v", h.reports)
@@ -180,9 +181,9 @@ func TestTwoAppliedConfigsAreLeftAloneUnlessExactlyOneNodeRuns(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "failed"}
+		h.sd.SetStatus(DaemonUnit, UnitStatus{LoadState: "loaded", ActiveState: "failed"})
 		for _, u := range unitnames.Supervising("none", "kube1") {
-			h.sd.units[u] = UnitStatus{LoadState: "loaded", ActiveState: "active"}
+			h.sd.SetStatus(u, UnitStatus{LoadState: "loaded", ActiveState: "active"})
 		}
 		refused(t, h, "in mode none both slots' records name the same units, which run (unbounded-containerd.service active, unbounded-kubelet.service active)")
 	})
@@ -228,9 +229,9 @@ func TestMain(m *testing.M) {
 // would (no deferred release of the lock; the kernel drops the flock).
 // Not killed, it exits 3 (the test wants SIGKILL).
 func recoveryThatCrashes(root string) {
-	h := &host{p: hostpaths.New(root), now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC), sd: &fakeSystemd{units: map[string]UnitStatus{}}}
-	h.sd.units[DaemonUnit] = UnitStatus{LoadState: "loaded", ActiveState: "failed"}
-	h.sd.units["systemd-nspawn@kube2.service"] = UnitStatus{LoadState: "loaded", ActiveState: "active"}
+	h := &host{p: hostpaths.New(root), now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC), sd: &unitstest.Fake{}}
+	h.sd.SetStatus(DaemonUnit, UnitStatus{LoadState: "loaded", ActiveState: "failed"})
+	h.sd.SetStatus("systemd-nspawn@kube2.service", UnitStatus{LoadState: "loaded", ActiveState: "active"})
 	r := h.recovery(exited("unbounded-test.service", 1))
 	err := r.Run(context.Background())
 	fmt.Fprintf(os.Stderr, "recovery was not killed at %s: %v\n", CrashAfterSidecarMoved, err)
@@ -264,7 +265,7 @@ func TestARecoveryKilledBetweenTheTwoRenamesIsFinishedByTheNext(t *testing.T) {
 	}
 	// The next boot: the generator held the node back (recovery's
 	// record), so nothing runs, and it pulls in recovery.
-	h.sd.units["systemd-nspawn@kube2.service"] = UnitStatus{LoadState: "loaded", ActiveState: "inactive"}
+	h.sd.SetStatus("systemd-nspawn@kube2.service", UnitStatus{LoadState: "loaded", ActiveState: "inactive"})
 	// The generator wrote its safe state: no link to the daemon; a
 	// reload runs it again, and it links the daemon once the state reads
 	// sound.
@@ -272,7 +273,7 @@ func TestARecoveryKilledBetweenTheTwoRenamesIsFinishedByTheNext(t *testing.T) {
 	if err := os.Remove(link); err != nil {
 		t.Fatal(err)
 	}
-	h.sd.reloadFn = func() {
+	h.sd.OnReload = func() {
 		if a, err := state.ReadActive(h.p); err == nil && a != nil {
 			os.Symlink("/usr/lib/systemd/system/"+DaemonUnit, link)
 		}
@@ -294,7 +295,7 @@ func TestARecoveryKilledBetweenTheTwoRenamesIsFinishedByTheNext(t *testing.T) {
 	// started again.
 	last := func(c string) int {
 		n := -1
-		for i, x := range h.sd.calls {
+		for i, x := range h.sd.CallList() {
 			if x == c {
 				n = i
 			}
@@ -302,8 +303,8 @@ func TestARecoveryKilledBetweenTheTwoRenamesIsFinishedByTheNext(t *testing.T) {
 		return n
 	}
 	if r, e, d := last("reload"), last("enqueue "+unitnames.NodeTarget), last("start "+DaemonUnit); r < 0 || e < r || d < 0 ||
-		strings.Count(strings.Join(h.sd.calls, ","), "enqueue "+unitnames.NodeTarget) != 2 {
-		t.Errorf("calls %v: want the node target started after the reload that follows the move, and the daemon started", h.sd.calls)
+		strings.Count(strings.Join(h.sd.CallList(), ","), "enqueue "+unitnames.NodeTarget) != 2 {
+		t.Errorf("calls %v: want the node target started after the reload that follows the move, and the daemon started", h.sd.CallList())
 	}
 	if _, err := os.Stat(h.p.Ownership()); !os.IsNotExist(err) {
 		t.Errorf("ownership record: %v", err)

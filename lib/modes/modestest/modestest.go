@@ -11,11 +11,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/units/unitstest"
 )
 
 // Token is the bootstrap token of Node; tests assert it never leaks.
@@ -79,55 +79,10 @@ func Artifacts(t testing.TB) modes.Artifacts {
 	}
 }
 
-// Systemd records the calls a mode makes and answers ActiveState from
-// States (missing: "inactive"). Started and stopped units change States
-// as systemd would.
-type Systemd struct {
-	mu     sync.Mutex
-	Calls  []string
-	States map[string]string
-}
+// Systemd is the service manager of the mode tests: lib/units/unitstest's
+// Fake (unit states that jobs change, a log of the calls), as the modes'
+// Systemd field takes it.
+type Systemd struct{ unitstest.Fake }
 
 // Dial returns s as the mode's connection.
 func (s *Systemd) Dial(context.Context) (modes.Systemd, error) { return s, nil }
-
-func (s *Systemd) record(c string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.Calls = append(s.Calls, c)
-}
-
-func (s *Systemd) set(u, st string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.States == nil {
-		s.States = map[string]string{}
-	}
-	s.States[u] = st
-}
-
-func (s *Systemd) Reload(context.Context) error { s.record("reload"); return nil }
-func (s *Systemd) StartUnit(_ context.Context, u string) error {
-	s.record("start " + u)
-	s.set(u, "active")
-	return nil
-}
-func (s *Systemd) RestartUnit(_ context.Context, u string) error {
-	s.record("restart " + u)
-	s.set(u, "active")
-	return nil
-}
-func (s *Systemd) StopUnit(_ context.Context, u string) error {
-	s.record("stop " + u)
-	s.set(u, "inactive")
-	return nil
-}
-func (s *Systemd) ActiveState(_ context.Context, u string) (string, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if st, ok := s.States[u]; ok {
-		return st, nil
-	}
-	return "inactive", nil
-}
-func (s *Systemd) Close() {}

@@ -128,6 +128,7 @@ func TestRepaveInstallsBesideStopsFlipsStartsAndKeepsTheOldVersionUntilRemoveSup
 		t.Fatal(err)
 	}
 	want := []string{"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence",
+		"reset-failed " + ContainerdUnit, "reset-failed " + KubeletUnit,
 		"reload", "start " + ContainerdUnit, "start " + KubeletUnit, "healthy kube2"}
 	if !slices.Equal(h.sd.Calls, want) {
 		t.Errorf("repave did\n %q\nwant\n %q", h.sd.Calls, want)
@@ -223,10 +224,11 @@ func TestRepaveThatNeverBecomesHealthyFlipsBackAndStartsTheOldVersionWithItsConf
 			t.Errorf("error lacks %q: %v", want, err)
 		}
 	}
-	want := []string{"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence",
-		"reload", "start " + ContainerdUnit, "start " + KubeletUnit, "healthy kube2",
-		"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence",
-		"reload", "start " + ContainerdUnit, "start " + KubeletUnit, "healthy kube1"}
+	rf := []string{"reset-failed " + ContainerdUnit, "reset-failed " + KubeletUnit}
+	want := slices.Concat([]string{"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence"}, rf,
+		[]string{"reload", "start " + ContainerdUnit, "start " + KubeletUnit, "healthy kube2",
+			"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence"}, rf,
+		[]string{"reload", "start " + ContainerdUnit, "start " + KubeletUnit, "healthy kube1"})
 	if !slices.Equal(h.sd.Calls, want) {
 		t.Errorf("repave did\n %q\nwant\n %q", h.sd.Calls, want)
 	}

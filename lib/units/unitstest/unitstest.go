@@ -33,11 +33,15 @@ type Fake struct {
 	// Started is when each unit's main process last started; a start or
 	// restart job sets it to Now.
 	Started map[string]time.Time
-	// Exit is each unit's ExecMainStatus.
-	Exit map[string]int
+	// Statuses are the units' properties beyond their ActiveState
+	// (LoadState, Result, ExecMainStatus, ...); set them with SetStatus.
+	Statuses map[string]units.Status
 	// OnStart, when set, runs before each start and restart job; an
 	// error fails the job and leaves the unit as it was.
 	OnStart func(unit string) error
+	// OnReload, when set, runs at each daemon-reload (a generator's
+	// output, say).
+	OnReload func()
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 }
@@ -109,7 +113,56 @@ func (f *Fake) start(verb, unit string) error {
 	return nil
 }
 
-func (f *Fake) Reload(context.Context) error { f.log("reload"); return nil }
+func (f *Fake) Reload(context.Context) error {
+	f.log("reload")
+	if f.OnReload != nil {
+		f.OnReload()
+	}
+	return nil
+}
+
+// SetStatus sets a unit's properties, its ActiveState among them.
+func (f *Fake) SetStatus(unit string, st units.Status) {
+	f.mu.Lock()
+	if f.Statuses == nil {
+		f.Statuses = map[string]units.Status{}
+	}
+	f.Statuses[unit] = st
+	f.mu.Unlock()
+	f.Set(unit, st.ActiveState)
+}
+
+// UnitStatus is the unit's properties: a unit never set or started is
+// "not-found", one set without a LoadState "loaded".
+func (f *Fake) UnitStatus(ctx context.Context, unit string) (units.Status, error) {
+	active, _ := f.ActiveState(ctx, unit)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st, ok := f.Statuses[unit]
+	_, known := f.States[unit]
+	switch {
+	case !ok && !known:
+		st.LoadState = "not-found"
+	case st.LoadState == "":
+		st.LoadState = "loaded"
+	}
+	st.ActiveState = active
+	return st, nil
+}
+
+// Unmask makes a masked unit loaded again.
+func (f *Fake) Unmask(_ context.Context, unit string) error {
+	f.log("unmask " + unit)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.Statuses == nil {
+		f.Statuses = map[string]units.Status{}
+	}
+	st := f.Statuses[unit]
+	st.LoadState = "loaded"
+	f.Statuses[unit] = st
+	return nil
+}
 
 func (f *Fake) StartUnit(_ context.Context, unit string) error { return f.start("start", unit) }
 
@@ -142,7 +195,7 @@ func (f *Fake) ActiveState(_ context.Context, unit string) (string, error) {
 func (f *Fake) ExecMainStatus(_ context.Context, unit string) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.Exit[unit], nil
+	return f.Statuses[unit].ExecMainStatus, nil
 }
 
 func (f *Fake) MainStartedAt(_ context.Context, unit string) (time.Time, error) {
