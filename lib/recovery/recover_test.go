@@ -14,8 +14,8 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
-	"unbounded-cloud.io/agent/lib/units/unitstest"
 	"unbounded-cloud.io/agent/lib/unitjournal"
+	"unbounded-cloud.io/agent/lib/units/unitstest"
 )
 
 // host is a bootstrapped host under a temporary root: an applied config

@@ -19,8 +19,8 @@ import (
 	"unbounded-cloud.io/agent/lib/lifecycle"
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/lib/state"
-	"unbounded-cloud.io/agent/lib/units/unitstest"
 	"unbounded-cloud.io/agent/lib/unitnames"
+	"unbounded-cloud.io/agent/lib/units/unitstest"
 )
 
 // twoRecords makes h a host with both slots recorded (kube1 by newHost,
