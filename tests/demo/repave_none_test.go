@@ -15,6 +15,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/none"
+	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
 
 // runNone is the demo's second act in mode none: a second Kubernetes
@@ -37,7 +38,7 @@ func (d *repaveDemo) runNone(t *testing.T, ctx context.Context) {
 	o.step("repave: kubernetes-version %s -> %s in agent.toml, then `systemctl start unbounded-repave.service` in the host (in place)", v1, v2)
 	d.certificate(t, ctx)
 	d.stage.ServeAsVersion(t, d.mirrorDir, "kubelet", v2, d.stage.Kubelet)
-	d.setVersion(t, v1, v2)
+	nodestack.SetKubernetesVersion(t, d.m, v1, v2)
 	o.say("[cluster] kubernetes-version = %q (the mirror serves the staged kubelet under this version too: a new version directory, the same binary)", v2)
 
 	uid := d.nodeUID(t, ctx)
@@ -112,7 +113,7 @@ func (d *repaveDemo) runNone(t *testing.T, ctx context.Context) {
 		t.Fatal(err)
 	}
 	d.stage.ServeAsVersion(t, d.mirrorDir, "kubelet", v3, broken)
-	d.setVersion(t, v2, v3)
+	nodestack.SetKubernetesVersion(t, d.m, v2, v3)
 	dropin := "/etc/systemd/system/" + repaveUnit + ".d/bench.conf"
 	d.m.WriteFile(dropin, []byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/repave --ready-timeout=60s\n"), 0o644)
 	d.m.Systemctl("daemon-reload")
@@ -132,7 +133,7 @@ func (d *repaveDemo) runNone(t *testing.T, ctx context.Context) {
 		_, ok := find(d.journal(t, repaveUnit, begin), "repave begun")
 		return ok, nil
 	})
-	d.setVersion(t, v3, v2)
+	nodestack.SetKubernetesVersion(t, d.m, v3, v2)
 	if d.wait(t, ctx, begin) {
 		t.Fatalf("the repave onto a never-healthy version succeeded:\n%s", d.m.Journal(repaveUnit))
 	}
@@ -147,22 +148,8 @@ func (d *repaveDemo) runNone(t *testing.T, ctx context.Context) {
 	d.m.Systemctl("daemon-reload")
 	waitUntil(t, ctx, 3*time.Minute, "Node Ready after the rollback", func(ctx context.Context) (bool, error) {
 		n, err := d.kube.CoreV1().Nodes().Get(ctx, d.name, metav1.GetOptions{})
-		return err == nil && nodeReady(n), nil
+		return err == nil && nodestack.IsReady(n), nil
 	})
-}
-
-// setVersion changes the cluster's Kubernetes version in agent.toml.
-func (d *repaveDemo) setVersion(t *testing.T, from, to string) {
-	t.Helper()
-	data, err := d.m.ReadFile(hostpaths.ConfigFileHost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := `kubernetes-version = "` + from + `"`
-	if !strings.Contains(string(data), old) {
-		t.Fatalf("agent.toml has no %s:\n%s", old, data)
-	}
-	d.m.WriteFile(hostpaths.ConfigFileHost, []byte(strings.Replace(string(data), old, `kubernetes-version = "`+to+`"`, 1)), 0o644)
 }
 
 func (d *repaveDemo) nodeUID(t *testing.T, ctx context.Context) string {
@@ -179,15 +166,6 @@ func (d *repaveDemo) nodeUID(t *testing.T, ctx context.Context) string {
 	return uid
 }
 
-func nodeReady(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-			return true
-		}
-	}
-	return false
-}
-
 // watchReadyAgain polls the Node (every 200 ms) until one with a UID
 // other than uid is Ready, and sends when it saw it.
 func (d *repaveDemo) watchReadyAgain(ctx context.Context, uid string) <-chan time.Time {
@@ -195,7 +173,7 @@ func (d *repaveDemo) watchReadyAgain(ctx context.Context, uid string) <-chan tim
 	go func() {
 		for ctx.Err() == nil {
 			n, err := d.kube.CoreV1().Nodes().Get(ctx, d.name, metav1.GetOptions{})
-			if err == nil && string(n.UID) != uid && nodeReady(n) {
+			if err == nil && string(n.UID) != uid && nodestack.IsReady(n) {
 				done <- time.Now()
 				return
 			}

@@ -17,6 +17,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
 
 // In-place repave of a mode none host (ARCHITECTURE section 2), on the
@@ -336,18 +337,9 @@ func (f *firstBoot) waitPodRunningAgain(t *testing.T, ns, drained string) string
 }
 
 // setKubernetesVersion changes the cluster's Kubernetes version in
-// agent.toml, as an operator does before a repave by hand.
+// agent.toml (nodestack.SetKubernetesVersion).
 func (f *firstBoot) setKubernetesVersion(t *testing.T, from, to string) {
-	t.Helper()
-	data, err := f.m.ReadFile(hostpaths.ConfigFileHost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := `kubernetes-version = "` + from + `"`
-	if !strings.Contains(string(data), old) {
-		t.Fatalf("agent.toml has no %s:\n%s", old, data)
-	}
-	f.m.WriteFile(hostpaths.ConfigFileHost, []byte(strings.Replace(string(data), old, `kubernetes-version = "`+to+`"`, 1)), 0o644)
+	nodestack.SetKubernetesVersion(t, f.m, from, to)
 }
 
 // wantRepavedTo asserts that version to runs after a repave from

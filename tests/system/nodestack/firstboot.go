@@ -286,3 +286,18 @@ func (h *FirstBootHost) Options(bootTimeout time.Duration, extraArgs ...string) 
 		BootTimeout: bootTimeout,
 	}
 }
+
+// SetKubernetesVersion changes the cluster's Kubernetes version in m's
+// agent.toml from from to to, as an operator does before a repave by hand.
+func SetKubernetesVersion(t testing.TB, m *harness.Machine, from, to string) {
+	t.Helper()
+	data, err := m.ReadFile(hostpaths.ConfigFileHost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := `kubernetes-version = "` + from + `"`
+	if !strings.Contains(string(data), old) {
+		t.Fatalf("agent.toml has no %s:\n%s", old, data)
+	}
+	m.WriteFile(hostpaths.ConfigFileHost, []byte(strings.Replace(string(data), old, `kubernetes-version = "`+to+`"`, 1)), 0o644)
+}

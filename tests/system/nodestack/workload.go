@@ -36,15 +36,17 @@ func SleeperDeployment(ns, node, image string) *appsv1.Deployment {
 // not, and neither is an error reading it (for polls).
 func NodeReady(ctx context.Context, c kubernetes.Interface, name string) (bool, error) {
 	n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return false, nil
-	}
+	return err == nil && IsReady(n), nil
+}
+
+// IsReady says whether n's Ready condition is True.
+func IsReady(n *corev1.Node) bool {
 	for _, cond := range n.Status.Conditions {
 		if cond.Type == corev1.NodeReady {
-			return cond.Status == corev1.ConditionTrue, nil
+			return cond.Status == corev1.ConditionTrue
 		}
 	}
-	return false, nil
+	return false
 }
 
 // BarePod is a sleeper pod bound to node without a controller: nothing
