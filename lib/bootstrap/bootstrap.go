@@ -119,7 +119,7 @@ var CrashPoints = func() []string {
 	var out []string
 	out = append(out, "bootstrap/after-lock")
 	for _, p := range Phases {
-		out = append(out, "bootstrap/after-"+p)
+		out = append(out, steps.CrashPoint(Operation, p))
 	}
 	return append(out, "bootstrap/after-release", "bootstrap/after-reload")
 }()
@@ -621,7 +621,7 @@ func (b *Bootstrap) fail(ctx context.Context, cfg *config.Config, j *Journal, re
 			"delay", Backoff(b.Backoff, j.TempFailures).String(), "error", err.Error())
 	} else {
 		b.log().Error("bootstrap failed", "phase", phase, "error", err.Error())
-		j.Failed(phase, cause.Error())
+		j.SetFailed(phase, cause.Error())
 	}
 	if werr := state.WriteJournal(b.Paths, Operation, j); werr != nil {
 		b.log().Error("bootstrap journal not written", "error", werr.Error())

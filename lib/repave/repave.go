@@ -146,7 +146,7 @@ var Steps = []string{StepPlan, StepArtifacts, StepBuild, StepCordon, StepDrain, 
 var CrashPoints = func() []string {
 	out := []string{"repave/after-lock"}
 	for _, s := range Steps {
-		out = append(out, "repave/after-"+s)
+		out = append(out, steps.CrashPoint(Operation, s))
 	}
 	return append(out, "repave/after-release")
 }()

@@ -70,8 +70,8 @@ func (r *Record) Forget(steps ...string) {
 	r.Done = slices.DeleteFunc(r.Done, func(s string) bool { return slices.Contains(steps, s) })
 }
 
-// Failed records that step failed for reason.
-func (r *Record) Failed(step, reason string) {
+// SetFailed records that step failed for reason.
+func (r *Record) SetFailed(step, reason string) {
 	r.Step = step + " failed: " + Truncate(reason, MaxReason)
 }
 
@@ -173,7 +173,7 @@ func (r *Runner) Run(ctx context.Context, steps []Step) error {
 }
 
 func (r *Runner) fail(step string, err error) error {
-	r.Journal.Steps().Failed(step, err.Error())
+	r.Journal.Steps().SetFailed(step, err.Error())
 	return &Error{Label: r.label(), Step: step, Err: err}
 }
 

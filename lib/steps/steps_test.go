@@ -149,7 +149,7 @@ func TestAFailureKeepsTheStepAndItsReasonAndTheExitCode(t *testing.T) {
 		t.Errorf("went on past the failure: %q", w.events)
 	}
 	// The reason a journal keeps is bounded.
-	w.j.Failed("b", strings.Repeat("x", 2*MaxReason))
+	w.j.SetFailed("b", strings.Repeat("x", 2*MaxReason))
 	if len(w.j.Step) > len("b failed: ")+MaxReason || !strings.HasSuffix(w.j.Step, "...") {
 		t.Errorf("a long reason kept as %d bytes", len(w.j.Step))
 	}
