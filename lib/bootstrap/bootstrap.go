@@ -2,10 +2,10 @@
 // ARCHITECTURE section 6): from /etc/unbounded/agent.toml to a Ready Node,
 // its applied config recorded, the node target and the daemon started.
 //
-// Phases, in order; each one is journaled in
-// /var/lib/unbounded/journal/bootstrap.json once done (lib/state, atomic,
-// with a SHA-256 sidecar), shown as STATUS= in `systemctl status`, and
-// followed by a crash point "bootstrap/after-<phase>" (lib/crashpoint):
+// Phases, in order, run by lib/steps: each one is shown as STATUS= in
+// `systemctl status`, journaled in /var/lib/unbounded/journal/
+// bootstrap.json once done (atomic, with a SHA-256 sidecar), and followed
+// by a crash point "bootstrap/after-<phase>" (lib/crashpoint):
 //
 //	config     load and validate the config (exit 78 on an error; the host
 //	           is not touched), report Running on the Machine (creating
@@ -60,7 +60,6 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
-	"slices"
 	"strings"
 	"time"
 
@@ -81,6 +80,7 @@ import (
 	"unbounded-cloud.io/agent/lib/report"
 	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 	"unbounded-cloud.io/agent/lib/version"
@@ -119,7 +119,7 @@ var CrashPoints = func() []string {
 	var out []string
 	out = append(out, "bootstrap/after-lock")
 	for _, p := range Phases {
-		out = append(out, "bootstrap/after-"+p)
+		out = append(out, steps.CrashPoint(Operation, p))
 	}
 	return append(out, "bootstrap/after-release", "bootstrap/after-reload")
 }()
@@ -146,14 +146,13 @@ type Journal struct {
 	// Input is the SHA-256 of everything the phases are built from (the
 	// effective config, the CA and the bootstrap token): a phase done for
 	// another input is done again.
-	Input string   `json:"input"`
-	Mode  string   `json:"mode"`
-	Slot  string   `json:"slot"`
-	Done  []string `json:"done"`
-	// Step says where the last run got to, for `unbounded status` (which
-	// shows the "step" of every journal): the last phase done, or the
-	// phase that failed and why.
-	Step string `json:"step,omitempty"`
+	Input string `json:"input"`
+	Mode  string `json:"mode"`
+	Slot  string `json:"slot"`
+	// The phases done, and where the last run got to (the last phase
+	// done, or the phase that failed and why), for the next run and for
+	// `unbounded status`.
+	steps.Record
 	// TempFailures counts the runs in a row that ended with exit 75, and
 	// LastTempFailure says when the last one did: the next run waits
 	// Backoff before it retries.
@@ -161,8 +160,6 @@ type Journal struct {
 	LastTempFailure time.Time `json:"last-temp-failure,omitzero"`
 	LastError       string    `json:"last-error,omitempty"`
 }
-
-func (j *Journal) done(phase string) bool { return slices.Contains(j.Done, phase) }
 
 // Reporter is the bootstrap status on the Machine (lib/report's Reporter).
 type Reporter interface {
@@ -476,89 +473,52 @@ func inputSum(cfg *config.Config) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// phases runs every phase not done yet for this input.
+// phases runs every phase not done yet for this input (lib/steps).
 func (b *Bootstrap) phases(ctx context.Context, cfg *config.Config, j *Journal, rep Reporter) error {
-	if err := b.finishPhase(j, PhaseConfig); err != nil {
-		return &phaseError{PhaseConfig, err}
-	}
-	b.crash("bootstrap/after-" + PhaseConfig)
-	m, err := b.mode(cfg.Mode)
-	if err != nil {
-		return &phaseError{PhaseConfig, err}
-	}
+	var m modes.Mode
 	var results []artifacts.Result
-	steps := []struct {
-		phase string
-		// skip: the phase is skipped when journaled done for this
-		// input. The others run again in every run: the artifacts
-		// (their results are needed, and the verified cache makes it
-		// cheap), and the fence, the start and the wait, which are only
-		// valid for the run they belong to (a rerun checks the fence
-		// again before it starts the node, and waits for the node it
-		// started; starting a running unit is a no-op).
-		skip bool
-		run  func() error
-	}{
-		{PhaseHostPrep, true, func() error { return b.hostPrep(ctx) }},
-		{PhaseArtifacts, false, func() (err error) { results, err = b.fetch(ctx, cfg); return err }},
-		{PhaseSlot, true, func() error { return b.prepareSlot(ctx, cfg, m, j.Slot, results) }},
-		{PhaseFence, false, func() error { return b.fence(ctx) }},
-		{PhaseStart, false, func() error {
-			b.status("phase %s: starting %s", PhaseStart, strings.Join(unitnames.Supervising(cfg.Mode, j.Slot), ", "))
-			return m.Start(ctx, j.Slot)
-		}},
-		{PhaseReady, false, func() error { return b.ready(ctx, cfg, j.Slot, m) }},
-		{PhaseRecord, false, func() error { return b.record(ctx, cfg, j.Slot, rep) }},
+	run := &steps.Runner{
+		Paths: b.Paths, Operation: Operation, Journal: j, Label: "phase",
+		// A phase done after temporary failures ends the backoff; the
+		// config phase, which every run does, does not.
+		OnDone: func(phase string) {
+			if phase != PhaseConfig {
+				j.TempFailures, j.LastTempFailure, j.LastError = 0, time.Time{}, ""
+			}
+		},
+		Notify: b.Notify, CrashPoint: b.CrashPoint, Log: b.log(),
 	}
-	for _, s := range steps {
-		if s.skip && j.done(s.phase) {
-			b.log().Info("phase already done for this configuration", "phase", s.phase)
-			continue
-		}
-		if err := s.run(); err != nil {
-			return &phaseError{s.phase, err}
-		}
-		if err := b.finishPhase(j, s.phase); err != nil {
-			return &phaseError{s.phase, err}
-		}
-		b.crash("bootstrap/after-" + s.phase)
-	}
-	return nil
-}
-
-// finishPhase journals phase as done (and a success after temporary
-// failures as the end of the backoff).
-func (b *Bootstrap) finishPhase(j *Journal, phase string) error {
-	if !j.done(phase) {
-		j.Done = append(j.Done, phase)
-	}
-	j.Step = phase
-	if phase != PhaseConfig {
-		j.TempFailures, j.LastTempFailure, j.LastError = 0, time.Time{}, ""
-	}
-	if phase == PhaseConfig {
+	// Skipped when journaled done for this input: the host preparation
+	// and the slot. The others run again in every run: the config (load
+	// did it; the mode is needed), the artifacts (their results are
+	// needed, and the verified cache makes it cheap), and the fence, the
+	// start and the wait, which are only valid for the run they belong
+	// to (a rerun checks the fence again before it starts the node, and
+	// waits for the node it started; starting a running unit is a
+	// no-op).
+	return run.Run(ctx, []steps.Step{
 		// The config phase changes nothing on the host; its journal
 		// entry is written with the next phase's.
-		return nil
-	}
-	if phase == PhaseRecord {
+		{Name: PhaseConfig, Always: true, Unjournaled: true, Run: func(context.Context) (err error) {
+			m, err = b.mode(cfg.Mode)
+			return err
+		}},
+		{Name: PhaseHostPrep, Status: "kernel modules, sysctls, swap off", Run: b.hostPrep},
+		{Name: PhaseArtifacts, Always: true, Status: fmt.Sprintf("kubelet %s, containerd, runc, CNI plugins", cfg.Cluster.KubernetesVersion),
+			Run: func(ctx context.Context) (err error) { results, err = b.fetch(ctx, cfg); return err }},
+		{Name: PhaseSlot, Status: fmt.Sprintf("preparing slot %s (mode %s)", j.Slot, cfg.Mode),
+			Run: func(ctx context.Context) error { return b.prepareSlot(ctx, cfg, m, j.Slot, results) }},
+		{Name: PhaseFence, Always: true, Run: b.fence},
+		{Name: PhaseStart, Always: true, Status: "starting " + strings.Join(unitnames.Supervising(cfg.Mode, j.Slot), ", "),
+			Run: func(ctx context.Context) error { return m.Start(ctx, j.Slot) }},
+		{Name: PhaseReady, Always: true, Run: func(ctx context.Context) error { return b.ready(ctx, cfg, j.Slot, m) }},
 		// Done: the applied config is the record from here on.
-		return state.RemoveJournal(b.Paths, Operation)
-	}
-	return state.WriteJournal(b.Paths, Operation, j)
+		{Name: PhaseRecord, Always: true, Final: true, Status: "recording the applied config of slot " + j.Slot,
+			Run: func(ctx context.Context) error { return b.record(ctx, cfg, j.Slot, rep) }},
+	})
 }
-
-// phaseError is a failure in one phase.
-type phaseError struct {
-	phase string
-	err   error
-}
-
-func (e *phaseError) Error() string { return "phase " + e.phase + ": " + e.err.Error() }
-func (e *phaseError) Unwrap() error { return e.err }
 
 func (b *Bootstrap) hostPrep(ctx context.Context) error {
-	b.status("phase %s: kernel modules, sysctls, swap off", PhaseHostPrep)
 	if b.HostPrep != nil {
 		return b.HostPrep(ctx)
 	}
@@ -569,7 +529,6 @@ func (b *Bootstrap) hostPrep(ctx context.Context) error {
 }
 
 func (b *Bootstrap) fetch(ctx context.Context, cfg *config.Config) ([]artifacts.Result, error) {
-	b.status("phase %s: kubelet %s, containerd, runc, CNI plugins", PhaseArtifacts, cfg.Cluster.KubernetesVersion)
 	if b.Fetch != nil {
 		return b.Fetch(ctx, cfg)
 	}
@@ -579,7 +538,6 @@ func (b *Bootstrap) fetch(ctx context.Context, cfg *config.Config) ([]artifacts.
 }
 
 func (b *Bootstrap) prepareSlot(ctx context.Context, cfg *config.Config, m modes.Mode, slot string, results []artifacts.Result) error {
-	b.status("phase %s: preparing slot %s (mode %s)", PhaseSlot, slot, cfg.Mode)
 	files := map[string]string{}
 	for _, r := range results {
 		files[r.Name] = r.File
@@ -624,7 +582,6 @@ func (b *Bootstrap) fence(ctx context.Context) error {
 // record writes the applied config of the healthy node and reports
 // Succeeded.
 func (b *Bootstrap) record(ctx context.Context, cfg *config.Config, slot string, rep Reporter) error {
-	b.status("phase %s: recording the applied config of slot %s", PhaseRecord, slot)
 	data, err := json.Marshal(cfg)
 	if err != nil {
 		return err
@@ -651,25 +608,20 @@ func (b *Bootstrap) record(ctx context.Context, cfg *config.Config, slot string,
 
 // fail ends a run that failed in a phase.
 func (b *Bootstrap) fail(ctx context.Context, cfg *config.Config, j *Journal, rep Reporter, lock *state.Lock, err error) error {
-	phase := ""
-	var pe *phaseError
 	// cause is err without its "phase X: " prefix, for the lines that
 	// name the phase themselves.
-	cause := err
-	if errors.As(err, &pe) {
-		phase, cause = pe.phase, pe.err
-	}
+	phase, cause := steps.Failed(err)
 	temporary := exitcode.For(err) == exitcode.TempFail
 	if temporary {
 		j.TempFailures++
 		j.LastTempFailure = b.now().UTC()
-		j.LastError = truncate(err.Error(), 512)
-		j.Step = fmt.Sprintf("%s failed for now (retry %d follows): %s", phase, j.TempFailures, truncate(cause.Error(), 512))
+		j.LastError = steps.Truncate(err.Error(), steps.MaxReason)
+		j.Step = fmt.Sprintf("%s failed for now (retry %d follows): %s", phase, j.TempFailures, steps.Truncate(cause.Error(), steps.MaxReason))
 		b.log().Warn("bootstrap failed for now; the unit retries", "phase", phase, "retry", j.TempFailures,
 			"delay", Backoff(b.Backoff, j.TempFailures).String(), "error", err.Error())
 	} else {
 		b.log().Error("bootstrap failed", "phase", phase, "error", err.Error())
-		j.Step = fmt.Sprintf("%s failed: %s", phase, truncate(cause.Error(), 512))
+		j.SetFailed(phase, cause.Error())
 	}
 	if werr := state.WriteJournal(b.Paths, Operation, j); werr != nil {
 		b.log().Error("bootstrap journal not written", "error", werr.Error())
@@ -677,9 +629,9 @@ func (b *Bootstrap) fail(ctx context.Context, cfg *config.Config, j *Journal, re
 	// No node runs without its record: a node started by this run is
 	// stopped (the journal keeps the slot; the next run starts it again
 	// behind a new fence check).
-	if slices.Contains(j.Done, PhaseStart) || phase == PhaseStart || phase == PhaseReady {
+	if j.IsDone(PhaseStart) || phase == PhaseStart || phase == PhaseReady {
 		b.stopNode(ctx, cfg.Mode, j.Slot)
-		j.Done = slices.DeleteFunc(j.Done, func(p string) bool { return p == PhaseStart || p == PhaseReady })
+		j.Forget(PhaseStart, PhaseReady)
 		if werr := state.WriteJournal(b.Paths, Operation, j); werr != nil {
 			b.log().Error("bootstrap journal not written", "error", werr.Error())
 		}
@@ -745,13 +697,6 @@ func reason(phase string, err error) string {
 		return "RecordFailed"
 	}
 	return report.ReasonFailed
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
 }
 
 // handOver releases the lock of a host that is bootstrapped already and

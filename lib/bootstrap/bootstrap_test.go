@@ -500,3 +500,46 @@ func TestNodeWaitingForItsCSINodeGetsOneRestartOfTheNodeStack(t *testing.T) {
 		})
 	}
 }
+
+// previousJournal is the bootstrap journal as the build before lib/steps
+// declared it, field for field: a host upgraded mid-bootstrap resumes
+// what that build wrote.
+type previousJournal struct {
+	Input           string    `json:"input"`
+	Mode            string    `json:"mode"`
+	Slot            string    `json:"slot"`
+	Done            []string  `json:"done"`
+	Step            string    `json:"step,omitempty"`
+	TempFailures    int       `json:"temp-failures,omitempty"`
+	LastTempFailure time.Time `json:"last-temp-failure,omitzero"`
+	LastError       string    `json:"last-error,omitempty"`
+}
+
+func TestAJournalOfThePreviousBuildResumesWithoutRedoingItsPhases(t *testing.T) {
+	w := newWorld(t)
+	point := "bootstrap/after-" + bootstrap.PhaseSlot
+	if code, out := child(t, w, point); code != crashpoint.ExitCode {
+		t.Fatalf("crash at %s: exit %d\n%s", point, code, out)
+	}
+	var j bootstrap.Journal
+	if ok, err := state.ReadJournal(w.P, bootstrap.Operation, &j); !ok || err != nil {
+		t.Fatalf("journal after the crash: %v %v", ok, err)
+	}
+	old := previousJournal{Input: j.Input, Mode: j.Mode, Slot: j.Slot, Step: bootstrap.PhaseSlot,
+		Done: []string{bootstrap.PhaseConfig, bootstrap.PhaseHostPrep, bootstrap.PhaseArtifacts, bootstrap.PhaseSlot}}
+	if err := state.WriteJournal(w.P, bootstrap.Operation, old); err != nil {
+		t.Fatal(err)
+	}
+	w.ClearCalls()
+	if err := run(t, w); err != nil {
+		t.Fatalf("resumed bootstrap: %v", err)
+	}
+	for _, c := range []string{"prepare kube1", "modprobe overlay"} {
+		if slices.Contains(w.Calls(), c) {
+			t.Errorf("%q again although the journal says its phase is done: %q", c, w.Calls())
+		}
+	}
+	if a, _ := state.ReadActive(w.P); a == nil {
+		t.Error("no applied config after the resumed bootstrap")
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"unbounded-cloud.io/agent/lib/artifacts"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
+	"unbounded-cloud.io/agent/lib/steps"
 )
 
 // The Machine's status.bootstrap reason names the cause where one is
@@ -25,7 +26,7 @@ func TestFailureReasonNamesTheCauseBeforeThePhase(t *testing.T) {
 		{PhaseArtifacts, artifacts.ErrNoChecksum, "ArtifactsFailed"},
 		{PhaseConfig, fmt.Errorf("%w: agent.toml:3: key", exitcode.ErrConfigInvalid), "ConfigurationInvalid"},
 	} {
-		if got := reason(tc.phase, &phaseError{tc.phase, tc.err}); got != tc.want {
+		if got := reason(tc.phase, &steps.Error{Label: "phase", Step: tc.phase, Err: tc.err}); got != tc.want {
 			t.Errorf("reason(%s, %v) = %s, want %s", tc.phase, tc.err, got, tc.want)
 		}
 	}

@@ -5,9 +5,10 @@
 // lib/modes; this package does everything around it and stays
 // mode-agnostic.
 //
-// Steps, in order; each one journaled in /var/lib/unbounded/journal/
-// repave.json once done (atomic, SHA-256 sidecar) and followed by a crash
-// point "repave/after-<step>" (lib/crashpoint):
+// Steps, in order, run by lib/steps: each one journaled in
+// /var/lib/unbounded/journal/repave.json once done (atomic, SHA-256
+// sidecar) and followed by a crash point "repave/after-<step>"
+// (lib/crashpoint):
 //
 //	lock       the ownership lock, owner "repave", naming
 //	           unbounded-repave.service (see Lock below for why)
@@ -68,7 +69,6 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -90,6 +90,7 @@ import (
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 	"unbounded-cloud.io/agent/lib/version"
@@ -145,7 +146,7 @@ var Steps = []string{StepPlan, StepArtifacts, StepBuild, StepCordon, StepDrain, 
 var CrashPoints = func() []string {
 	out := []string{"repave/after-lock"}
 	for _, s := range Steps {
-		out = append(out, "repave/after-"+s)
+		out = append(out, steps.CrashPoint(Operation, s))
 	}
 	return append(out, "repave/after-release")
 }()
@@ -170,13 +171,13 @@ type Journal struct {
 	Options
 	// Request is the UID of the daemon's request this run carries out
 	// ("" for a start by hand).
-	Request string   `json:"request,omitempty"`
-	Done    []string `json:"done"`
+	Request string `json:"request,omitempty"`
+	// The steps done, and where the last run got to, for the next run
+	// and for `unbounded status`.
+	steps.Record
 	// Cordoned says the Node was cordoned by this repave (a failure
 	// uncordons it).
-	Cordoned bool `json:"cordoned,omitempty"`
-	// Step says where the last run got to, for `unbounded status`.
-	Step      string    `json:"step,omitempty"`
+	Cordoned  bool      `json:"cordoned,omitempty"`
 	StartedAt time.Time `json:"started-at,omitzero"`
 }
 
@@ -193,8 +194,6 @@ type Options struct {
 	// DrainTimeout bounds the drain.
 	DrainTimeout time.Duration `json:"drain-timeout,omitempty"`
 }
-
-func (j *Journal) done(step string) bool { return slices.Contains(j.Done, step) }
 
 // Cluster is what a repave asks of the cluster about its Node; the real
 // one is lib/kube's Drainer with the daemon's client certificate.
@@ -409,9 +408,6 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 	if req != nil {
 		j.Request = req.UID
 	}
-	if err := r.finish(&j, StepPlan); err != nil {
-		return nil, nil, nil, err
-	}
 	r.log().Info("repave planned", "from", j.From, "to", j.To, "mode", j.Mode,
 		"kubernetes_version", cfg.Cluster.KubernetesVersion, "force", opts.Force, "delete_unmanaged", opts.DeleteUnmanaged, "drain_timeout", opts.DrainTimeout.String())
 	return &j, cfg, m, nil
@@ -579,21 +575,11 @@ func (r *Repave) journalConfig(j *Journal) (*config.Config, error) {
 	return cfg, nil
 }
 
-// finish journals step as done.
-func (r *Repave) finish(j *Journal, step string) error {
-	if !j.done(step) {
-		j.Done = append(j.Done, step)
-	}
-	j.Step = step
-	return state.WriteJournal(r.Paths, Operation, j)
-}
-
-// steps runs every step not done yet.
+// steps runs every step not done yet (lib/steps).
 func (r *Repave) steps(ctx context.Context, j *Journal, cfg *config.Config, m modes.Mode) error {
-	r.crash("repave/after-" + StepPlan)
 	var results []artifacts.Result
 	var slot modes.Slot
-	needSlot := func() error {
+	needSlot := func(ctx context.Context) error {
 		if slot.Name != "" {
 			return nil
 		}
@@ -623,16 +609,20 @@ func (r *Repave) steps(ctx context.Context, j *Journal, cfg *config.Config, m mo
 		cl, err = r.cluster(cfg, j.Options)
 		return cl, err
 	}
-	steps := []struct {
-		step string
-		run  func() error
-	}{
-		{StepArtifacts, func() error { return needSlot() }},
-		{StepBuild, func() error {
+	run := &steps.Runner{
+		Paths: r.Paths, Operation: Operation, Journal: j,
+		Notify: r.Notify, CrashPoint: r.CrashPoint, Log: r.log(),
+	}
+	return run.Run(ctx, []steps.Step{
+		// Planned before the runner: journaling it is what makes every
+		// later run resume this plan.
+		{Name: StepPlan},
+		{Name: StepArtifacts, Run: needSlot},
+		{Name: StepBuild, Run: func(ctx context.Context) error {
 			if j.From == j.To {
 				return nil // in place: the mode builds beside the running stack itself
 			}
-			if err := needSlot(); err != nil {
+			if err := needSlot(ctx); err != nil {
 				return err
 			}
 			r.status("step %s: building slot %s while slot %s serves", StepBuild, j.To, j.From)
@@ -643,45 +633,26 @@ func (r *Repave) steps(ctx context.Context, j *Journal, cfg *config.Config, m mo
 			r.log().Info("new slot built while the old node serves", "slot", j.To, "took", time.Since(start).Round(time.Millisecond).String())
 			return nil
 		}},
-		{StepCordon, func() error { return r.cordon(ctx, j, cfg, cluster) }},
-		{StepDrain, func() error {
+		{Name: StepCordon, Status: "cordoning Node " + cfg.Machine, Run: func(ctx context.Context) error { return r.cordon(ctx, j, cfg, cluster) }},
+		{Name: StepDrain, Run: func(ctx context.Context) error {
 			// The fence's question does not depend on the drain: ask
 			// it now, so that its answer is in when the old node has
 			// stopped (see earlyFence).
 			r.startEarlyFence(ctx)
 			return r.drain(ctx, j, cfg, cluster)
 		}},
-		{StepSwitch, func() error {
-			if err := needSlot(); err != nil {
+		// The switch says what it does itself, once the artifacts of a
+		// resumed run are fetched again.
+		{Name: StepSwitch, Run: func(ctx context.Context) error {
+			if err := needSlot(ctx); err != nil {
 				return err
 			}
 			return r.switchOver(ctx, j, cfg, m, slot, cluster)
 		}},
-		{StepRecord, func() error { return r.record(j, cfg) }},
-		{StepRetire, func() error { return r.retire(ctx, j, m) }},
-	}
-	for _, s := range steps {
-		if j.done(s.step) {
-			continue
-		}
-		if err := s.run(); err != nil {
-			return &stepError{s.step, err}
-		}
-		if err := r.finish(j, s.step); err != nil {
-			return &stepError{s.step, err}
-		}
-		r.crash("repave/after-" + s.step)
-	}
-	return nil
+		{Name: StepRecord, Status: "recording the applied config of slot " + j.To, Run: func(context.Context) error { return r.record(j, cfg) }},
+		{Name: StepRetire, Run: func(ctx context.Context) error { return r.retire(ctx, j, m) }},
+	})
 }
-
-type stepError struct {
-	step string
-	err  error
-}
-
-func (e *stepError) Error() string { return "step " + e.step + ": " + e.err.Error() }
-func (e *stepError) Unwrap() error { return e.err }
 
 func (r *Repave) fetch(ctx context.Context, cfg *config.Config) ([]artifacts.Result, error) {
 	r.status("step %s: kubelet %s, containerd, runc, CNI plugins", StepArtifacts, cfg.Cluster.KubernetesVersion)
@@ -719,7 +690,6 @@ func unreachable(err error) bool {
 }
 
 func (r *Repave) cordon(ctx context.Context, j *Journal, cfg *config.Config, cluster func() (Cluster, error)) error {
-	r.status("step %s: cordoning Node %s", StepCordon, cfg.Machine)
 	c, err := cluster()
 	if err == nil {
 		var n *corev1.Node
@@ -950,7 +920,6 @@ func (r *Repave) healthy(ctx context.Context, cfg *config.Config, slot string, m
 
 // record writes the new slot's applied config.
 func (r *Repave) record(j *Journal, cfg *config.Config) error {
-	r.status("step %s: recording the applied config of slot %s", StepRecord, j.To)
 	a := &state.AppliedConfig{
 		Slot: j.To, Mode: j.Mode, Machine: cfg.Machine,
 		KubernetesVersion: cfg.Cluster.KubernetesVersion,
@@ -993,15 +962,11 @@ func (r *Repave) retire(ctx context.Context, j *Journal, m modes.Mode) error {
 // switched) node is uncordoned and handed back to systemd; the journal
 // goes when the host is as it was, else it stays for the next run.
 func (r *Repave) fail(ctx context.Context, j *Journal, cfg *config.Config, lock *state.Lock, err error) error {
-	step := ""
-	var se *stepError
-	if errors.As(err, &se) {
-		step = se.step
-	}
+	step, _ := steps.Failed(err)
 	// A context that a SIGTERM ended must still let the clean-up through.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	switched := j.done(StepSwitch)
+	switched := j.IsDone(StepSwitch)
 	// As before: the switch never began, rolled back, or the mode does
 	// not repave in this release (it did nothing).
 	asBefore := !switched && (step != StepSwitch || errors.Is(err, modes.ErrRolledBack) || errors.Is(err, modes.ErrNotImplemented))
@@ -1009,7 +974,7 @@ func (r *Repave) fail(ctx context.Context, j *Journal, cfg *config.Config, lock 
 		if j.Cordoned {
 			r.uncordonOwed(cctx, j, cfg, err)
 		}
-		if j.From != j.To && !errors.Is(err, modes.ErrRolledBack) && j.done(StepBuild) {
+		if j.From != j.To && !errors.Is(err, modes.ErrRolledBack) && j.IsDone(StepBuild) {
 			// Built but never started: the old node never stopped.
 			// The new slot goes, so that nothing half-made stays.
 			if m, merr := r.mode(j.Mode); merr == nil {
@@ -1022,7 +987,7 @@ func (r *Repave) fail(ctx context.Context, j *Journal, cfg *config.Config, lock 
 			r.log().Error("repave journal not removed", "error", rerr.Error())
 		}
 	} else {
-		j.Step = fmt.Sprintf("%s failed: %v", step, err)
+		// The journal's step says which step failed and why (lib/steps).
 		if werr := state.WriteJournal(r.Paths, Operation, j); werr != nil {
 			r.log().Error("repave journal not written", "error", werr.Error())
 		}

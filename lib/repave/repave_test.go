@@ -2,6 +2,7 @@ package repave_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -629,4 +630,50 @@ func TestRepaveOfAVanishedNodeRepavesAnUnchangedConfig(t *testing.T) {
 	if err := run(t, w); !errors.Is(err, repave.ErrNothingToDo) {
 		t.Fatalf("repave by hand after it: %v, want nothing to do", err)
 	}
+}
+
+// previousJournal is the repave journal as the build before lib/steps
+// declared it, field for field: a host upgraded mid-repave resumes what
+// that build wrote.
+type previousJournal struct {
+	From   string          `json:"from"`
+	To     string          `json:"to"`
+	Mode   string          `json:"mode"`
+	Config json.RawMessage `json:"config"`
+	repave.Options
+	Request   string    `json:"request,omitempty"`
+	Done      []string  `json:"done"`
+	Cordoned  bool      `json:"cordoned,omitempty"`
+	Step      string    `json:"step,omitempty"`
+	StartedAt time.Time `json:"started-at,omitzero"`
+}
+
+func TestAJournalOfThePreviousBuildResumesWithoutRedoingItsSteps(t *testing.T) {
+	w := bootstrapped(t)
+	changeImage(t, w)
+	point := "repave/after-" + repave.StepCordon
+	if code, out := child(t, w, point); code != crashpoint.ExitCode {
+		t.Fatalf("crash at %s: exit %d\n%s", point, code, out)
+	}
+	var j repave.Journal
+	if ok, err := state.ReadJournal(w.P, repave.Operation, &j); !ok || err != nil {
+		t.Fatalf("journal after the crash: %v %v", ok, err)
+	}
+	old := previousJournal{From: j.From, To: j.To, Mode: j.Mode, Config: j.Config, Options: j.Options, Request: j.Request,
+		Done: []string{repave.StepPlan, repave.StepArtifacts, repave.StepBuild, repave.StepCordon}, Cordoned: true,
+		Step: repave.StepCordon, StartedAt: j.StartedAt}
+	if err := state.WriteJournal(w.P, repave.Operation, old); err != nil {
+		t.Fatal(err)
+	}
+	w.ClearCalls()
+	if code, out := child(t, w, ""); code != 0 {
+		t.Fatalf("resumed repave: exit %d\n%s", code, out)
+	}
+	wantActive(t, w, "kube2")
+	for _, c := range []string{"prepare kube2", "cluster unschedulable=true"} {
+		if slices.Contains(w.Calls(), c) {
+			t.Errorf("%q again although the journal says its step is done: %q", c, w.Calls())
+		}
+	}
+	order(t, w.Calls(), "cluster drain", "stop systemd-nspawn@kube1.service", "destroy kube1")
 }

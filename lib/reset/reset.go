@@ -2,9 +2,11 @@
 // (unbounded-reset.service, `unbounded reset`, ARCHITECTURE section 6),
 // leaving the operator's /etc/unbounded and the package itself.
 //
-// Steps, in order; each idempotent, each followed by a crash point
-// "reset/after-<step>" (lib/crashpoint), so that a rerun after a crash or
-// a reboot ends where an uninterrupted run does:
+// Steps, in order; each idempotent and done again in every run, each
+// followed by a crash point "reset/after-<step>" (lib/crashpoint), so
+// that a rerun after a crash or a reboot ends where an uninterrupted run
+// does. From the lock on they run on lib/steps: shown as STATUS= and
+// journaled, so that `unbounded status` says where a reset got to:
 //
 //	daemon    unbounded-daemon.service stopped first (it would start
 //	          units for the cluster while the node goes away), and a
@@ -28,9 +30,9 @@
 //	          ownership record goes last (the lock's release), then a
 //	          daemon-reload so that the generator sees a fresh host
 //
-// The journal (/var/lib/unbounded/journal/reset.json) keeps KeepHandoff
-// for a resumed run: a reset started with it and interrupted must not
-// delete the handoff when the unit resumes it without the flag.
+// The journal (/var/lib/unbounded/journal/reset.json) also keeps
+// KeepHandoff for a resumed run: a reset started with it and interrupted
+// must not delete the handoff when the unit resumes it without the flag.
 //
 // After a reset, a bootstrap under the same machine name joins as the
 // same Node: the kubelet's client certificate went with the slot, and its
@@ -57,6 +59,7 @@ import (
 	"unbounded-cloud.io/agent/lib/modes/all"
 	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 )
@@ -67,14 +70,30 @@ const Operation = "reset"
 // Unit runs reset; the ownership record names it.
 const Unit = unitnames.Reset
 
+// Steps, in order, after the daemon's stop.
+const (
+	StepLock     = "lock"
+	StepNode     = "node"
+	StepHostPrep = "hostprep"
+	StepState    = "state"
+)
+
 // CrashPoints are reset's own named crash points in the order a run
 // reaches them; lib/hostprep's "hostprep/after-undo" is reached inside
 // the hostprep step.
-var CrashPoints = []string{"reset/after-daemon", "reset/after-lock", "reset/after-node", "reset/after-hostprep", "reset/after-state"}
+var CrashPoints = func() []string {
+	out := []string{"reset/after-daemon"}
+	for _, s := range []string{StepLock, StepNode, StepHostPrep, StepState} {
+		out = append(out, steps.CrashPoint(Operation, s))
+	}
+	return out
+}()
 
 // Journal is what a reset keeps between runs.
 type Journal struct {
 	KeepHandoff bool `json:"keep-handoff"`
+	// The steps done, and where the last run got to.
+	steps.Record
 }
 
 // Reset removes the agent's node and state. The zero value of every field
@@ -118,9 +137,6 @@ func (r *Reset) mode(name string) (modes.Mode, error) {
 	return all.For(name, r.Paths, r.log())
 }
 
-// Run resets the host. Its error maps to the exit code with exitcode.For:
-// 69 when another installation (a live bootstrap that will not stop, a
-// reprovision) owns the host.
 // stoppedFirst are the units that would act on the node while it goes
 // away, stopped before anything else: the daemon (it starts units for
 // the cluster), a running bootstrap, the health timer and check (they
@@ -134,6 +150,9 @@ var stoppedFirst = []string{
 	unitnames.Lifecycle,
 }
 
+// Run resets the host. Its error maps to the exit code with exitcode.For:
+// 69 when another installation (a live bootstrap that will not stop, a
+// reprovision) owns the host.
 func (r *Reset) Run(ctx context.Context) error {
 	sd, err := r.systemdManager(ctx)
 	if err != nil {
@@ -153,40 +172,36 @@ func (r *Reset) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.crash("reset/after-lock")
 	var j Journal
 	if _, err := state.ReadJournal(r.Paths, Operation, &j); err != nil {
 		r.log().Warn("reset journal unreadable; going on without it", "error", err.Error())
 	}
 	j.KeepHandoff = j.KeepHandoff || r.KeepHandoff
-	if err := state.WriteJournal(r.Paths, Operation, &j); err != nil {
-		lock.Release()
-		return err
-	}
-
-	if err := r.node(ctx, sd); err != nil {
-		lock.Release()
-		return fmt.Errorf("remove the node: %w", err)
-	}
-	r.crash("reset/after-node")
-
-	r.status("undoing the host preparation")
-	leftovers, err := r.undo(ctx)
+	run := &steps.Runner{Paths: r.Paths, Operation: Operation, Journal: &j, Notify: r.Notify, CrashPoint: r.CrashPoint, Log: r.log()}
+	err = run.Run(ctx, []steps.Step{
+		// Taken above; journaled before anything is removed, so that a
+		// resumed run keeps KeepHandoff.
+		{Name: StepLock, Always: true},
+		{Name: StepNode, Always: true, Status: "stopping " + unitnames.NodeTarget, Run: func(ctx context.Context) error { return r.node(ctx, sd) }},
+		{Name: StepHostPrep, Always: true, Status: "undoing the host preparation", Run: func(ctx context.Context) error {
+			leftovers, err := r.undo(ctx)
+			for _, l := range leftovers {
+				r.log().Warn("left as is", "what", l)
+			}
+			return err
+		}},
+		// The journal went with the state; the release of the lock below
+		// removes the ownership record last.
+		{Name: StepState, Always: true, Final: true, Status: "removing the agent's state under " + r.Paths.HostRoot(),
+			Run: func(context.Context) error { return r.removeState(j.KeepHandoff) }},
+	})
 	if err != nil {
-		lock.Release()
-		return fmt.Errorf("undo the host preparation: %w", err)
-	}
-	for _, l := range leftovers {
-		r.log().Warn("left as is", "what", l)
-	}
-	r.crash("reset/after-hostprep")
-
-	r.status("removing the agent's state under %s", r.Paths.HostRoot())
-	if err := r.removeState(j.KeepHandoff); err != nil {
+		if werr := state.WriteJournal(r.Paths, Operation, &j); werr != nil {
+			r.log().Error("reset journal not written", "error", werr.Error())
+		}
 		lock.Release()
 		return err
 	}
-	r.crash("reset/after-state")
 	if err := lock.Release(); err != nil {
 		return err
 	}
@@ -259,7 +274,6 @@ func (r *Reset) modesInUse() []string {
 
 // node stops the node target and destroys both slots of every mode in use.
 func (r *Reset) node(ctx context.Context, sd units.Manager) error {
-	r.status("stopping %s", unitnames.NodeTarget)
 	if err := stop(ctx, sd, unitnames.NodeTarget); err != nil {
 		return err
 	}

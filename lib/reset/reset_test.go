@@ -279,3 +279,56 @@ func resetOn(w *bootstraptest.World, log *slog.Logger) *reset.Reset {
 		Log:      log,
 	}
 }
+
+// The journal of the build before lib/steps held KeepHandoff only; a host
+// upgraded mid-reset resumes it, and keeps the handoff.
+func TestAJournalOfThePreviousBuildKeepsTheHandoff(t *testing.T) {
+	w := newWorld(t)
+	if code, out := child(t, w, "bootstrap", ""); code != 0 {
+		t.Fatalf("bootstrap: exit %d\n%s", code, out)
+	}
+	if code, _ := child(t, w, "reset-keep-handoff", "reset/after-node"); code != crashpoint.ExitCode {
+		t.Fatalf("crash: exit %d", code)
+	}
+	if err := state.WriteVerified(w.P.Journal(reset.Operation), []byte("{\n  \"keep-handoff\": true\n}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := child(t, w, "reset", ""); code != 0 {
+		t.Fatalf("resumed reset: exit %d\n%s", code, out)
+	}
+	if _, err := os.Stat(w.P.Join("/var/lib/unbounded-agent-reprovision/journal.json")); err != nil {
+		t.Errorf("handoff removed: %v", err)
+	}
+	if _, err := os.Stat(w.P.Journal(reset.Operation)); !os.IsNotExist(err) {
+		t.Errorf("journal left after the reset: %v", err)
+	}
+}
+
+// A reset that fails says in its journal which step failed and why
+// (`unbounded status` shows it), releases the lock, and the next run
+// finishes.
+func TestAFailedResetJournalsTheStepAndWhy(t *testing.T) {
+	w := newWorld(t)
+	if code, out := child(t, w, "bootstrap", ""); code != 0 {
+		t.Fatalf("bootstrap: exit %d\n%s", code, out)
+	}
+	r := resetOn(w, nil)
+	r.HostPrep = func(context.Context) ([]string, error) { return nil, errors.New("sysctl: read-only file system") }
+	err := r.Run(context.Background())
+	if exitcode.For(err) != exitcode.Failed || !strings.Contains(err.Error(), "step hostprep: sysctl: read-only file system") {
+		t.Fatalf("reset with a failing undo: %v (exit %d)", err, exitcode.For(err))
+	}
+	var j reset.Journal
+	if ok, err := state.ReadJournal(w.P, reset.Operation, &j); !ok || err != nil || j.Step != "hostprep failed: sysctl: read-only file system" {
+		t.Errorf("journal %+v (%v %v), want the failed step and why", j, ok, err)
+	}
+	if o, _ := state.ReadOwnership(w.P); o != nil {
+		t.Errorf("lock not released: %+v", o)
+	}
+	if err := resetOn(w, nil).Run(context.Background()); err != nil {
+		t.Fatalf("second reset: %v", err)
+	}
+	if _, err := os.Stat(w.P.Journal(reset.Operation)); !os.IsNotExist(err) {
+		t.Errorf("journal left after the reset: %v", err)
+	}
+}

@@ -21,8 +21,9 @@ var layers = [][]string{
 	// State files: atomic writes, verified records, journals, the lock.
 	{"lib/state", "lib/units/unitstest"},
 	// What the state means: exit codes, host preparation, the small
-	// records, the generator's decision.
-	{"lib/exitcode", "lib/hostprep", "lib/noderecord", "lib/owed", "lib/request", "lib/fence/record", "lib/generator"},
+	// records, the generator's decision, the one runner of journaled
+	// steps.
+	{"lib/exitcode", "lib/hostprep", "lib/noderecord", "lib/owed", "lib/request", "lib/fence/record", "lib/generator", "lib/steps"},
 	{"lib/privilege", "lib/modes/softreboot", "lib/readiness"},
 	// Configuration, and what every command shares.
 	{"lib/config", "lib/concern", "lib/concern/small"},

@@ -35,7 +35,10 @@ const JournalName = "repave-none"
 // The steps of an in-place repave, as the journal records them. Each is
 // written before the work it names starts, and every step is
 // idempotent: a run that finds the journal at a step does that step
-// again and goes on.
+// again and goes on. (Not lib/steps, whose journal records the steps
+// done: here "step" is the one under way, which EnsureHooks and
+// RemoveSuperseded read, and a failure is not the end of the run but the
+// journaled rollback, resumed like any step.)
 const (
 	// stepInstall: the new version directory is being built beside the
 	// running one; the old stack runs untouched.

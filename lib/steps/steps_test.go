@@ -1,0 +1,272 @@
+package steps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// journal is an operation's journal as bootstrap's is shaped: fields of
+// its own around the embedded Record.
+type journal struct {
+	Input string `json:"input"`
+	Record
+	Tries int `json:"tries,omitempty"`
+}
+
+// world is one operation on a scratch host: the runner, and what its
+// steps, STATUS= lines and crash points did, in order.
+type world struct {
+	p      hostpaths.Paths
+	j      *journal
+	events []string
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	return &world{p: hostpaths.New(t.TempDir()), j: &journal{Input: "in"}}
+}
+
+func (w *world) runner() *Runner {
+	return &Runner{
+		Paths: w.p, Operation: "op", Journal: w.j,
+		Notify:     func(s string) { w.events = append(w.events, s) },
+		CrashPoint: func(name string) { w.events = append(w.events, "crash "+name) },
+		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+// step is a step that records its run, and fails with err when set.
+func (w *world) step(name string, err error) Step {
+	return Step{Name: name, Status: "doing " + name, Run: func(context.Context) error {
+		w.events = append(w.events, "run "+name)
+		return err
+	}}
+}
+
+func (w *world) read(t *testing.T) (*journal, bool) {
+	t.Helper()
+	var j journal
+	ok, err := state.ReadJournal(w.p, "op", &j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &j, ok
+}
+
+func TestStepsRunInOrderEachShownJournaledThenCrashPoint(t *testing.T) {
+	w := newWorld(t)
+	r := w.runner()
+	// At each crash point, the journal on disk already says the step is
+	// done: a crash there resumes after it.
+	var journaled [][]string
+	r.CrashPoint = func(name string) {
+		w.events = append(w.events, "crash "+name)
+		j, _ := w.read(t)
+		journaled = append(journaled, j.Done)
+	}
+	if err := r.Run(context.Background(), []Step{w.step("a", nil), w.step("b", nil), w.step("c", nil)}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"STATUS=step a: doing a", "run a", "crash op/after-a",
+		"STATUS=step b: doing b", "run b", "crash op/after-b",
+		"STATUS=step c: doing c", "run c", "crash op/after-c",
+	}
+	if !slices.Equal(w.events, want) {
+		t.Errorf("events\n got %q\nwant %q", w.events, want)
+	}
+	if fmt.Sprint(journaled) != "[[a] [a b] [a b c]]" {
+		t.Errorf("journaled at the crash points: %v", journaled)
+	}
+	j, ok := w.read(t)
+	if !ok || j.Input != "in" || j.Step != "c" || !slices.Equal(j.Done, []string{"a", "b", "c"}) {
+		t.Errorf("journal %+v (found %v)", j, ok)
+	}
+}
+
+func TestAStepJournaledDoneIsSkippedUnlessItRunsEveryTime(t *testing.T) {
+	w := newWorld(t)
+	w.j.Done = []string{"a", "b"}
+	b := w.step("b", nil)
+	b.Always = true
+	if err := w.runner().Run(context.Background(), []Step{w.step("a", nil), b, w.step("c", nil)}); err != nil {
+		t.Fatal(err)
+	}
+	var ran []string
+	for _, e := range w.events {
+		if name, ok := strings.CutPrefix(e, "run "); ok {
+			ran = append(ran, name)
+		}
+	}
+	if !slices.Equal(ran, []string{"b", "c"}) {
+		t.Errorf("ran %q, want b (every run) and c", ran)
+	}
+	if slices.Contains(w.events, "crash op/after-a") {
+		t.Errorf("a crash point after a skipped step: %q", w.events)
+	}
+	if !slices.Equal(w.j.Done, []string{"a", "b", "c"}) {
+		t.Errorf("done %q, want each step once", w.j.Done)
+	}
+}
+
+func TestAFailureKeepsTheStepAndItsReasonAndTheExitCode(t *testing.T) {
+	w := newWorld(t)
+	cause := fmt.Errorf("%w: mirror unreachable", exitcode.ErrTemporary)
+	r := w.runner()
+	r.Label = "phase"
+	err := r.Run(context.Background(), []Step{w.step("a", nil), w.step("b", cause), w.step("c", nil)})
+	var se *Error
+	if !errors.As(err, &se) || se.Step != "b" || se.Err != cause {
+		t.Fatalf("error %#v, want the failure of step b", err)
+	}
+	if err.Error() != "phase b: temporary failure: mirror unreachable" {
+		t.Errorf("message %q", err.Error())
+	}
+	if exitcode.For(err) != exitcode.TempFail || !errors.Is(err, exitcode.ErrTemporary) {
+		t.Errorf("exit %d: the step's error must show through", exitcode.For(err))
+	}
+	if step, c := Failed(err); step != "b" || c != cause {
+		t.Errorf("Failed = %q, %v", step, c)
+	}
+	if step, c := Failed(cause); step != "" || c != cause {
+		t.Errorf("Failed of no step's error = %q, %v", step, c)
+	}
+	if w.j.Step != "b failed: temporary failure: mirror unreachable" || !slices.Equal(w.j.Done, []string{"a"}) {
+		t.Errorf("record %+v, want b's failure and a done", w.j.Record)
+	}
+	if slices.Contains(w.events, "run c") || slices.Contains(w.events, "crash op/after-b") {
+		t.Errorf("went on past the failure: %q", w.events)
+	}
+	// The reason a journal keeps is bounded.
+	w.j.SetFailed("b", strings.Repeat("x", 2*MaxReason))
+	if len(w.j.Step) > len("b failed: ")+MaxReason || !strings.HasSuffix(w.j.Step, "...") {
+		t.Errorf("a long reason kept as %d bytes", len(w.j.Step))
+	}
+}
+
+func TestAJournalThatCannotBeWrittenFailsTheStep(t *testing.T) {
+	w := newWorld(t)
+	// A file where the journal directory belongs.
+	if err := os.MkdirAll(w.p.HostRoot(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(w.p.JournalDir(), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := w.runner().Run(context.Background(), []Step{w.step("a", nil), w.step("b", nil)})
+	var se *Error
+	if !errors.As(err, &se) || se.Step != "a" || !strings.Contains(err.Error(), "journal was not written") {
+		t.Fatalf("error %v, want step a's failure naming the journal", err)
+	}
+	if slices.Contains(w.events, "crash op/after-a") || slices.Contains(w.events, "run b") {
+		t.Errorf("went on without a journal: %q", w.events)
+	}
+}
+
+func TestAnInterruptedRunResumesFromTheJournal(t *testing.T) {
+	w := newWorld(t)
+	steps := func(failB error) []Step { return []Step{w.step("a", nil), w.step("b", failB), w.step("c", nil)} }
+	if err := w.runner().Run(context.Background(), steps(errors.New("disk full"))); err == nil {
+		t.Fatal("no error from a failing step")
+	}
+	// The operation's failure path journals the failure.
+	if err := state.WriteJournal(w.p, "op", w.j); err != nil {
+		t.Fatal(err)
+	}
+	j, _ := w.read(t)
+	if j.Step != "b failed: disk full" {
+		t.Errorf("journaled step %q", j.Step)
+	}
+	w.j, w.events = j, nil
+	if err := w.runner().Run(context.Background(), steps(nil)); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(w.events, "run a") || !slices.Contains(w.events, "run b") || !slices.Contains(w.events, "run c") {
+		t.Errorf("resumed run: %q, want b and c only", w.events)
+	}
+}
+
+// A journal written before this package existed has the same field
+// names; a host upgraded mid-operation resumes it.
+func TestAJournalOfThePreviousFormatResumes(t *testing.T) {
+	w := newWorld(t)
+	old := `{
+  "input": "in",
+  "done": [
+    "a",
+    "b"
+  ],
+  "step": "b",
+  "tries": 2
+}
+`
+	if err := state.WriteVerified(w.p.Journal("op"), []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j, ok := w.read(t)
+	if !ok || j.Tries != 2 || j.Step != "b" {
+		t.Fatalf("old journal read as %+v", j)
+	}
+	w.j = j
+	if err := w.runner().Run(context.Background(), []Step{w.step("a", nil), w.step("b", nil), w.step("c", nil)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := slices.DeleteFunc(slices.Clone(w.events), func(e string) bool { return !strings.HasPrefix(e, "run ") }); !slices.Equal(got, []string{"run c"}) {
+		t.Errorf("ran %q, want only c", got)
+	}
+}
+
+func TestAnUnjournaledStepIsWrittenWithTheNextAndAFinalStepRemovesTheJournal(t *testing.T) {
+	w := newWorld(t)
+	r := w.runner()
+	var seen []string
+	r.CrashPoint = func(name string) {
+		j, ok := w.read(t)
+		seen = append(seen, fmt.Sprintf("%s %v %v", name, ok, j.Done))
+	}
+	var done []string
+	r.OnDone = func(step string) { done = append(done, step) }
+	a := w.step("a", nil)
+	a.Unjournaled = true
+	c := w.step("c", nil)
+	c.Final = true
+	if err := r.Run(context.Background(), []Step{a, w.step("b", nil), c}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"op/after-a false []", "op/after-b true [a b]", "op/after-c false []"}
+	if !slices.Equal(seen, want) {
+		t.Errorf("journal at the crash points\n got %q\nwant %q", seen, want)
+	}
+	if !slices.Equal(done, []string{"a", "b", "c"}) {
+		t.Errorf("OnDone %q", done)
+	}
+	// Forget: a step undone by the operation runs again.
+	w.j.Forget("b", "c")
+	if !slices.Equal(w.j.Done, []string{"a"}) {
+		t.Errorf("after Forget: %q", w.j.Done)
+	}
+}
+
+func TestANilRunIsJournaledOnly(t *testing.T) {
+	w := newWorld(t)
+	if err := w.runner().Run(context.Background(), []Step{{Name: "plan"}}); err != nil {
+		t.Fatal(err)
+	}
+	if j, ok := w.read(t); !ok || !slices.Equal(j.Done, []string{"plan"}) {
+		t.Errorf("journal %+v %v", j, ok)
+	}
+	if !slices.Equal(w.events, []string{"crash op/after-plan"}) {
+		t.Errorf("events %q", w.events)
+	}
+}
