@@ -255,7 +255,7 @@ func TestFirstBootFencedAllocationExits77AndNoNodeRuns(t *testing.T) {
 	}
 }
 
-// Bad input of three kinds, each on its own test host. Each is clear in
+// Bad input of four kinds, each on its own test host. Each is clear in
 // the journal, ends with the code of the contract, and leaves the host
 // consistent.
 func TestFirstBootBadInput(t *testing.T) {
@@ -291,6 +291,24 @@ func TestFirstBootBadInput(t *testing.T) {
 		wantJournalSays(t, f, ref, "not found", "MANIFEST_UNKNOWN")
 		wantMachineFailed(t, f, "NodeImageNotFound", ref)
 		wantConsistentAfterFailure(t, f, "slot", false)
+	})
+
+	// A node address ([node] ip) that is none of the host's: the kubelet
+	// would register an address nothing answers on. 78 before anything
+	// on the host changes, naming the drop-in, its line and the key.
+	t.Run("NodeIPNotTheHosts", func(t *testing.T) {
+		t.Parallel()
+		f := newFirstBoot(t, firstBootOptions{})
+		f.m.WriteFile(hostpaths.ConfigDropinDirHost+"/50-ip.toml", []byte("[node]\nip = \"192.0.2.99\"\n"), 0o644)
+		p := f.bootstrapEnded(t)
+		wantFinalExit(t, f, p, 78)
+		wantJournalSays(t, f, "50-ip.toml:2", "node.ip", "192.0.2.99 is not an address of this host")
+		for _, path := range []string{f.paths.Ownership(), f.paths.Journal("bootstrap"), f.paths.HostPrepRecord(),
+			f.paths.AppliedConfig("kube1"), f.paths.NspawnConfig("kube1"), f.paths.MachineDir("kube1")} {
+			if _, err := os.Stat(path); !os.IsNotExist(err) {
+				t.Errorf("after a bad node.ip %s exists (%v): the host was changed", f.paths.Rel(path), err)
+			}
+		}
 	})
 
 	// A registry that answers every request with 200 and a body that
