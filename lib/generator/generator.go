@@ -37,9 +37,9 @@ const (
 
 // ErrFenceMissing is why a bootstrapped host gets the safe state when no
 // fence unit is installed: the node unit's Requires= would then name a unit
-// that does not exist, and systemd (252, seen on the test machines) drops
-// such a dependency from the boot transaction and starts the node unit
-// unfenced; only a later explicit start would fail ("Unit not found").
+// that does not exist, and systemd (252) drops such a dependency from the
+// boot transaction and starts the node unit unfenced; only a later explicit
+// start would fail ("Unit not found").
 // A masked fence is treated the same: it would never run either.
 var ErrFenceMissing = errors.New("no usable " + unitnames.Fence)
 

@@ -40,9 +40,9 @@ const (
 	DefaultSettle = readiness.DefaultSettle
 	// FirstFenceRetry and MaxFenceRetry: the delay between node starts
 	// after a fence that got no answer doubles from the first to the
-	// cap. The cap is the issue's: a cluster back after an outage is
-	// noticed within 10 min, and a fleet of hosts does not hammer an API
-	// server that is coming back.
+	// cap. The cap of 10 min: a cluster back after an outage is noticed
+	// within 10 min, and a fleet of hosts does not hammer an API server
+	// that is coming back.
 	FirstFenceRetry = 30 * time.Second
 	MaxFenceRetry   = 10 * time.Minute
 )
@@ -138,8 +138,8 @@ func (c *Check) Run(ctx context.Context) error {
 		// Stopped in the middle of a check (systemctl stop, a reset, a
 		// shutdown): nothing was found wrong with the node, and a failed
 		// run would start a recovery that reports a failure there never
-		// was (seen in tests/system: a check stopped during the first
-		// check's wait of a boot).
+		// was, as a check stopped during the first check's wait of a boot
+		// would (TestHealthStoppedInTheMiddleOfACheckIsNotAFailure).
 		log := c.Log
 		if log == nil {
 			log = slog.Default()
@@ -266,8 +266,9 @@ func (c *Check) run(ctx context.Context) error {
 	if len(probs) == 0 && st.BootChecked && (st.GaveUp || st.Failures > 0 || st.Restarts > 0) {
 		// Healthy again after failures, which ends the counting (and a
 		// give-up): one answer between two crashes of a kubelet that keeps
-		// dying is not that (seen in tests/system: a give-up lifted by one
-		// lucky check, then restarts again). The settle window again.
+		// dying is not that, and would lift a give-up only for the
+		// restarts to begin again (TestHealthGiveUpIsNotLiftedByOneLuckyCheck).
+		// The settle window again.
 		if err := chk.Wait(ctx, readiness.Wait{Timeout: settle + 2*interval, Settle: settle, Poll: interval}); err != nil {
 			if ctx.Err() != nil {
 				return err // stopped: nothing counted (see Run)
