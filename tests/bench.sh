@@ -68,7 +68,7 @@ fi
 rm -f "$lintlog"
 fi
 
-# First boot (ARCHITECTURE section 9 tier 8; issue 7 "Measure"): the demo
+# First boot (ARCHITECTURE section 9 tier 8): the demo
 # (tests/demo/demo.sh) with UNBOUNDED_DEMO_BENCH: a host with the .deb and
 # agent.toml boots under the test control plane; artifacts from the
 # loopback mirror, the node image from the loopback registry (staged

@@ -24,8 +24,9 @@ const recoverTemplate = "unbounded-recover@.service"
 
 // graphRule is one property of the unit graph (ARCHITECTURE section 6).
 // Rules are matched by name against whatever units exist, so that a rule
-// about units a later issue ships (every agent service's OnFailure=, the
-// fence's type) applies the moment that unit lands.
+// (every agent service's OnFailure=, the fence's type) applies to a unit
+// the moment it lands in units/, one ARCHITECTURE lists and units/ does
+// not hold yet included.
 type graphRule struct {
 	name    string
 	applies func(unit string) bool

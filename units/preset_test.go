@@ -68,8 +68,9 @@ func TestPresetEndsWithDisableAll(t *testing.T) {
 	}
 }
 
-// stubUnit is a unit a later issue will ship, stood in for here so that the
-// preset's policy is checked against an [Install] section now.
+// stubUnit stands in for a unit of presetStubs that units/ does not hold
+// (yet), so that the preset's policy is checked against an [Install]
+// section for it now.
 type stubUnit struct {
 	name, wantedBy string
 	enabled        bool

@@ -9,9 +9,9 @@ import (
 	"testing"
 )
 
-// The README promises only what ships (issue 6, section 6): its "What ships
-// today" table says, per concern, whether its unit is in units/, and no
-// paragraph names a unit that is not shipped unless it says so.
+// The README promises only what ships (ARCHITECTURE section 6): its "What
+// ships today" table says, per concern, whether its unit is in units/, and
+// no paragraph names a unit that is not shipped unless it says so.
 
 // unitName matches a unit name of the project as the README spells it.
 var unitName = regexp.MustCompile(`unbounded-[a-z0-9-]+@?\.(?:service|target|timer|path|socket)`)

@@ -1,59 +1,10 @@
 // Package artifacts delivers the node stack's files (kubelet, containerd,
-// runc, cni-plugins, optionally crictl) at the configured versions,
-// verified against a SHA-256, into a cache under the host root. The mode
-// (lib/modes/<mode>) installs them from there.
-//
-// Use:
-//
-//	f := artifacts.New(cfg, paths)                 // [artifacts] of lib/config
-//	res, err := f.FetchAll(ctx, artifacts.FromConfig(cfg, runtime.GOARCH))
-//	// res[i].File is the verified file on disk, res[i].SHA256 its sum.
-//	// exitcode.For(err) is 75 for ErrUnavailable (retry), else 1.
-//
-// Where each file comes from, in order:
-//
-//  1. the cache, /var/lib/unbounded/artifacts/<name>/<version>/<file>
-//     with a <file>.sha256 sidecar: a hit when the file hashes to the
-//     sidecar's sum (re-verified on every hit) and that sum is the
-//     expected one when an expected sum is known without the network (a
-//     pin, or the offline sums file). A cache entry that does not verify
-//     is fetched again, never an error.
-//  2. the offline directory ([artifacts] offline-dir): offline-dir/<path>,
-//     where <path> is the artifact's [artifacts] <name>-path template
-//     expanded.
-//  3. the network: the override URL ([artifacts.overrides.<name>] url), or
-//     base-url/<path>.
-//
-// Where each expected SHA-256 comes from, and what that trust means: a
-// pinned sum ([artifacts.checksums.<name>], or the override's sha256) is
-// trusted as the config file is (root-owned, in /etc); without one, the
-// sums file ([artifacts] checksums-file, sha256sum's format, paths as the
-// <name>-path keys give them) next to the files: offline-dir/SHA256SUMS for an
-// offline file, base-url/SHA256SUMS for a download. A sums file from the
-// mirror proves the file is the one the mirror meant (no corruption, no
-// truncation, no wrong version, no bad resume), not that the mirror is
-// honest: that trust is the mirror's and the transport's (https://). A
-// file never has its sum from another source than the one it came from,
-// except a pin. A file without any expected sum is not used (ErrNoChecksum).
-//
-// Downloads go to <file>.part beside the cache entry and resume with an
-// HTTP Range request after a cut (also in the next run, after a crash or
-// an exit 75); the file is verified, fsynced and renamed into place, so
-// the final name only ever holds a verified file. Each download is tried
-// a bounded number of times with a doubling delay, stopping at once when
-// the context ends.
-//
-// Errors are classified for lib/exitcode with errors.Is: ErrUnavailable
-// (connection refused, timeouts, a stalled or cut body, 408, 429, 5xx,
-// DNS, an expired certificate at first boot before the clock is set)
-// also matches exitcode.ErrTemporary (exit 75, the unit retries);
-// ErrChecksumMismatch (a *MismatchError naming the artifact, the expected
-// and the actual sum), ErrNoChecksum, ErrNotFound (404, or neither offline
-// nor a base-url) and ErrRejected (401, 403, other 4xx, an untrusted
-// certificate, an oversized file) are final (exit 1).
-//
-// The package links no Kubernetes client: it goes into every binary that
-// bootstraps, and stays small.
+// runc, cni-plugins, optionally crictl) at the versions of [artifacts] in
+// lib/config, verified against a SHA-256, into the cache under the host root
+// (hostpaths.ArtifactsDir); the mode (lib/modes/<mode>) installs them from
+// there. Fetcher.Fetch says where a file and its expected sum come from, and
+// the Err* values which failures are retried. It links no Kubernetes client:
+// it goes into every binary that bootstraps, and stays small.
 package artifacts
 
 import (
@@ -66,6 +17,9 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 )
 
+// Errors, for lib/exitcode with errors.Is: ErrUnavailable also matches
+// exitcode.ErrTemporary (exit 75, the unit retries); the others are final
+// (exit 1).
 var (
 	// ErrChecksumMismatch: a file's SHA-256 is not the expected one. The
 	// error is a *MismatchError. Final: exit 1.
@@ -82,7 +36,10 @@ var (
 	// Final: exit 1.
 	ErrRejected = errors.New("artifact source rejected the request")
 	// ErrUnavailable: the source could not be reached or the transfer
-	// broke. Also matches exitcode.ErrTemporary: exit 75, retried.
+	// broke (connection refused, a timeout, a stalled or cut body, 408,
+	// 429, 5xx, DNS; an expired certificate too, as at first boot before
+	// the clock is set). Also matches exitcode.ErrTemporary: exit 75,
+	// retried.
 	ErrUnavailable = errors.New("artifact source unavailable")
 )
 

@@ -86,8 +86,10 @@ func statusError(resp *http.Response, what string) error {
 	}
 }
 
-// fromNetwork downloads url into dest.part (resuming what an earlier try
-// or run left there), verifies it and commits it.
+// fromNetwork downloads url into dest.part, resuming with an HTTP Range
+// request what an earlier try or run left there (after a cut, a crash or an
+// exit 75), verifies it and commits it: the final name only ever holds a
+// verified file. Each try is one attempt, under retry.
 func (f *Fetcher) fromNetwork(ctx context.Context, a Artifact, url, dest, expected string) (*Result, error) {
 	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
 		return nil, err

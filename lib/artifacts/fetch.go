@@ -198,8 +198,28 @@ func isTemporary(err error) bool {
 	return errors.As(err, &c) && c.temporary
 }
 
-// Fetch returns a's verified file: from the cache, the offline directory
-// or the network (see the package comment).
+// Fetch returns a's verified file, from the first of:
+//
+//  1. the cache, CachePath(a), with a <file>.sha256 sidecar: a hit when the
+//     file hashes to the sidecar's sum (re-verified on every hit) and that
+//     sum is the expected one when an expected sum is known without the
+//     network (a pin, or the offline sums file). An entry that does not
+//     verify is fetched again, never an error.
+//  2. the offline directory ([artifacts] offline-dir): offline-dir/<path>,
+//     <path> being the artifact's [artifacts] <name>-path template expanded.
+//  3. the network: the override URL ([artifacts.overrides.<name>] url), or
+//     base-url/<path> (fromNetwork).
+//
+// The expected SHA-256 is a pinned sum ([artifacts.checksums.<name>], or
+// the override's sha256), trusted as the config file is (root-owned, in
+// /etc); else the sums file ([artifacts] checksums-file, ParseSums) beside
+// the file: offline-dir/SHA256SUMS for an offline file, base-url/SHA256SUMS
+// for a download. A sums file from the mirror proves the file is the one
+// the mirror meant (no corruption, no truncation, no wrong version, no bad
+// resume), not that the mirror is honest: that trust is the mirror's and
+// the transport's (https://). So a file never has its sum from another
+// source than the one it came from, except a pin, and a file without any
+// expected sum is not used (ErrNoChecksum).
 func (f *Fetcher) Fetch(ctx context.Context, a Artifact) (*Result, error) {
 	if err := a.check(); err != nil {
 		return nil, err

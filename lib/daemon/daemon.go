@@ -1,29 +1,10 @@
-// Package daemon is unbounded-daemon: the agent's only long-running
-// process (ARCHITECTURE sections 6 and 7). It watches three things in the
-// cluster, all of them its own: its Machine (field selector on the name),
-// its Node (the same) and the MachineOperations labelled with its machine
-// name. It does no host work itself: an operation becomes a request file
-// and a started unit, and the unit's outcome becomes the operation's status
-// and an Event on the Machine.
-//
-// At idle it holds those three watches and sends nothing else: no resync,
-// no polling, no lease. Bookmarks keep a watch that the server ends
-// resumable without a new list.
-//
-// Its Machine is registered by bootstrap (the only place that creates
-// one) and deleted by the cluster side when the host is retired. The
-// daemon never creates it: with no live Machine (none yet, deleted, or
-// deleting) it stops following the Node and the operations, starts and
-// resumes nothing, writes nothing to the cluster, logs that once, and keeps
-// only the watch of its Machine. The process stays up: see
-// followMachine for why it neither exits nor recreates the Machine.
-//
-// It is restartable at any point. The operation's status, the request file
-// (written before the unit starts, with the unit's previous InvocationID)
-// and the unit's own state together say, after a restart, whether a unit
-// is running for an operation, has finished for it, or was never started;
-// the daemon then waits, reports, or starts it, and never starts a unit
-// twice for the same operation UID.
+// Package daemon is unbounded-daemon, the agent's only long-running process
+// (ARCHITECTURE sections 6 and 7): it watches its Machine, its Node and the
+// MachineOperations labelled with its machine name, and does no host work
+// itself: an operation becomes a request file and a started unit (resume
+// says why it is never started twice), and the unit's outcome the
+// operation's status and an Event on the Machine. followMachine says what
+// it does without a Machine, watch.go why it holds plain watches.
 package daemon
 
 import (

@@ -195,8 +195,13 @@ func (d *daemon) dispatch(ctx context.Context, j *job, t target, desired json.Ra
 }
 
 // resume picks up an operation that an earlier daemon process left
-// InProgress. It starts the unit only when it can tell that the unit has
-// not run for this operation; it never starts it twice.
+// InProgress: the daemon is restartable at any point. The operation's
+// status, the request file (written before the unit starts, with the
+// unit's previous InvocationID) and the unit's own state together say
+// whether a unit is running for the operation, has finished for it, or was
+// never started; resume then waits, reports, or starts it. It starts the
+// unit only when it can tell that the unit has not run for this operation;
+// it never starts it twice for the same operation UID.
 func (d *daemon) resume(ctx context.Context, j *job, t target, r *result) error {
 	req, rerr := request.Read(d.p, t.concern)
 	ours := rerr == nil && req.UID == j.uid

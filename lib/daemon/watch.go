@@ -13,14 +13,16 @@ import (
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 )
 
-// Why not client-go informers: a reflector ends its watch every 5 to 10
-// minutes on its own (a random timeoutSeconds) and re-establishes it, and
-// an informer with a resync period re-delivers everything. This loop asks
-// for no timeout, so a watch lasts as long as the API server lets it
-// (--min-request-timeout, 30 to 60 minutes by default), and resumes from
-// the last resource version it saw, which bookmarks keep current, so that
-// a resumed watch needs no new list. A list happens at start and after the
-// server says the version is too old (410 Gone).
+// At idle the daemon holds its three watches and sends nothing else: no
+// resync, no polling, no lease. Why not client-go informers: a reflector
+// ends its watch every 5 to 10 minutes on its own (a random timeoutSeconds)
+// and re-establishes it, and an informer with a resync period re-delivers
+// everything. This loop asks for no timeout, so a watch lasts as long as
+// the API server lets it (--min-request-timeout, 30 to 60 minutes by
+// default), and resumes from the last resource version it saw, which
+// bookmarks keep current, so that a resumed watch needs no new list. A list
+// happens at start and after the server says the version is too old (410
+// Gone).
 
 type listFunc func(ctx context.Context) (objs []any, rv string, err error)
 type watchFunc func(ctx context.Context, rv string) (watch.Interface, error)

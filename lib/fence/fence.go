@@ -1,53 +1,9 @@
-// Package fence is the allocation launch check (ARCHITECTURE section 7):
-// before every start of the node stack, unbounded-fence.service asks the
-// cluster whether this host may still run the node it was launched for.
-//
-// It fails closed. A clear "no" from the cluster (fenced, deleting, bound
-// to another allocation, 401, 403) refuses at once, and so does a server
-// whose TLS certificate the cluster CA does not verify; reads that get no
-// answer are retried with backoff until the retry budget is spent and then
-// refuse too. A SIGTERM (the caller's context) ends the check at once with
-// one log line and a non-zero exit: the node does not start on a check
-// that did not finish. A refusal is final for this start (exit 77, which the unit
-// lists in RestartPreventExitStatus=): the node unit, which Requires= the
-// fence, does not start.
-//
-// Refusals are of two kinds, and what brings the node back differs
-// (Refusal.NoAnswer, recorded by cmd/fence in /run/unbounded/fence.json,
-// lib/fence/record):
-//   - an explicit refusal: the cluster answered no (fenced, deleting,
-//     another allocation, token revoked, certificate rejected, RBAC), or
-//     the host cannot ask (no usable credential, an API server its CA
-//     does not verify). The node stays down until the Machine changes:
-//     the daemon, which watches the Machine, starts unbounded-node.target
-//     once the Machine no longer refuses, and that start runs this check
-//     again.
-//   - a refusal for lack of an answer: the retry budget ran out with the
-//     API server unreachable, or with a server certificate that is not
-//     valid at this host's time (a clock far off: the certificate is "not
-//     yet valid" or "expired" to it). unbounded-health retries the node
-//     start, and with it this check, with a growing delay.
-//
-// Nothing starts the node without a check that allowed it.
-//
-// Which credential a read uses is decided before the read, from the
-// certificate store: the daemon's client certificate while one is stored
-// and unexpired (then the Machine is read live), else the bootstrap token
-// (then a TokenReview). A read never switches credential halfway, so a
-// certificate that expires during a call moves only the next read to the
-// token; switching inside a read would let a rejected certificate be
-// "rescued" by a token, or the reverse, and make the outcome depend on
-// which of two answers came last.
-//
-// Every "no" counts, whichever credential read it. The bootstrap token may
-// read Machines too (the agents' grant in lib/api/manifests), so the token
-// path reads the Machine after the TokenReview and judges it like the
-// certificate path does: a fenced, deleting or foreign-allocation Machine
-// is a refusal even though the token still authenticates. Only when RBAC
-// does not let the token read the Machine (403: a cluster with older
-// manifests, or a token issued without the agents' group) does the
-// TokenReview alone allow; such an allow has not seen the allocation on the
-// Machine, so it never clears a refusal recorded there.
+// Package fence is the allocation launch check that unbounded-fence.service
+// runs before every start of the node stack: may this host still run the
+// node it was launched for? ARCHITECTURE section 7 has the rules and the
+// unit file what brings a refused node back; Check.Run decides, and a
+// *Refusal (exit 77) says which kind of "no" it was. It fails closed:
+// nothing starts the node without a check that allowed it.
 package fence
 
 import (
@@ -115,7 +71,11 @@ type Refusal struct {
 	Err error
 	// NoAnswer is set when the refusal is for lack of an answer within
 	// the budget (unreachable, or TLS failing on this host's clock), not
-	// a decision: it is worth asking again later.
+	// a decision: it is worth asking again later. cmd/fence writes it to
+	// the fence record, /run/unbounded/fence.json (lib/fence/record):
+	// unbounded-health retries the node start after a refusal for lack of
+	// an answer, while an explicit one holds the node down until the
+	// Machine changes and the daemon starts the node target.
 	NoAnswer bool
 }
 
@@ -251,7 +211,11 @@ type outcome struct {
 
 // Run performs the check. It returns nil when the node may start, a
 // *Refusal (exitcode.ErrRefused) otherwise; the only other error is
-// ErrInterrupted, when ctx ends first.
+// ErrInterrupted, when ctx ends first: the node does not start on a check
+// that did not finish. A clear "no" (fenced, deleting, another allocation,
+// 401, 403, a server the CA does not verify) refuses at once; reads that
+// get no answer are retried with backoff until Budget is spent, and then
+// refuse too (Refusal.NoAnswer).
 func (c *Check) Run(ctx context.Context) error {
 	c.via = ""
 	start := c.now()
@@ -357,7 +321,13 @@ func (c *Check) untrusted(via Credential, err error) outcome {
 			c.Credentials.APIServer, c.Credentials.CAFile, err), Err: err}}
 }
 
-// read is one read with one credential, chosen before it starts.
+// read is one read with one credential, chosen before it starts from the
+// certificate store: the daemon's client certificate while one is stored
+// and unexpired, else the bootstrap token. A read never switches credential
+// halfway, so a certificate that expires during a call moves only the next
+// read to the token: switching inside a read would let a rejected
+// certificate be "rescued" by a token, or the reverse, and make the outcome
+// depend on which of two answers came last.
 func (c *Check) read(ctx context.Context) outcome {
 	cfg, cert, err := c.Credentials.CertConfig(c.now())
 	if err == nil {
@@ -468,9 +438,12 @@ func (c *Check) readByToken(ctx context.Context) outcome {
 
 // readMachineByToken reads the Machine with the bootstrap token once the
 // TokenReview said the token is this Machine's, and judges it as the
-// certificate path does: a token that still authenticates says nothing
-// about the fence flag, the deletion or the allocation binding, and RBAC
-// lets the token read them.
+// certificate path does, since every "no" counts whichever credential read
+// it: a token that still authenticates says nothing about the fence flag,
+// the deletion or the allocation binding, and RBAC (the agents' grant in
+// lib/api/manifests) lets the token read them. Only a 403 (a cluster with
+// older manifests, or a token issued without the agents' group) leaves the
+// TokenReview alone to allow, unconfirmed.
 func (c *Check) readMachineByToken(ctx context.Context, cfg *rest.Config) outcome {
 	out := outcome{via: ViaToken}
 	m, err := c.api().GetMachine(ctx, cfg, c.Machine)

@@ -1,6 +1,6 @@
 package fence_test
 
-// The fence matrix of issue 3, against the real API server of tests/kube:
+// The fence's matrix of answers, against the real API server of tests/kube:
 // every answer here (RBAC, TokenReview, a revoked token, a deleting
 // Machine, the status subresource) is the server's, not a fake's.
 
@@ -327,7 +327,8 @@ func TestFenceRefusesAtOnceWhenRBACForbidsTheRead(t *testing.T) {
 	wantReason(t, err, v1alpha3.ReasonForbidden)
 	wantVia(t, c, fence.ViaCertificate)
 	// The certificate's identity may not write this Machine; the host's
-	// bootstrap token may, and records the refusal (issue 6).
+	// bootstrap token may, and records the refusal (reportRefusal falls
+	// back to the token when the certificate is rejected or forbidden).
 	h.wantRefused(t, v1alpha3.ReasonForbidden)
 }
 

@@ -1,7 +1,7 @@
 package fence_test
 
-// Issue 6, "every no from the cluster counts", against the real API server
-// of tests/kube: a "no" read with the bootstrap token, a refusal recorded
+// Every "no" from the cluster counts (ARCHITECTURE section 7), against the
+// real API server of tests/kube: a "no" read with the bootstrap token, a refusal recorded
 // on the Machine that only a read of the Machine may clear, a rejected
 // certificate whose refusal the token records, an API server the cluster
 // CA does not verify, and a check interrupted while it retries.

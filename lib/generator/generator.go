@@ -1,27 +1,13 @@
 // Package generator is the logic of unbounded-generator, the systemd
 // generator that decides at every boot and every daemon-reload which of the
-// agent's units are pulled in (ARCHITECTURE section 6).
-//
-// It is split in three so that the decision can be tested without a host:
-// Read gathers the local state (through lib/state, which only reads),
-// Decide turns it into a Plan as a pure function, and Write materialises
-// the plan as symlinks and drop-ins in the generator's output directory.
-//
-// The generator must never fail the boot, so nothing here returns an error
-// to the caller: every problem becomes one line on /dev/kmsg and the safe
-// state (no node units, no daemon; recovery pulled in when the state is
-// corrupt, or when the fence unit or a node unit of the active mode is
-// missing).
-//
-// The links of a bootstrapped host are Requires= dependencies
-// (unbounded-node.target.requires/, unbounded-mode-<mode>.target.requires/)
-// so that "unbounded-node.target is active" means "the node stack started
-// behind a fence that allowed it" (ARCHITECTURE section 6): a fence that
-// refuses or a node unit that fails to start fails the mode target's and
-// the node target's start jobs. Only multi-user.target's links stay Wants=:
-// a node that does not come up must not fail the boot, and the daemon must
-// start anyway to report it. units/unbounded-node.target explains what
-// this means for a stop and for blue/green repave.
+// agent's units are pulled in (ARCHITECTURE section 6, "The generator";
+// units/unbounded-node.target for what its links mean). It is split so that
+// the decision is tested without a host: Read gathers the local state
+// (through lib/state, which only reads), Decide turns it into a Plan, a
+// pure function, and Write puts the plan in the output directory. Nothing
+// returns an error: the generator must never fail the boot, so a problem is
+// one line on /dev/kmsg (Plan.Problem) and the safe state (no node units, no
+// daemon; recovery pulled in where the state is unusable).
 package generator
 
 import (
@@ -51,9 +37,9 @@ const (
 
 // ErrFenceMissing is why a bootstrapped host gets the safe state when no
 // fence unit is installed: the node unit's Requires= would then name a unit
-// that does not exist, and systemd (252, seen on the test machines) drops
-// such a dependency from the boot transaction and starts the node unit
-// unfenced; only a later explicit start would fail ("Unit not found").
+// that does not exist, and systemd (252) drops such a dependency from the
+// boot transaction and starts the node unit unfenced; only a later explicit
+// start would fail ("Unit not found").
 // A masked fence is treated the same: it would never run either.
 var ErrFenceMissing = errors.New("no usable " + unitnames.Fence)
 
@@ -228,10 +214,13 @@ func Decide(in Input) Plan {
 			return p
 		}
 		// multi-user.target only wants the node target and the daemon:
-		// a node that does not come up must not fail the boot. Below
-		// the node target every link is Requires=, so that the target
-		// is reached only when the whole chain started (see the package
-		// comment).
+		// a node that does not come up must not fail the boot, and the
+		// daemon must start anyway to report it. Below the node target
+		// every link is Requires=, so that "unbounded-node.target is
+		// active" means "the node stack started behind a fence that
+		// allowed it": a fence that refuses or a node unit that fails to
+		// start fails the mode target's and the node target's start
+		// jobs.
 		mt := unitnames.ModeTarget(a.Mode)
 		p.Links = append(p.Links,
 			wants("multi-user.target", unitnames.NodeTarget),

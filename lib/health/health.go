@@ -1,36 +1,9 @@
 // Package health is the periodic check of the node stack
-// (unbounded-health.service, started by unbounded-health.timer). "Healthy"
-// is lib/readiness's "up", with the Node as the daemon's live watch
-// records it (readiness.FromDaemon): this binary has no TLS client
-// (ARCHITECTURE section 3: under 5 MB).
-//
-// One run (Check.Run) decides, from the state it keeps between runs:
-//
-//   - the host is not bootstrapped, an installation owns it, or an
-//     operation on the node runs (restart, repave, bootstrap, lifecycle,
-//     reset): nothing to check, exit 0.
-//   - the last fence check refused explicitly (lib/fence/record): the
-//     node is down on purpose; the daemon starts it once the Machine no
-//     longer refuses. Exit 0.
-//   - the last fence check refused for lack of an answer and the node is
-//     not up: the node start (which runs the fence again) is retried, with
-//     a delay that doubles from FirstFenceRetry up to MaxFenceRetry
-//     (10 min). Exit 0.
-//   - healthy: the counters are reset; if it had given up, it says the
-//     node is healthy again. Exit 0.
-//   - unhealthy: Failures consecutive unhealthy runs start
-//     unbounded-restart.service (at most MaxRestarts times without a
-//     healthy run in between); when the node is still unhealthy after
-//     those, it gives up: this run fails (exit 1, the message says why),
-//     so that recovery (OnFailure=) reports it on the Machine, and the
-//     runs after it stay quiet (exit 0, no restart) until something
-//     changes: the node healthy again, a new applied config (a repave), or
-//     a new boot.
-//
-// The first run of a boot waits (bounded by BootWait) for the node to
-// become healthy, and fails when it does not: the unit is ordered
-// Before=boot-complete.target, so systemd's boot assessment sees an
-// unhealthy node as a bad boot (greenboot's pattern).
+// (unbounded-health.service, started by unbounded-health.timer;
+// ARCHITECTURE section 6). "Healthy" is lib/readiness's "up", with the Node
+// read from the daemon's Node record /run/unbounded/node.json
+// (readiness.FromDaemon): this binary has no TLS client (ARCHITECTURE
+// section 3: under 5 MB). Check.Run says what one run decides.
 package health
 
 import (
@@ -67,9 +40,9 @@ const (
 	DefaultSettle = readiness.DefaultSettle
 	// FirstFenceRetry and MaxFenceRetry: the delay between node starts
 	// after a fence that got no answer doubles from the first to the
-	// cap. The cap is the issue's: a cluster back after an outage is
-	// noticed within 10 min, and a fleet of hosts does not hammer an API
-	// server that is coming back.
+	// cap. The cap of 10 min: a cluster back after an outage is noticed
+	// within 10 min, and a fleet of hosts does not hammer an API server
+	// that is coming back.
 	FirstFenceRetry = 30 * time.Second
 	MaxFenceRetry   = 10 * time.Minute
 )
@@ -106,8 +79,8 @@ type Check struct {
 
 	Units   Units
 	Healthz func(context.Context) error
-	// Node reads the Node; nil is the daemon's record on Paths
-	// (readiness.FromDaemon).
+	// Node reads the Node; nil is the daemon's Node record under Paths,
+	// /run/unbounded/node.json (readiness.FromDaemon).
 	Node readiness.NodeSource
 	Now  func() time.Time
 	Log  *slog.Logger
@@ -129,16 +102,44 @@ func (c *Check) readiness(a *state.AppliedConfig) *readiness.Check {
 	return &readiness.Check{Units: c.Units, Mode: a.Mode, Slot: a.Slot, Name: a.Machine, Healthz: c.Healthz, Node: node}
 }
 
-// Run is one check. Its error is the give-up (ErrGaveUp) or the boot's
-// failed first check (both exit 1), or a host it cannot read.
+// Run is one check. It decides, from the state it keeps between runs:
+//
+//   - the host is not bootstrapped, an installation owns it, or an
+//     operation on the node runs (restart, repave, bootstrap, lifecycle,
+//     reset): nothing to check, exit 0.
+//   - the last fence check refused explicitly (the fence record,
+//     lib/fence/record): the node is down on purpose; the daemon starts it
+//     once the Machine no longer refuses. Exit 0.
+//   - the last fence check refused for lack of an answer and the node is
+//     not up: the node start (which runs the fence again) is retried, with
+//     a delay that doubles from FirstFenceRetry up to MaxFenceRetry.
+//     Exit 0.
+//   - healthy: the counters are reset; if it had given up, it says the
+//     node is healthy again. Exit 0.
+//   - unhealthy: Failures consecutive unhealthy runs start
+//     unbounded-restart.service (at most MaxRestarts times without a
+//     healthy run in between); when the node is still unhealthy after
+//     those, it gives up: this run fails (exit 1, the message says why),
+//     so that recovery (OnFailure=) reports it on the Machine, and the
+//     runs after it stay quiet (exit 0, no restart) until something
+//     changes: the node healthy again, a new applied config (a repave), or
+//     a new boot.
+//
+// The first run of a boot waits (bounded by BootWait) for the node to
+// become healthy, and fails when it does not: the unit is ordered
+// Before=boot-complete.target, so systemd's boot assessment sees an
+// unhealthy node as a bad boot (greenboot's pattern).
+//
+// Its error is the give-up (ErrGaveUp) or the boot's failed first check
+// (both exit 1), or a host it cannot read.
 func (c *Check) Run(ctx context.Context) error {
 	err := c.run(ctx)
 	if err != nil && ctx.Err() != nil {
 		// Stopped in the middle of a check (systemctl stop, a reset, a
 		// shutdown): nothing was found wrong with the node, and a failed
 		// run would start a recovery that reports a failure there never
-		// was (seen in tests/system: a check stopped during the first
-		// check's wait of a boot).
+		// was, as a check stopped during the first check's wait of a boot
+		// would (TestHealthStoppedInTheMiddleOfACheckIsNotAFailure).
 		log := c.Log
 		if log == nil {
 			log = slog.Default()
@@ -265,8 +266,9 @@ func (c *Check) run(ctx context.Context) error {
 	if len(probs) == 0 && st.BootChecked && (st.GaveUp || st.Failures > 0 || st.Restarts > 0) {
 		// Healthy again after failures, which ends the counting (and a
 		// give-up): one answer between two crashes of a kubelet that keeps
-		// dying is not that (seen in tests/system: a give-up lifted by one
-		// lucky check, then restarts again). The settle window again.
+		// dying is not that, and would lift a give-up only for the
+		// restarts to begin again (TestHealthGiveUpIsNotLiftedByOneLuckyCheck).
+		// The settle window again.
 		if err := chk.Wait(ctx, readiness.Wait{Timeout: settle + 2*interval, Settle: settle, Poll: interval}); err != nil {
 			if ctx.Err() != nil {
 				return err // stopped: nothing counted (see Run)

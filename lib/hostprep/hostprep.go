@@ -1,51 +1,10 @@
-// Package hostprep prepares a host for a node stack and undoes exactly
-// that preparation at reset: kernel modules (overlay, br_netfilter), the
-// sysctls the kubelet and CNI need (IPv4 forwarding, bridged traffic seen
-// by iptables), and swap off, now and across reboots.
-//
-// Use:
-//
-//	h := &hostprep.Host{Paths: paths}            // zero fields: the real host
-//	changed, err := h.Prepare(ctx, hostprep.DefaultPlan())
-//	...
-//	leftovers, err := h.Undo(ctx)                // at reset; log leftovers
-//
-// The caller reloads systemd after both (masks are unit files); a mask
-// only matters at the next boot, so Prepare itself needs no reload.
-//
-// What Prepare changes, and what it records first (the record,
-// /var/lib/unbounded/hostprep.json with a SHA-256 sidecar, written through
-// lib/state before each change):
-//
-//   - a module that was not loaded: modprobe'd, recorded as loaded by us;
-//     persisted in /etc/modules-load.d/unbounded.conf;
-//   - a sysctl whose value differs: its previous value recorded, the new
-//     one written to /proc/sys; persisted in /etc/sysctl.d/90-unbounded.conf
-//     (systemd-sysctl runs after systemd-modules-load at boot, and udev
-//     re-applies net.bridge.* when br_netfilter loads later);
-//   - each active swap (from /proc/swaps): recorded with its priority, then
-//     swapoff'd; swap.target is masked (/etc/systemd/system/swap.target ->
-//     /dev/null) so that no swap unit (from fstab, zram-generator,
-//     gpt-auto) is started at the next boot. /etc/fstab is never edited:
-//     the operator's file stays as written, and reset gives the swaps back
-//     by unmasking and swapon, not by rewriting it.
-//   - each file it writes: its previous content (or its absence) and the
-//     directories it had to create.
-//
-// Idempotent: a second Prepare changes nothing, and a change that is
-// needed again (someone set a sysctl back) keeps the ORIGINAL previous
-// value in the record. Crash-safe: the record names a change before it is
-// made, and Undo restores a thing only where it still holds the value
-// Prepare set, so a crash between any two steps leaves a record that a new
-// Prepare completes or Undo reverts. Named crash points (CrashPoint):
-// "hostprep/after-record", "hostprep/after-change", "hostprep/after-undo".
-//
-// Undo goes through the record backwards: unmask, swapon, restore files,
-// previous sysctl values, unload the modules Prepare loaded. What it cannot
-// restore without overriding someone else (a value changed since, a module
-// in use, a swap device gone) is left as is and returned as a leftover,
-// not an error: a reset must not fail over a module another program uses.
-// Errors are exit 1 (lib/exitcode's default); nothing here is temporary.
+// Package hostprep prepares a host for a node stack and undoes exactly that
+// preparation at reset: kernel modules (overlay, br_netfilter), the sysctls
+// the kubelet and CNI need (IPv4 forwarding, bridged traffic seen by
+// iptables), and swap off, now and across reboots (ARCHITECTURE section 4).
+// Host.Prepare says what it changes and records, Host.Undo what it gives
+// back; Record is the host preparation record. Errors are exit 1
+// (lib/exitcode's default): nothing here is temporary.
 package hostprep
 
 import (
@@ -146,7 +105,9 @@ func (c Change) String() string {
 	return "file " + c.Name + " written"
 }
 
-// Record is every change Prepare made on this host, in order.
+// Record is the host preparation record: every change Prepare made on this
+// host, in order, in /var/lib/unbounded/hostprep.json with a SHA-256
+// sidecar (written through lib/state before each change).
 type Record struct {
 	Changes []Change `json:"changes"`
 }
@@ -204,8 +165,9 @@ type Host struct {
 	// WriteSysctl writes value to the sysctl key (default: its file under
 	// /proc/sys, which must exist).
 	WriteSysctl func(key, value string) error
-	// CrashPoint is called at each named crash point (see the package
-	// comment); the bootstrap and reset wire UNBOUNDED_CRASHPOINT to it.
+	// CrashPoint is called at each named crash point ("hostprep/after-record",
+	// "hostprep/after-change", "hostprep/after-undo"); the bootstrap and
+	// reset wire UNBOUNDED_CRASHPOINT to it.
 	CrashPoint func(name string)
 	// Log gets one line per change and per leftover; nil: slog.Default.
 	Log *slog.Logger
@@ -440,8 +402,33 @@ func (p Plan) sysctlFile() string {
 	return b.String()
 }
 
-// Prepare makes plan true on the host, recording each change before it is
-// made. It returns the changes made by this call (none on a prepared host).
+// Prepare makes plan true on the host, recording each change in the host
+// preparation record before it is made. It returns the changes made by this
+// call (none on a prepared host). It changes, and records:
+//
+//   - a module that was not loaded: modprobe'd, recorded as loaded by us;
+//     persisted in /etc/modules-load.d/unbounded.conf;
+//   - a sysctl whose value differs: its previous value recorded, the new
+//     one written to /proc/sys; persisted in /etc/sysctl.d/90-unbounded.conf
+//     (systemd-sysctl runs after systemd-modules-load at boot, and udev
+//     re-applies net.bridge.* when br_netfilter loads later);
+//   - each active swap (from /proc/swaps): recorded with its priority, then
+//     swapoff'd; swap.target is masked (/etc/systemd/system/swap.target ->
+//     /dev/null) so that no swap unit (from fstab, zram-generator,
+//     gpt-auto) is started at the next boot. /etc/fstab is never edited:
+//     the operator's file stays as written, and Undo gives the swaps back
+//     by unmasking and swapon, not by rewriting it;
+//   - each file it writes: its previous content (or its absence) and the
+//     directories it had to create.
+//
+// A second Prepare changes nothing, and a change that is needed again
+// (someone set a sysctl back) keeps the original previous value in the
+// record. The record names a change before it is made, and Undo restores a
+// thing only where it still holds the value Prepare set, so a crash between
+// any two steps leaves a record that a new Prepare completes or Undo
+// reverts. The caller reloads systemd after Prepare and after Undo (masks
+// are unit files); a mask only matters at the next boot, so Prepare itself
+// does not reload.
 func (h *Host) Prepare(ctx context.Context, plan Plan) ([]Change, error) {
 	if err := plan.check(); err != nil {
 		return nil, err
@@ -637,9 +624,14 @@ func mergeDirs(a, b []string) []string {
 	return out
 }
 
-// Undo reverts every recorded change, newest first, where the host still
-// holds what Prepare set, and removes the record. It returns what it left
-// as is, each with the reason. Without a record it does nothing.
+// Undo reverts every change of the host preparation record, newest first
+// (unmask, swapon, restore files, previous sysctl values, unload the
+// modules Prepare loaded), where the host still holds what Prepare set, and
+// removes the record. Without a record it does nothing. What it cannot
+// restore without overriding someone else (a value changed since, a module
+// in use, a swap device gone) is left as is and returned as a leftover,
+// with the reason, not an error: a reset must not fail over a module
+// another program uses.
 func (h *Host) Undo(ctx context.Context) (leftovers []string, err error) {
 	rec, err := ReadRecord(h.Paths)
 	if err != nil || rec == nil {

@@ -1,27 +1,7 @@
 // Package lifecycle is what runs before the daemon on every start of it
 // (unbounded-lifecycle.service, ARCHITECTURE section 6): it brings the
-// host's agent-side state to where the daemon may act on it. In this
-// release:
-//
-//  1. An installation that owns the host (bootstrap, repave, reset) and
-//     whose unit is not running is resumed: its unit (the one the
-//     ownership record names) is queued. The generator does the same at
-//     boot; this covers a host root the generator saw unmounted (a
-//     separate /var) and a reload that found the host owned.
-//  2. A repave journal on a host no installation owns (a repave that
-//     crashed after it released the lock, or failed after its switch) is
-//     finished or rolled back: unbounded-repave.service is queued, which
-//     resumes from the journal. lifecycle links no Kubernetes client and
-//     never decides itself which node runs: the repave does, with the
-//     cluster (uncordon, the new Node's readiness) in reach.
-//  3. The running node's lifecycle hooks are made current (Mode.
-//     EnsureHooks: the mode's host-side files of the active slot, as this
-//     release writes them, then daemon-reload; the node is not
-//     restarted).
-//
-// Later issues add the host-root migration and an unfinished agent
-// upgrade here. Units are queued, never waited for: the daemon is ordered
-// after this unit, and a repave it queued runs in its own unit.
+// host's agent-side state to where the daemon may act on it. Lifecycle.Run
+// holds the steps and why each is done here.
 package lifecycle
 
 import (
@@ -69,7 +49,28 @@ func (l *Lifecycle) systemd(ctx context.Context) (units.Manager, error) {
 	return units.Dial(ctx)
 }
 
-// Run does the steps of the package comment.
+// Run does, in order:
+//
+//  1. An installation that owns the host (bootstrap, repave, reset) and
+//     whose unit is not running is resumed: its unit (the one the
+//     ownership record names) is queued. The generator does the same at
+//     boot; this covers a host root the generator saw unmounted (a
+//     separate /var) and a reload that found the host owned.
+//  2. A repave journal on a host no installation owns (a repave that
+//     crashed after it released the lock, or failed after its switch) is
+//     finished or rolled back: unbounded-repave.service is queued, which
+//     resumes from the journal. lifecycle links no Kubernetes client and
+//     never decides itself which node runs: the repave does, with the
+//     cluster (uncordon, the new Node's readiness) in reach.
+//  3. The running node's lifecycle hooks are made current (Mode.
+//     EnsureHooks: the mode's host-side files of the active slot, as this
+//     release writes them, then daemon-reload; the node is not
+//     restarted).
+//
+// Units are queued, never waited for: the daemon is ordered after this
+// unit, and a repave it queued runs in its own unit. ARCHITECTURE section 6
+// gives this unit two more steps, the host-root migration and finishing an
+// unfinished agent upgrade; this release does neither.
 func (l *Lifecycle) Run(ctx context.Context) error {
 	own, err := state.ReadOwnership(l.Paths)
 	if own != nil {

@@ -95,8 +95,10 @@ func TargetSlot(m Mode, running string) string {
 	return hostpaths.OtherSlot(running)
 }
 
-// ErrNotImplemented is returned by operations this release does not
-// carry yet (repave, lifecycle hooks: issue 8). A caller maps it to exit 1.
+// ErrNotImplemented is returned by an operation a mode does not carry in
+// this release (a Repave or EnsureHooks it has no body for), having changed
+// nothing: a repave that gets it leaves the host as it was, and lifecycle
+// skips the hooks. A caller maps it to exit 1.
 var ErrNotImplemented = errors.New("not implemented in this release")
 
 // ErrRolledBack is wrapped by a Repave error after which the old node

@@ -1,51 +1,9 @@
-// Package recover is unbounded-recover, run by unbounded-recover@.service
-// when an agent unit fails (every agent service has
-// OnFailure=unbounded-recover@%n.service, so the instance is the failed
-// unit's name) and when the generator finds the host's state unusable at
-// boot (instance "generator"). ARCHITECTURE section 6.
-//
-// What it does, in order:
-//
-//  1. Tell a failure from what is not one. systemd starts OnFailure=
-//     units after any failed run, also after exit 77 (the allocation
-//     fence refused: final, reported on the Machine by the fence) and 78
-//     (configuration invalid: the message names the file; recovery could
-//     not even read the credentials to report it), and after a 69 of a
-//     unit that does not list it as a success; and a 75 may be retried by
-//     the unit itself (Restart=on-failure, auto-restart). Those are left
-//     alone: one journal line, exit 0.
-//  2. The rate limit (Limit): at most Burst recoveries of one unit per
-//     Window; past it recovery says so and does nothing.
-//  3. The repair. A host that an installation owns (bootstrap, reset,
-//     reprovision; also one that crashed and left its record) is not
-//     touched: that installation resumes or finishes the host itself,
-//     and recovery only reports. Otherwise recovery repairs the daemon
-//     from the current applied config (the active slot's record, never
-//     the bootstrap input, which may name a slot a repave has retired).
-//     A host with two valid applied configs and no journal that says
-//     which runs (stale.go) is first brought back to one: when the mode
-//     says exactly one slot's node runs, the other record and its sidecar
-//     are moved aside to /var/lib/unbounded/recover/stale under the
-//     installation lock; with a repave journal the repave decides, and
-//     with no node or both running recovery only says what it found.
-//     Then the daemon's executable and unit file are verified, a mask
-//     removed, the generator's link checked (a reload re-runs the generator; a daemon
-//     the generator holds back is not started), and the daemon started if
-//     it does not run. The installation lock (lib/state AcquireOwnership)
-//     is held only around what changes the host (unmask, daemon-reload)
-//     and released before the daemon starts: the daemon exits 69 while
-//     any ownership record exists, and an installation rerun at that
-//     moment (bootstrap after its crash) would defer. Recovery does not
-//     start the failed unit again: a unit that failed for a reason (a
-//     repave that rolled back, a bootstrap whose artifact checksum did
-//     not match) would fail the same way, and one that was killed
-//     (SIGKILL: a crash point, the OOM killer, kill -9) finishes or rolls
-//     back its own journal at its next run (unbounded-lifecycle at the
-//     next boot, or the daemon resuming its operation); restarting it
-//     from here could loop a unit the OOM killer keeps killing.
-//  4. The report: on the Machine (condition Recovered and an Event with
-//     the failed unit, its result and its last journal lines) when the
-//     cluster answers, and always in the journal.
+// Package recovery is unbounded-recover, run by unbounded-recover@.service
+// when an agent unit fails (the instance is the failed unit's name) and when
+// the generator finds the host's state unusable at boot (GeneratorInstance).
+// The unit file says what it does and ARCHITECTURE section 6 its limits;
+// Recovery.Run holds the order and its reasons, stale.go the host with two
+// applied configs, limit.go the rate limit.
 package recovery
 
 import (
@@ -185,7 +143,12 @@ func (f Failure) Describe() string {
 
 // notAFailure says why a run that started recovery is left alone, or ""
 // when it is a failure to recover. retrying reports whether the unit is
-// being restarted by systemd (auto-restart).
+// being restarted by systemd (auto-restart). systemd starts OnFailure=
+// units after any failed run: also after exit 77 (the fence refused,
+// final, and the fence reports it on the Machine), 78 (configuration
+// invalid: the message names the file, and recovery could not even read
+// the credentials to report it), a 69 of a unit that does not list it as a
+// success, and a 75 that the unit retries itself (Restart=on-failure).
 func (f Failure) notAFailure(retrying bool) string {
 	if f.ExitCode != "exited" {
 		return ""
@@ -241,10 +204,27 @@ type Recovery struct {
 	Log          *slog.Logger
 }
 
-// Run recovers from r.Failure. It returns nil when there was nothing to
-// do or everything was repaired, state.ErrOwned (exit 69) when an
-// installation owns the host, ErrUnrepaired (exit 1) when something could
-// not be repaired. Either way the failure is reported.
+// Run recovers from r.Failure, in order: it tells a failure from what is
+// not one (Failure.notAFailure: one journal line, exit 0); leaves a host
+// that an installation owns to that installation, which resumes or
+// finishes it (owned: report only); applies the rate limit (Limit: past
+// Burst recoveries of one unit per Window it says so and does nothing);
+// repairs the daemon (repair); and reports, on the Machine (condition
+// Recovered and an Event with the failed unit, its result and its last
+// journal lines) when the cluster answers, and always in the journal.
+//
+// It never starts the failed unit again: a unit that failed for a reason
+// (a repave that rolled back, a bootstrap whose artifact checksum did not
+// match) would fail the same way, and one that was killed (SIGKILL: a
+// crash point, the OOM killer, kill -9) finishes or rolls back its own
+// journal at its next run (unbounded-lifecycle at the next boot, or the
+// daemon resuming its operation); restarting it from here could loop a
+// unit the OOM killer keeps killing.
+//
+// It returns nil when there was nothing to do or everything was repaired,
+// state.ErrOwned (exit 69) when an installation owns the host,
+// ErrUnrepaired (exit 1) when something could not be repaired. Either way
+// the failure is reported.
 func (r *Recovery) Run(ctx context.Context) error {
 	log := r.Log
 	if log == nil {
@@ -424,8 +404,13 @@ func (r *Recovery) owned() (o outcome, owned, tookOver bool) {
 	return o, false, true
 }
 
-// repair repairs the daemon. See the package comment for the order and
-// for why the lock is held only around the checks.
+// repair repairs the daemon from the current applied config (the active
+// slot's record, never the bootstrap input, which may name a slot a repave
+// has retired): a host with two valid applied configs is first brought
+// back to one (retireStale); then the daemon's executable and unit file are
+// verified, a mask removed, the generator's link checked (checkDaemon), and
+// the daemon started if it does not run. Why the installation lock is held
+// only around the unmask is said where it is taken.
 func (r *Recovery) repair(ctx context.Context, log *slog.Logger, sd Systemd, tookOver bool) outcome {
 	var o outcome
 	p := r.Paths

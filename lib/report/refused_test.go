@@ -12,7 +12,8 @@ import (
 
 // A refusal the fence recorded (AllocationLaunchRefused=True, phase
 // Refused) stays on the Machine whatever the bootstrap reports: only a
-// fence check that read the allocation on the Machine clears it (issue 6).
+// fence check that read the allocation on the Machine clears it, since an
+// allow that never saw the allocation proves nothing against a refusal.
 func TestReporterLeavesARecordedRefusalAndItsPhaseAlone(t *testing.T) {
 	f := newFixture(t, true)
 	ms := f.env.Machines(t)

@@ -1,23 +1,7 @@
 // Package restart is unbounded-restart: the soft reboot of the node stack
-// in the active mode and slot, never of the host (ARCHITECTURE section 6).
-//
-//	nspawn: systemd-nspawn@<slot>.service restarts; the machine shuts down
-//	        and boots again.
-//	none:   unbounded-containerd.service, then unbounded-kubelet.service;
-//	        pods keep running (containerd's KillMode=process).
-//
-// The restart goes through the mode's own Restart (lib/modes/softreboot,
-// the body the modes share with this binary), which re-runs the allocation
-// fence: a refused fence leaves the node down and this run fails with 77.
-// Then it starts unbounded-node.target (a no-op for the units already
-// running) so that the target is active again even if it had failed, and
-// waits, bounded, until the node is up (lib/readiness, with the Node as
-// the daemon's live watch records it) on every look for DefaultSettle.
-//
-// It takes no ownership lock: the lock marks installations that resume
-// across reboots (bootstrap, reset, reprovision), and a restart interrupted
-// by a power cut has nothing to resume (the boot starts the node anyway).
-// It does not run while an installation owns the host (exit 69).
+// in the active mode and slot, never of the host (ARCHITECTURE section 6;
+// lib/modes/softreboot says what each mode restarts). Restart.Run holds the
+// order and why it takes no ownership lock.
 package restart
 
 import (
@@ -39,7 +23,7 @@ import (
 
 // DefaultTimeout bounds the wait for the node to be healthy after the
 // restart: an nspawn machine boots and its kubelet answers in about a
-// minute here; five leave room for a slow host without hiding a node that
+// minute; five leave room for a slow host without hiding a node that
 // does not come back.
 const DefaultTimeout = 5 * time.Minute
 
@@ -70,13 +54,27 @@ type Restart struct {
 	PollInterval time.Duration
 	Units        Units
 	Healthz      func(context.Context) error
-	// Node reads the Node; nil is the daemon's record
-	// (readiness.FromDaemon).
+	// Node reads the Node; nil is the daemon's Node record
+	// /run/unbounded/node.json (readiness.FromDaemon).
 	Node readiness.NodeSource
 	Log  *slog.Logger
 }
 
-// Run restarts the node stack and waits until it is healthy.
+// Run restarts the node stack and waits until it is healthy. The restart
+// goes through the mode's own Restart body (softreboot.Restart), which
+// re-runs the allocation fence: a refused fence leaves the node down and
+// Run fails with exit 77, the fence record (/run/unbounded/fence.json)
+// saying why. Then it starts unbounded-node.target (a no-op for the units
+// already running) so that the target is active again even if it had
+// failed, and waits, bounded by Timeout, until the node is up on every look
+// for Settle (lib/readiness, the Node read from the daemon's Node record
+// /run/unbounded/node.json).
+//
+// It takes no ownership lock: the lock marks installations that resume
+// across reboots (bootstrap, reset, reprovision), and a restart interrupted
+// by a power cut has nothing to resume (the boot starts the node anyway).
+// It does not run while an installation owns the host (state.ErrOwned,
+// exit 69).
 func (r *Restart) Run(ctx context.Context) error {
 	log := r.Log
 	if log == nil {

@@ -29,13 +29,12 @@ type Query struct {
 	// journalctl match on the invocation ID: journald attaches
 	// _SYSTEMD_INVOCATION_ID to a line of the unit's stdout only if it can
 	// still read it from the unit's cgroup, which a short-lived process
-	// may have left already (a failed oneshot's own lines carried
-	// _SYSTEMD_UNIT but no invocation ID), and PID 1 takes the timestamp
-	// after it forked the process, whose first lines journald may have
-	// stamped already (seen under real systemd in tests/system: a failed
-	// oneshot's two lines stamped 0.3 ms before its
-	// InactiveExitTimestamp, and the report held only systemd's lines
-	// about the unit).
+	// may have left already (its lines then carry _SYSTEMD_UNIT but no
+	// invocation ID), and PID 1 takes the timestamp after it forked the
+	// process, whose first lines journald may have stamped already: a
+	// match on the ID or on the time alone would keep only systemd's own
+	// lines about the unit
+	// (TestJournalQueryOfARunKeepsItsOwnLinesAndNoOtherRuns).
 	StartedAt time.Time
 	// Since limits the lines to those logged at or after it when not zero.
 	Since time.Time

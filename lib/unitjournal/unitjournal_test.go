@@ -64,10 +64,10 @@ func jsonEntry(msg string, at time.Time, fields ...string) string {
 // A finished run is read by its unit from a little before its start and
 // kept by what each line carries, not by a journalctl match on the
 // invocation ID: journald leaves _SYSTEMD_INVOCATION_ID off the stdout
-// lines of a process whose cgroup is already gone, and stamps a process's
-// first lines before PID 1's InactiveExitTimestamp (seen under real
-// systemd: 0.3 ms before). Lines of the run before, in the same window,
-// stay out.
+// lines of a process whose cgroup is already gone, and may stamp a
+// process's first lines before PID 1's InactiveExitTimestamp (PID 1 takes
+// it after the fork; here 0.3 ms before). Lines of the run before, in the
+// same window, stay out.
 func TestJournalQueryOfARunKeepsItsOwnLinesAndNoOtherRuns(t *testing.T) {
 	started := time.Unix(1700000000, 125_000_000)
 	const unit, inv, prev = "unbounded-test-fails.service", "0123456789abcdef0123456789abcdef", "ffffffffffffffffffffffffffffffff"

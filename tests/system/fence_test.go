@@ -27,9 +27,8 @@ import (
 // unbounded-fence.service (from this tree, running the multicall binary
 // built from this tree) which asks the real API server of tests/kube on
 // the host's loopback. The node units are stand-ins (long-running sleeps
-// under the none mode's unit names) because the real node stack of mode
-// none comes in a later issue; what is tested is whether systemd starts
-// them.
+// under the none mode's unit names): what is tested is whether systemd
+// starts them, not what they run.
 
 func TestFencedAllocationKeepsTheNodeDownAtBootUntilUnfenced(t *testing.T) {
 	env := requireKube(t)

@@ -434,10 +434,10 @@ ExecStart=/bin/sh -c 'if [ -e /run/test-retried ]; then exit 0; fi; touch /run/t
 		movedSays := fmt.Sprintf("moved %s and its sidecar to %s", hostpaths.New("").AppliedConfig(other), f.paths.Rel(moved[0]))
 		// The move is the first recovery's that sees the two records: the
 		// test unit's, unless another agent unit failed on them first (a
-		// unit stopped by this test in the middle of its run, seen once in
-		// CI: the move was done and reported by that unit's recovery, and
-		// the test unit's found the daemon running). Either way it is
-		// reported once, on the Machine, by the recovery that did it.
+		// unit this test stops in the middle of its run can: its recovery
+		// then does the move and reports it, and the test unit's finds
+		// the daemon running). Either way it is reported once, on the
+		// Machine, by the recovery that did it.
 		mover, msg := u, c.Message
 		if !strings.Contains(c.Message, movedSays) {
 			l, err := f.env.kube.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(),

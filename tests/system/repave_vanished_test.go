@@ -13,8 +13,8 @@ import (
 	"unbounded-cloud.io/agent/lib/daemon"
 )
 
-// TestRepaveOfANodeThatVanishedWhileTheDaemonWasDown (issue 8 item 6,
-// ARCHITECTURE section 7): a Machine whose Node is gone is repaved, also
+// TestRepaveOfANodeThatVanishedWhileTheDaemonWasDown (ARCHITECTURE
+// section 7): a Machine whose Node is gone is repaved, also
 // when it went while the daemon was down. On a first-booted nspawn host
 // the daemon and the node machine are stopped (no kubelet left to
 // register the Node again), the Node is deleted in the API server, and the

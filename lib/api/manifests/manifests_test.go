@@ -169,7 +169,9 @@ func TestCRDsAreClusterScopedWithStatusAndPrinterColumns(t *testing.T) {
 			t.Errorf("%s printer columns %v, want %v", kind, names, cols)
 		}
 	}
-	// `kubectl get` shows columns of priority 0 only: the issue's columns.
+	// `kubectl get` shows columns of priority 0 only: these are what
+	// `kubectl get machines` and `kubectl get machineoperations` print
+	// without -o wide.
 	for kind, want := range map[string][]string{"Machine": {"MODE", "SLOT", "PHASE", "AGENT", "AGE"}, "MachineOperation": {"MACHINE", "OPERATION", "STATE", "AGE"}} {
 		var shown []string
 		for _, c := range crds[kind].Spec.Versions[0].AdditionalPrinterColumns {

@@ -1,45 +1,11 @@
 // Package none is the none isolation mode (ARCHITECTURE section 2): the
 // node stack runs on the host itself, as the shipped units
 // unbounded-containerd.service and unbounded-kubelet.service, from
-// /var/lib/unbounded/versions/<version>/ through the `current` link.
-// Nothing is written under /usr or /opt at run time (ARCHITECTURE section
-// 4): /usr is read-only on image-based hosts, and so is /opt on some.
-//
-// What the bootstrap and reset integrators call:
-//
-//	m := &none.Mode{}                 // zero value: the real host
-//	err := m.Prepare(ctx, slot)       // modes.Slot, see modes.SlotFromConfig
-//	err = m.Start(ctx, slot.Name)     // daemon-reload + start containerd, kubelet
-//	err = m.Restart(ctx, slot.Name)   // restart both; pods keep running
-//	err = m.Destroy(ctx, slot.Name)   // stop, kill pods, unmount, remove, verify
-//
-// A version directory holds everything that changes with the node stack:
-//
-//	versions/<v>/bin/          kubelet, runc, containerd, containerd-shim-runc-v2, ...
-//	versions/<v>/cni/bin/      CNI plugins
-//	versions/<v>/etc/          kubelet/config.yaml, kubelet/kubelet.env (flags),
-//	                           kubelet/bootstrap-kubeconfig (0600), pki/ca.crt,
-//	                           containerd/config.toml
-//	versions/current -> <v>
-//
-// Generated configuration lives in the version directory, not in
-// /etc/unbounded: /etc/unbounded is the operator's, and a configuration
-// that moves with its binaries makes an in-place repave one link flip and
-// its rollback the flip back. Node state that must outlive a version
-// stays where every tool expects it: /var/lib/kubelet (kubelet's identity
-// after TLS bootstrap, kubeconfig /var/lib/kubelet/kubeconfig, and pods),
-// /var/lib/containerd and /run/containerd (the socket crictl finds), and
-// the CNI configuration in /etc/cni/net.d (where a cluster's CNI writes
-// too). The directories kubelet and containerd create at every start
-// under /usr and /opt by default are moved there as well: kubelet's
-// FlexVolume drivers to /var/lib/kubelet/volumeplugins, containerd's opt
-// plugin to /var/lib/containerd/opt. The slot only names the applied config's record: both slots are
-// the same units.
-//
-// Repave (repave.go) replaces the stack in place: the new version is
-// installed beside, the stack stopped, `current` flipped, the stack
-// started; a failure flips back. EnsureHooks (hooks.go) makes what the
-// units run from current without restarting them.
+// /var/lib/unbounded/versions/<version>/ through the Current link. Mode
+// implements modes.Mode; Layout says what a version directory holds and
+// what stays outside it, Repave (repave.go) how a version replaces another
+// in place, and EnsureHooks (hooks.go) how what the units run from is made
+// current without restarting them.
 package none
 
 import (
@@ -80,7 +46,26 @@ const Current = hostpaths.VersionsDirHost + "/current"
 // KubeletEnv is the file of kubelet's flags, read by unbounded-kubelet.service.
 const KubeletEnv = Current + "/etc/kubelet/kubelet.env"
 
-// Layout is the node stack's layout on the host, through Current.
+// Layout is the node stack's layout on the host, through Current. A version
+// directory holds everything that changes with the node stack:
+//
+//	versions/<v>/bin/          kubelet, runc, containerd, containerd-shim-runc-v2, ...
+//	versions/<v>/cni/bin/      CNI plugins
+//	versions/<v>/etc/          kubelet/config.yaml, kubelet/kubelet.env (flags),
+//	                           kubelet/bootstrap-kubeconfig (0600), pki/ca.crt,
+//	                           containerd/config.toml
+//	versions/current -> <v>
+//
+// Generated configuration lives in the version directory, not in
+// /etc/unbounded: /etc/unbounded is the operator's, and a configuration
+// that moves with its binaries makes an in-place repave one link flip and
+// its rollback the flip back. Node state that must outlive a version stays
+// where every tool expects it: /var/lib/kubelet (kubelet's identity after
+// TLS bootstrap, its kubeconfig, and pods), /var/lib/containerd and
+// /run/containerd (the socket crictl finds), and the CNI configuration in
+// /etc/cni/net.d (where a cluster's CNI writes too). Nothing is written
+// under /usr or /opt at run time (ARCHITECTURE section 4): /usr is
+// read-only on image-based hosts, and so is /opt on some.
 var Layout = nodestack.Layout{
 	BinDir:              Current + "/bin",
 	CNIBinDir:           Current + "/cni/bin",
@@ -154,8 +139,9 @@ func (m *Mode) Installed() bool {
 	return err == nil
 }
 
-// InPlace is true: both slots are the same units; a repave installs the
-// new version beside the running one and flips `current`.
+// InPlace is true: both slots are the same units (a slot only names the
+// applied record, <slot>-applied-config.json); a repave installs the new
+// version beside the running one and flips `current`.
 func (m *Mode) InPlace() bool { return true }
 
 func (m *Mode) log() *slog.Logger {

@@ -1,52 +1,8 @@
-// Package nspawn is the nspawn isolation mode (ARCHITECTURE section 2):
-// the node stack runs in a systemd-nspawn machine named after the slot,
-// rootfs /var/lib/machines/<slot>, supervised by the stock
-// systemd-nspawn@<slot>.service.
-//
-// What the bootstrap and reset integrators call:
-//
-//	m := &nspawn.Mode{}                      // zero value: the real host
-//	err := m.Prepare(ctx, slot)              // modes.Slot, see modes.SlotFromConfig
-//	err = m.Start(ctx, "kube1")              // daemon-reload + start systemd-nspawn@kube1.service
-//	err = m.Restart(ctx, "kube1")            // reboot of the machine only
-//	err = m.Destroy(ctx, "kube1")            // stop, remove, verify gone, daemon-reload
-//
-// Prepare, in order, each step idempotent:
-//  1. checks the slot (modes.Slot.Check) and that its unit is not running
-//     (modes.ErrSlotActive), and chooses the cgroup hierarchy from the
-//     host's (modes.Host.CgroupHierarchy: never assumed);
-//  2. resolves the image (Image.Ref: registry, "oci-layout:DIR[:TAG]",
-//     "docker-archive:FILE[:TAG]"; a registry reference is first looked
-//     up in Image.OfflineDir/images) with go-containerregistry;
-//  3. unpacks it into /var/lib/machines/.<slot>.tmp-*, beside the slot
-//     (Unpack: whiteouts applied, no write outside the directory);
-//  4. installs the artifacts (nodestack.InstallArtifacts) and writes the
-//     node configuration (nodestack.Files), the machine's hostname
-//     (the Machine's name), resolv.conf (the host's upstream servers),
-//     an empty machine-id (systemd gives every copy its own at boot), and
-//     the units containerd.service and kubelet.service (plus
-//     unbounded-cgroup-rw.service on a legacy hierarchy), enabled; and the
-//     pod images of Image.OfflineDir/images (every image a full reference
-//     names, but the node image) as one OCI archive, imported into
-//     containerd before kubelet starts by unbounded-pod-images.service
-//     (podimages.go): an offline host runs pods without a registry;
-//  5. renames the finished tree onto /var/lib/machines/<slot> (the old
-//     tree, if any, is moved aside first and removed after);
-//  6. writes /etc/systemd/nspawn/<slot>.nspawn and the drop-in
-//     /etc/systemd/system/systemd-nspawn@<slot>.service.d/50-unbounded-node.conf
-//     (every line commented with why), and creates the slot's containerd
-//     store /var/lib/unbounded/slots/<slot>/containerd.
-//
-// A crash at any point leaves either the previous slot or a temporary
-// tree that the next Prepare (or Destroy) removes. Errors: a registry that
-// may answer later wraps exitcode.ErrTemporary (exit 75); an image that
-// does not exist wraps ErrImageNotFound (exit 1). The bootstrap token is
-// written only into the machine's bootstrap kubeconfig (0600) and appears
-// in no error or log line.
-//
-// Repave (repave.go) builds the other slot, switches to it and rolls back
-// when it does not come up; EnsureHooks rewrites the running slot's
-// settings file and drop-in when this release writes them differently.
+// Package nspawn is the nspawn isolation mode (ARCHITECTURE section 2): the
+// node stack runs in a systemd-nspawn machine named after the slot, rootfs
+// /var/lib/machines/<slot>, supervised by the stock
+// systemd-nspawn@<slot>.service. Mode implements modes.Mode; Prepare holds
+// how a slot is built, Repave (repave.go) the switch between slots.
 package nspawn
 
 import (
@@ -136,7 +92,36 @@ func (m *Mode) systemd(ctx context.Context) (modes.Systemd, error) {
 	return units.Dial(ctx)
 }
 
-// Prepare builds the slot (see the package doc).
+// Prepare builds the slot, in order, each step idempotent:
+//  1. checks the slot (modes.Slot.Check) and that its unit is not running
+//     (modes.ErrSlotActive), and chooses the cgroup hierarchy from the
+//     host's (modes.Host.CgroupHierarchy: never assumed);
+//  2. resolves the image (Image.Ref: registry, "oci-layout:DIR[:TAG]",
+//     "docker-archive:FILE[:TAG]"; a registry reference is first looked
+//     up in Image.OfflineDir/images) with go-containerregistry;
+//  3. unpacks it into /var/lib/machines/.<slot>.tmp-*, beside the slot
+//     (Unpack: whiteouts applied, no write outside the directory);
+//  4. installs the artifacts (nodestack.InstallArtifacts) and writes the
+//     node configuration (nodestack.Files), the machine's hostname (the
+//     Machine's name), resolv.conf (the host's upstream servers), an empty
+//     machine-id (systemd gives every copy its own at boot), and the units
+//     containerd.service and kubelet.service (plus
+//     unbounded-cgroup-rw.service on a legacy hierarchy), enabled; and the
+//     pod images of Image.OfflineDir/images as one OCI archive, imported
+//     before kubelet starts (podimages.go): an offline host runs pods
+//     without a registry;
+//  5. renames the finished tree onto /var/lib/machines/<slot> (the old
+//     tree, if any, is moved aside first and removed after);
+//  6. writes the settings file /etc/systemd/nspawn/<slot>.nspawn and the
+//     drop-in of systemd-nspawn@<slot>.service, and creates the slot's
+//     containerd store /var/lib/unbounded/slots/<slot>/containerd.
+//
+// A crash at any point leaves either the previous slot or a temporary tree
+// that the next Prepare (or Destroy) removes. A registry that may answer
+// later wraps exitcode.ErrTemporary (exit 75); an image that does not exist
+// wraps ErrImageNotFound (exit 1). The bootstrap token is written only into
+// the machine's bootstrap kubeconfig (0600) and appears in no error or log
+// line.
 func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	if err := s.Check(); err != nil {
 		return err

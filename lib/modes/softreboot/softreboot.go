@@ -1,30 +1,9 @@
-// Package softreboot is the soft reboot of each mode's node stack: the
-// body of the modes' Restart (lib/modes/nspawn, lib/modes/none), kept
-// apart from the rest of each mode so that unbounded-restart
-// (cmd/restart), which needs nothing else of a mode, stays a small binary
-// (ARCHITECTURE section 3: under 5 MB without a Kubernetes client; the
-// nspawn mode's image code alone would put it over).
-//
-// A soft reboot restarts the slot's supervising units in order, over
-// D-Bus, never the host:
-//   - nspawn: systemd-nspawn@<slot>.service. The machine shuts down
-//     cleanly and boots again; the restart job finishes once it has
-//     booted (NotifyReady=yes).
-//   - none: unbounded-containerd.service, then unbounded-kubelet.service.
-//     Pods keep running: containerd's unit has KillMode=process, so the
-//     shims and their containers outlive it, and the kubelet adopts them.
-//
-// Each restart job also starts what the unit Requires=: the generator's
-// drop-in makes that the allocation fence, which runs again (a oneshot
-// without RemainAfterExit), so a soft reboot never starts a node the fence
-// refuses.
-//
-// A unit whose restart fails leaves the whole node stack down: the units
-// after it are stopped. Without that, a fence that refuses the restart of
-// containerd (its restart job stops it, then the start fails on the
-// fence) would leave the kubelet, which only Wants= containerd, running:
-// a node the fence refused, half up. Stopping the kubelet stops no pod
-// (they run under containerd's shims, as in a restart).
+// Package softreboot is the soft reboot of each mode's node stack, the body
+// of the modes' Restart (lib/modes/nspawn, lib/modes/none), kept apart so
+// that unbounded-restart (cmd/restart), which needs nothing else of a mode,
+// stays a small binary (ARCHITECTURE section 3: under 5 MB without a
+// Kubernetes client; the nspawn mode's image code alone would put it over).
+// Restart says what a soft reboot does.
 package softreboot
 
 import (
@@ -47,7 +26,27 @@ type Units interface {
 	StopUnit(ctx context.Context, unit string) error
 }
 
-// Restart soft-reboots the node stack of mode in slot.
+// Restart soft-reboots the node stack of mode in slot, never the host: it
+// restarts the slot's supervising units (unitnames.Supervising) in order,
+// over D-Bus:
+//   - nspawn: systemd-nspawn@<slot>.service. The machine shuts down
+//     cleanly and boots again; the restart job finishes once it has booted
+//     (NotifyReady=yes).
+//   - none: unbounded-containerd.service, then unbounded-kubelet.service.
+//     Pods keep running: containerd's unit has KillMode=process, so the
+//     shims and their containers outlive it, and the kubelet adopts them.
+//
+// Each restart job also starts what the unit Requires=: the generator's
+// drop-in makes that the allocation fence, which runs again (a oneshot
+// without RemainAfterExit), so a soft reboot never starts a node the fence
+// refuses.
+//
+// A unit whose restart fails leaves the whole node stack down: the units
+// after it are stopped. Without that, a fence that refuses the restart of
+// containerd (its restart job stops it, then the start fails on the fence)
+// would leave the kubelet, which only Wants= containerd, running: a node
+// the fence refused, half up. Stopping the kubelet stops no pod (they run
+// under containerd's shims, as in a restart).
 func Restart(ctx context.Context, sd Units, mode, slot string) error {
 	if !hostpaths.ValidSlot(slot) {
 		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)

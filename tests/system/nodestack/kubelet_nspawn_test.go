@@ -214,14 +214,15 @@ ExecStart=/bin/sh -c 'exec /usr/local/bin/kubelet --config=/var/lib/kubelet/conf
 		c.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{})
 	})
 
-	// Not always within 30 s: the kubelet registers its Node about 20 s
-	// after it starts here (its container manager starts after 10 s),
-	// while its CSINode initialization tries at about 0.4, 0.8, 1.4, 4
-	// and 20 s, then once more after two minutes, then exits for systemd
-	// to restart it (Restart=always above); until a try succeeds the Node
-	// is NotReady ("failed to initialize CSINode"). Seen in about half the
-	// runs; the bound covers it. (The product's bootstrap restarts the
-	// node stack once instead: lib/bootstrap ready.)
+	// Not always within 30 s: the kubelet registers its Node only after
+	// its container manager has started (10 s in), while its CSINode
+	// initialization tries at about 0.4, 0.8, 1.4, 4 and 20 s, then once
+	// more after two minutes, then exits for systemd to restart it
+	// (Restart=always above); until a try succeeds the Node is NotReady
+	// ("failed to initialize CSINode"). Whether the 20 s try comes after
+	// the registration is a race; the bound covers the try after two
+	// minutes and a restart. (The product's bootstrap restarts the node
+	// stack once instead: lib/bootstrap ready.)
 	waitFor(t, 240*time.Second, "Node "+node+" Ready", func(ctx context.Context) (bool, error) {
 		return nodestack.NodeReady(ctx, c, node)
 	})
