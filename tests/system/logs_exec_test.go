@@ -3,8 +3,6 @@ package system_test
 import (
 	"bytes"
 	"context"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -28,6 +26,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"unbounded-cloud.io/agent/tests/kubeenv"
+	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
 
 // kubectl logs, exec and port-forward against a pod on the node the
@@ -52,32 +51,12 @@ func TestLogsExecAndPortForwardReachAPodOnTheAgentsNode(t *testing.T) {
 
 	// The serving certificate came from the cluster: a CSR of the node,
 	// approved and signed by the cluster CA for the Node's own names.
-	var serving *x509.Certificate
-	waitUntil(t, 2*time.Minute, "the kubelet's serving certificate issued", func(ctx context.Context) (bool, error) {
-		csrs, err := c.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for _, csr := range csrs.Items {
-			if csr.Spec.SignerName != certificatesv1.KubeletServingSignerName || csr.Spec.Username != "system:node:"+f.name {
-				continue
-			}
-			for _, cond := range csr.Status.Conditions {
-				if cond.Type == certificatesv1.CertificateDenied {
-					return false, fmt.Errorf("CSR %s denied: %s", csr.Name, cond.Message)
-				}
-			}
-			if b, _ := pem.Decode(csr.Status.Certificate); b != nil {
-				cert, err := x509.ParseCertificate(b.Bytes)
-				if err != nil {
-					return false, err
-				}
-				serving = cert
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	certCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	serving, err := nodestack.ServingCert(certCtx, c, f.name, time.Time{})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("kubelet serving certificate: subject %s, DNS %v, IP %v, issuer %s", serving.Subject, serving.DNSNames, serving.IPAddresses, serving.Issuer)
 	if err := serving.CheckSignatureFrom(f.env.CACert(t)); err != nil {
 		t.Errorf("the serving certificate is not the cluster CA's: %v", err)

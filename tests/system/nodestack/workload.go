@@ -2,10 +2,16 @@ package nodestack
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 )
@@ -60,4 +66,41 @@ func BarePod(ns, name, node, image string) *corev1.Pod {
 			Containers:                    []corev1.Container{{Name: "sleep", Image: image}},
 		},
 	}
+}
+
+// ServingCert waits, bounded by ctx, until the kubelet of node has a
+// serving certificate from the cluster (node.serving-cert = "cluster": a
+// kubernetes.io/kubelet-serving CSR of system:node:NODE created at or
+// after since, approved and signed) and returns it. A denied CSR is an
+// error naming its reason. Until it is issued the kubelet's port answers
+// no TLS handshake: logs, exec and its metrics through the API server
+// wait for it.
+func ServingCert(ctx context.Context, c kubernetes.Interface, node string, since time.Time) (*x509.Certificate, error) {
+	var cert *x509.Certificate
+	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		csrs, err := c.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, csr := range csrs.Items {
+			if csr.Spec.SignerName != certificatesv1.KubeletServingSignerName || csr.Spec.Username != "system:node:"+node ||
+				csr.CreationTimestamp.Time.Before(since.Truncate(time.Second)) {
+				continue
+			}
+			for _, cond := range csr.Status.Conditions {
+				if cond.Type == certificatesv1.CertificateDenied {
+					return false, fmt.Errorf("CSR %s denied: %s", csr.Name, cond.Message)
+				}
+			}
+			if b, _ := pem.Decode(csr.Status.Certificate); b != nil {
+				cert, err = x509.ParseCertificate(b.Bytes)
+				return err == nil, err
+			}
+		}
+		return false, nil
+	})
+	if err != nil && cert == nil {
+		return nil, fmt.Errorf("the kubelet serving certificate of %s: %w", node, err)
+	}
+	return cert, err
 }
