@@ -219,7 +219,7 @@ type Bootstrap struct {
 	Notify func(state string)
 	// CrashPoint is called at each named crash point; nil: crashpoint.Hit.
 	CrashPoint func(name string)
-	Clock      func() time.Time
+	Now        func() time.Time
 	Log        *slog.Logger
 }
 
@@ -231,8 +231,8 @@ func (b *Bootstrap) log() *slog.Logger {
 }
 
 func (b *Bootstrap) now() time.Time {
-	if b.Clock != nil {
-		return b.Clock()
+	if b.Now != nil {
+		return b.Now()
 	}
 	return time.Now()
 }

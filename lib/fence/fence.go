@@ -120,7 +120,7 @@ type Check struct {
 	// returns at most Budget+ReportTimeout after the start.
 	ReportTimeout time.Duration
 
-	Clock func() time.Time
+	Now   func() time.Time
 	Sleep func(ctx context.Context, d time.Duration) error
 	API   API
 	Log   *slog.Logger
@@ -138,8 +138,8 @@ type Check struct {
 func (c *Check) Via() Credential { return c.via }
 
 func (c *Check) now() time.Time {
-	if c.Clock != nil {
-		return c.Clock()
+	if c.Now != nil {
+		return c.Now()
 	}
 	return time.Now()
 }

@@ -49,7 +49,7 @@ func TestRefusalKinds(t *testing.T) {
 				return c.machine, c.err
 			}}
 			ch := &Check{Machine: "w1", AllocationUID: "uid-1", Budget: 10 * time.Second,
-				Credentials: hostCredentials(t, start.Add(time.Hour)), Clock: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
+				Credentials: hostCredentials(t, start.Add(time.Hour)), Now: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
 			var r *Refusal
 			if err := ch.Run(context.Background()); !errors.As(err, &r) || r.Reason != c.reason || r.NoAnswer != c.noAnswer {
 				t.Fatalf("Run: %v (%+v), want reason %s, NoAnswer %v", err, r, c.reason, c.noAnswer)

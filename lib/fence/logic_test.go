@@ -147,7 +147,7 @@ func TestCertificateExpiringDuringTheReadMovesOnlyTheNextReadToTheToken(t *testi
 		},
 	}
 	c := &Check{Machine: "w1", AllocationUID: "uid-1", Budget: 2 * time.Minute, Credentials: cr,
-		Clock: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
+		Now: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
 	if err := c.Run(context.Background()); err != nil {
 		t.Fatalf("Run: %v, want allowed by the token on the second read", err)
 	}
@@ -171,7 +171,7 @@ func TestRejectedValidCertificateIsFinalAndNeverRescuedByTheToken(t *testing.T) 
 		},
 	}
 	c := &Check{Machine: "w1", AllocationUID: "uid-1", Credentials: hostCredentials(t, clock.t.Add(time.Hour)),
-		Clock: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
+		Now: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
 	err := c.Run(context.Background())
 	var r *Refusal
 	if !errors.As(err, &r) || r.Reason != v1alpha3.ReasonCertificateRejected || exitcode.For(err) != exitcode.Refused {
@@ -195,7 +195,7 @@ func TestNoAnswerIsRetriedWithBackoffUntilTheBudgetThenRefused(t *testing.T) {
 		},
 	}
 	c := &Check{Machine: "w1", AllocationUID: "uid-1", Budget: 30 * time.Second,
-		Credentials: hostCredentials(t, start.Add(time.Hour)), Clock: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
+		Credentials: hostCredentials(t, start.Add(time.Hour)), Now: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
 	err := c.Run(context.Background())
 	var r *Refusal
 	if !errors.As(err, &r) || r.Reason != v1alpha3.ReasonClusterUnreachable {
@@ -328,7 +328,7 @@ func TestAnotherMachinesCertificateIsRefusedWithoutAReadAndReportedWithTheToken(
 		},
 	}
 	c := &Check{Machine: "w2", AllocationUID: "uid-1", Credentials: cr,
-		Clock: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
+		Now: clock.now, Sleep: clock.sleep, API: api, Log: quiet}
 	err := c.Run(context.Background())
 	var r *Refusal
 	if !errors.As(err, &r) || r.Reason != v1alpha3.ReasonCertificateRejected || exitcode.For(err) != exitcode.Refused {

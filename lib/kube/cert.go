@@ -118,16 +118,16 @@ type CertManager struct {
 	// Duration is the lifetime asked for (spec.expirationSeconds); 0 leaves
 	// it to the signer.
 	Duration time.Duration
-	// Clock is the time source; nil means time.Now.
-	Clock func() time.Time
+	// Now is the time source; nil means time.Now.
+	Now func() time.Time
 	// Rand is the key generator's randomness; nil means crypto/rand.
 	Rand io.Reader
 	Log  *slog.Logger
 }
 
 func (m CertManager) now() time.Time {
-	if m.Clock != nil {
-		return m.Clock()
+	if m.Now != nil {
+		return m.Now()
 	}
 	return time.Now()
 }

@@ -167,7 +167,7 @@ func TestCSRRenewsPastEightyPercentOfTheLifetimeWithTheCurrentCertificate(t *tes
 	seen := map[string]bool{}
 	clock := time.Now()
 	m := kube.CertManager{Store: h.creds.Certs, Machine: h.machine, Wait: 30 * time.Second, Log: quiet,
-		Duration: time.Hour, Clock: func() time.Time { return clock }}
+		Duration: time.Hour, Now: func() time.Time { return clock }}
 	first, _ := h.ensureApproved(t, func(ctx context.Context) (*kube.CertPair, error) {
 		return m.EnsureConfig(ctx, h.bootstrapConfig(t))
 	}, seen)

@@ -86,7 +86,7 @@ func (r Report) text(max int) string {
 func (r *Recovery) report(ctx context.Context, log *slog.Logger, rep Report) {
 	send := r.Host.Report
 	if send == nil {
-		mr := &MachineReporter{Paths: r.Paths, Clock: r.Host.Now}
+		mr := &MachineReporter{Paths: r.Paths, Now: r.Host.Now}
 		send = mr.Report
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -108,12 +108,12 @@ func (r *Recovery) report(ctx context.Context, log *slog.Logger, rep Report) {
 // while one is usable, else the bootstrap token (lib/kube.Credentials).
 type MachineReporter struct {
 	Paths hostpaths.Paths
-	Clock func() time.Time
+	Now   func() time.Time
 }
 
 func (m *MachineReporter) now() time.Time {
-	if m.Clock != nil {
-		return m.Clock()
+	if m.Now != nil {
+		return m.Now()
 	}
 	return time.Now()
 }

@@ -238,7 +238,7 @@ type Repave struct {
 	// Notify sends an sd_notify state; nil: sd_notify.
 	Notify     func(state string)
 	CrashPoint func(name string)
-	Clock      func() time.Time
+	Now        func() time.Time
 	Log        *slog.Logger
 
 	early *earlyFence
@@ -252,8 +252,8 @@ func (r *Repave) log() *slog.Logger {
 }
 
 func (r *Repave) now() time.Time {
-	if r.Clock != nil {
-		return r.Clock()
+	if r.Now != nil {
+		return r.Now()
 	}
 	return time.Now()
 }

@@ -51,7 +51,7 @@ type Reporter struct {
 	// Timeout bounds one report; 0 means 10 s. An unreachable cluster
 	// must not hold the bootstrap up.
 	Timeout time.Duration
-	Clock   func() time.Time
+	Now     func() time.Time
 	Log     *slog.Logger
 }
 
@@ -79,8 +79,8 @@ func (r *Reporter) Failed(ctx context.Context, reason, message string) error {
 var reasonRE = regexp.MustCompile(`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`)
 
 func (r *Reporter) now() time.Time {
-	if r.Clock != nil {
-		return r.Clock()
+	if r.Now != nil {
+		return r.Now()
 	}
 	return time.Now()
 }
