@@ -13,7 +13,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"unbounded-cloud.io/agent/tests/system/harness"
-	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
 
 // csinodeRestartLine begins the line the ready wait logs when it restarts
@@ -51,18 +50,6 @@ func (b *benchOut) kubeletStart(t *testing.T, ctx context.Context, o *out, kube 
 	restarts := csinodeRestarts(unitJournal(t, m, unit, since))
 	b.lines = append(b.lines, fmt.Sprintf("%s.csinode-restarts %d", prefix, restarts))
 
-	// The kubelet's port answers no TLS handshake until its serving
-	// certificate is issued (node.serving-cert = "cluster"): wait for
-	// the CSR of this kubelet's start first.
-	certCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	_, err := nodestack.ServingCert(certCtx, kube, node, since)
-	cancel()
-	if err != nil {
-		o.say("%s: the kubelet's startup metrics not read: %v", prefix, err)
-		b.lines = append(b.lines, prefix+".kubelet-metrics.failed 1")
-		return
-	}
-
 	const post = "kubelet_node_startup_post_registration_duration_seconds"
 	var got map[string]float64
 	var lastErr error
@@ -71,7 +58,7 @@ func (b *benchOut) kubeletStart(t *testing.T, ctx context.Context, o *out, kube 
 	// just precede it. A kubelet that found its Node registered already
 	// (the one a CSINode restart started) sets none of the gauges: they
 	// stay 0, and only a kubelet that creates its Node sets them.
-	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		raw, err := kube.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", node, "proxy", "metrics").DoRaw(ctx)
 		if err != nil {
 			lastErr = fmt.Errorf("GET /api/v1/nodes/%s/proxy/metrics: %w", node, err)
