@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
@@ -179,8 +180,35 @@ func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 
 	// (1) The budget holds: fail after the timeout, nothing changed. (The
 	// bare pod stays: the budget fails the drain whatever else it does.)
+	// Six seconds into the drain the API server is cut off for six
+	// seconds: the drain goes on through the outage (its pod lists and
+	// evictions are tried again) rather than ending at the first refused
+	// connection with the Node left cordoned, and ends as it would
+	// without the outage: at its timeout, uncordoned.
 	f.repaveFlags(t, "--drain-timeout=15s", "--delete-unmanaged")
+	outage := make(chan time.Duration, 1)
+	go func() {
+		// Not waitUntil: this is not the test's goroutine.
+		cordoned := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			n, err := f.env.kube.CoreV1().Nodes().Get(ctx, f.name, metav1.GetOptions{})
+			return err == nil && n.Spec.Unschedulable, nil
+		})
+		if cordoned != nil {
+			outage <- 0
+			return
+		}
+		f.fwd.SetFault(f.env.Host(), nodestack.ForwardFault{Down: true})
+		cut := time.Now()
+		time.Sleep(6 * time.Second) // the outage's length, not a wait for a state
+		f.fwd.SetFault(f.env.Host(), nodestack.ForwardFault{})
+		outage <- time.Since(cut)
+	}()
 	p, took = f.repave(t, 5*time.Minute)
+	if cut := <-outage; cut == 0 {
+		t.Errorf("the repave never cordoned the Node: no outage during its drain")
+	} else {
+		t.Logf("API server cut off for %v during the drain", cut.Round(time.Millisecond))
+	}
 	j = f.lastRunJournal(t, p)
 	if p["ExecMainStatus"] != "1" || p["ActiveState"] != "failed" {
 		t.Fatalf("repave against the budget: %v, want exit 1\n%s", p, j)
