@@ -296,6 +296,7 @@ func (d *repaveDemo) run(t *testing.T, ctx context.Context) {
 	if d.bench.path == "" {
 		return
 	}
+	d.repaveLoop(t, ctx)
 	o.step("bench: a rollback (a node image whose kubelet never runs; the new node is given up after 60 s)")
 	bad := d.reg.Push(t, "unbounded/node:never-healthy", nodestack.NeverHealthyNodeImage(t, d.stage.NodeImage(t)))
 	d.setImage(t, bad)
@@ -315,4 +316,38 @@ func (d *repaveDemo) run(t *testing.T, ctx context.Context) {
 	}
 	os.Remove(d.m.Root() + dropin)
 	d.m.Systemctl("daemon-reload")
+}
+
+// repaveLoop repaves UNBOUNDED_DEMO_REPAVES more times (blue/green back
+// and forth, each onto the node image under a new tag), bounded in count,
+// and adds to the bench file how many of them restarted the node stack for
+// the kubelet's CSINode (the ready wait's guard) and the longest downtime.
+func (d *repaveDemo) repaveLoop(t *testing.T, ctx context.Context) {
+	t.Helper()
+	n, _ := strconv.Atoi(os.Getenv("UNBOUNDED_DEMO_REPAVES"))
+	if n <= 0 {
+		return
+	}
+	n = min(n, 100)
+	d.o.step("bench: %d more repaves, counting the node stack restarts for the kubelet's CSINode", n)
+	img := d.stage.NodeImage(t)
+	restarts := 0
+	var longest time.Duration
+	for i := 1; i <= n; i++ {
+		d.setImage(t, d.reg.Push(t, fmt.Sprintf("unbounded/node:loop-%d", i), img))
+		begin := time.Now()
+		if !d.start(t, ctx, begin) {
+			t.Fatalf("repave %d of %d failed:\n%s", i, n, d.m.Journal(repaveUnit))
+		}
+		lines := d.journal(t, repaveUnit, begin)
+		restarts += csinodeRestarts(lines)
+		stopped, ok1 := find(lines, "old node stopped")
+		up, ok2 := find(lines, "node up")
+		if ok1 && ok2 {
+			longest = max(longest, up.at.Sub(stopped.at))
+		}
+	}
+	d.o.say("%d repaves: %d CSINode restarts, longest downtime %s", n, restarts, took(longest))
+	d.bench.lines = append(d.bench.lines, fmt.Sprintf("repave.loop.runs %d", n), fmt.Sprintf("repave.loop.csinode-restarts %d", restarts))
+	d.bench.add("repave.loop.downtime-max", longest)
 }
