@@ -424,6 +424,9 @@ func (d *daemon) apply(ctx context.Context, u update) {
 			d.ops[op.Name] = op
 			d.log.Debug("operation seen", "name", op.Name, "state", op.Status.State, "sync", u.sync)
 		}
+		if u.sync {
+			d.settleOwedStatuses()
+		}
 	case kindNode:
 		var node *corev1.Node
 		if len(u.objs) > 0 && !u.deleted {

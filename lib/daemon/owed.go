@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/owed"
 )
@@ -34,7 +35,7 @@ func (d *daemon) settleOwed(ctx context.Context, node *corev1.Node) {
 			continue
 		}
 		if !node.Spec.Unschedulable {
-			if err := owed.Settle(d.p, w.Kind); err != nil {
+			if err := owed.Settle(d.p, w.ID()); err != nil {
 				d.log.Warn("owed uncordon made, record stays", "error", err)
 				continue
 			}
@@ -62,5 +63,36 @@ func (d *daemon) settleOwed(ctx context.Context, node *corev1.Node) {
 				d.log.Warn("owed uncordon not made yet; the next Node update tries again", "node", name, "error", err)
 			}
 		}()
+	}
+}
+
+// settleOwedStatuses removes the owed final statuses (finish) that the
+// cluster no longer needs: the operation is gone, or already shows a final
+// state (the write landed, and the daemon stopped before it removed the
+// record). An operation still InProgress keeps its record: its resume
+// writes it. Called with the operations' full list.
+func (d *daemon) settleOwedStatuses() {
+	ws, err := owed.List(d.p)
+	if err != nil {
+		d.log.Warn("owed cluster writes unreadable", "error", err)
+	}
+	for _, w := range ws {
+		if w.Kind != owed.OperationStatus {
+			continue
+		}
+		var op *v1alpha3.MachineOperation
+		for _, o := range d.ops {
+			if string(o.UID) == w.UID {
+				op = o
+			}
+		}
+		if op != nil && !op.Status.State.Finished() {
+			continue
+		}
+		if err := owed.Settle(d.p, w.ID()); err != nil {
+			d.log.Warn("owed final status not removed", "operation", w.Operation, "error", err)
+			continue
+		}
+		d.log.Info("owed final status settled: the operation is gone or finished", "operation", w.Operation, "uid", w.UID)
 	}
 }

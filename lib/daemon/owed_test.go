@@ -13,6 +13,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/owed"
@@ -116,5 +117,85 @@ func TestOperationStatusWritesRideOutAnAPIServerThatDoesNotAnswer(t *testing.T) 
 	case <-d.done:
 		t.Fatalf("the daemon stopped: %v", d.err)
 	default:
+	}
+}
+
+// refusedStatus refuses every write of an operation's final status with
+// a 422 (as an admission policy would): an answer, so not retried, and
+// the write stays owed.
+type refusedStatus struct {
+	next http.RoundTripper
+	mu   sync.Mutex
+	hits int
+}
+
+func (f *refusedStatus) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/machineoperations/") && strings.HasSuffix(r.URL.Path, "/status") && r.Body != nil {
+		body, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		if bytes.Contains(body, []byte(`"state":"Complete"`)) || bytes.Contains(body, []byte(`"state":"Failed"`)) {
+			f.mu.Lock()
+			f.hits++
+			f.mu.Unlock()
+			return &http.Response{StatusCode: http.StatusUnprocessableEntity, Status: "422 Unprocessable Entity", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+				Header: http.Header{"Content-Type": {"text/plain"}}, Body: io.NopCloser(strings.NewReader("refused by a test")), Request: r}, nil
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	return f.next.RoundTrip(r)
+}
+
+// A final status the cluster does not take is owed on the host (lib/owed)
+// and written by the next daemon as it was decided, even when the unit's
+// state has changed since (a run by hand that failed, a reboot that
+// unloaded it): the decision is not made again. The record goes once the
+// status is written, and `unbounded status` would list it until then.
+func TestFinalStatusTheClusterDidNotTakeIsWrittenByTheNextDaemonAsDecided(t *testing.T) {
+	f := newFixture(t)
+	refused := &refusedStatus{}
+	opts := f.opts
+	opts.REST = rest.CopyConfig(f.opts.REST)
+	opts.REST.Wrap(func(rt http.RoundTripper) http.RoundTripper { refused.next = rt; return refused })
+	d := startDaemon(t, opts)
+	op := f.env.createOp(t, f.machine, v1alpha3.OperationRestart)
+	id := owed.Write{Kind: owed.OperationStatus, UID: string(op.UID)}.ID()
+	var w *owed.Write
+	eventually(t, opTimeout, "the final status owed on the host", func() bool {
+		w, _ = owed.Find(f.opts.Paths, id)
+		return w != nil
+	})
+	if err := d.stop(t); err != nil {
+		t.Fatalf("daemon: %v", err)
+	}
+	if w.State != string(v1alpha3.OperationComplete) || w.Reason != ReasonUnitSucceeded || w.Operation != op.Name {
+		t.Fatalf("owed status %+v, want Complete %s of %s", w, ReasonUnitSucceeded, op.Name)
+	}
+	if got := f.env.getOp(t, op.Name); got.Status.State != v1alpha3.OperationInProgress {
+		t.Fatalf("operation %s/%s while its final status was refused, want InProgress", got.Status.State, got.Status.Reason)
+	}
+	// Since then the unit ran again and failed.
+	f.fake.configure("unbounded-restart.service", func(u *fakeUnit) {
+		u.st = UnitState{ActiveState: "failed", SubState: "failed", Result: "exit-code", ExecMainStatus: 1, InvocationID: "fedcba9876543210fedcba9876543210"}
+	})
+
+	startDaemon(t, f.opts)
+	done := f.env.waitOp(t, op.Name, opTimeout)
+	if done.Status.State != v1alpha3.OperationComplete || done.Status.Reason != ReasonUnitSucceeded {
+		t.Fatalf("operation ended %s/%s (%s), want the owed Complete/%s", done.Status.State, done.Status.Reason, done.Status.Message, ReasonUnitSucceeded)
+	}
+	if n := f.fake.startCount("unbounded-restart.service"); n != 1 {
+		t.Errorf("unbounded-restart.service started %d times, want 1", n)
+	}
+	eventually(t, opTimeout, "the owed record settled", func() bool {
+		w, err := owed.Find(f.opts.Paths, id)
+		return err == nil && w == nil
+	})
+	refused.mu.Lock()
+	defer refused.mu.Unlock()
+	if refused.hits == 0 {
+		t.Error("no final status write was refused")
 	}
 }

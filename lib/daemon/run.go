@@ -15,6 +15,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -203,6 +204,9 @@ func (d *daemon) dispatch(ctx context.Context, j *job, t target, desired json.Ra
 // unit only when it can tell that the unit has not run for this operation;
 // it never starts it twice for the same operation UID.
 func (d *daemon) resume(ctx context.Context, j *job, t target, r *result) error {
+	if ok, err := d.finishOwed(ctx, j, r); ok {
+		return err
+	}
 	req, rerr := request.Read(d.p, t.concern)
 	ours := rerr == nil && req.UID == j.uid
 	if j.typ == v1alpha3.OperationReboot {
@@ -232,6 +236,8 @@ func (d *daemon) resume(ctx context.Context, j *job, t target, r *result) error 
 	if err != nil {
 		return err // retried by the next process; nothing was decided
 	}
+	boot, _ := d.host.bootID()
+	why := "unit was never started for this operation"
 	switch {
 	case st.Running():
 		d.log.Info("resuming: unit still runs for this operation; waiting", "unit", t.unit, "uid", j.uid)
@@ -242,6 +248,14 @@ func (d *daemon) resume(ctx context.Context, j *job, t target, r *result) error 
 	case st.InvocationID != "" && st.InvocationID != req.PreviousInvocation:
 		d.log.Info("resuming: unit finished while the daemon was down", "unit", t.unit, "uid", j.uid)
 		return d.report(ctx, j, t, req, "", st, r)
+	case st.InvocationID == "" && req.BootID != "" && boot != "" && req.BootID != boot:
+		// The request (under /var) is from an earlier boot and the unit
+		// has not run in this one (a repave with a journal is resumed at
+		// boot, before the daemon starts: it would have). Its run there
+		// was cut by the reboot, or never began: a run that ended there
+		// left its final status owed (finishOwed, above). Its work is
+		// idempotent, so it runs again for this operation.
+		why = "the host rebooted while the unit ran for this operation, or before it began"
 	case st.InvocationID == "":
 		// No invocation: either the unit never started (the daemon
 		// stopped between InProgress and StartUnit), or it ran,
@@ -264,7 +278,7 @@ func (d *daemon) resume(ctx context.Context, j *job, t target, r *result) error 
 	// journal is not asked in the first case: it is matched by time, and
 	// the last lines of the run before (by hand, or for the previous
 	// operation) can come after RequestedAt.
-	d.log.Info("resuming: unit was never started for this operation; starting it", "unit", t.unit, "uid", j.uid)
+	d.log.Info("resuming: "+why+"; starting it", "unit", t.unit, "uid", j.uid)
 	jobResult, err := d.sd.StartUnit(ctx, t.unit)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -341,16 +355,53 @@ func (d *daemon) describe(j *job) string {
 	return fmt.Sprintf("%s %s", j.typ, j.op.Name)
 }
 
-// finish sets a final state and records the matching Event.
+// finish sets a final state and records the matching Event. The state is
+// owed to the cluster (lib/owed) before it is written and settled once it
+// is: a daemon stopped, or a host power-cut, before the write lands
+// leaves the decision on disk, and the next daemon writes it (resume)
+// instead of deciding again from a unit that may have run since.
 func (d *daemon) finish(ctx context.Context, j *job, r *result, s v1alpha3.OperationState, reason, msg string) error {
 	evType := corev1.EventTypeNormal
 	if s == v1alpha3.OperationFailed {
 		evType = corev1.EventTypeWarning
 	}
 	d.log.Info("operation finished", "uid", j.uid, "type", j.typ, "state", s, "reason", reason)
+	var w *owed.Write
+	if j.op != nil {
+		w = &owed.Write{
+			Kind: owed.OperationStatus, Operation: j.op.Name, UID: j.uid,
+			State: string(s), Reason: reason, Message: truncate(msg, 4096),
+			By: "daemon", Why: "the operation's final status", Since: d.host.now().UTC(),
+		}
+		if err := owed.Owe(d.p, *w); err != nil {
+			d.log.Error("the operation's final status not recorded on the host; writing it anyway", "uid", j.uid, "error", err)
+			w = nil
+		}
+	}
 	err := d.setState(ctx, j, r, s, reason, msg, false)
+	if w != nil && (err == nil || errors.Is(err, errOperationGone)) {
+		if serr := owed.Settle(d.p, w.ID()); serr != nil {
+			d.log.Warn("final status written, its owed record stays", "uid", j.uid, "error", serr)
+		}
+	}
 	d.recordEvent(ctx, evType, "Operation"+string(s), d.describe(j)+": "+msg)
 	return err
+}
+
+// finishOwed writes the final status an earlier daemon decided and could
+// not write (lib/owed), if there is one for the job; ok says whether
+// there was.
+func (d *daemon) finishOwed(ctx context.Context, j *job, r *result) (ok bool, err error) {
+	w, err := owed.Find(d.p, owed.Write{Kind: owed.OperationStatus, UID: j.uid}.ID())
+	if err != nil {
+		d.log.Warn("owed final status unreadable; deciding the operation's state again", "uid", j.uid, "error", err)
+		return false, nil
+	}
+	if w == nil {
+		return false, nil
+	}
+	d.log.Info("resuming: writing the final status decided before the daemon stopped", "uid", j.uid, "state", w.State, "reason", w.Reason, "since", w.Since)
+	return true, d.finish(ctx, j, r, v1alpha3.OperationState(w.State), w.Reason, w.Message)
 }
 
 // opStatusRetryFor bounds the retries of an operation's status write

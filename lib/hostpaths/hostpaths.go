@@ -156,12 +156,16 @@ func (p Paths) HostPrepRecord() string { return filepath.Join(p.HostRoot(), "hos
 // ReprovisionDir survives the reset that the reprovision handoff performs.
 func (p Paths) ReprovisionDir() string { return p.Join(ReprovisionDirHost) }
 
-// RunDir holds runtime state: locks, requests from the daemon to a one-shot.
+// RunDir holds this boot's state: locks, the fence's and the daemon's
+// records.
 func (p Paths) RunDir() string { return p.Join(RunDirHost) }
 
 // Request is a request file from the daemon to the one-shot of concern.
+// It is under the host root, not /run: it must outlive a power cut in the
+// middle of the run it asked for, so that the daemon of the next boot
+// knows which operation the resumed run carries out (lib/request).
 func (p Paths) Request(concern string) string {
-	return filepath.Join(p.RunDir(), "requests", concern+".json")
+	return filepath.Join(p.HostRoot(), "requests", concern+".json")
 }
 
 // Libexec is the path of a one-shot binary.

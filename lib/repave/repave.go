@@ -103,7 +103,7 @@ const Operation = "repave"
 // that the generator resumes it after a reboot mid-repave.
 const Unit = unitnames.Repave
 
-// Concern is the request file's name (/run/unbounded/requests/repave.json).
+// Concern is the request file's name (/var/lib/unbounded/requests/repave.json).
 const Concern = "repave"
 
 // Request parameters (MachineOperation spec.parameters) a repave reads.
@@ -325,6 +325,11 @@ func (r *Repave) Run(ctx context.Context) error {
 	if err := r.handOver(ctx); err != nil {
 		return err
 	}
+	// Carried out, before the journal goes: a crash in between resumes
+	// the journal, never the request again.
+	if err := request.MarkTaken(r.Paths, Concern, j.Request); err != nil {
+		return err
+	}
 	if err := state.RemoveJournal(r.Paths, Operation); err != nil {
 		return err
 	}
@@ -395,6 +400,11 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 		return nil, nil, nil, err
 	} else if same && !opts.Force {
 		r.status("the desired config is the one slot %s runs: nothing to do", active.Slot)
+		if req != nil {
+			if err := request.MarkTaken(r.Paths, Concern, req.UID); err != nil {
+				return nil, nil, nil, err
+			}
+		}
 		return nil, nil, nil, nil
 	}
 	m, err := r.mode(active.Mode)
@@ -428,17 +438,13 @@ func (r *Repave) desired() (*config.Config, *request.Request, error) {
 	default:
 		return nil, nil, fmt.Errorf("the daemon's request: %w", err)
 	}
-	// The daemon keeps its request after the run (a restarted daemon
-	// reads it to report the run): a request this unit has taken once
-	// is not the input of a later start by hand.
-	consumed := r.Paths.Request(Concern) + ".taken"
-	if prev, err := os.ReadFile(consumed); err == nil && strings.TrimSpace(string(prev)) == req.UID {
+	// A request an earlier run carried out to its end is not the input
+	// of a later start by hand (request.Taken). One cut before its end
+	// is: its journal, once written, is what a resumed run follows.
+	if request.Taken(r.Paths, Concern, req.UID) {
 		r.log().Info("the daemon's request was carried out by an earlier run; the desired config is the config on disk",
 			"request", r.Paths.Request(Concern), "uid", req.UID)
 		return cfg, nil, nil
-	}
-	if err := state.WriteFileAtomic(consumed, []byte(req.UID+"\n"), 0o644); err != nil {
-		return nil, nil, err
 	}
 	if len(req.Desired) > 0 {
 		var spec v1alpha3.MachineSpec
@@ -982,6 +988,9 @@ func (r *Repave) fail(ctx context.Context, j *Journal, cfg *config.Config, lock 
 					r.log().Error("new slot not removed after the failed repave", "slot", j.To, "error", derr.Error())
 				}
 			}
+		}
+		if terr := request.MarkTaken(r.Paths, Concern, j.Request); terr != nil {
+			r.log().Error("the daemon's request not marked carried out", "error", terr.Error())
 		}
 		if rerr := state.RemoveJournal(r.Paths, Operation); rerr != nil {
 			r.log().Error("repave journal not removed", "error", rerr.Error())

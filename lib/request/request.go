@@ -1,6 +1,9 @@
 // Package request is the hand-over from the daemon to a one-shot: a file
-// /run/unbounded/requests/<concern>.json that says which MachineOperation a
-// run of unbounded-<concern>.service carries out, and with what input.
+// /var/lib/unbounded/requests/<concern>.json that says which
+// MachineOperation a run of unbounded-<concern>.service carries out, and
+// with what input. It survives a reboot: a run cut by a power cut and
+// resumed at boot is still this operation's, and the next boot's daemon
+// reports it as such.
 //
 // Why a file and not a command line or an environment variable: a unit
 // started by hand (`systemctl start unbounded-repave.service`) must behave
@@ -18,6 +21,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -64,8 +70,8 @@ type Request struct {
 // Write stores r as the request for concern, atomically (a one-shot that
 // starts at any moment reads the old request or the new one, never half).
 // Mode 0644: requests hold no secret, and `unbounded status` may show them.
-// The requests/ directory is created on first use, inside /run/unbounded,
-// which must exist (see state.RunDir).
+// The requests/ directory (0700) is created on first use, inside the host
+// root, which must exist.
 func Write(p hostpaths.Paths, concern string, r *Request) error {
 	data, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
@@ -75,7 +81,9 @@ func Write(p hostpaths.Paths, concern string, r *Request) error {
 		// Written, it would read as corrupt.
 		return fmt.Errorf("request for %s would be %d bytes, more than the %d a reader accepts", concern, len(data)+1, state.MaxRecordSize)
 	}
-	if _, err := state.RunDir(p); err != nil {
+	// Only the requests/ directory: the host root is bootstrap's to
+	// create (0700), and a host without it has nothing to ask for.
+	if err := os.Mkdir(filepath.Dir(p.Request(concern)), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
 	return state.WriteFileAtomic(p.Request(concern), append(data, '\n'), 0o644)
@@ -106,4 +114,30 @@ func Read(p hostpaths.Paths, concern string) (*Request, error) {
 		return nil, fmt.Errorf("%w: %s: uid: missing", ErrCorrupt, file)
 	}
 	return &r, nil
+}
+
+// takenFile records the UID of the last request a run of concern carried
+// out to its end (successfully or not).
+func takenFile(p hostpaths.Paths, concern string) string {
+	return p.Request(concern) + ".taken"
+}
+
+// Taken reports whether a run of concern has carried out the request uid
+// to its end. The daemon keeps its request after the run (a restarted
+// daemon reads it to report the run), so a later start by hand must not
+// take it as its input again.
+func Taken(p hostpaths.Paths, concern, uid string) bool {
+	data, err := regfile.Read(takenFile(p, concern), 4096)
+	return err == nil && strings.TrimSpace(string(data)) == uid
+}
+
+// MarkTaken records that a run of concern carried out the request uid to
+// its end. A run calls it only once its work is over, never when it takes
+// the request: a run cut before its end (a power cut before its own
+// journal was written) leaves the request to the next run.
+func MarkTaken(p hostpaths.Paths, concern, uid string) error {
+	if uid == "" {
+		return nil
+	}
+	return state.WriteFileAtomic(takenFile(p, concern), []byte(uid+"\n"), 0o644)
 }

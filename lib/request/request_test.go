@@ -13,19 +13,19 @@ import (
 	"unbounded-cloud.io/agent/lib/state"
 )
 
-// runRoot is a host root with /run/unbounded in place, as
-// systemd-tmpfiles creates it at boot.
-func runRoot(t *testing.T) hostpaths.Paths {
+// hostRoot is a host root (/var/lib/unbounded) in place, as bootstrap
+// creates it.
+func hostRoot(t *testing.T) hostpaths.Paths {
 	t.Helper()
 	p := hostpaths.New(t.TempDir())
-	if err := os.MkdirAll(p.RunDir(), 0o755); err != nil {
+	if err := os.MkdirAll(p.HostRoot(), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	return p
 }
 
 func TestWrittenRequestReadsBackAtTheConcernsPath(t *testing.T) {
-	p := runRoot(t)
+	p := hostRoot(t)
 	in := &Request{Operation: "op-1", UID: "u-1", Type: "Repave", Machine: "m1", Unit: "unbounded-repave.service",
 		RequestedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), PreviousInvocation: "abc",
 		Parameters: map[string]string{"k": "v"}, Desired: []byte(`{"isolation":{"mode":"nspawn"}}`)}
@@ -55,17 +55,16 @@ func compact(t *testing.T, b []byte) string {
 	return buf.String()
 }
 
-// /run/unbounded is the tmpfiles.d entry's to create, with its declared
-// mode: on a host without it the write fails, says where it comes from, and
-// creates nothing.
-func TestWriteWithoutRunDirFailsAndCreatesNothing(t *testing.T) {
+// The host root is bootstrap's to create, with its mode: on a host
+// without it the write fails and creates nothing.
+func TestWriteWithoutTheHostRootFailsAndCreatesNothing(t *testing.T) {
 	p := hostpaths.New(t.TempDir())
 	err := Write(p, "repave", &Request{UID: "u-1", Type: "Repave", Machine: "m1"})
-	if err == nil || !strings.Contains(err.Error(), state.TmpfilesConfHost) || !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("Write without %s = %v, want a not-exist error naming %s", p.RunDir(), err, state.TmpfilesConfHost)
+	if err == nil || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Write without %s = %v, want a not-exist error", p.HostRoot(), err)
 	}
-	if _, err := os.Lstat(p.RunDir()); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("Write created %s (%v); its mode and owner are the tmpfiles.d entry's", p.RunDir(), err)
+	if _, err := os.Lstat(p.HostRoot()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Write created %s (%v); it is bootstrap's", p.HostRoot(), err)
 	}
 }
 
@@ -92,5 +91,26 @@ func TestBadRequestFilesAreCorruptAndNameTheFile(t *testing.T) {
 				t.Fatalf("Read = %v, want ErrCorrupt naming %s", err, p.Request("repave"))
 			}
 		})
+	}
+}
+
+// A request is carried out once a run marks it so, never before: the
+// mark names the request's UID, and a newer request is not taken.
+func TestARequestIsTakenOnlyOnceMarkedCarriedOut(t *testing.T) {
+	p := hostRoot(t)
+	if err := Write(p, "repave", &Request{UID: "u1"}); err != nil {
+		t.Fatal(err)
+	}
+	if Taken(p, "repave", "u1") {
+		t.Fatal("taken before any run marked it")
+	}
+	if err := MarkTaken(p, "repave", "u1"); err != nil {
+		t.Fatal(err)
+	}
+	if !Taken(p, "repave", "u1") {
+		t.Fatal("not taken after MarkTaken")
+	}
+	if Taken(p, "repave", "u2") || Taken(p, "restart", "u1") {
+		t.Fatal("a mark of u1 for repave taken as another request's or concern's")
 	}
 }
