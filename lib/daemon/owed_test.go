@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -189,6 +190,15 @@ func TestFinalStatusTheClusterDidNotTakeIsWrittenByTheNextDaemonAsDecided(t *tes
 	if n := f.fake.startCount("unbounded-restart.service"); n != 1 {
 		t.Errorf("unbounded-restart.service started %d times, want 1", n)
 	}
+	if c := done.Status.CompletionTime; c == nil || !c.Time.Equal(w.Since.Truncate(time.Second)) {
+		t.Errorf("completion time %v, want the time the operation ended, %v", c, w.Since)
+	}
+	eventually(t, opTimeout, "one OperationComplete Event", func() bool {
+		return slices.Index(f.machineEvents(t), "OperationComplete") >= 0
+	})
+	if n := countOf(f.machineEvents(t), "OperationComplete"); n != 1 {
+		t.Errorf("%d OperationComplete Events, want 1 (none for a refused write)", n)
+	}
 	eventually(t, opTimeout, "the owed record settled", func() bool {
 		w, err := owed.Find(f.opts.Paths, id)
 		return err == nil && w == nil
@@ -198,4 +208,14 @@ func TestFinalStatusTheClusterDidNotTakeIsWrittenByTheNextDaemonAsDecided(t *tes
 	if refused.hits == 0 {
 		t.Error("no final status write was refused")
 	}
+}
+
+func countOf(list []string, s string) int {
+	n := 0
+	for _, e := range list {
+		if e == s {
+			n++
+		}
+	}
+	return n
 }

@@ -165,7 +165,7 @@ func (d *daemon) dispatch(ctx context.Context, j *job, t target, desired json.Ra
 	if j.typ == v1alpha3.OperationReboot {
 		what = "a host reboot"
 	}
-	if err := d.setState(ctx, j, r, v1alpha3.OperationInProgress, ReasonDispatched, "started "+what, true); err != nil {
+	if err := d.setState(ctx, j, r, d.host.now(), v1alpha3.OperationInProgress, ReasonDispatched, "started "+what, true); err != nil {
 		return err
 	}
 	if j.typ == v1alpha3.OperationReboot {
@@ -361,6 +361,12 @@ func (d *daemon) describe(j *job) string {
 // leaves the decision on disk, and the next daemon writes it (resume)
 // instead of deciding again from a unit that may have run since.
 func (d *daemon) finish(ctx context.Context, j *job, r *result, s v1alpha3.OperationState, reason, msg string) error {
+	return d.finishAt(ctx, j, r, d.host.now(), s, reason, msg)
+}
+
+// finishAt is finish for a state decided at a given time: the operation's
+// completion time is when it ended, not when the cluster took the write.
+func (d *daemon) finishAt(ctx context.Context, j *job, r *result, at time.Time, s v1alpha3.OperationState, reason, msg string) error {
 	evType := corev1.EventTypeNormal
 	if s == v1alpha3.OperationFailed {
 		evType = corev1.EventTypeWarning
@@ -371,20 +377,24 @@ func (d *daemon) finish(ctx context.Context, j *job, r *result, s v1alpha3.Opera
 		w = &owed.Write{
 			Kind: owed.OperationStatus, Operation: j.op.Name, UID: j.uid,
 			State: string(s), Reason: reason, Message: truncate(msg, 4096),
-			By: "daemon", Why: "the operation's final status", Since: d.host.now().UTC(),
+			By: "daemon", Why: "the operation's final status", Since: at.UTC(),
 		}
 		if err := owed.Owe(d.p, *w); err != nil {
 			d.log.Error("the operation's final status not recorded on the host; writing it anyway", "uid", j.uid, "error", err)
 			w = nil
 		}
 	}
-	err := d.setState(ctx, j, r, s, reason, msg, false)
+	err := d.setState(ctx, j, r, at, s, reason, msg, false)
 	if w != nil && (err == nil || errors.Is(err, errOperationGone)) {
 		if serr := owed.Settle(d.p, w.ID()); serr != nil {
 			d.log.Warn("final status written, its owed record stays", "uid", j.uid, "error", serr)
 		}
 	}
-	d.recordEvent(ctx, evType, "Operation"+string(s), d.describe(j)+": "+msg)
+	if err == nil {
+		// Once: a refused write is tried again (resume), and its Event
+		// with it.
+		d.recordEvent(ctx, evType, "Operation"+string(s), d.describe(j)+": "+msg)
+	}
 	return err
 }
 
@@ -401,7 +411,7 @@ func (d *daemon) finishOwed(ctx context.Context, j *job, r *result) (ok bool, er
 		return false, nil
 	}
 	d.log.Info("resuming: writing the final status decided before the daemon stopped", "uid", j.uid, "state", w.State, "reason", w.Reason, "since", w.Since)
-	return true, d.finish(ctx, j, r, v1alpha3.OperationState(w.State), w.Reason, w.Message)
+	return true, d.finishAt(ctx, j, r, w.Since, v1alpha3.OperationState(w.State), w.Reason, w.Message)
 }
 
 // opStatusRetryFor bounds the retries of an operation's status write
@@ -411,11 +421,11 @@ const opStatusRetryFor = 2 * time.Minute
 // setState writes the operation's status, retrying conflicts (someone
 // else, a label change for example, updated the object in between). Jobs
 // without an operation (a vanished Node) only log.
-func (d *daemon) setState(ctx context.Context, j *job, r *result, s v1alpha3.OperationState, reason, msg string, starting bool) error {
+func (d *daemon) setState(ctx context.Context, j *job, r *result, at time.Time, s v1alpha3.OperationState, reason, msg string, starting bool) error {
 	if j.op == nil {
 		return nil
 	}
-	now := metav1.NewTime(d.host.now())
+	now := metav1.NewTime(at)
 	op := j.op
 	// A conflict reads the operation again; no answer (the API server
 	// restarting, a cut) is tried again for two minutes (kube.Retry, the

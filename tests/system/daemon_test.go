@@ -45,7 +45,7 @@ const (
 
 const standIn = `#!/bin/sh
 # Stand-in for unbounded-repave: reports the request it was given.
-uid=$(sed -n 's/.*"uid": "\(.*\)".*/\1/p' /run/unbounded/requests/repave.json)
+uid=$(sed -n 's/.*"uid": "\(.*\)".*/\1/p' /var/lib/unbounded/requests/repave.json)
 echo "` + runMarker + `$uid"
 sleep "$(cat ` + standInCtl + `/sleep 2>/dev/null || echo 0)"
 if [ "$(cat ` + standInCtl + `/result 2>/dev/null)" = fail ]; then
