@@ -139,6 +139,19 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	host := "https://" + ln.Addr().String()
+	admin := &rest.Config{
+		Host:            host,
+		BearerToken:     p.adminToken,
+		TLSClientConfig: rest.TLSClientConfig{CAData: p.caCertPEM},
+		QPS:             -1, // no client-side throttling in setup
+	}
+	client, err := kubernetes.NewForConfig(admin)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	// Before anything in this process looks a name up (dns.go).
+	installNodeResolver(client, log)
 	serverCtx, stopServer := context.WithCancel(context.Background())
 	defer stopServer()
 	serverDone, err := startAPIServer(serverCtx, ln, apiserverFlags(dir, etcdURL, opts.Listen))
@@ -158,16 +171,6 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}
 
-	admin := &rest.Config{
-		Host:            host,
-		BearerToken:     p.adminToken,
-		TLSClientConfig: rest.TLSClientConfig{CAData: p.caCertPEM},
-		QPS:             -1, // no client-side throttling in setup
-	}
-	client, err := kubernetes.NewForConfig(admin)
-	if err != nil {
-		return errors.Join(err, stop())
-	}
 	if err := waitReady(ctx, client, serverDone); err != nil {
 		return errors.Join(err, stop())
 	}
