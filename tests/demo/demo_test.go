@@ -44,6 +44,7 @@ import (
 	ggcrname "github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -361,13 +362,7 @@ func TestDemo(t *testing.T) {
 		}
 		begin = time.Now()
 		resetDone.Store(true)
-		// Not m.Run: its 2-minute bound is shorter than a reset of a
-		// node with a running pod takes here.
-		rctx, rcancel := context.WithTimeout(ctx, 10*time.Minute)
-		cmd := exec.CommandContext(rctx, "nsenter", "-t", strconv.Itoa(m.Leader()), "-a", "--", "unbounded", "reset", "--yes")
-		cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"}
-		out, err := cmd.CombinedOutput()
-		rcancel()
+		out, err := resetHost(ctx, m)
 		bench.add("reset", time.Since(begin))
 		if err != nil {
 			// Measured and shown, not fatal: the bench reports it.
@@ -376,6 +371,7 @@ func TestDemo(t *testing.T) {
 			o.block(string(out))
 		} else {
 			o.say("unbounded reset --yes (the pod still running) in %s", took(time.Since(begin)))
+			firstBootLoop(t, ctx, o, kube, m, name, bench)
 		}
 		if err := bench.write(); err != nil {
 			t.Fatal(err)
@@ -388,6 +384,90 @@ func TestDemo(t *testing.T) {
 		what += ", repaved in place to another Kubernetes version"
 	}
 	o.step("done: %s, %s since make demo started; cleaning up", what, took(time.Since(o.begin)))
+}
+
+// resetHost runs `unbounded reset --yes` in the host. Not m.Run: its
+// 2-minute bound is shorter than a reset of a node with a running pod
+// takes here.
+func resetHost(ctx context.Context, m *harness.Machine) ([]byte, error) {
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer rcancel()
+	cmd := exec.CommandContext(rctx, "nsenter", "-t", strconv.Itoa(m.Leader()), "-a", "--", "unbounded", "reset", "--yes")
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"}
+	return cmd.CombinedOutput()
+}
+
+// firstBootLoop, after the host's reset, makes it a node again
+// UNBOUNDED_DEMO_FIRSTBOOTS times (bounded: at most 100), each time with
+// its Node deleted first, as on a fresh host, and resets it after each:
+// it adds to the bench file the longest first boot (the bootstrap unit's
+// start to its end, Node Ready included) and how many of them restarted
+// the node stack for the kubelet's CSINode (the ready wait's guard; goal:
+// none).
+func firstBootLoop(t *testing.T, ctx context.Context, o *out, kube kubernetes.Interface, m *harness.Machine, name string, bench *benchOut) {
+	t.Helper()
+	n, _ := strconv.Atoi(os.Getenv("UNBOUNDED_DEMO_FIRSTBOOTS"))
+	if n <= 0 {
+		return
+	}
+	n = min(n, 100)
+	o.step("bench: %d more first boots of the reset host, counting the node stack restarts for the kubelet's CSINode", n)
+	restarts := 0
+	var longest time.Duration
+	for i := 1; i <= n; i++ {
+		if err := kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Fatalf("first boot %d of %d: delete Node %s: %v", i, n, name, err)
+		}
+		begin := time.Now()
+		m.Systemctl("reset-failed", bootstrapUnit)
+		if out, err := m.Systemctl("start", "--no-block", bootstrapUnit); err != nil {
+			t.Fatalf("start %s: %v\n%s", bootstrapUnit, err, out)
+		}
+		if !waitUnitEnd(t, ctx, m, bootstrapUnit, begin, nil) {
+			t.Fatalf("first boot %d of %d failed:\n%s", i, n, m.Journal(bootstrapUnit))
+		}
+		longest = max(longest, time.Since(begin))
+		restarts += csinodeRestarts(unitJournal(t, m, bootstrapUnit, begin))
+		if out, err := resetHost(ctx, m); err != nil {
+			t.Fatalf("reset after first boot %d of %d: %v\n%s", i, n, err, out)
+		}
+	}
+	o.say("%d first boots: %d CSINode restarts, slowest %s (unit start -> its end, Node Ready included)", n, restarts, took(longest))
+	bench.lines = append(bench.lines, fmt.Sprintf("firstboot.loop.runs %d", n), fmt.Sprintf("firstboot.loop.csinode-restarts %d", restarts))
+	bench.add("firstboot.loop.unit-max", longest)
+}
+
+// waitUnitEnd waits for the end of unit's run in m started after begin,
+// passing each journal line of the run to show once (nil: none); it
+// returns whether the run succeeded.
+func waitUnitEnd(t *testing.T, ctx context.Context, m *harness.Machine, unit string, begin time.Time, show func(journalLine)) bool {
+	t.Helper()
+	ok := false
+	shown := 0
+	waitUntil(t, ctx, 15*time.Minute, unit+" ended", func(context.Context) (bool, error) {
+		lines := unitJournal(t, m, unit, begin)
+		for ; show != nil && shown < len(lines); shown++ {
+			if l := lines[shown]; !l.at.Before(begin) {
+				show(l)
+			}
+		}
+		for _, l := range lines {
+			if l.at.Before(begin) {
+				// The query reaches a second back: the end of a run
+				// before this one is not this run's.
+				continue
+			}
+			switch {
+			case strings.HasPrefix(l.msg, unit+": Deactivated successfully"):
+				ok = true
+				return true, nil
+			case strings.HasPrefix(l.msg, unit+": Failed with result"):
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	return ok
 }
 
 func waitUntil(t *testing.T, ctx context.Context, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {

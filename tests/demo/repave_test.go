@@ -47,6 +47,8 @@ type repaveDemo struct {
 	name      string
 	ns        string
 	bench     *benchOut
+	// image is the node image agent.toml names (setImage).
+	image string
 }
 
 // journalLine is one line of `journalctl -o short-unix`.
@@ -113,6 +115,7 @@ func (d *repaveDemo) setImage(t *testing.T, ref string) {
 	if err := os.WriteFile(file, []byte(strings.Join(out, "\n")), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	d.image = ref
 }
 
 // certificate approves the daemon's CSR as the cluster side would and
@@ -154,38 +157,17 @@ func (d *repaveDemo) start(t *testing.T, ctx context.Context, begin time.Time) b
 	return d.wait(t, ctx, begin)
 }
 
-// wait waits for the end of the repave unit's run started after begin; it
-// returns whether it succeeded.
+// wait waits for the end of the repave unit's run started after begin,
+// showing its steps as they happen; it returns whether it succeeded. The
+// query reaches a second back: the end of a run before this one (the
+// daemon's repave of a Node deleted by hand) is not this run's.
 func (d *repaveDemo) wait(t *testing.T, ctx context.Context, begin time.Time) bool {
 	t.Helper()
-	ok := false
-	shown := 0
-	waitUntil(t, ctx, 15*time.Minute, repaveUnit+" ended", func(context.Context) (bool, error) {
-		lines := d.journal(t, repaveUnit, begin)
-		// The repave's steps as they happen.
-		for ; shown < len(lines); shown++ {
-			if l := lines[shown]; !l.at.Before(begin) && notable(l.msg) {
-				d.o.say("  +%5.1fs  %s", l.at.Sub(begin).Seconds(), l.msg)
-			}
+	return waitUnitEnd(t, ctx, d.m, repaveUnit, begin, func(l journalLine) {
+		if notable(l.msg) {
+			d.o.say("  +%5.1fs  %s", l.at.Sub(begin).Seconds(), l.msg)
 		}
-		for _, l := range lines {
-			if l.at.Before(begin) {
-				// The query reaches a second back: the end of a run
-				// before this one (the daemon's repave of a Node
-				// deleted by hand) is not this run's.
-				continue
-			}
-			switch {
-			case strings.HasPrefix(l.msg, repaveUnit+": Deactivated successfully"):
-				ok = true
-				return true, nil
-			case strings.HasPrefix(l.msg, repaveUnit+": Failed with result"):
-				return true, nil
-			}
-		}
-		return false, nil
 	})
-	return ok
 }
 
 // notable says whether the demo shows a line of the repave's journal.
@@ -299,6 +281,7 @@ func (d *repaveDemo) run(t *testing.T, ctx context.Context) {
 	d.repaveLoop(t, ctx)
 	o.step("bench: a rollback (a node image whose kubelet never runs; the new node is given up after 60 s)")
 	bad := d.reg.Push(t, "unbounded/node:never-healthy", nodestack.NeverHealthyNodeImage(t, d.stage.NodeImage(t)))
+	good := d.image
 	d.setImage(t, bad)
 	dropin := "/etc/systemd/system/" + repaveUnit + ".d/bench.conf"
 	d.m.WriteFile(dropin, []byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/repave --ready-timeout=60s\n"), 0o644)
@@ -316,6 +299,9 @@ func (d *repaveDemo) run(t *testing.T, ctx context.Context) {
 	}
 	os.Remove(d.m.Root() + dropin)
 	d.m.Systemctl("daemon-reload")
+	// The running node's image again: what comes next (a reset, first
+	// boots) starts from the config of the node that runs.
+	d.setImage(t, good)
 }
 
 // repaveLoop repaves UNBOUNDED_DEMO_REPAVES more times (blue/green back
