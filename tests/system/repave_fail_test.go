@@ -119,6 +119,26 @@ func (f *firstBoot) wantRecoveryReport(t *testing.T, before string, words ...str
 	t.Errorf("no Warning UnitFailed Event of recovery about %s saying %q; its Events:\n%s", repaveService, words, strings.Join(msgs, "\n---\n"))
 }
 
+// blockingBudget puts a PodDisruptionBudget "sleeper" on the sleeper pod
+// in ns that allows no disruption, and waits until the API server says
+// so: a drain of its node cannot evict the pod.
+func (f *firstBoot) blockingBudget(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	min1 := intstr.FromInt32(1)
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: "sleeper", Namespace: ns},
+		Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: &min1, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "sleeper"}}},
+	}
+	if _, err := f.env.kube.PolicyV1().PodDisruptionBudgets(ns).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, time.Minute, "the budget allows no disruption", func(ctx context.Context) (bool, error) {
+		p, err := f.env.kube.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, "sleeper", metav1.GetOptions{})
+		return err == nil && p.Status.ObservedGeneration == p.Generation && p.Status.CurrentHealthy == 1 && p.Status.DisruptionsAllowed == 0, nil
+	})
+}
+
 // TestRepaveFailuresLeaveTheNodeAsItWas: on one host, (1) a
 // PodDisruptionBudget that forbids the eviction: the repave fails after
 // its drain timeout, the Node is uncordoned and unchanged (same UID, same
@@ -135,18 +155,7 @@ func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 	before := f.nodeObject(t)
 	podBefore := f.waitPodRunning(t, ns, time.Minute)
 
-	min1 := intstr.FromInt32(1)
-	pdb := &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Name: "sleeper", Namespace: ns},
-		Spec:       policyv1.PodDisruptionBudgetSpec{MinAvailable: &min1, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "sleeper"}}},
-	}
-	if _, err := f.env.kube.PolicyV1().PodDisruptionBudgets(ns).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, time.Minute, "the budget allows no disruption", func(ctx context.Context) (bool, error) {
-		p, err := f.env.kube.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, "sleeper", metav1.GetOptions{})
-		return err == nil && p.Status.ObservedGeneration == p.Generation && p.Status.CurrentHealthy == 1 && p.Status.DisruptionsAllowed == 0, nil
-	})
+	f.blockingBudget(t, ns)
 
 	// (0) A pod without a controller on the node: the drain refuses it at
 	// once, names it and the parameter that would evict it; nothing is
@@ -180,12 +189,13 @@ func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 
 	// (1) The budget holds: fail after the timeout, nothing changed. (The
 	// bare pod stays: the budget fails the drain whatever else it does.)
-	// Six seconds into the drain the API server is cut off for six
-	// seconds: the drain goes on through the outage (its pod lists and
-	// evictions are tried again) rather than ending at the first refused
-	// connection with the Node left cordoned, and ends as it would
-	// without the outage: at its timeout, uncordoned.
-	f.repaveFlags(t, "--drain-timeout=15s", "--delete-unmanaged")
+	// Once the drain has cordoned the Node the API server is cut off for
+	// ten seconds, half the drain's timeout: the drain goes on through
+	// the outage (its pod lists and evictions are tried again) rather
+	// than ending at the first refused connection with the Node left
+	// cordoned, and ends as it would without the outage: at its timeout,
+	// uncordoned, the budget respected.
+	f.repaveFlags(t, "--drain-timeout=20s", "--delete-unmanaged")
 	outage := make(chan time.Duration, 1)
 	go func() {
 		// Not waitUntil: this is not the test's goroutine.
@@ -199,7 +209,7 @@ func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 		}
 		f.fwd.SetFault(f.env.Host(), nodestack.ForwardFault{Down: true})
 		cut := time.Now()
-		time.Sleep(6 * time.Second) // the outage's length, not a wait for a state
+		time.Sleep(10 * time.Second) // the outage's length, not a wait for a state
 		f.fwd.SetFault(f.env.Host(), nodestack.ForwardFault{})
 		outage <- time.Since(cut)
 	}()

@@ -84,6 +84,11 @@ func (f *firstBoot) waitAgentCertificate(t *testing.T) {
 	store := kube.CertStore{Dir: f.paths.PKIDir()}
 	waitUntil(t, 2*time.Minute, "the daemon's certificate stored", func(context.Context) (bool, error) {
 		_, err := store.Load()
+		if err != nil {
+			// A CSR of a daemon that started after the first
+			// approval (a restart in between) waits too.
+			approvePendingAgentCSRs(t, f.env, f.name)
+		}
 		return err == nil, nil
 	})
 }

@@ -111,31 +111,42 @@ kubernetes-version = "1.36.3"
 	assertNoSandboxDenials(t, m, daemonUnit)
 }
 
-// approveAgentCSR approves, as the cluster-side approver does, the first
-// CSR the machine's daemon sends.
+// approveAgentCSR approves, as the cluster-side approver does, the
+// machine's daemon's CSRs that wait for a decision, once there is one.
+// Every pending one: a host reset or power-cut in the test sent one per
+// daemon that ran, and only the newest daemon's is still watched.
 func approveAgentCSR(t *testing.T, env *kubeEnv, m *harness.Machine, machine string) {
 	t.Helper()
-	prefix := "unbounded-agent-" + machine + "-"
 	deadline := time.Now().Add(60 * time.Second)
-	for {
-		l, err := env.kube.CertificatesV1().CertificateSigningRequests().List(context.Background(), metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range l.Items {
-			if strings.HasPrefix(c.Name, prefix) {
-				env.ApproveCSR(t, c.Name)
-				t.Cleanup(func() {
-					env.kube.CertificatesV1().CertificateSigningRequests().Delete(context.Background(), c.Name, metav1.DeleteOptions{})
-				})
-				return
-			}
-		}
+	for approvePendingAgentCSRs(t, env, machine) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the daemon sent no CSR within 60s:\n%s", m.Journal(daemonUnit))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// approvePendingAgentCSRs approves the machine's daemon's CSRs that have
+// no decision yet and returns how many it approved.
+func approvePendingAgentCSRs(t *testing.T, env *kubeEnv, machine string) int {
+	t.Helper()
+	prefix := "unbounded-agent-" + machine + "-"
+	l, err := env.kube.CertificatesV1().CertificateSigningRequests().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range l.Items {
+		if !strings.HasPrefix(c.Name, prefix) || len(c.Status.Conditions) > 0 {
+			continue
+		}
+		env.ApproveCSR(t, c.Name)
+		t.Cleanup(func() {
+			env.kube.CertificatesV1().CertificateSigningRequests().Delete(context.Background(), c.Name, metav1.DeleteOptions{})
+		})
+		n++
+	}
+	return n
 }
 
 func readFile(t *testing.T, name string) []byte {
