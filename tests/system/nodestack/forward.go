@@ -38,12 +38,17 @@ type Forwarder struct {
 
 	mu     sync.Mutex
 	faults map[string]ForwardFault // by "127.0.0.1:PORT"
+	// open are the connections being forwarded, by target: a fault
+	// that takes the service down ends them too.
+	open map[string]map[net.Conn]struct{}
 }
 
 // ForwardFault is what a forwarded address does instead of forwarding.
 type ForwardFault struct {
-	// Down: every connection is closed at once, as a host whose API
-	// server is unreachable sees it (connection reset, EOF).
+	// Down: every connection is closed at once, the ones being forwarded
+	// when the fault is set as well as every new one, as a host whose
+	// API server is unreachable sees it (connection reset, EOF): a
+	// client's kept-alive connection does not outlive the outage.
 	Down bool
 	// TLS: the connection is answered by a TLS server presenting this
 	// certificate instead of the service's (for example one valid only
@@ -54,14 +59,44 @@ type ForwardFault struct {
 }
 
 // SetFault makes addr (as given to Forward) fail as f says, from the next
-// connection on; the zero ForwardFault forwards again.
+// connection on (Down: the open ones too); the zero ForwardFault forwards
+// again.
 func (f *Forwarder) SetFault(addr string, fault ForwardFault) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.faults == nil {
 		f.faults = map[string]ForwardFault{}
 	}
-	f.faults[hostPort(addr)] = fault
+	a := hostPort(addr)
+	f.faults[a] = fault
+	if fault.Down {
+		for c := range f.open[a] {
+			c.Close()
+		}
+	}
+}
+
+// track adds c to the connections forwarded to target (on false) or
+// removes it (on true). It says no to a new connection while target is
+// down: the fault was set between its accept and now.
+func (f *Forwarder) track(target string, c net.Conn, done bool) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if done {
+		delete(f.open[target], c)
+		return true
+	}
+	if f.faults[target].Down {
+		return false
+	}
+	if f.open == nil {
+		f.open = map[string]map[net.Conn]struct{}{}
+	}
+	if f.open[target] == nil {
+		f.open[target] = map[net.Conn]struct{}{}
+	}
+	f.open[target][c] = struct{}{}
+	return true
 }
 
 func (f *Forwarder) fault(addr string) ForwardFault {
@@ -132,6 +167,10 @@ func (f *Forwarder) serve(ln net.Listener, target string) {
 				_ = tc.Handshake()
 				return
 			}
+			if !f.track(target, c, false) {
+				return
+			}
+			defer f.track(target, c, true)
 			up, err := net.DialTimeout("tcp", target, 5*time.Second)
 			if err != nil {
 				return
