@@ -19,7 +19,9 @@ import (
 // puts it under its own name. Between the record and its Succeeded
 // report: the Machine would say Running for good; the daemon of the next
 // boot reports it. Each time: one valid record under its real name,
-// nothing staged left, and the Machine Succeeded within a minute.
+// nothing staged left, and the Machine Succeeded within a minute. Then,
+// on the same host, the power cuts of its operations
+// (powerCutsOfOperations): no outcome and no owed write is lost.
 func TestPowerCutsAtFirstBootsRecordLeaveOneRecordAndTheMachineSucceeded(t *testing.T) {
 	t.Parallel()
 	f := newFirstBoot(t, firstBootOptions{})
@@ -79,4 +81,11 @@ func TestPowerCutsAtFirstBootsRecordLeaveOneRecordAndTheMachineSucceeded(t *test
 	f.m.PowerCut()
 	f.m.Start()
 	converged("power cut between the record and its report")
+	if t.Failed() {
+		return
+	}
+
+	// 3. The operations of the booted host (op_powercut_test.go).
+	f.waitAgentCertificate(t)
+	powerCutsOfOperations(t, f, f.runPod(t))
 }
