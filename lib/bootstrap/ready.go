@@ -34,7 +34,9 @@ func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string, 
 	}
 	defer sd.Close()
 	chk := &readiness.Check{Units: sd, Mode: cfg.Mode, Slot: slot, Name: cfg.Machine, Healthz: probe.Healthz, Node: probe.Node}
-	w := readiness.Wait{Timeout: timeout, Poll: interval, Log: b.log(),
+	// The first looks come fast and back off to interval: the kubelet,
+	// told its address, registers in its first second.
+	w := readiness.Wait{Timeout: timeout, Poll: interval, FirstPoll: readiness.QuickPoll, Log: b.log(),
 		Status: func(line string) { b.notifyOnly(fmt.Sprintf("STATUS=phase %s: %s", PhaseReady, line)) },
 		CSINode: &readiness.CSINode{Grace: b.CSINodeGrace, AfterStart: b.CSINodeAfterStart,
 			Restart: func(ctx context.Context) error { return m.Restart(ctx, slot) }},

@@ -182,6 +182,11 @@ const (
 	// a slow link, and ends a wait that will not succeed.
 	DefaultNewNodeTimeout = 10 * time.Minute
 	DefaultPoll           = 2 * time.Second
+	// QuickPoll is the poll of a wait for a node that is just starting
+	// (Wait.FirstPoll), for its first QuickFor: a kubelet given its
+	// address is Ready within a second or two of its start.
+	QuickPoll = 250 * time.Millisecond
+	QuickFor  = 5 * time.Second
 	// DefaultSettle is the settle window of the waits that follow a
 	// restart (health's first check of a boot, unbounded-restart): a
 	// kubelet that dies again within seconds of its start (a bad flag, a
@@ -207,6 +212,12 @@ type Wait struct {
 	Settle time.Duration
 	// Poll is the time between looks; 0 is DefaultPoll.
 	Poll time.Duration
+	// FirstPoll, when set (below Poll), is the time between looks for the
+	// wait's first QuickFor, Poll after that. A node that is just
+	// starting is seen up within a fraction of a second, and a wait that
+	// goes on (a slow image pull) costs the API server no more than
+	// Poll's looks.
+	FirstPoll time.Duration
 	// CSINode, when set, restarts the node stack once when its Node waits
 	// for its CSINode. Nil: never.
 	CSINode *CSINode
@@ -345,7 +356,7 @@ func (c *Check) Wait(ctx context.Context, w Wait) error {
 			return notUp(ctx.Err(), 0)
 		case <-deadline.C:
 			return notUp(nil, w.Timeout)
-		case <-time.After(poll):
+		case <-time.After(w.next(poll, now.Sub(began))):
 		}
 	}
 }
@@ -368,4 +379,12 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n-3] + "..."
+}
+
+// next is the time to the next look, the wait having run for since.
+func (w Wait) next(poll, since time.Duration) time.Duration {
+	if w.FirstPoll > 0 && w.FirstPoll < poll && since < QuickFor {
+		return w.FirstPoll
+	}
+	return poll
 }

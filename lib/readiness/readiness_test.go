@@ -276,3 +276,38 @@ func TestFromDaemonKnowsOnlyWhatTheDaemonsLiveWatchSays(t *testing.T) {
 		t.Errorf("daemon not running (its record is not current): %+v", n)
 	}
 }
+
+// With FirstPoll the looks come every FirstPoll for the wait's first
+// QuickFor, then every Poll: a node up 0.9 s after the wait began is seen
+// at 1 s, and one up after 20 s is seen on the 2 s cadence.
+func TestWaitLooksFastFirstThenEveryPoll(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := newNode()
+		c := n.check()
+		begin := time.Now()
+		upAt := begin.Add(900 * time.Millisecond)
+		c.Healthz = func(context.Context) error {
+			if time.Now().Before(upAt) {
+				return errors.New("connection refused")
+			}
+			return nil
+		}
+		if err := c.Wait(context.Background(), Wait{Timeout: time.Minute, Poll: 2 * time.Second, FirstPoll: QuickPoll}); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(begin); took != time.Second || n.reads != 5 {
+			t.Errorf("up after 0.9s, seen after %v and %d looks: want 1s and 5 (every 0.25 s)", took, n.reads)
+		}
+
+		n.reads = 0
+		begin = time.Now()
+		upAt = begin.Add(20 * time.Second)
+		if err := c.Wait(context.Background(), Wait{Timeout: time.Minute, Poll: 2 * time.Second, FirstPoll: QuickPoll}); err != nil {
+			t.Fatal(err)
+		}
+		// 0 ... 5 s every 0.25 s (21 looks), then 7, 9, ... 21 s (8).
+		if took := time.Since(begin); took != 21*time.Second || n.reads != 29 {
+			t.Errorf("up after 20s, seen after %v and %d looks: want 21s and 29 (0.25 s for 5 s, then the 2 s poll)", took, n.reads)
+		}
+	})
+}

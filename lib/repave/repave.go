@@ -864,10 +864,10 @@ func (r *Repave) earlyVerdict(ctx context.Context) (ok bool, verdict error) {
 
 // ReadyPoll is how often the wait for the new node looks at it: it is
 // the node's downtime that is being waited out, so a Ready Node is seen
-// within a quarter second rather than bootstrap's 2 s (the cost: a
-// loopback GET of the kubelet's healthz and one GET of the Node, four
-// times a second, for about half a minute).
-const ReadyPoll = 250 * time.Millisecond
+// within a quarter second all along (bootstrap's looks back off to 2 s;
+// the cost: a loopback GET of the kubelet's healthz and one GET of the
+// Node, four times a second, for the seconds of the downtime).
+const ReadyPoll = readiness.QuickPoll
 
 // CSINodeEarlyTriesOver is how long after the new node's start the
 // kubelet's early CSINode tries are behind it: it tries at about 0.4, 0.8,
