@@ -29,29 +29,7 @@ func TestKubeletServingCSRIsApprovedOnlyForTheNodesOwnAddresses(t *testing.T) {
 	ctx := context.Background()
 	c := env.Client()
 
-	node := UniqueName(t, "node")
-	_, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
-	// The node lifecycle controller writes the new Node's status too
-	// (taints, conditions): retry on its conflicts with the latest copy.
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		n.Status.Addresses = []corev1.NodeAddress{
-			{Type: corev1.NodeHostName, Address: node},
-			{Type: corev1.NodeInternalIP, Address: "192.0.2.10"},
-		}
-		_, err = c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := testNode(t, env, "node", nil)
 	asNode := func(user string) kubernetes.Interface {
 		certPEM, keyPEM := env.MintClientCert(t, user, "system:nodes")
 		k, err := kubernetes.NewForConfig(env.CertConfig(certPEM, keyPEM))
@@ -136,4 +114,39 @@ func TestKubeletServingCSRIsApprovedOnlyForTheNodesOwnAddresses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// testNode creates a Node named after prefix (UniqueName), deleted when
+// the test ends, with the Hostname address its name and the InternalIP
+// 192.0.2.10, and edit applied to its status; it returns its name.
+func testNode(t *testing.T, env *Env, prefix string, edit func(*corev1.Node)) string {
+	t.Helper()
+	ctx := context.Background()
+	c := env.Client()
+	node := UniqueName(t, prefix)
+	if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	// The node lifecycle controller writes the new Node's status too
+	// (taints, conditions): retry on its conflicts with the latest copy.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Status.Addresses = []corev1.NodeAddress{
+			{Type: corev1.NodeHostName, Address: node},
+			{Type: corev1.NodeInternalIP, Address: "192.0.2.10"},
+		}
+		if edit != nil {
+			edit(n)
+		}
+		_, err = c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return node
 }

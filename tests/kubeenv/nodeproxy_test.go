@@ -9,8 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 )
 
 // The API server's node proxy (/api/v1/nodes/NAME/proxy/..., how the
@@ -27,27 +25,7 @@ func TestNodeProxyReachesTheNodeByItsNameWithoutTheMachinesResolver(t *testing.T
 	defer cancel()
 	c := env.Client()
 
-	node := UniqueName(t, "proxied")
-	if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		n.Status.Addresses = []corev1.NodeAddress{
-			{Type: corev1.NodeHostName, Address: node},
-			{Type: corev1.NodeInternalIP, Address: "192.0.2.10"},
-		}
-		n.Status.DaemonEndpoints.KubeletEndpoint.Port = 10250
-		_, err = c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := testNode(t, env, "proxied", func(n *corev1.Node) { n.Status.DaemonEndpoints.KubeletEndpoint.Port = 10250 })
 
 	// The node's kubelet port: a socket that only counts the API server's
 	// connections (a short path: unix socket names are bounded).
