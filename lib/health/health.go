@@ -293,7 +293,7 @@ func (c *Check) run(ctx context.Context) error {
 		// boot. The next runs restart it as usual.
 		st.BootChecked = true
 		st.Failures = k
-		return fmt.Errorf("the node stack (%s, slot %s) is not healthy %s after boot: %s", active.Mode, active.Slot, wait, what)
+		return fmt.Errorf("the node stack (%s, slot %s) did not become healthy within %s, the first check of this boot: %s", active.Mode, active.Slot, wait, what)
 	}
 	if st.GaveUp {
 		log.Info("node still unhealthy; gave up earlier, not restarting until the node is healthy again, a new config is applied, or the host reboots",

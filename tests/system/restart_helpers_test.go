@@ -9,9 +9,11 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,6 +25,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/fence/record"
+	"unbounded-cloud.io/agent/lib/health"
 	"unbounded-cloud.io/agent/tests/system/harness"
 )
 
@@ -58,6 +61,31 @@ func (h healthTimings) write(f *firstBoot) {
 		h.failures, h.maxRestarts), 0o644)
 	f.m.WriteFile("/etc/systemd/system/unbounded-restart.service.d/50-test.conf", fmt.Appendf(nil,
 		"[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/restart --timeout=%s\n", h.restartTimeout), 0o644)
+}
+
+// waitHealthBootChecked waits for health's first check of this boot (the
+// boot's verdict, which waits up to --boot-wait for the node) to be done:
+// a fault a scenario starts before it would be judged by that verdict
+// (exit 1, "did not become healthy within ..., the first check of this boot"), not by the failure count and the
+// restarts the scenario is about. Health's checks skip while an operation
+// runs, so after a first boot and a restart by hand that check may still
+// be owed.
+func waitHealthBootChecked(t *testing.T, f *firstBoot) {
+	t.Helper()
+	waitUntil(t, 2*time.Minute, "health's first check of this boot", func(context.Context) (bool, error) {
+		data, err := f.m.ReadFile("/run/unbounded/health.json")
+		if errors.Is(err, os.ErrNotExist) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		var st health.State
+		if err := json.Unmarshal(data, &st); err != nil {
+			return false, fmt.Errorf("health.json: %w", err) // written atomically: never half
+		}
+		return st.BootChecked, nil
+	})
 }
 
 func secs(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s" }

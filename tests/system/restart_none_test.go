@@ -59,7 +59,10 @@ func TestRestartNoneKeepsPodsRunningAndHealthGivesUpOnAPayloadThatKeepsDying(t *
 	}
 
 	// The payload dies over and over: the kubelet is killed every half
-	// second (bounded: the unit stops itself after 10 min).
+	// second (bounded: the unit stops itself after 10 min). Once health
+	// has given this boot its verdict (its checks skipped while the
+	// restart ran), so that what follows is its counting and restarts.
+	waitHealthBootChecked(t, f)
 	restartsBefore := strings.Count(progLog(f.m, "restart"), "restarting the node stack")
 	if out, err := f.m.Run("systemd-run", "--unit=ubt-kubelet-killer", "-p", "RuntimeMaxSec=600", "sh", "-c",
 		"while :; do systemctl kill -s KILL "+kubeletUnit+" 2>/dev/null; sleep 0.5; done"); err != nil {
