@@ -352,7 +352,13 @@ func SlotFromConfig(c *config.Config, slot string, a Artifacts) (Slot, error) {
 // "."+base+".old-"+tmp's suffix) and removed after. A crash between the two
 // renames leaves no dst and the old tree aside; the caller's next build
 // removes the leftovers (".<base>.tmp-*", ".<base>.old-*") and builds again.
+// tmp's content is synced first (state.SyncTree): its builders write
+// files without a sync each, and the rename must not publish a tree a
+// power cut could still empty.
 func SwapDir(tmp, dst string) error {
+	if err := state.SyncTree(tmp); err != nil {
+		return err
+	}
 	if _, err := os.Lstat(dst); err == nil {
 		base := filepath.Base(dst)
 		suffix := strings.TrimPrefix(filepath.Base(tmp), "."+base+".tmp-")

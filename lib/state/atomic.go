@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"golang.org/x/sys/unix"
 )
 
 // WriteFileAtomic writes data to path so that a reader, or the next boot
@@ -65,6 +67,23 @@ func SyncDir(dir string) error {
 	defer d.Close()
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// SyncTree makes everything written under dir durable: one syncfs(2) of
+// the filesystem that holds it. A tree built file by file without a sync
+// each (a slot's rootfs, a version directory) is synced once by this
+// before the rename that publishes it, so that a power cut after the
+// rename never leaves a published tree of empty or short files.
+func SyncTree(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := unix.Syncfs(int(d.Fd())); err != nil {
+		return fmt.Errorf("syncfs %s: %w", dir, err)
 	}
 	return nil
 }

@@ -448,9 +448,15 @@ var Binaries = map[string][]string{
 // InstallArtifacts installs a under root in layout l: kubelet and runc as
 // l.BinDir/kubelet and l.BinDir/runc, every regular file of the
 // containerd archive into l.BinDir and of the CNI archive into
-// l.CNIBinDir, by base name, mode 0755. Each file is written atomically,
-// so a rerun after a crash replaces a half-written one. It fails when an
-// archive lacks one of Binaries.
+// l.CNIBinDir, by base name, mode 0755. It fails when an archive lacks
+// one of Binaries.
+//
+// root is a tree being built (a slot's rootfs or version directory under
+// its temporary name): each file is streamed into a temporary name and
+// renamed, so no reader ever sees half of one, but not synced one by one.
+// The tree is published by modes.SwapDir, which syncs it once before the
+// rename (one writeback of every file instead of a journal commit per
+// file: a first boot's slot writes about 250 MB of executables here).
 func InstallArtifacts(a modes.Artifacts, root string, l Layout) error {
 	bin, err := MkdirUnder(root, l.BinDir)
 	if err != nil {
@@ -483,12 +489,77 @@ func InstallArtifacts(a modes.Artifacts, root string, l Layout) error {
 	return nil
 }
 
+// MoveArtifacts moves what InstallArtifacts put under stage (a directory
+// of its own on root's filesystem) into root, same layout: each file of
+// l.BinDir and l.CNIBinDir by a rename, replacing a file of the same name
+// there (an image's own kubelet, say). It lets a slot's artifacts be
+// installed while its image is unpacked, each into its own tree.
+func MoveArtifacts(stage, root string, l Layout) error {
+	for _, dir := range []string{l.BinDir, l.CNIBinDir} {
+		from := filepath.Join(stage, dir)
+		ents, err := os.ReadDir(from)
+		if err != nil {
+			return err
+		}
+		to, err := MkdirUnder(root, dir)
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			if !e.Type().IsRegular() {
+				return fmt.Errorf("%s: %s is not a regular file", from, e.Name())
+			}
+			if err := os.Rename(filepath.Join(from, e.Name()), filepath.Join(to, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 func copyExecutable(src, dst string) error {
-	data, err := os.ReadFile(src)
+	f, err := os.Open(src)
 	if err != nil {
 		return err
 	}
-	return state.WriteFileAtomic(dst, data, 0o755)
+	defer f.Close()
+	return writeExecutable(dst, f, maxArchiveEntry)
+}
+
+// writeExecutable streams at most limit bytes of r into dst, mode 0755:
+// a temporary name in dst's directory first, then renamed (InstallArtifacts
+// says why it is not synced here). More than limit bytes is an error.
+func writeExecutable(dst string, r io.Reader, limit int64) error {
+	f, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if err := f.Chmod(0o755); err != nil {
+		return err
+	}
+	n, err := io.Copy(f, io.LimitReader(r, limit+1))
+	if err != nil {
+		return err
+	}
+	if n > limit {
+		return fmt.Errorf("%s: more than %d bytes, larger than any node stack binary", dst, limit)
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return err
+	}
+	ok = true
+	return nil
 }
 
 // maxArchiveEntry bounds one file of an artifact archive: containerd's
@@ -526,12 +597,8 @@ func extractExecutables(archive, dir string) ([]string, error) {
 		if h.Size > maxArchiveEntry {
 			return nil, fmt.Errorf("%s: %s is %d bytes, larger than any node stack binary", archive, h.Name, h.Size)
 		}
-		data, err := io.ReadAll(io.LimitReader(tr, h.Size))
-		if err != nil {
+		if err := writeExecutable(filepath.Join(dir, name), tr, h.Size); err != nil {
 			return nil, fmt.Errorf("%s: %s: %w", archive, h.Name, err)
-		}
-		if err := state.WriteFileAtomic(filepath.Join(dir, name), data, 0o755); err != nil {
-			return nil, err
 		}
 		names = append(names, name)
 	}

@@ -329,3 +329,45 @@ func TestKubeletServingCertificateFromTheClusterUnlessSelfSigned(t *testing.T) {
 		}
 	}
 }
+
+// MoveArtifacts moves a staged install into a rootfs by renames: a file
+// of the same name there is replaced, nothing stays in the stage, and a
+// directory on the way that is a symlink is refused (as every write under
+// a rootfs refuses one).
+func TestMoveArtifactsReplacesByRenameAndRefusesASymlinkOnTheWay(t *testing.T) {
+	a := modestest.Artifacts(t)
+	stage, root := t.TempDir(), t.TempDir()
+	if err := InstallArtifacts(a, stage, layout); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(root, layout.BinDir), 0o755)
+	os.WriteFile(filepath.Join(root, layout.BinDir, "kubelet"), []byte("old"), 0o755)
+	if err := MoveArtifacts(stage, root, layout); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(a.Kubelet)
+	if got, _ := os.ReadFile(filepath.Join(root, layout.BinDir, "kubelet")); !bytes.Equal(got, want) {
+		t.Errorf("kubelet after the move: %q, want %q", got, want)
+	}
+	for _, n := range []string{"bridge", "portmap"} {
+		if fi, err := os.Stat(filepath.Join(root, layout.CNIBinDir, n)); err != nil || fi.Mode().Perm() != 0o755 {
+			t.Errorf("%s: %v %v", n, fi, err)
+		}
+	}
+	if ents, _ := os.ReadDir(filepath.Join(stage, layout.BinDir)); len(ents) != 0 {
+		t.Errorf("left in the stage: %v", ents)
+	}
+
+	stage2, root2, elsewhere := t.TempDir(), t.TempDir(), t.TempDir()
+	if err := InstallArtifacts(a, stage2, layout); err != nil {
+		t.Fatal(err)
+	}
+	top := strings.Split(strings.Trim(layout.BinDir, "/"), "/")[0]
+	os.Symlink(elsewhere, filepath.Join(root2, top))
+	if err := MoveArtifacts(stage2, root2, layout); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Errorf("move through a symlink: %v, want refused", err)
+	}
+	if ents, _ := os.ReadDir(elsewhere); len(ents) != 0 {
+		t.Errorf("written through the symlink: %v", ents)
+	}
+}

@@ -100,8 +100,10 @@ func (m *Mode) systemd(ctx context.Context) (modes.Systemd, error) {
 //     "docker-archive:FILE[:TAG]"; a registry reference is first looked
 //     up in Image.OfflineDir/images) with go-containerregistry;
 //  3. unpacks it into /var/lib/machines/.<slot>.tmp-*, beside the slot
-//     (Unpack: whiteouts applied, no write outside the directory);
-//  4. installs the artifacts (nodestack.InstallArtifacts) and writes the
+//     (Unpack: whiteouts applied, no write outside the directory), while
+//     the artifacts are installed into a tree of their own
+//     (nodestack.InstallArtifacts into .<slot>.tmp-artifacts-*);
+//  4. moves the artifacts into the rootfs (nodestack.MoveArtifacts) and writes the
 //     node configuration (nodestack.Files), the machine's hostname (the
 //     Machine's name), resolv.conf (the host's upstream servers), an empty
 //     machine-id (systemd gives every copy its own at boot), and the units
@@ -110,8 +112,9 @@ func (m *Mode) systemd(ctx context.Context) (modes.Systemd, error) {
 //     pod images of Image.OfflineDir/images as one OCI archive, imported
 //     before kubelet starts (podimages.go): an offline host runs pods
 //     without a registry;
-//  5. renames the finished tree onto /var/lib/machines/<slot> (the old
-//     tree, if any, is moved aside first and removed after);
+//  5. syncs the finished tree once and renames it onto
+//     /var/lib/machines/<slot> (modes.SwapDir: the old tree, if any, is
+//     moved aside first and removed after);
 //  6. writes the settings file /etc/systemd/nspawn/<slot>.nspawn and the
 //     drop-in of systemd-nspawn@<slot>.service, and creates the slot's
 //     containerd store /var/lib/unbounded/slots/<slot>/containerd.
@@ -163,7 +166,19 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 			os.RemoveAll(tmp)
 		}
 	}()
+	// The artifacts are installed into a tree of their own while the
+	// image is unpacked (both are mostly decompression and writes: a
+	// core each), then moved into the rootfs by renames. Named like tmp,
+	// so that an interrupted Prepare's leftovers include it.
+	stage, err := os.MkdirTemp(machines, "."+s.Name+".tmp-artifacts-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(stage)
+	installed := make(chan error, 1)
+	go func() { installed <- nodestack.InstallArtifacts(s.Artifacts, stage, Layout) }()
 	stats, err := Unpack(img, tmp)
+	ierr := <-installed // also on an unpack error: stage is removed after
 	if err != nil {
 		return fmt.Errorf("prepare slot %s: node image %s: %w", s.Name, src, classify(err))
 	}
@@ -182,7 +197,10 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	}
 	m.log().Info("node image unpacked", "slot", s.Name, "image", src, "files", stats.Files,
 		"bytes", stats.Bytes, "skipped_devices", stats.Devices)
-	if err := nodestack.InstallArtifacts(s.Artifacts, tmp, Layout); err != nil {
+	if ierr != nil {
+		return fmt.Errorf("prepare slot %s: %w", s.Name, ierr)
+	}
+	if err := nodestack.MoveArtifacts(stage, tmp, Layout); err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
 	if err := m.writeNode(tmp, s, cg); err != nil {

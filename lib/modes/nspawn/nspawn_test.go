@@ -3,6 +3,7 @@ package nspawn
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -499,5 +500,64 @@ func TestPrepareGivesTheMachineRootMode0755WhateverTheImageSays(t *testing.T) {
 	}
 	if got := fi.Mode().Perm(); got != 0o755 {
 		t.Errorf("machine root mode %o, want 755", got)
+	}
+}
+
+// The artifacts are installed beside the unpack and moved in: an image
+// that ships a kubelet of its own gets the artifact's, and an artifact
+// that lacks a binary fails the prepare by name, with nothing of the slot
+// and no tree of either kind left beside it.
+func TestPrepareInstallsTheArtifactsOverTheImagesOwnAndLeavesNothingOnABrokenOne(t *testing.T) {
+	requireRoot(t)
+	own := layer(t,
+		entry{name: "usr/", typ: tar.TypeDir},
+		entry{name: "usr/local/", typ: tar.TypeDir},
+		entry{name: "usr/local/bin/", typ: tar.TypeDir},
+		entry{name: "usr/local/bin/kubelet", body: "the image's own kubelet", mode: 0o755},
+		entry{name: "usr/local/bin/crictl", body: "crictl", mode: 0o755},
+	)
+	ref := serveRegistry(t, "unbounded/node:1.36.3", image(t, own))
+	f := newFixture(t, mountsUnified, ref)
+	if err := f.m.Prepare(context.Background(), f.slot); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := os.ReadFile(f.slot.Artifacts.Kubelet)
+	if got, err := os.ReadFile(f.rootfs("usr/local/bin/kubelet")); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("kubelet in the slot: %q %v, want the artifact's %q", got, err, want)
+	}
+	if got, err := os.ReadFile(f.rootfs("usr/local/bin/crictl")); err != nil || string(got) != "crictl" {
+		t.Errorf("the image's other file: %q %v", got, err)
+	}
+	f.noLeftovers(t)
+
+	g := newFixture(t, mountsUnified, ref)
+	dir := t.TempDir()
+	g.slot.Artifacts.Containerd = filepath.Join(dir, "containerd.tar.gz")
+	writeTgz(t, g.slot.Artifacts.Containerd, map[string]string{"bin/containerd": "c"})
+	err := g.m.Prepare(context.Background(), g.slot)
+	if err == nil || !strings.Contains(err.Error(), "containerd-shim-runc-v2") || !strings.Contains(err.Error(), "kube1") {
+		t.Fatalf("prepare with a containerd archive without its shim: %v", err)
+	}
+	for _, p := range g.m.SlotPaths("kube1") {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Errorf("%s exists after a failed prepare", g.p.Rel(p))
+		}
+	}
+	g.noLeftovers(t)
+}
+
+func writeTgz(t *testing.T, p string, files map[string]string) {
+	t.Helper()
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	for name, body := range files {
+		tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(body)), Typeflag: tar.TypeReg})
+		tw.Write([]byte(body))
+	}
+	tw.Close()
+	gz.Close()
+	if err := os.WriteFile(p, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
