@@ -52,6 +52,7 @@ type Config struct {
 	Fence      Fence      `toml:"fence"`
 	Daemon     Daemon     `toml:"daemon"`
 	Nspawn     Nspawn     `toml:"nspawn"`
+	Devices    Devices    `toml:"devices"`
 
 	// Files are the files the configuration was merged from, in order
 	// (the embedded reference not included).
@@ -119,6 +120,20 @@ const (
 type Nspawn struct {
 	// Image is the OCI image of the node's rootfs (lib/modes.Image.Ref).
 	Image string `toml:"image"`
+}
+
+// Devices says which host devices the node is given (lib/devices). Mode
+// none runs on the host and sees them all anyway.
+type Devices struct {
+	// Auto gives the devices discovery finds (lib/devices.Discover).
+	Auto bool `toml:"auto"`
+	// Allow and Deny are device paths given, or never given, whatever
+	// discovery says.
+	Allow []string `toml:"allow"`
+	Deny  []string `toml:"deny"`
+	// RDMAModules loads rdma_ucm and ib_umad at prepare, so that
+	// /dev/infiniband has the RDMA CM and MAD devices to give.
+	RDMAModules bool `toml:"rdma-modules"`
 }
 
 // Artifacts says where the node stack comes from: which versions, at

@@ -93,3 +93,33 @@ func TestNodeIPIsOneAddressOrOneOfEachFamilyAndKeyErrorsNameItsLine(t *testing.T
 		t.Errorf("KeyError of a default: %v", err)
 	}
 }
+
+// [devices]: discovery on by default, nothing allowed or denied by name;
+// a path that is not a device path under /dev, or one both allowed and
+// denied, is an error at its line.
+func TestDevicesKeysHaveDefaultsAndRejectBadPaths(t *testing.T) {
+	h := newHost(t)
+	cfg, errs := h.load()
+	if errs != nil {
+		t.Fatal(errs)
+	}
+	if !cfg.Devices.Auto || len(cfg.Devices.Allow) != 0 || len(cfg.Devices.Deny) != 0 || cfg.Devices.RDMAModules {
+		t.Errorf("defaults: %+v", cfg.Devices)
+	}
+	for _, tc := range []struct{ body, key, msg string }{
+		{`allow = ["kvm"]`, "devices.allow", "under /dev"},
+		{`allow = ["/dev/../etc/passwd"]`, "devices.allow", "under /dev"},
+		{`deny = ["/sys/class/block/sda"]`, "devices.deny", "under /dev"},
+		{"allow = [\"/dev/sdb\"]\ndeny = [\"/dev/sdb\"]", "devices.allow", "in devices.deny too"},
+		{`auto = "yes"`, "devices.auto", ""},
+	} {
+		t.Run(tc.body, func(t *testing.T) {
+			h := newHost(t)
+			h.edit("/etc/unbounded/agent.toml", `uid = ""`, "uid = \"\"\n[devices]\n"+tc.body)
+			_, errs := h.load()
+			if len(errs) != 1 || errs[0].Key != tc.key || errs[0].Line == 0 || !strings.Contains(errs[0].Msg, tc.msg) {
+				t.Fatalf("want one error at %s with a line, saying %q; got %v", tc.key, tc.msg, errs)
+			}
+		})
+	}
+}

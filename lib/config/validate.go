@@ -166,6 +166,27 @@ func (l *loader) validate(c *Config) {
 		}
 	})
 
+	for _, key := range []string{"allow", "deny"} {
+		check(k("devices", key), func() {
+			list := c.Devices.Allow
+			if key == "deny" {
+				list = c.Devices.Deny
+			}
+			for _, p := range list {
+				if !strings.HasPrefix(p, "/dev/") || path.Clean(p) != p {
+					l.at(k("devices", key), "must be device paths under /dev such as \"/dev/kvm\", got %q", p)
+				}
+			}
+		})
+	}
+	check(k("devices", "allow"), func() {
+		for _, p := range c.Devices.Allow {
+			if slices.Contains(c.Devices.Deny, p) {
+				l.at(k("devices", "allow"), "%s is in devices.deny too: give it or deny it", p)
+			}
+		}
+	})
+
 	check(k("artifacts", "base-url"), func() {
 		if c.Artifacts.BaseURL == "" {
 			return
