@@ -357,6 +357,10 @@ func (b *Bootstrap) load(ctx context.Context) (*config.Config, *Journal, Reporte
 	if _, err := modes.NodeIPs(cfg); err != nil {
 		return nil, nil, nil, err
 	}
+	// So must every device devices.allow names.
+	if _, err := modes.Devices(cfg); err != nil {
+		return nil, nil, nil, err
+	}
 	input, err := inputSum(cfg)
 	if err != nil {
 		return nil, nil, nil, err

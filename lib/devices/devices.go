@@ -6,13 +6,14 @@
 // restart (devices come and go); mode none sees the host's /dev anyway.
 //
 // A leaf: it reads /dev, /sys and /proc under a root (a fake tree in
-// tests) and imports nothing of the agent, so that restart, a small
-// binary, can discover again.
+// tests) and imports only the leaves hostpaths and state of the agent
+// (Record), so that restart, a small binary, can discover again.
 package devices
 
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -22,8 +23,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/regfile"
+	"unbounded-cloud.io/agent/lib/state"
 )
 
 // Options are the [devices] section of the configuration.
@@ -103,8 +109,10 @@ var Fixed = []struct{ Path, Why string }{
 }
 
 // skippedBlock are the block devices a node is never given by discovery:
-// loop and RAM disks, compressed swap in RAM, floppies, optical drives.
-var skippedBlock = []string{"loop", "ram", "zram", "fd", "sr"}
+// loop and RAM disks, compressed swap in RAM, floppies, optical drives,
+// and the volumes the host builds itself (device mapper, MD RAID), which
+// are its own whether mounted or not (devices.allow gives one by name).
+var skippedBlock = []string{"loop", "ram", "zram", "fd", "sr", "dm-", "md"}
 
 // nvidiaLibDirs are where a distribution's NVIDIA driver puts its
 // user-space libraries; nvidiaLibs are their names (the driver's own,
@@ -187,14 +195,17 @@ func (h Host) Discover(o Options) (Found, error) {
 			return Found{}, fmt.Errorf("%s: %w: allowed and denied both", p, ErrDevice)
 		}
 		d, err := h.device(path.Clean(p), anyDev)
+		if errors.Is(err, fs.ErrNotExist) {
+			return Found{}, fmt.Errorf("%s: %w: there is no such device node on this host", p, ErrDevice)
+		}
 		if err != nil {
-			return Found{}, fmt.Errorf("%w (%w)", err, ErrDevice)
+			return Found{}, err // names p, wraps ErrDevice
 		}
 		if d.Block && inUse[devKey(d.Major, d.Minor)] {
 			return Found{}, fmt.Errorf("%s: %w the node may have: the host uses it (mounted, swap, or its disk holds the host's filesystems)", p, ErrDevice)
 		}
 		if _, err := add(p, "allow", anyDev); err != nil {
-			return Found{}, fmt.Errorf("%w (%w)", err, ErrDevice)
+			return Found{}, err
 		}
 	}
 	for _, p := range o.Deny {
@@ -342,6 +353,11 @@ func (h Host) blockDevices(inUse map[string]bool) ([]string, error) {
 		if inUse[strings.TrimSpace(string(dev))] {
 			continue
 		}
+		// Held by another block device (a device mapper or MD volume of
+		// the host's, mounted or not): the host's, not the node's.
+		if held, _ := os.ReadDir(h.join("/sys/class/block/" + n + "/holders")); len(held) > 0 {
+			continue
+		}
 		out = append(out, "/dev/"+n)
 	}
 	slices.Sort(out)
@@ -421,4 +437,109 @@ func (h Host) blockInUse() (map[string]bool, error) {
 		}
 	}
 	return used, nil
+}
+
+// CDIVersion is the CDI specification version CDISpec writes (0.6.0:
+// what containerd 1.7+ and the NVIDIA device plugin read).
+const CDIVersion = "0.6.0"
+
+// CDIKind is the device kind of the NVIDIA GPUs in CDISpec: a pod's
+// container asks for "nvidia.com/gpu=0", "nvidia.com/gpu=all".
+const CDIKind = "nvidia.com/gpu"
+
+type cdiSpec struct {
+	CDIVersion     string      `json:"cdiVersion"`
+	Kind           string      `json:"kind"`
+	Devices        []cdiDevice `json:"devices"`
+	ContainerEdits cdiEdits    `json:"containerEdits"`
+}
+
+type cdiDevice struct {
+	Name           string   `json:"name"`
+	ContainerEdits cdiEdits `json:"containerEdits"`
+}
+
+type cdiEdits struct {
+	DeviceNodes []cdiNode  `json:"deviceNodes,omitempty"`
+	Mounts      []cdiMount `json:"mounts,omitempty"`
+}
+
+type cdiNode struct {
+	Path string `json:"path"`
+}
+
+type cdiMount struct {
+	HostPath      string   `json:"hostPath"`
+	ContainerPath string   `json:"containerPath"`
+	Options       []string `json:"options"`
+}
+
+// CDISpec is the CDI specification of f's NVIDIA GPUs (nil when there is
+// none): one device per GPU by its index ("0", "1", ...) and "all"; every
+// GPU container gets the control devices and the driver's files, bound
+// read-only at the same paths (as they are in the node). It is JSON, which
+// is YAML too: /etc/cdi/nvidia.yaml.
+func CDISpec(f Found) ([]byte, error) {
+	if len(f.GPUs) == 0 {
+		return nil, nil
+	}
+	s := cdiSpec{CDIVersion: CDIVersion, Kind: CDIKind}
+	var all []cdiNode
+	for _, g := range f.GPUs {
+		n := cdiNode{Path: g}
+		s.Devices = append(s.Devices, cdiDevice{Name: strings.TrimPrefix(g, "/dev/nvidia"), ContainerEdits: cdiEdits{DeviceNodes: []cdiNode{n}}})
+		all = append(all, n)
+	}
+	s.Devices = append(s.Devices, cdiDevice{Name: "all", ContainerEdits: cdiEdits{DeviceNodes: all}})
+	for _, c := range f.Control {
+		s.ContainerEdits.DeviceNodes = append(s.ContainerEdits.DeviceNodes, cdiNode{Path: c})
+	}
+	for _, p := range f.DriverFiles {
+		s.ContainerEdits.Mounts = append(s.ContainerEdits.Mounts, cdiMount{HostPath: p, ContainerPath: p, Options: []string{"ro", "nosuid", "nodev", "bind"}})
+	}
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// Record is what a slot's node was given and by which rules, kept beside
+// the slot (RecordPath): restart discovers again under the same rules
+// without the configuration, and `unbounded status` lists it.
+type Record struct {
+	Options Options   `json:"options"`
+	Found   Found     `json:"found"`
+	At      time.Time `json:"at"`
+}
+
+// RecordPath is /var/lib/unbounded/slots/<slot>/devices.json.
+func RecordPath(p hostpaths.Paths, slot string) string {
+	return filepath.Join(p.SlotDir(slot), "devices.json")
+}
+
+// ReadRecord reads slot's record; nil, nil when there is none (a slot
+// prepared by a release without device discovery, or mode none).
+func ReadRecord(p hostpaths.Paths, slot string) (*Record, error) {
+	data, err := regfile.Read(RecordPath(p, slot), 1<<20)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r Record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", RecordPath(p, slot), err)
+	}
+	return &r, nil
+}
+
+// WriteRecord writes slot's record atomically.
+func WriteRecord(p hostpaths.Paths, slot string, r Record) error {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return state.WriteFileAtomic(RecordPath(p, slot), append(data, '\n'), 0o644)
 }

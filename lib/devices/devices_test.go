@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 )
 
 // fakeHost is a /dev, /sys and /proc tree with real device nodes
@@ -149,13 +150,17 @@ func TestDiscoverGivesTheNodeTheHostsDevicesButNeverItsRootDisk(t *testing.T) {
 }
 
 // A device mapper volume of the root filesystem keeps the disks under
-// it, and a swap partition its disk: neither is given.
+// it, and a swap partition its disk: neither is given; nor is a disk that
+// holds a volume of the host's, nor the volumes (mounted or not).
 func TestDiscoverKeepsTheDisksUnderTheHostsVolumesAndSwap(t *testing.T) {
 	h := newFakeHost(t)
 	h.disk("sda", 8, 0, "sda1")
 	h.disk("sdb", 8, 16, "sdb1")
 	h.disk("sdc", 8, 32)
+	h.disk("sdd", 8, 48)
 	h.disk("dm-0", 253, 0)
+	h.disk("dm-1", 253, 1) // an LV on sdd, not mounted: sdd is still the host's
+	h.link("/sys/devices/pci0000:00/block/dm-1", "/sys/devices/pci0000:00/block/sdd/holders/dm-1")
 	h.link("/sys/devices/pci0000:00/block/sda/sda1", "/sys/devices/pci0000:00/block/dm-0/slaves/sda1")
 	h.write("/proc/self/mountinfo", "22 1 253:0 / / rw - ext4 /dev/mapper/vg-root rw\n")
 	h.write("/proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n/dev/sdb1 partition 1024 0 -2\n")
@@ -211,4 +216,39 @@ func TestDiscoverOnThisHostNeverGivesTheRootDisk(t *testing.T) {
 		}
 	}
 	t.Logf("this host gives: %v", f.Paths())
+}
+
+// The CDI specification of two GPUs is one the CDI library reads and
+// validates (the code containerd uses): a device per GPU and "all", the
+// control devices and the driver's files for every GPU container.
+func TestCDISpecIsValidForTheCDILibrary(t *testing.T) {
+	f := Found{
+		GPUs:        []string{"/dev/nvidia0", "/dev/nvidia1"},
+		Control:     []string{"/dev/nvidia-uvm", "/dev/nvidiactl"},
+		DriverFiles: []string{"/usr/bin/nvidia-smi", "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14"},
+	}
+	b, err := CDISpec(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "nvidia.yaml")
+	os.WriteFile(p, b, 0o644)
+	spec, err := cdi.ReadSpec(p, 0)
+	if err != nil {
+		t.Fatalf("the CDI library refuses the spec: %v\n%s", err, b)
+	}
+	if spec.GetVendor() != "nvidia.com" || spec.GetClass() != "gpu" {
+		t.Errorf("vendor %q class %q", spec.GetVendor(), spec.GetClass())
+	}
+	for _, name := range []string{"0", "1", "all"} {
+		if spec.GetDevice(name) == nil {
+			t.Errorf("no device %q in\n%s", name, b)
+		}
+	}
+	if v, err := cdi.MinimumRequiredVersion(spec.Spec); err != nil || v > CDIVersion {
+		t.Errorf("minimum version %s (%v), the spec says %s", v, err, CDIVersion)
+	}
+	if b, err := CDISpec(Found{}); b != nil || err != nil {
+		t.Errorf("no GPU: %s %v, want no spec", b, err)
+	}
 }

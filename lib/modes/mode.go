@@ -7,9 +7,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/devices"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
 )
@@ -219,6 +221,10 @@ type Node struct {
 	// kubelet's --node-ip and the node's /etc/hosts entry for Name. Empty
 	// where the host has no default route and none is configured.
 	IPs []netip.Addr
+	// CDI turns on containerd's Container Device Interface (containerd
+	// 1.7 and later): containers get the devices a CDI specification in
+	// /etc/cdi describes (the node's NVIDIA GPUs: lib/devices.CDISpec).
+	CDI bool
 }
 
 // Slot is what Prepare builds.
@@ -230,6 +236,12 @@ type Slot struct {
 	// Image is the rootfs image of modes that run the node stack in a
 	// machine (nspawn); ignored by none.
 	Image Image
+	// Devices are the rules for the host devices the node is given
+	// (lib/devices), by modes that run it in a machine; none runs on the
+	// host and has them all.
+	Devices devices.Options
+	// RDMAModules loads rdma_ucm and ib_umad before the devices are found.
+	RDMAModules bool
 }
 
 // Image says where a machine's rootfs comes from.
@@ -304,6 +316,38 @@ func NodeIPs(c *config.Config) ([]netip.Addr, error) {
 	return ips, nil
 }
 
+// Devices are the device rules of c ([devices]), with each device allowed
+// by path checked on this host: one that is missing, not a device, or a
+// disk the host uses is a configuration error at devices.allow's line
+// (exit 78). Mode none has no use for them (it runs on the host) and gets none.
+// The operations that change the host call it before their first change.
+func Devices(c *config.Config) (devices.Options, error) {
+	if c.Mode == "none" {
+		return devices.Options{}, nil
+	}
+	o := devices.Options{Auto: c.Devices.Auto, Allow: c.Devices.Allow, Deny: c.Devices.Deny}
+	// Deny needs no host check: denying what is not there is fine.
+	host := devices.Host{Root: c.Resolve("/")}
+	for _, d := range o.Allow {
+		if _, err := host.Discover(devices.Options{Allow: []string{d}}); err != nil {
+			return devices.Options{}, c.KeyError("devices.allow", "%v", err)
+		}
+	}
+	return o, nil
+}
+
+// ContainerdHasCDI says whether containerd version v (MAJOR.MINOR.PATCH,
+// with or without "v") reads CDI specifications: 1.7 and later.
+func ContainerdHasCDI(v string) bool {
+	parts := strings.SplitN(strings.TrimPrefix(v, "v"), ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(parts[1])
+	return err1 == nil && err2 == nil && (major > 1 || major == 1 && minor >= 7)
+}
+
 // SlotFromConfig builds the Slot that the configuration c describes, with
 // the verified artifacts a. It reads the CA file and the bootstrap token
 // (both checked by config.Load already; read again because they can change
@@ -318,6 +362,10 @@ func SlotFromConfig(c *config.Config, slot string, a Artifacts) (Slot, error) {
 		return Slot{}, err
 	}
 	ips, err := NodeIPs(c)
+	if err != nil {
+		return Slot{}, err
+	}
+	devs, err := Devices(c)
 	if err != nil {
 		return Slot{}, err
 	}
@@ -336,9 +384,12 @@ func SlotFromConfig(c *config.Config, slot string, a Artifacts) (Slot, error) {
 			PodCIDR:               c.Node.PodCIDR,
 			SelfSignedServingCert: c.Node.ServingCert == config.ServingCertSelfSigned,
 			IPs:                   ips,
+			CDI:                   ContainerdHasCDI(c.Artifacts.ContainerdVersion),
 		},
-		Artifacts: a,
-		Image:     Image{Ref: c.Nspawn.Image},
+		Artifacts:   a,
+		Image:       Image{Ref: c.Nspawn.Image},
+		Devices:     devs,
+		RDMAModules: c.Devices.RDMAModules && c.Mode != "none",
 	}
 	if c.Artifacts.OfflineDir != "" {
 		s.Image.OfflineDir = c.Resolve(c.Artifacts.OfflineDir)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -103,5 +104,59 @@ func TestArtifactsByNameNamesAMissingArtifact(t *testing.T) {
 	delete(files, "runc")
 	if _, err := modes.ArtifactsByName(files); err == nil || !strings.Contains(err.Error(), "artifact runc") {
 		t.Fatalf("missing runc: %v", err)
+	}
+}
+
+// [devices] reaches the slot; a device allowed by path that this host
+// lacks (or that is not a device) is exit 78 at devices.allow's line,
+// before anything is built; mode none gets no device rules.
+func TestSlotFromConfigCarriesTheDeviceRulesAndRefusesAMissingDevice(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	write(t, p.ConfigFile(), agentTOML, 0o644)
+	write(t, p.Join("/etc/unbounded/ca.crt"), string(fixtures.CA(t)), 0o644)
+	write(t, p.Join("/etc/unbounded/bootstrap-token"), modestest.Token+"\n", 0o600)
+	write(t, p.Join("/dev/not-a-device"), "x", 0o644)
+	a := modestest.Artifacts(t)
+	write(t, p.ConfigDropinDir()+"/60-devices.toml", "[devices]\nauto = false\ndeny = [\"/dev/fuse\"]\nrdma-modules = true\n", 0o644)
+	cfg, err := config.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := modes.SlotFromConfig(cfg, "kube1", a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Devices.Auto || !slices.Equal(s.Devices.Deny, []string{"/dev/fuse"}) || !s.RDMAModules {
+		t.Errorf("slot devices %+v rdma %v", s.Devices, s.RDMAModules)
+	}
+	for _, dev := range []string{"/dev/missing0", "/dev/not-a-device"} {
+		write(t, p.ConfigDropinDir()+"/60-devices.toml", "[devices]\n\nallow = [\""+dev+"\"]\n", 0o644)
+		cfg, err := config.Load(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = modes.SlotFromConfig(cfg, "kube1", a)
+		if err == nil || !errors.Is(err, exitcode.ErrConfigInvalid) || !strings.Contains(err.Error(), "60-devices.toml:3: devices.allow: "+dev) {
+			t.Errorf("allow %s: %v; want exit 78 naming the drop-in, line 3, the key and the device", dev, err)
+		}
+		if _, err := modes.Devices(cfg); err == nil {
+			t.Errorf("modes.Devices accepts %s", dev)
+		}
+	}
+	write(t, p.ConfigDropinDir()+"/70-none.toml", "mode = \"none\"\n", 0o644)
+	cfg, err = config.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, err := modes.Devices(cfg); err != nil || o.Auto || len(o.Allow) != 0 {
+		t.Errorf("mode none: %+v %v, want no device rules", o, err)
+	}
+}
+
+func TestContainerdHasCDIFrom17(t *testing.T) {
+	for v, want := range map[string]bool{"1.6.20": false, "v1.7.0": true, "1.7.27": true, "2.0.0": true, "1": false, "": false, "x.y": false} {
+		if got := modes.ContainerdHasCDI(v); got != want {
+			t.Errorf("ContainerdHasCDI(%q) = %v, want %v", v, got, want)
+		}
 	}
 }

@@ -392,6 +392,10 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 	if _, err := modes.NodeIPs(cfg); err != nil {
 		return nil, nil, nil, err
 	}
+	// So must every device devices.allow names.
+	if _, err := modes.Devices(cfg); err != nil {
+		return nil, nil, nil, err
+	}
 	want, err := effective(cfg)
 	if err != nil {
 		return nil, nil, nil, err

@@ -20,9 +20,11 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/devices"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
 	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/state"
@@ -64,6 +66,19 @@ type Report struct {
 	Owed []owed.Write `json:"owed"`
 	// OwedError says why some owed writes could not be read.
 	OwedError string `json:"owed-error,omitempty"`
+	// Devices are the host devices the active slot's node was given
+	// (lib/devices' record, found at its last prepare or restart); null
+	// where the mode gives none (none: the node is the host).
+	Devices *Devices `json:"devices"`
+}
+
+// Devices is what the node has of the host's devices.
+type Devices struct {
+	Found   []devices.Device `json:"found"`
+	Driver  []string         `json:"driver-files,omitempty"`
+	GPUs    []string         `json:"gpus,omitempty"`
+	FoundAt time.Time        `json:"found-at,omitzero"`
+	Error   string           `json:"error,omitempty"`
 }
 
 // Config says whether the operator configuration is in place and valid.
@@ -168,6 +183,16 @@ func Gather(p hostpaths.Paths) Report {
 		r.Owed = append(r.Owed, ws...)
 	} else if len(ws) > 0 {
 		r.Owed = ws
+	}
+
+	if active != nil && active.Mode == "nspawn" {
+		rec, err := devices.ReadRecord(p, active.Slot)
+		switch {
+		case err != nil:
+			r.Devices = &Devices{Found: []devices.Device{}, Error: err.Error()}
+		case rec != nil:
+			r.Devices = &Devices{Found: append([]devices.Device{}, rec.Found.Devices...), Driver: rec.Found.DriverFiles, GPUs: rec.Found.GPUs, FoundAt: rec.At}
+		}
 	}
 
 	in := generator.Host{}.Read(p)
@@ -325,6 +350,24 @@ func (r Report) Text(out io.Writer) error {
 	}
 	if r.OwedError != "" {
 		row("owed", "unreadable: %s", r.OwedError)
+	}
+	if d := r.Devices; d != nil {
+		switch {
+		case d.Error != "":
+			row("devices", "record unreadable: %s", d.Error)
+		case len(d.Found) == 0:
+			row("devices", "none of the host's (found %s)", d.FoundAt.Format(time.RFC3339))
+		}
+		for _, x := range d.Found {
+			kind := "char"
+			if x.Block {
+				kind = "block"
+			}
+			row("device", "%s (%s %d:%d, %s)", x.Path, kind, x.Major, x.Minor, x.Why)
+		}
+		if len(d.Driver) > 0 {
+			row("devices", "%d NVIDIA driver %s bound read-only; %d GPU(s) in %s", len(d.Driver), plural(len(d.Driver), "file", "files"), len(d.GPUs), machinefile.CDISpecPath)
+		}
 	}
 	return w.err
 }

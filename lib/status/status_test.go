@@ -2,14 +2,17 @@ package status
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"unbounded-cloud.io/agent/lib/devices"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/owed"
+	"unbounded-cloud.io/agent/lib/state"
 )
 
 // An operator runs status when things are broken: garbage in every state
@@ -74,5 +77,41 @@ func TestStatusListsTheWritesOwedToTheCluster(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "uncordon Node site-w1 (owed by repave since 2026-12-01T10:00:00Z: the repave failed)") || !strings.Contains(out.String(), "unreadable") {
 		t.Errorf("text:\n%s", out.String())
+	}
+}
+
+// The devices the active nspawn node was given are listed from the
+// slot's record; a node in mode none lists none (it is the host).
+func TestStatusListsTheDevicesTheNodeHas(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	if err := state.WriteApplied(p, &state.AppliedConfig{Slot: "kube2", Mode: "nspawn", AppliedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 3, 8, 0, 0, 0, time.UTC)
+	if err := devices.WriteRecord(p, "kube2", devices.Record{At: at, Found: devices.Found{
+		Devices:     []devices.Device{{Path: "/dev/kvm", Major: 10, Minor: 232, Why: "kvm"}, {Path: "/dev/loop7", Block: true, Major: 7, Minor: 7, Why: "allow"}},
+		DriverFiles: []string{"/usr/lib/x86_64-linux-gnu/libcuda.so.1"}, GPUs: []string{"/dev/nvidia0"},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	r := Gather(p)
+	var out bytes.Buffer
+	r.Text(&out)
+	if r.Devices == nil || len(r.Devices.Found) != 2 || !r.Devices.FoundAt.Equal(at) {
+		t.Fatalf("devices = %+v", r.Devices)
+	}
+	for _, want := range []string{"device:      /dev/kvm (char 10:232, kvm)", "device:      /dev/loop7 (block 7:7, allow)", "1 NVIDIA driver file bound read-only"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("text lacks %q:\n%s", want, out.String())
+		}
+	}
+	if b, _ := json.Marshal(r); !strings.Contains(string(b), `"devices":{"found":[{"path":"/dev/kvm"`) {
+		t.Errorf("json: %s", b)
+	}
+
+	q := hostpaths.New(t.TempDir())
+	state.WriteApplied(q, &state.AppliedConfig{Slot: "kube1", Mode: "none", AppliedAt: time.Now()})
+	if r := Gather(q); r.Devices != nil {
+		t.Errorf("mode none: devices %+v, want none listed", r.Devices)
 	}
 }

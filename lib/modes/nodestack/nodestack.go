@@ -354,6 +354,19 @@ func tomlString(s string) string {
 
 // containerdConfig is containerd's config.toml, version 2: read by
 // containerd 1.6 and 1.7 as is and migrated in memory by 2.x.
+// cdiConfig is the CRI plugin's CDI settings, where containerd has CDI.
+func cdiConfig(n modes.Node) string {
+	if !n.CDI {
+		return ""
+	}
+	return `  # Containers get the devices a CDI specification describes (the node's
+  # NVIDIA GPUs: /etc/cdi/nvidia.yaml, written at prepare and restart), as
+  # device plugins ask for them.
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+`
+}
+
 func containerdConfig(n modes.Node, l Layout, cg Cgroup) []byte {
 	systemdCgroup := "false"
 	if cg == Unified {
@@ -376,7 +389,7 @@ state = %s
   # CAP_SYS_RESOURCE (nested machines), and elsewhere it keeps a pod from
   # making itself harder to kill than the runtime.
   restrict_oom_score_adj = true
-
+%s
 [plugins."io.containerd.grpc.v1.cri".containerd]
   default_runtime_name = "runc"
 
@@ -393,7 +406,7 @@ state = %s
   bin_dir = %s
   conf_dir = %s
 `, tomlString(l.ContainerdRoot), tomlString(l.ContainerdState), tomlString(l.Socket()),
-		tomlString(n.SandboxImage), tomlString(path.Join(l.BinDir, "runc")), systemdCgroup,
+		tomlString(n.SandboxImage), cdiConfig(n), tomlString(path.Join(l.BinDir, "runc")), systemdCgroup,
 		tomlString(l.CNIBinDir), tomlString(l.CNIConfDir))
 	if l.ContainerdOptDir != "" {
 		fmt.Fprintf(&b, `

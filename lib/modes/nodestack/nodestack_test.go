@@ -371,3 +371,34 @@ func TestMoveArtifactsReplacesByRenameAndRefusesASymlinkOnTheWay(t *testing.T) {
 		t.Errorf("written through the symlink: %v", ents)
 	}
 }
+
+// containerd 1.7+ reads CDI specifications: its CRI plugin gets
+// enable_cdi and the spec directories; an older one gets neither (1.6
+// knows no such keys).
+func TestContainerdConfigTurnsOnCDIWhereContainerdHasIt(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		n := modestest.Node()
+		n.CDI = on
+		files, err := Files(n, layout, Unified)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := byPath(t, files)[layout.ContainerdConfig].Data
+		var cd struct {
+			Plugins map[string]struct {
+				EnableCDI   *bool    `toml:"enable_cdi"`
+				CDISpecDirs []string `toml:"cdi_spec_dirs"`
+			}
+		}
+		if _, err := toml.Decode(string(data), &cd); err != nil {
+			t.Fatalf("containerd config is not TOML: %v\n%s", err, data)
+		}
+		cri := cd.Plugins["io.containerd.grpc.v1.cri"]
+		if on && (cri.EnableCDI == nil || !*cri.EnableCDI || len(cri.CDISpecDirs) == 0 || cri.CDISpecDirs[0] != "/etc/cdi") {
+			t.Errorf("CDI on: enable_cdi %v dirs %v\n%s", cri.EnableCDI, cri.CDISpecDirs, data)
+		}
+		if !on && (cri.EnableCDI != nil || cri.CDISpecDirs != nil) {
+			t.Errorf("CDI off: enable_cdi %v dirs %v", cri.EnableCDI, cri.CDISpecDirs)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
+	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
 )
 
 // Layout is where the node stack lives inside the machine: the usual
@@ -20,7 +21,7 @@ var Layout = nodestack.Layout{
 	Kubeconfig:          "/etc/kubernetes/kubelet.conf",
 	CACert:              "/etc/kubernetes/pki/ca.crt",
 	ContainerdConfig:    "/etc/containerd/config.toml",
-	ContainerdRoot:      "/var/lib/containerd",
+	ContainerdRoot:      machinefile.ContainerdRoot,
 	ContainerdState:     "/run/containerd",
 	ResolvConf:          "/etc/resolv.conf",
 }
@@ -37,58 +38,6 @@ const (
 
 // DropInName is the drop-in Prepare writes for systemd-nspawn@<slot>.service.
 const DropInName = "50-unbounded-node.conf"
-
-// nspawnFile is /etc/systemd/nspawn/<slot>.nspawn. The stock
-// systemd-nspawn@.service runs nspawn with --settings=override, so every
-// setting here wins over the unit's command line (-U, --network-veth).
-func nspawnFile(slot, containerdDir string) string {
-	return fmt.Sprintf(`# Written by unbounded-agent for node slot %[1]s; regenerated at every
-# prepare of the slot, removed with it. The settings a kubelet with a real
-# container runtime needs inside a machine (the agent's design notes,
-# "A real kubelet with a real container runtime").
-
-[Exec]
-# The machine boots its own systemd, which runs containerd and kubelet as
-# units.
-Boot=yes
-# The start job ends when the machine's systemd reports READY=1 (booted),
-# not when nspawn has forked: "systemctl start" returns with the node
-# stack's units started.
-NotifyReady=yes
-# Root in the machine is root on the host: kubelet and runc create cgroups,
-# mounts and namespaces for pods on the host's kernel objects, which a
-# root mapped into a user namespace may not.
-PrivateUsers=no
-# Every capability: containerd and runc need CAP_SYS_ADMIN (mounts,
-# namespaces), CAP_NET_ADMIN (CNI), CAP_SYS_RESOURCE and more, and give each
-# container its own smaller set. nspawn's default set is too small for a
-# runtime.
-Capability=all
-# Beyond nspawn's default seccomp filter: runc gives each container a
-# session keyring (@keyring) and loads its device filter as an eBPF
-# program on cgroup v2 (bpf).
-SystemCallFilter=@keyring bpf
-# Prepare writes the machine's /etc/resolv.conf from the host's upstream
-# servers; nspawn must not replace it at every start.
-ResolvConf=off
-
-[Files]
-# kubelet reads the kernel log (OOM kills) from /dev/kmsg, which nspawn does
-# not give a machine.
-Bind=/dev/kmsg
-# containerd's store on a host directory of its own, not on the machine's
-# rootfs: on a rootfs that is itself an overlay (an image-based host, a
-# machine in a test container) runc's overlay mounts of container layers
-# fail. It is removed with the slot.
-Bind=%[2]s:%[3]s
-
-[Network]
-# The node stack uses the host's network, as a node does: kubelet's ports
-# (10250, 10248) and the CNI bridge are the host's. No veth into a private
-# network namespace.
-VirtualEthernet=no
-`, slot, containerdDir, Layout.ContainerdRoot)
-}
 
 // dropIn is /etc/systemd/system/systemd-nspawn@<slot>.service.d/DropInName.
 func dropIn(slot string, cg nodestack.Cgroup) string {

@@ -12,14 +12,17 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
+	"unbounded-cloud.io/agent/lib/devices"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
+	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
 	"unbounded-cloud.io/agent/lib/modes/softreboot"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -48,11 +51,37 @@ type Mode struct {
 	// CleanNetwork cleans what a stopped node stack left in the host's
 	// network namespace (Repave); nil is the real host (netclean.go).
 	CleanNetwork func(ctx context.Context, slot string)
+	// Modprobe loads kernel modules (Slot.RDMAModules); nil runs
+	// modprobe(8).
+	Modprobe func(ctx context.Context, modules ...string) error
 	// Log receives progress lines; nil is slog.Default().
 	Log *slog.Logger
 }
 
 var _ modes.Mode = (*Mode)(nil)
+
+// rdmaModules give /dev/infiniband the RDMA connection manager's device
+// (rdma_ucm) and the management datagram devices (ib_umad) that RDMA
+// workloads open besides the verbs devices the driver makes.
+var rdmaModules = []string{"rdma_ucm", "ib_umad"}
+
+func (m *Mode) loadRDMAModules(ctx context.Context) error {
+	load := m.Modprobe
+	if load == nil {
+		load = func(ctx context.Context, modules ...string) error {
+			out, err := exec.CommandContext(ctx, "modprobe", append([]string{"-a", "--"}, modules...)...).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("modprobe %s: %w: %s", strings.Join(modules, " "), err, strings.TrimSpace(string(out)))
+			}
+			return nil
+		}
+	}
+	if err := load(ctx, rdmaModules...); err != nil {
+		return fmt.Errorf("devices.rdma-modules: %w", err)
+	}
+	m.log().Info("RDMA kernel modules loaded", "modules", strings.Join(rdmaModules, " "))
+	return nil
+}
 
 // Name is "nspawn".
 func (m *Mode) Name() string { return "nspawn" }
@@ -112,10 +141,15 @@ func (m *Mode) systemd(ctx context.Context) (modes.Systemd, error) {
 //     pod images of Image.OfflineDir/images as one OCI archive, imported
 //     before kubelet starts (podimages.go): an offline host runs pods
 //     without a registry;
+//     the host devices the node is given (Slot.Devices, after the RDMA
+//     modules are loaded when Slot.RDMAModules asks: lib/devices) are
+//     found and recorded beside the slot, with the CDI specification of
+//     its NVIDIA GPUs in the rootfs (machinefile.Discover);
 //  5. syncs the finished tree once and renames it onto
 //     /var/lib/machines/<slot> (modes.SwapDir: the old tree, if any, is
 //     moved aside first and removed after);
-//  6. writes the settings file /etc/systemd/nspawn/<slot>.nspawn and the
+//  6. writes the settings file /etc/systemd/nspawn/<slot>.nspawn (binding
+//     the devices: machinefile.File) and the
 //     drop-in of systemd-nspawn@<slot>.service, and creates the slot's
 //     containerd store /var/lib/unbounded/slots/<slot>/containerd.
 //
@@ -151,6 +185,11 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	}
 	if err := removeLeftovers(machines, s.Name); err != nil {
 		return err
+	}
+	if s.RDMAModules {
+		if err := m.loadRDMAModules(ctx); err != nil {
+			return fmt.Errorf("prepare slot %s: %w", s.Name, err)
+		}
 	}
 	img, src, err := m.resolveImage(ctx, s.Image)
 	if err != nil {
@@ -209,17 +248,25 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	if err := m.writePodImages(tmp, s); err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
+	found, err := machinefile.Discover(m.Paths, s.Name, tmp, s.Devices)
+	if err != nil {
+		return fmt.Errorf("prepare slot %s: host devices: %w", s.Name, err)
+	}
+	if len(found.Devices) > 0 {
+		m.log().Info("host devices given to the node", "slot", s.Name, "devices", strings.Join(found.Paths(), " "),
+			"driverFiles", len(found.DriverFiles))
+	}
 	if err := modes.SwapDir(tmp, m.Paths.MachineDir(s.Name)); err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
 	done = true
 
-	containerd := filepath.Join(m.Paths.SlotDir(s.Name), "containerd")
+	containerd := machinefile.ContainerdDir(m.Paths, s.Name)
 	if err := os.MkdirAll(containerd, 0o711); err != nil {
 		return err
 	}
 	if err := state.WriteFileAtomic(m.Paths.NspawnConfig(s.Name),
-		[]byte(nspawnFile(s.Name, m.Paths.Rel(containerd))), 0o644); err != nil {
+		[]byte(machinefile.File(s.Name, m.Paths.Rel(containerd), found)), 0o644); err != nil {
 		return err
 	}
 	if err := state.WriteFileAtomic(filepath.Join(m.Paths.NspawnDropInDir(s.Name), DropInName),
@@ -429,6 +476,9 @@ func (m *Mode) Restart(ctx context.Context, slot string) error {
 		return err
 	}
 	defer sd.Close()
+	if err := softreboot.Refresh(m.Paths, m.Name(), slot, m.log()); err != nil {
+		m.log().Warn("host devices not found again; the node keeps the ones it had", "slot", slot, "error", err.Error())
+	}
 	return softreboot.Restart(ctx, sd, m.Name(), slot)
 }
 
@@ -449,9 +499,18 @@ func (m *Mode) EnsureHooks(ctx context.Context, slot string) error {
 	if err != nil {
 		return fmt.Errorf("lifecycle hooks of slot %s: %w", slot, err)
 	}
-	containerd := filepath.Join(m.Paths.SlotDir(slot), "containerd")
+	// The devices the slot's node was given (its record): the hooks bind
+	// the same, and its next restart discovers again (machinefile.Refresh).
+	rec, err := devices.ReadRecord(m.Paths, slot)
+	if err != nil {
+		return fmt.Errorf("lifecycle hooks of slot %s: %w", slot, err)
+	}
+	var found devices.Found
+	if rec != nil {
+		found = rec.Found
+	}
 	want := map[string]string{
-		m.Paths.NspawnConfig(slot):                               nspawnFile(slot, m.Paths.Rel(containerd)),
+		m.Paths.NspawnConfig(slot):                               machinefile.File(slot, m.Paths.Rel(machinefile.ContainerdDir(m.Paths, slot)), found),
 		filepath.Join(m.Paths.NspawnDropInDir(slot), DropInName): dropIn(slot, nodestack.Cgroup(cgs)),
 	}
 	var changed []string

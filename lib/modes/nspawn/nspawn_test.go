@@ -25,11 +25,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"golang.org/x/sys/unix"
 
+	"unbounded-cloud.io/agent/lib/devices"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
+	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
 )
 
 // Mount tables as the kernel writes them (lib/modes/support_test.go has
@@ -560,4 +563,76 @@ func writeTgz(t *testing.T, p string, files map[string]string) {
 	if err := os.WriteFile(p, buf.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Prepare gives the node the host's devices under the slot's rules: each
+// bound in the settings file, recorded beside the slot (for restart and
+// status), the NVIDIA GPUs described for containerd by a CDI
+// specification inside the rootfs; the RDMA modules are loaded first when
+// asked, and a failed load stops the prepare with nothing built.
+func TestPrepareBindsTheHostsDevicesAndDescribesItsGPUs(t *testing.T) {
+	requireRoot(t)
+	ref := serveRegistry(t, "unbounded/node:1.36.3", nodeImage(t))
+	f := newFixture(t, mountsUnified, ref)
+	for _, d := range []struct {
+		p            string
+		major, minor uint32
+	}{{"/dev/kvm", 10, 232}, {"/dev/net/tun", 10, 200}, {"/dev/nvidia0", 195, 0}, {"/dev/nvidiactl", 195, 255}} {
+		full := f.p.Join(d.p)
+		os.MkdirAll(filepath.Dir(full), 0o755)
+		if err := unix.Mknod(full, unix.S_IFCHR|0o600, int(unix.Mkdev(d.major, d.minor))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.MkdirAll(f.p.Join("/usr/lib/x86_64-linux-gnu"), 0o755)
+	os.WriteFile(f.p.Join("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14"), []byte("elf"), 0o644)
+	var loaded []string
+	f.m.Modprobe = func(_ context.Context, m ...string) error { loaded = append(loaded, m...); return nil }
+	f.slot.Devices = devices.Options{Auto: true, Deny: []string{"/dev/net/tun"}}
+	f.slot.RDMAModules = true
+	if err := f.m.Prepare(context.Background(), f.slot); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(loaded, []string{"rdma_ucm", "ib_umad"}) {
+		t.Errorf("modules loaded: %v", loaded)
+	}
+	ns := parseOpts(t, f.p.NspawnConfig("kube1"))
+	if got, want := values(ns, "Files", "Bind")[2:], []string{"/dev/kvm", "/dev/nvidia0", "/dev/nvidiactl"}; !slices.Equal(got, want) {
+		t.Errorf("devices bound %v, want %v (tun denied)", got, want)
+	}
+	if got := values(ns, "Files", "BindReadOnly"); !slices.Equal(got, []string{"/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14"}) {
+		t.Errorf("driver files bound %v", got)
+	}
+	rec, err := devices.ReadRecord(f.p, "kube1")
+	if err != nil || rec == nil || !rec.Options.Auto || len(rec.Found.Devices) != 3 {
+		t.Errorf("device record %+v %v", rec, err)
+	}
+	if b, err := os.ReadFile(f.rootfs(machinefile.CDISpecPath)); err != nil || !strings.Contains(string(b), `"/dev/nvidia0"`) {
+		t.Errorf("CDI spec in the rootfs: %s %v", b, err)
+	}
+	f.verifyWithSystemd(t)
+	// The hooks bind what the record says: nothing to rewrite.
+	f.sd.Calls = nil
+	if err := f.m.EnsureHooks(context.Background(), "kube1"); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(f.sd.Calls, "reload") {
+		t.Errorf("EnsureHooks rewrote the hooks of a slot just prepared: %v", f.sd.Calls)
+	}
+
+	g := newFixture(t, mountsUnified, ref)
+	g.m.Modprobe = func(context.Context, ...string) error {
+		return errors.New("modprobe: FATAL: Module rdma_ucm not found")
+	}
+	g.slot.RDMAModules = true
+	err = g.m.Prepare(context.Background(), g.slot)
+	if err == nil || !strings.Contains(err.Error(), "devices.rdma-modules") || !strings.Contains(err.Error(), "rdma_ucm not found") {
+		t.Fatalf("a failed module load: %v", err)
+	}
+	for _, p := range g.m.SlotPaths("kube1") {
+		if _, err := os.Lstat(p); !os.IsNotExist(err) {
+			t.Errorf("%s exists after a failed prepare", g.p.Rel(p))
+		}
+	}
+	g.noLeftovers(t)
 }
