@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
@@ -248,7 +249,7 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	if err := m.writePodImages(tmp, s); err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
-	found, err := machinefile.Discover(m.Paths, s.Name, tmp, s.Devices)
+	found, err := machinefile.Discover(m.Paths, tmp, s.Devices)
 	if err != nil {
 		return fmt.Errorf("prepare slot %s: host devices: %w", s.Name, err)
 	}
@@ -263,6 +264,9 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 
 	containerd := machinefile.ContainerdDir(m.Paths, s.Name)
 	if err := os.MkdirAll(containerd, 0o711); err != nil {
+		return err
+	}
+	if err := devices.WriteRecord(m.Paths, s.Name, devices.Record{Options: s.Devices, Found: found, At: time.Now().UTC()}); err != nil {
 		return err
 	}
 	if err := state.WriteFileAtomic(m.Paths.NspawnConfig(s.Name),

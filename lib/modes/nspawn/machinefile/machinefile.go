@@ -121,18 +121,16 @@ func kind(d devices.Device) string {
 	return "char"
 }
 
-// Discover finds the devices slot's node is given under o, writes the
-// slot's device record and the CDI specification into the machine's
-// rootfs (rootfs: the tree being built, or the slot's), and returns them.
-func Discover(p hostpaths.Paths, slot, rootfs string, o devices.Options) (devices.Found, error) {
+// Discover finds the devices a node is given under o and writes the CDI
+// specification into the machine's rootfs (the tree being built, or the
+// slot's). The caller records them (devices.WriteRecord) once the slot
+// is in place.
+func Discover(p hostpaths.Paths, rootfs string, o devices.Options) (devices.Found, error) {
 	f, err := devices.Host{Root: p.Join("/")}.Discover(o)
 	if err != nil {
 		return devices.Found{}, err
 	}
 	if err := WriteCDISpec(rootfs, f); err != nil {
-		return devices.Found{}, err
-	}
-	if err := devices.WriteRecord(p, slot, devices.Record{Options: o, Found: f, At: time.Now().UTC()}); err != nil {
 		return devices.Found{}, err
 	}
 	return f, nil

@@ -90,8 +90,11 @@ func TestRefreshBindsTheDevicesTheHostHasNow(t *testing.T) {
 	mknod(t, root, "/dev/fuse", 10, 229)
 	mknod(t, root, "/dev/extra0", 240, 0)
 	o := devices.Options{Auto: true, Allow: []string{"/dev/extra0"}}
-	found, err := Discover(p, "kube1", p.MachineDir("kube1"), o)
+	found, err := Discover(p, p.MachineDir("kube1"), o)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := devices.WriteRecord(p, "kube1", devices.Record{Options: o, Found: found}); err != nil {
 		t.Fatal(err)
 	}
 	os.MkdirAll(filepath.Dir(p.NspawnConfig("kube1")), 0o755)
