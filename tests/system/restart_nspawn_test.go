@@ -19,11 +19,18 @@ import (
 // the Node stays registered (same object) and is Ready again. Then the
 // allocation is fenced: a restart runs the fence, which refuses (77), and
 // the node stays down; once the Machine is unfenced the daemon starts the
-// node by itself within seconds, through the fence.
+// node by itself within seconds, through the fence. The host hands its
+// devices to the node (lib/devices: kvm, tun, fuse, a loop device allowed
+// by name), a privileged pod uses them, and one that appears before the
+// restart is the node's after it.
 func TestRestartNspawnRebootsOnlyTheMachineAndAnUnfencedMachineComesBackByItself(t *testing.T) {
 	t.Parallel()
 	uid := string(uuid.NewUUID())
-	f := newFirstBoot(t, firstBootOptions{extra: fmt.Sprintf("\n[allocation]\nuid = %q\n\n[fence]\nretry-budget = \"10s\"\n", uid)})
+	devs := newHostDevices(t)
+	f := newFirstBoot(t, firstBootOptions{
+		extra:      fmt.Sprintf("\n[allocation]\nuid = %q\n\n[fence]\nretry-budget = \"10s\"\n", uid) + devs.config(),
+		nspawnArgs: devs.nspawnArgs,
+	})
 	logJournalsOnFailure(t, f)
 	allocatedHost(t, f, uid)
 	begin := time.Now()
@@ -38,6 +45,12 @@ func TestRestartNspawnRebootsOnlyTheMachineAndAnUnfencedMachineComesBackByItself
 	approveAgentCSR(t, f.env, f.m, f.name)
 	node := nodeUID(t, f)
 	host := hostIdentityOf(t, f.m)
+	// The host's devices are the node's.
+	devs.wantInNode(t, f)
+	// A device appears on the host: the restart gives it to the node.
+	if out, err := f.m.Run("mknod", "-m", "0600", "/dev/vhost-net", "c", "10", "238"); err != nil {
+		t.Fatalf("mknod /dev/vhost-net on the test host: %v\n%s", err, out)
+	}
 
 	// By hand.
 	machine0 := mainPID(t, f.m, nspawnKube1)
@@ -53,6 +66,12 @@ func TestRestartNspawnRebootsOnlyTheMachineAndAnUnfencedMachineComesBackByItself
 	wantSameHost(t, f.m, host)
 	if a := isActive(f.m, nodeTarget); a != "active" {
 		t.Errorf("%s is %s after the restart", nodeTarget, a)
+	}
+	if out, err := f.m.Run("systemd-run", "-M", "kube1", "--wait", "--pipe", "-q", "test", "-c", "/dev/vhost-net"); err != nil {
+		t.Errorf("the device that appeared before the restart is not in the node after it: %v\n%s\n%s", err, out, progLog(f.m, "restart"))
+	}
+	if out, _ := f.m.Run("unbounded", "status"); !strings.Contains(out, "device:      /dev/vhost-net (char 10:238, vhost)") {
+		t.Errorf("unbounded status after the restart does not list /dev/vhost-net:\n%s", out)
 	}
 	// A heartbeat since the restarted unit's start is the new kubelet's.
 	waitNodeReadySince(t, f, node, unitStartedAt(t, f.m, nspawnKube1), 3*time.Minute)
