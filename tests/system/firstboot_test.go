@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/config"
@@ -186,8 +187,22 @@ func (f *firstBoot) runPod(t *testing.T) (ns string) {
 	t.Helper()
 	ctx := context.Background()
 	c := f.env.kube
-	ns = kubeenv.UniqueName(t, "ns")
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+	ns = newNamespace(t, c, "ns")
+	dep := nodestack.SleeperDeployment(ns, f.name, f.app)
+	if _, err := c.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitPodRunning(t, ns, 150*time.Second)
+	return ns
+}
+
+// newNamespace creates a namespace named after prefix and the test,
+// deleted at cleanup, and waits for its default ServiceAccount (a pod is
+// refused before the controller made it).
+func newNamespace(t *testing.T, c kubernetes.Interface, prefix string) string {
+	t.Helper()
+	ns := kubeenv.UniqueName(t, prefix)
+	if _, err := c.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
@@ -195,11 +210,6 @@ func (f *firstBoot) runPod(t *testing.T) (ns string) {
 		_, err := c.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, nil
 	})
-	dep := nodestack.SleeperDeployment(ns, f.name, f.app)
-	if _, err := c.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	f.waitPodRunning(t, ns, 150*time.Second)
 	return ns
 }
 

@@ -25,7 +25,6 @@ import (
 	"k8s.io/client-go/util/exec"
 	"k8s.io/utils/ptr"
 
-	"unbounded-cloud.io/agent/tests/kubeenv"
 	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
 
@@ -65,15 +64,7 @@ func TestLogsExecAndPortForwardReachAPodOnTheAgentsNode(t *testing.T) {
 		t.Errorf("the serving certificate names %v, not the Node's hostname %s", serving.DNSNames, f.name)
 	}
 
-	ns := kubeenv.UniqueName(t, "ns")
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
-	waitUntil(t, 30*time.Second, "ServiceAccount default", func(ctx context.Context) (bool, error) {
-		_, err := c.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, nil
-	})
+	ns := newNamespace(t, c, "ns")
 	// One container that says hello on stdout and serves the same text
 	// over HTTP on 8080 (busybox's httpd).
 	script := `busybox mkdir -p /www && echo "hello from $(hostname)" >/www/index.html && echo "hello from $(hostname)" && exec busybox httpd -f -p 8080 -h /www`
