@@ -124,11 +124,6 @@ func (r *Restart) Run(ctx context.Context) error {
 			log.Warn("reset-failed", "unit", u, "error", err.Error())
 		}
 	}
-	if err := softreboot.Refresh(r.Paths, active.Mode, active.Slot, log); err != nil {
-		// The node restarts with what it had: a device that cannot be
-		// looked at is no reason to keep it down.
-		log.Warn("host devices not found again; the node keeps the ones it had", "error", err.Error())
-	}
 	if err := softreboot.Restart(ctx, r.Units, active.Mode, active.Slot); err != nil {
 		if rec, _ := record.Read(r.Paths); rec != nil && !rec.At.Before(begin) && (rec.Outcome == record.Refused || rec.Outcome == record.NoAnswer) {
 			return fmt.Errorf("%w: the allocation fence refused the restarted node (%s: %s); it stays down: %w",

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
 	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
@@ -62,12 +63,21 @@ Environment=SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=%[3]s
 # needs the host's (GPUs, storage) to hand them to pods.
 DevicePolicy=auto
 DeviceAllow=
+# Before every start of the machine (the host's boot, a restart, a
+# repave's switch) the host's devices are found again under the slot's
+# rules and the settings file rewritten when they changed: devices come
+# and go. "-": a failure leaves the node the devices it had.
+ExecStartPre=-%[4]s --devices-of=%[1]s
 # A node runs many more tasks than the stock unit's 16384 (every pod's
 # processes and threads are the machine's); kubelet limits pods itself
 # (podPidsLimit).
 TasksMax=infinity
-`, slot, why, unified)
+`, slot, why, unified, RestartBinary)
 }
+
+// RestartBinary is unbounded-restart, which also finds a slot's devices
+// again (--devices-of, machinefile.Refresh) before its machine starts.
+const RestartBinary = hostpaths.LibexecDirHost + "/restart"
 
 // containerdUnit runs containerd inside the machine.
 func containerdUnit(cg nodestack.Cgroup) string {

@@ -480,9 +480,6 @@ func (m *Mode) Restart(ctx context.Context, slot string) error {
 		return err
 	}
 	defer sd.Close()
-	if err := softreboot.Refresh(m.Paths, m.Name(), slot, m.log()); err != nil {
-		m.log().Warn("host devices not found again; the node keeps the ones it had", "slot", slot, "error", err.Error())
-	}
 	return softreboot.Restart(ctx, sd, m.Name(), slot)
 }
 

@@ -310,6 +310,9 @@ func (f *fixture) checkMachineSettings(t *testing.T, cg string) {
 	if !slices.Equal(values(di, "Service", "DevicePolicy"), []string{"auto"}) || !slices.Equal(values(di, "Service", "DeviceAllow"), []string{""}) {
 		t.Errorf("drop-in: DevicePolicy %q DeviceAllow %q, want auto and an empty reset", values(di, "Service", "DevicePolicy"), values(di, "Service", "DeviceAllow"))
 	}
+	if got := values(di, "Service", "ExecStartPre"); !slices.Equal(got, []string{"-/usr/libexec/unbounded/restart --devices-of=kube1"}) {
+		t.Errorf("drop-in: ExecStartPre %q, want the device refresh before every start", got)
+	}
 	f.verifyWithSystemd(t)
 }
 

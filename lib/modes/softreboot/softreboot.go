@@ -9,12 +9,10 @@ package softreboot
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
-	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
@@ -26,20 +24,6 @@ type Units interface {
 	RestartUnit(ctx context.Context, unit string) error
 	// StopUnit queues a stop job and waits for it.
 	StopUnit(ctx context.Context, unit string) error
-}
-
-// Refresh makes what mode's node stack is started with current before a
-// soft reboot: in mode nspawn the host devices the machine binds are
-// found again under the slot's rules (machinefile.Refresh), since devices
-// come and go; mode none runs on the host and has nothing to refresh.
-func Refresh(p hostpaths.Paths, mode, slot string, log *slog.Logger) error {
-	if mode != "nspawn" {
-		return nil
-	}
-	if err := machinefile.Refresh(p, slot, log); err != nil {
-		return fmt.Errorf("the host devices of slot %s: %w", slot, err)
-	}
-	return nil
 }
 
 // Restart soft-reboots the node stack of mode in slot, never the host: it

@@ -2,8 +2,9 @@
 // machine (/etc/systemd/nspawn/<slot>.nspawn) and the host devices it
 // binds (lib/devices), kept apart from lib/modes/nspawn so that
 // unbounded-restart (a small binary: ARCHITECTURE section 3) can discover
-// the devices again and rewrite the file before each restart of the
-// machine: devices appear and disappear, and systemd-nspawn reads the
+// the devices again and rewrite the file before every start of the
+// machine (`restart --devices-of=<slot>`, the ExecStartPre= of its unit's
+// drop-in): devices appear and disappear, and systemd-nspawn reads the
 // file at every start (no daemon-reload needed).
 package machinefile
 
@@ -171,8 +172,8 @@ func WriteCDISpec(rootfs string, f devices.Found) error {
 
 // Refresh discovers slot's devices again under the rules of its record
 // and, when they differ from what the settings file binds, rewrites the
-// file and the CDI specification: the next start of the machine (a
-// restart's) binds what the host has now. A device allowed by name that
+// file and the CDI specification: the machine's start that runs it binds
+// what the host has now. A device allowed by name that
 // is gone is left out with a warning (it is the configuration's error at
 // the next prepare, not a reason to keep the node down). A slot without a
 // record (prepared by a release without device discovery) is left alone.
