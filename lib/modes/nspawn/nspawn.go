@@ -215,9 +215,16 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 		return err
 	}
 	defer os.RemoveAll(stage)
+	begin := time.Now()
 	installed := make(chan error, 1)
-	go func() { installed <- nodestack.InstallArtifacts(s.Artifacts, stage, Layout) }()
+	var artifactsTook time.Duration
+	go func() {
+		err := nodestack.InstallArtifacts(s.Artifacts, stage, Layout)
+		artifactsTook = time.Since(begin)
+		installed <- err
+	}()
 	stats, err := Unpack(img, tmp)
+	unpackTook := time.Since(begin)
 	ierr := <-installed // also on an unpack error: stage is removed after
 	if err != nil {
 		return fmt.Errorf("prepare slot %s: node image %s: %w", s.Name, src, classify(err))
@@ -235,7 +242,8 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	if fi, err := os.Stat(filepath.Join(tmp, "usr")); err != nil || !fi.IsDir() {
 		return fmt.Errorf("prepare slot %s: node image %s has no /usr directory: not an OS tree a machine can boot", s.Name, src)
 	}
-	m.log().Info("node image unpacked", "slot", s.Name, "image", src, "files", stats.Files,
+	m.log().Info("node image unpacked", "slot", s.Name, "image", src, "took", unpackTook.Round(time.Millisecond).String(),
+		"artifactsTook", artifactsTook.Round(time.Millisecond).String(), "files", stats.Files,
 		"bytes", stats.Bytes, "skipped_devices", stats.Devices)
 	if ierr != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, ierr)
@@ -257,6 +265,7 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 		m.log().Info("host devices given to the node", "slot", s.Name, "devices", strings.Join(found.Paths(), " "),
 			"driverFiles", len(found.DriverFiles))
 	}
+	written := time.Now()
 	if err := modes.SwapDir(tmp, m.Paths.MachineDir(s.Name)); err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
@@ -281,7 +290,9 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	if err := m.writeStamp(s); err != nil {
 		return err
 	}
-	m.log().Info("slot prepared", "slot", s.Name, "mode", "nspawn", "cgroup", string(cg))
+	m.log().Info("slot prepared", "slot", s.Name, "mode", "nspawn", "cgroup", string(cg),
+		"took", time.Since(begin).Round(time.Millisecond).String(), "nodeFilesTook", written.Sub(begin.Add(max(unpackTook, artifactsTook))).Round(time.Millisecond).String(),
+		"syncAndSwapTook", time.Since(written).Round(time.Millisecond).String())
 	return nil
 }
 
