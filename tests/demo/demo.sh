@@ -131,6 +131,11 @@ step stage "node stack: containerd, runc, CNI plugins, pause (tests/system/nodes
 export UNBOUNDED_TEST_NODESTACK=$out
 bin/unbounded manifests >"$log/manifests.yaml" && export UNBOUNDED_TEST_MANIFESTS=$log/manifests.yaml
 step demo "the demo program (tests/demo)" go test -c -tags demo -o "$log/demo.test" ./tests/demo
+if [ -n "${UNBOUNDED_DEMO_BENCH:-}" ]; then
+	# The floor's image pull and unpack, run inside the host (demo_test.go).
+	step floorunpack "bench: the floor's unpack (tests/demo/floorunpack)" env CGO_ENABLED=0 go build -trimpath -o "$log/floorunpack" ./tests/demo/floorunpack
+	export UNBOUNDED_DEMO_FLOORUNPACK=$log/floorunpack
+fi
 say "starting the control plane (tests/kube/with-env.sh; the first build of kube-testenv takes minutes)"
 # The demo's output goes to the terminal. Its fixtures' logs stay in the
 # test binary unless it fails.
