@@ -129,22 +129,27 @@ var (
 // names the path; so does an allowed block device the host runs from.
 func (h Host) Discover(o Options) (Found, error) {
 	var f Found
+	// Denied and given devices are compared by kind and number, so that a
+	// device named by one of its links (/dev/disk/by-id/...) is the same
+	// device as its node.
 	deny := map[string]bool{}
 	for _, p := range o.Deny {
-		deny[path.Clean(p)] = true
+		if d, err := h.device(path.Clean(p), func(m os.FileMode) bool { return m&fs.ModeDevice != 0 }); err == nil {
+			deny[d.key()] = true
+		}
 	}
 	seen := map[string]bool{}
 	add := func(p, why string, want func(os.FileMode) bool) (bool, error) {
 		p = path.Clean(p)
-		if seen[p] || deny[p] {
-			return false, nil
-		}
 		d, err := h.device(p, want)
 		if err != nil {
 			return false, err
 		}
+		if seen[d.key()] || deny[d.key()] {
+			return false, nil
+		}
 		d.Why = why
-		seen[p] = true
+		seen[d.key()] = true
 		f.Devices = append(f.Devices, d)
 		return true, nil
 	}
@@ -191,20 +196,30 @@ func (h Host) Discover(o Options) (Found, error) {
 		if !path.IsAbs(p) || !strings.HasPrefix(path.Clean(p), "/dev/") {
 			return Found{}, fmt.Errorf("%s: %w: a device path is absolute, under /dev", p, ErrDevice)
 		}
-		if deny[path.Clean(p)] {
-			return Found{}, fmt.Errorf("%s: %w: allowed and denied both", p, ErrDevice)
+		// A link (/dev/disk/by-id/..., /dev/mapper/...) is given as the
+		// node it names: the node's /dev has the same node.
+		node, err := h.resolve(path.Clean(p))
+		if err != nil {
+			return Found{}, err
 		}
-		d, err := h.device(path.Clean(p), anyDev)
+		d, err := h.device(node, anyDev)
 		if errors.Is(err, fs.ErrNotExist) {
 			return Found{}, fmt.Errorf("%s: %w: there is no such device node on this host", p, ErrDevice)
 		}
 		if err != nil {
 			return Found{}, err // names p, wraps ErrDevice
 		}
+		if deny[d.key()] {
+			return Found{}, fmt.Errorf("%s: %w: allowed and denied both", p, ErrDevice)
+		}
 		if d.Block && inUse[devKey(d.Major, d.Minor)] {
 			return Found{}, fmt.Errorf("%s: %w the node may have: the host uses it (mounted, swap, or its disk holds the host's filesystems)", p, ErrDevice)
 		}
-		if _, err := add(p, "allow", anyDev); err != nil {
+		why := "allow"
+		if node != path.Clean(p) {
+			why = "allow as " + p
+		}
+		if _, err := add(node, why, anyDev); err != nil {
 			return Found{}, err
 		}
 	}
@@ -214,6 +229,36 @@ func (h Host) Discover(o Options) (Found, error) {
 		}
 	}
 	return f, nil
+}
+
+// key is the device's kind and number.
+func (d Device) key() string {
+	k := "c"
+	if d.Block {
+		k = "b"
+	}
+	return k + devKey(d.Major, d.Minor)
+}
+
+// resolve follows the links of p (a path on the host, under /dev) to the
+// node they name, which must be under /dev too.
+func (h Host) resolve(p string) (string, error) {
+	real, err := filepath.EvalSymlinks(h.join(p))
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("%s: %w: there is no such device node on this host", p, ErrDevice)
+	}
+	if err != nil {
+		return "", err
+	}
+	rel, err := filepath.Rel(h.root(), real)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return "", fmt.Errorf("%s: %w: it leads out of /dev", p, ErrDevice)
+	}
+	node := "/" + filepath.ToSlash(rel)
+	if !strings.HasPrefix(node, "/dev/") {
+		return "", fmt.Errorf("%s: %w: it leads to %s, out of /dev", p, ErrDevice, node)
+	}
+	return node, nil
 }
 
 // device stats p (a path on the host) and checks its kind.

@@ -252,3 +252,30 @@ func TestCDISpecIsValidForTheCDILibrary(t *testing.T) {
 		t.Errorf("no GPU: %s %v, want no spec", b, err)
 	}
 }
+
+// A device named by a link is given as the node the link names, and a
+// denied link denies its node.
+func TestDiscoverGivesALinkAsItsNodeAndDeniesByNumber(t *testing.T) {
+	h := newFakeHost(t)
+	h.disk("sdb", 8, 16)
+	h.disk("sdc", 8, 32)
+	h.write("/proc/self/mountinfo", "")
+	os.MkdirAll(filepath.Join(h.root, "dev/disk/by-id"), 0o755)
+	os.Symlink("../../sdb", filepath.Join(h.root, "dev/disk/by-id/ata-DISK_B"))
+	os.Symlink("../../sdc", filepath.Join(h.root, "dev/disk/by-id/ata-DISK_C"))
+	os.Symlink("/etc/passwd", filepath.Join(h.root, "dev/escape"))
+	f, err := Host{Root: h.root}.Discover(Options{Auto: true, Allow: []string{"/dev/disk/by-id/ata-DISK_B"}, Deny: []string{"/dev/disk/by-id/ata-DISK_C"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := paths(f); !slices.Equal(got, []string{"/dev/sdb"}) {
+		t.Errorf("discovered %v, want /dev/sdb once (found and allowed by its link), /dev/sdc denied by its link", got)
+	}
+	f, err = Host{Root: h.root}.Discover(Options{Allow: []string{"/dev/disk/by-id/ata-DISK_B"}})
+	if err != nil || len(f.Devices) != 1 || f.Devices[0].Path != "/dev/sdb" || f.Devices[0].Why != "allow as /dev/disk/by-id/ata-DISK_B" {
+		t.Errorf("allowed by its link: %+v %v", f.Devices, err)
+	}
+	if _, err := (Host{Root: h.root}).Discover(Options{Allow: []string{"/dev/escape"}}); !errors.Is(err, ErrDevice) {
+		t.Errorf("a link out of /dev: %v, want ErrDevice", err)
+	}
+}

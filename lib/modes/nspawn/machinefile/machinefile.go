@@ -94,7 +94,7 @@ Bind=%[2]s:%[3]s
 # pod asks for.
 `)
 		for _, d := range f.Devices {
-			fmt.Fprintf(&b, "# %s (%s %d:%d)\nBind=%s\n", d.Why, kind(d), d.Major, d.Minor, d.Path)
+			fmt.Fprintf(&b, "# %s (%s %d:%d)\nBind=%s\n", d.Why, kind(d), d.Major, d.Minor, bindPath(d.Path))
 		}
 	}
 	if len(f.DriverFiles) > 0 {
@@ -102,7 +102,7 @@ Bind=%[2]s:%[3]s
 # match the host's kernel module, so the node uses the host's own.
 `)
 		for _, p := range f.DriverFiles {
-			fmt.Fprintf(&b, "BindReadOnly=%s\n", p)
+			fmt.Fprintf(&b, "BindReadOnly=%s\n", bindPath(p))
 		}
 	}
 	b.WriteString(`
@@ -113,6 +113,12 @@ Bind=%[2]s:%[3]s
 VirtualEthernet=no
 `)
 	return b.String()
+}
+
+// bindPath escapes p for Bind=: a colon separates source and target
+// there, and backslash escapes are interpreted ("\:" is a colon).
+func bindPath(p string) string {
+	return strings.NewReplacer(`\`, `\\`, ":", `\:`).Replace(p)
 }
 
 func kind(d devices.Device) string {

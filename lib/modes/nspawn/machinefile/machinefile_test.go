@@ -167,3 +167,12 @@ func TestWriteCDISpecStaysInsideTheRootfs(t *testing.T) {
 		t.Errorf("written outside the rootfs: %v", ents)
 	}
 }
+
+// A path with a colon or a backslash is escaped for Bind=, as nspawn
+// reads it back.
+func TestFileEscapesColonsInBindPaths(t *testing.T) {
+	text := File("kube1", "/c", devices.Found{Devices: []devices.Device{{Path: `/dev/odd:name\x`, Why: "allow"}}})
+	if !strings.Contains(text, "\nBind=/dev/odd\\:name\\\\x\n") {
+		t.Errorf("not escaped:\n%s", text)
+	}
+}
