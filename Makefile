@@ -25,10 +25,16 @@ GOBUILD := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 # under 5 MB each); the one-shots that talk to the cluster share one
 # multicall executable (ARCHITECTURE section 3, size budget).
 BINARIES := bin/unbounded bin/unbounded-generator bin/unbounded-agent bin/unbounded-restart bin/unbounded-health
+# The operator's workstation side, a kubectl plugin: never in the host
+# packages, outside the hosts' size budget; `make packages` archives it.
+WORKSTATION := bin/kubectl-unbounded
 
 .PHONY: all build docs test bench demo packages conformance clean FORCE
 all: build
-build: $(BINARIES)
+build: $(BINARIES) $(WORKSTATION)
+
+bin/kubectl-unbounded: FORCE
+	$(GOBUILD) -o $@ ./cmd/kubectl-unbounded
 
 bin/unbounded: FORCE
 	$(GOBUILD) -o $@ ./cmd/unbounded
@@ -67,6 +73,8 @@ bin/doc/unbounded.fish: $(DOCGEN)
 
 packages: build docs
 	VERSION='$(VERSION)' PKG_ARCH='$(PKG_ARCH)' deb/build-packages.sh
+	mkdir -p dist && rm -f dist/kubectl-unbounded_*.tar.gz
+	tar -C bin --owner=0 --group=0 --numeric-owner -czf dist/kubectl-unbounded_$(VERSION)_linux_$(PKG_ARCH).tar.gz kubectl-unbounded
 
 test: build
 	VERSION='$(VERSION)' tests/run-tiers.sh

@@ -69,6 +69,25 @@ func (m *Machines) Get(ctx context.Context, name string) (*v1alpha3.Machine, err
 	return out, err
 }
 
+// List lists every Machine (the operator's fleet view).
+func (m *Machines) List(ctx context.Context) (*v1alpha3.MachineList, error) {
+	out := &v1alpha3.MachineList{}
+	err := m.rc.Get().Resource(v1alpha3.ResourceMachines).Do(ctx).Into(out)
+	return out, err
+}
+
+// Operations lists the MachineOperations of machine (by their
+// v1alpha3.MachineLabel), or of every machine when machine is "".
+func (m *Machines) Operations(ctx context.Context, machine string) (*v1alpha3.MachineOperationList, error) {
+	out := &v1alpha3.MachineOperationList{}
+	req := m.rc.Get().Resource(v1alpha3.ResourceMachineOperations)
+	if machine != "" {
+		req = req.Param("labelSelector", v1alpha3.MachineLabel+"="+machine)
+	}
+	err := req.Do(ctx).Into(out)
+	return out, err
+}
+
 // Create creates a Machine. The API server drops any status on create.
 func (m *Machines) Create(ctx context.Context, machine *v1alpha3.Machine) (*v1alpha3.Machine, error) {
 	out := &v1alpha3.Machine{}
