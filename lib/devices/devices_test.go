@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
 // fakeHost is a /dev, /sys and /proc tree with real device nodes
@@ -245,7 +246,7 @@ func TestCDISpecIsValidForTheCDILibrary(t *testing.T) {
 			t.Errorf("no device %q in\n%s", name, b)
 		}
 	}
-	if v, err := cdi.MinimumRequiredVersion(spec.Spec); err != nil || v > CDIVersion {
+	if v, err := cdispec.MinimumRequiredVersion(spec.Spec); err != nil || v > CDIVersion {
 		t.Errorf("minimum version %s (%v), the spec says %s", v, err, CDIVersion)
 	}
 	if b, err := CDISpec(Found{}); b != nil || err != nil {

@@ -26,7 +26,7 @@ const Recent = 10
 func Describe(ctx context.Context, w io.Writer, machines *kube.Machines, core kubernetes.Interface, name string, now time.Time) error {
 	m, err := machines.Get(ctx, name)
 	if err != nil {
-		return fmt.Errorf("Machine %s: %w", name, err)
+		return fmt.Errorf("read the Machine %s: %w", name, err)
 	}
 	or := func(s string) string {
 		if s == "" {
@@ -95,7 +95,7 @@ func Describe(ctx context.Context, w io.Writer, machines *kube.Machines, core ku
 		FieldSelector: fields.AndSelectors(fields.OneTermEqualSelector("involvedObject.kind", "Machine"), fields.OneTermEqualSelector("involvedObject.name", name)).String(),
 	})
 	if err != nil {
-		return fmt.Errorf("Events of %s: %w", name, err)
+		return fmt.Errorf("list the Events of %s: %w", name, err)
 	}
 	ev := evs.Items
 	sort.Slice(ev, func(i, j int) bool { return ev[j].LastTimestamp.Before(&ev[i].LastTimestamp) })

@@ -72,7 +72,7 @@ func TestJoinGetAndDescribeAgainstTheAPIServer(t *testing.T) {
 	t.Cleanup(func() {
 		env.Dynamic().Resource(v1alpha3.SchemeGroupVersion.WithResource(v1alpha3.ResourceMachines)).Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
-	mc.Status.Phase = "Running"
+	mc.Status.Phase = v1alpha3.MachineReady
 	mc.Status.Isolation = &v1alpha3.IsolationStatus{Mode: "nspawn", Slot: "kube2"}
 	mc.Status.Agent = &v1alpha3.AgentStatus{Version: "0.1.0"}
 	mc.Status.NodeName = name
@@ -110,7 +110,7 @@ func TestJoinGetAndDescribeAgainstTheAPIServer(t *testing.T) {
 			row = &rows[i]
 		}
 	}
-	want := Row{Machine: name, Phase: "Running", Mode: "nspawn", Slot: "kube2", Kubernetes: "1.36.3", Agent: "0.1.0", NodeReady: "True", LastOp: "Repave", LastResult: "Pending"}
+	want := Row{Machine: name, Phase: "Ready", Mode: "nspawn", Slot: "kube2", Kubernetes: "1.36.3", Agent: "0.1.0", NodeReady: "True", LastOp: "Repave", LastResult: "Pending"}
 	if row == nil {
 		t.Fatalf("%s not in the table: %+v", name, rows)
 	}
@@ -133,7 +133,7 @@ func TestJoinGetAndDescribeAgainstTheAPIServer(t *testing.T) {
 	if err := Describe(ctx, &out, m, c, name, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"Phase:", "Running", "Bootstrapped", "node up", name + "-repave", "Repave", "Events:"} {
+	for _, s := range []string{"Phase:", "Ready", "Bootstrapped", "node up", name + "-repave", "Repave", "Events:"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("describe lacks %q:\n%s", s, out.String())
 		}

@@ -23,13 +23,15 @@ var layers = [][]string{
 	// What the state means: exit codes, host preparation, the small
 	// records, the generator's decision, the one runner of journaled
 	// steps.
-	{"lib/exitcode", "lib/hostprep", "lib/noderecord", "lib/owed", "lib/request", "lib/fence/record", "lib/generator", "lib/steps"},
-	{"lib/privilege", "lib/modes/softreboot", "lib/readiness"},
+	{"lib/exitcode", "lib/hostprep", "lib/noderecord", "lib/owed", "lib/request", "lib/fence/record", "lib/generator", "lib/steps",
+		"lib/devices"},
+	{"lib/privilege", "lib/modes/softreboot", "lib/readiness", "lib/modes/nspawn/machinefile"},
 	// Configuration, and what every command shares.
 	{"lib/config", "lib/concern", "lib/concern/small"},
 	// The cluster client, the artifacts, the mode interface, the status.
 	{"lib/artifacts", "lib/kube", "lib/modes", "lib/status"},
-	{"lib/modes/nodestack", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest"},
+	{"lib/modes/nodestack", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest",
+		"lib/fleet"},
 	// The modes, and the concerns that need no installation.
 	{"lib/modes/none", "lib/modes/nspawn", "lib/restart", "lib/daemon", "lib/recovery", "lib/cli"},
 	// The table of the modes this build carries.
@@ -41,7 +43,7 @@ var layers = [][]string{
 	{"lib/reset", "lib/repave", "lib/bootstrap/bootstraptest"},
 	// The commands: one per concern, the CLI, the generator.
 	{"cmd/bootstrap", "cmd/daemon", "cmd/fence", "cmd/health", "cmd/lifecycle", "cmd/recover", "cmd/repave", "cmd/reset",
-		"cmd/restart", "cmd/unbounded", "generators/unbounded-generator"},
+		"cmd/restart", "cmd/unbounded", "generators/unbounded-generator", "cmd/kubectl-unbounded"},
 	// The multicall executable dispatches to the concerns' commands.
 	{"cmd/unbounded-agent"},
 }
