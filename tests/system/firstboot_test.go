@@ -18,6 +18,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/fleet"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
 	"unbounded-cloud.io/agent/tests/kubeenv"
@@ -56,6 +57,9 @@ type firstBoot struct {
 	// the test host's loopback: fwd.SetFault(f.env.Host(), ...) cuts the
 	// API server off from the host.
 	fwd *nodestack.Forwarder
+	// joined is what `kubectl unbounded join` made for the host
+	// (firstBootOptions.join), nil otherwise.
+	joined *fleet.Joined
 }
 
 type firstBootOptions struct {
@@ -75,6 +79,10 @@ type firstBootOptions struct {
 	// nodeIP is agent.toml's node.ip (empty: not set, the default
 	// route's address).
 	nodeIP string
+	// join gives the host the files `kubectl unbounded join` writes
+	// (lib/fleet.Join), the test's own settings in a drop-in beside
+	// them; f.joined is what join made.
+	join bool
 }
 
 func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
@@ -106,10 +114,13 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 	}
 	f.mirrorDir = s.Mirror(t)
 	f.mirror = nodestack.ServeArtifacts(t, f.mirrorDir)
+	if o.join {
+		f.joined = joinHost(t, env, f.name, o.mode, f.nodeRef, s.Versions["kubelet"])
+	}
 	h := nodestack.NewFirstBootHost(t, nodestack.FirstBootOptions{
 		Env: env.Env, Stage: s, Name: f.name, Mode: o.mode,
 		RegistryHost: f.reg.Host, MirrorURL: f.mirror.URL, Pause: f.pause, NodeRef: f.nodeRef,
-		Offline: o.offline, Extra: o.extra, NodeIP: o.nodeIP,
+		Offline: o.offline, Extra: o.extra, NodeIP: o.nodeIP, Joined: f.joined,
 	})
 	f.fwd = h.Forward
 	f.m = h.Machine(t, 8*time.Minute, o.nspawnArgs...)

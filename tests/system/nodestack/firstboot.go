@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/api/identity"
+	"unbounded-cloud.io/agent/lib/fleet"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/tests/kubeenv"
@@ -126,6 +127,13 @@ type FirstBootOptions struct {
 	Extra string
 	// NodeIP is agent.toml's node.ip (empty: not set).
 	NodeIP string
+	// Joined, when set, is what `kubectl unbounded join` made for the
+	// machine (lib/fleet.Join): its agent.toml, CA and token are the
+	// host's files as they are, and the test's own settings (the mirror,
+	// the versions it serves, the pause image, the pod CIDR, Extra) go
+	// to a drop-in beside them, as a site's own settings would. Without
+	// it the host gets a token of the test's making.
+	Joined *fleet.Joined
 }
 
 // FirstBootHost is what a test host (a systemd container with the .deb
@@ -186,8 +194,11 @@ func NewFirstBootHost(t testing.TB, o FirstBootOptions) *FirstBootHost {
 	}
 	fwd := Forward(t, forwarded...)
 
-	id, secret := kubeenv.RandomTokenID(t)
-	token := o.Env.CreateBootstrapToken(t, id, secret, strings.Split(identity.BootstrapExtraGroups(o.Name), ",")...)
+	var token string
+	if o.Joined == nil {
+		id, secret := kubeenv.RandomTokenID(t)
+		token = o.Env.CreateBootstrapToken(t, id, secret, strings.Split(identity.BootstrapExtraGroups(o.Name), ",")...)
+	}
 
 	cfg := fmt.Sprintf(`machine = %q
 mode = %q
@@ -218,10 +229,28 @@ cni-plugins-version = %q
 	}
 	cfg += o.Extra
 
-	files := append(fwd.Files(),
-		harness.File{Path: hostpaths.ConfigFileHost, Data: []byte(cfg), Mode: 0o644},
-		harness.File{Path: "/etc/unbounded/ca.crt", Data: o.Env.CAPEM(t), Mode: 0o644},
-		harness.File{Path: "/etc/unbounded/bootstrap-token", Data: []byte(token + "\n"), Mode: 0o600},
+	unbounded := []harness.File{
+		{Path: hostpaths.ConfigFileHost, Data: []byte(cfg), Mode: 0o644},
+		{Path: "/etc/unbounded/ca.crt", Data: o.Env.CAPEM(t), Mode: 0o644},
+		{Path: "/etc/unbounded/bootstrap-token", Data: []byte(token + "\n"), Mode: 0o600},
+	}
+	if j := o.Joined; j != nil {
+		// What join wrote, as it is; the rest of cfg (below its
+		// [cluster] keys, which join writes) as a drop-in.
+		unbounded = nil
+		for _, f := range j.Files() {
+			unbounded = append(unbounded, harness.File{Path: f.Host, Data: f.Data, Mode: f.Mode})
+		}
+		_, rest, _ := strings.Cut(cfg, "kubernetes-version = ")
+		_, rest, _ = strings.Cut(rest, "\n")
+		if o.NodeRef != "" {
+			rest = strings.Replace(rest, fmt.Sprintf("\n[nspawn]\nimage = %q\n", o.NodeRef), "\n", 1)
+		}
+		cfg = "# tests/system: the test's own settings beside join's agent.toml\n[cluster]\n" + rest
+		unbounded = append(unbounded, harness.File{Path: filepath.Join(hostpaths.ConfigDropinDirHost, "50-test.toml"), Data: []byte(cfg), Mode: 0o644})
+	}
+	files := append(fwd.Files(), unbounded...)
+	files = append(files,
 		harness.File{Path: "/etc/systemd/system/ubt-nodeip.service", Data: []byte(firstBootNodeIPUnit), Mode: 0o644},
 		harness.File{Path: "/etc/systemd/system/multi-user.target.d/ubt-nodeip.conf", Data: []byte("[Unit]\nWants=ubt-nodeip.service\n"), Mode: 0o644},
 	)
