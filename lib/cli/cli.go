@@ -69,6 +69,10 @@ type Env struct {
 	// RunConcern runs a one-shot concern (path, args) with the command's
 	// outputs and returns its exit code; nil runs the executable.
 	RunConcern func(path string, args []string, stdout, stderr io.Writer) (int, error)
+	// RunTool runs a system tool (journalctl, systemd-run) for logs and
+	// exec with the command's streams and environment (nil: this
+	// process's) and returns its exit code; nil runs it.
+	RunTool func(argv, environ []string, stdin io.Reader, stdout, stderr io.Writer) (int, error)
 }
 
 type cli struct {
@@ -81,6 +85,8 @@ type cli struct {
 	Status            statusCmd        `cmd:"" help:"One-screen summary of the node: mode, slot, applied configs, ownership, journals."`
 	Manifests         manifestsCmd     `cmd:"" help:"Print the CRDs, RBAC and admission policies the cluster needs (the same for every machine), for kubectl apply -f -."`
 	Reset             resetCmd         `cmd:"" help:"Remove the node and the agent's state from this host (asks first; /etc/unbounded stays). Runs the reset that unbounded-reset.service runs."`
+	Logs              logsCmd          `cmd:"" help:"Show the journal of the active node's kubelet or containerd, whatever the mode and slot (in the node machine in mode nspawn, on the host in mode none)."`
+	Exec              execCmd          `cmd:"" help:"Run a command in the active node: in its machine in mode nspawn (systemd-run -M SLOT), on the host with the running version's tools on PATH in mode none. Exits with the command's status."`
 	Completion        completionCmd    `cmd:"" help:"Print the completion script for SHELL (bash, zsh, fish). The packages install them; this is for a shell or a host without them."`
 	Man               manCmd           `cmd:"" name:"__man" hidden:"" help:"Write a man page as markdown (for the build)."`
 }
@@ -135,6 +141,10 @@ func Main(args []string, env Env) (code int) {
 	var silent silentError
 	if !errors.As(err, &silent) {
 		fmt.Fprintf(env.Stderr, "unbounded: %v\n", err)
+	}
+	var child childExit
+	if errors.As(err, &child) {
+		return int(child)
 	}
 	return exitcode.For(err)
 }

@@ -82,6 +82,8 @@ const (
 	MachinesDirHost     = "/var/lib/machines"
 	NspawnConfigDirHost = "/etc/systemd/nspawn"
 	VersionsDirHost     = "/var/lib/unbounded/versions"
+	// VersionsCurrentHost is mode none's link to the version that runs.
+	VersionsCurrentHost = VersionsDirHost + "/current"
 	KmsgHost            = "/dev/kmsg"
 
 	// Host preparation (lib/hostprep): the files it owns, and the kernel

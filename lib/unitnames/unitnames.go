@@ -27,7 +27,28 @@ const (
 	// Containerd and Kubelet are mode none's node stack.
 	Containerd = "unbounded-containerd.service"
 	Kubelet    = "unbounded-kubelet.service"
+	// MachineContainerd and MachineKubelet are the node stack's units
+	// inside an nspawn (or container) node machine.
+	MachineContainerd = "containerd.service"
+	MachineKubelet    = "kubelet.service"
 )
+
+// NodeUnit is where component ("kubelet" or "containerd") of mode's node
+// stack in slot runs: the machine ("" for the host) and the unit there.
+// ok is false for an unknown mode or component.
+func NodeUnit(mode, slot, component string) (machine, unit string, ok bool) {
+	switch {
+	case (mode == "nspawn" || mode == "container") && component == "kubelet":
+		return slot, MachineKubelet, true
+	case (mode == "nspawn" || mode == "container") && component == "containerd":
+		return slot, MachineContainerd, true
+	case mode == "none" && component == "kubelet":
+		return "", Kubelet, true
+	case mode == "none" && component == "containerd":
+		return "", Containerd, true
+	}
+	return "", "", false
+}
 
 // ModeTarget is the target of an isolation mode.
 func ModeTarget(mode string) string { return "unbounded-mode-" + mode + ".target" }

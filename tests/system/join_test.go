@@ -68,6 +68,15 @@ func TestJoinedHostBootsFromJoinsFilesAndARevokedTokenKeepsItsNodeDown(t *testin
 		return
 	}
 
+	// The operator's way into a mode none node: the running version's
+	// tools on PATH, the host's units' journal.
+	if out, err := f.m.Run("unbounded", "exec", "--", "kubelet", "--version"); err != nil || !strings.Contains(out, "Kubernetes v") {
+		t.Errorf("unbounded exec -- kubelet --version: %v\n%s", err, out)
+	}
+	if out, err := f.m.Run("unbounded", "logs", "containerd", "-n", "20"); err != nil || !strings.Contains(out, "containerd") {
+		t.Errorf("unbounded logs containerd: %v\n%s", err, out)
+	}
+
 	if n, err := fleet.Revoke(context.Background(), f.env.kube, f.name); err != nil || n != 1 {
 		t.Fatalf("revoke: %d %v", n, err)
 	}

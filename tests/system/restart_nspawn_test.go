@@ -47,6 +47,18 @@ func TestRestartNspawnRebootsOnlyTheMachineAndAnUnfencedMachineComesBackByItself
 	host := hostIdentityOf(t, f.m)
 	// The host's devices are the node's.
 	devs.wantInNode(t, f)
+	// The operator's way into the node: unbounded exec and logs find the
+	// active slot's machine.
+	// (The node machine's host name is the Node's; the host's is not.)
+	if out, err := f.m.Run("unbounded", "exec", "--", "hostname"); err != nil || strings.TrimSpace(out) != f.name {
+		t.Errorf("unbounded exec -- hostname: %q %v, want the node machine's %s", out, err, f.name)
+	}
+	if out, err := f.m.Run("unbounded", "exec", "--", "sh", "-c", "exit 7"); err == nil || !strings.Contains(err.Error(), "exit status 7") {
+		t.Errorf("unbounded exec of a command that exits 7: %v\n%s", err, out)
+	}
+	if out, err := f.m.Run("unbounded", "logs", "-n", "50"); err != nil || !strings.Contains(out, "kubelet") {
+		t.Errorf("unbounded logs: %v\n%s", err, out)
+	}
 	// A device appears on the host: the restart gives it to the node.
 	if out, err := f.m.Run("mknod", "-m", "0600", "/dev/vhost-net", "c", "10", "238"); err != nil {
 		t.Fatalf("mknod /dev/vhost-net on the test host: %v\n%s", err, out)

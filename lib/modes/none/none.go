@@ -41,7 +41,7 @@ const (
 )
 
 // Current is the link the shipped units run through.
-const Current = hostpaths.VersionsDirHost + "/current"
+const Current = hostpaths.VersionsCurrentHost
 
 // KubeletEnv is the file of kubelet's flags, read by unbounded-kubelet.service.
 const KubeletEnv = Current + "/etc/kubelet/kubelet.env"

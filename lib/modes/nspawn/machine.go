@@ -8,6 +8,7 @@ import (
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
 	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // Layout is where the node stack lives inside the machine: the usual
@@ -30,8 +31,8 @@ var Layout = nodestack.Layout{
 // Units inside the machine, in its /etc/systemd/system, enabled by links
 // in multi-user.target.wants (the machine boots to its default target).
 const (
-	ContainerdUnit = "containerd.service"
-	KubeletUnit    = "kubelet.service"
+	ContainerdUnit = unitnames.MachineContainerd
+	KubeletUnit    = unitnames.MachineKubelet
 	// CgroupRWUnit exists on a legacy hierarchy only.
 	CgroupRWUnit   = "unbounded-cgroup-rw.service"
 	cgroupRWScript = "/usr/local/libexec/unbounded/cgroup-rw"
