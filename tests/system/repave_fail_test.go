@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
@@ -23,11 +24,17 @@ import (
 // sleeper the budget holds) and waits until it runs.
 func (f *firstBoot) runBarePod(t *testing.T, ns, name string) *corev1.Pod {
 	t.Helper()
+	return f.startPod(t, nodestack.BarePod(ns, name, f.name, f.app))
+}
+
+// startPod creates pod and waits until it runs.
+func (f *firstBoot) startPod(t *testing.T, pod *corev1.Pod) *corev1.Pod {
+	t.Helper()
 	ctx := context.Background()
-	if _, err := f.env.kube.CoreV1().Pods(ns).Create(ctx, nodestack.BarePod(ns, name, f.name, f.app), metav1.CreateOptions{}); err != nil {
+	ns, name := pod.Namespace, pod.Name
+	if _, err := f.env.kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var pod *corev1.Pod
 	waitUntil(t, 2*time.Minute, "pod "+name+" Running", func(ctx context.Context) (bool, error) {
 		p, err := f.env.kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
@@ -151,7 +158,9 @@ func (f *firstBoot) blockingBudget(t *testing.T, ns string) {
 // never runs: the new slot never becomes healthy, the repave rolls back
 // to kube1 (the Node Ready again, the pod Running) and the unit fails
 // with a message saying so; (3) forced onto a good image: it proceeds
-// past the budget and the node comes up in kube2.
+// past the budget and the node comes up in kube2; (4) a pod already
+// terminating is waited for, not evicted again, and the repave goes on
+// once it is gone.
 func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 	t.Parallel()
 	f := newFirstBoot(t, firstBootOptions{})
@@ -285,5 +294,63 @@ func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 	f.wantSlot(t, "kube2", good)
 	waitUntil(t, 3*time.Minute, "Node Ready", f.nodeReady)
 	f.waitPodRunning(t, ns, 3*time.Minute)
+	if t.Failed() {
+		return
+	}
+
+	// (4) A pod already terminating when the drain begins: deleted with
+	// a grace period of two minutes, which its container, a PID 1 without
+	// a handler, sits out (SIGTERM does not reach it). The drain neither
+	// evicts it again nor refuses it for having no controller; it names
+	// the deletion's grace (not the spec's 1 s) and waits. Once the drain
+	// is seen waiting, the test ends the deletion as an operator would
+	// (grace 0: the API server removes the pod at once; a shorter grace
+	// does not cut the runtime's stop already under way) and the repave
+	// goes on once the pod is gone. The budget goes first: the
+	// Deployment's pod is evicted as usual.
+	if err := f.env.kube.PolicyV1().PodDisruptionBudgets(ns).Delete(ctx, "sleeper", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	held := f.runBarePod(t, ns, "held")
+	deletePod := func(grace int64) {
+		t.Helper()
+		if err := f.env.kube.CoreV1().Pods(ns).Delete(ctx, held.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(grace)}); err != nil {
+			t.Fatalf("delete pod %s with grace %ds: %v", held.Name, grace, err)
+		}
+	}
+	deletePod(120)
+	f.setNodeImage(t, "bookworm-3")
+	f.repaveFlags(t, "--drain-timeout=3m")
+	f.m.Systemctl("reset-failed", repaveService)
+	cursor := journalCursor(t, f)
+	if out, err := f.m.Systemctl("start", "--no-block", repaveService); err != nil {
+		t.Fatalf("start %s: %v\n%s", repaveService, err, out)
+	}
+	sinceCursor := func() string {
+		out, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "-u", repaveService, "--after-cursor", cursor)
+		return out
+	}
+	waitUntil(t, 3*time.Minute, "the drain waiting for the terminating pod", func(context.Context) (bool, error) {
+		return strings.Contains(sinceCursor(), "pod terminating already: waiting for it, not evicting it pod="+ns+"/"+held.Name), nil
+	})
+	if p := showProps(t, f.m, repaveService, "ActiveState"); p["ActiveState"] != "activating" {
+		t.Errorf("the repave did not wait for the terminating pod: %v\n%s", p, sinceCursor())
+	}
+	released := time.Now()
+	deletePod(0)
+	p = waitUnitDone(t, f, repaveService, cursor, 5*time.Minute)
+	j = sinceCursor()
+	if p["ExecMainStatus"] != "0" {
+		t.Fatalf("repave with a terminating pod on the node: %v\n%s", p, j)
+	}
+	t.Logf("repave with a terminating pod ended %v after the pod was removed", time.Since(released).Round(time.Millisecond))
+	if strings.Contains(j, "pod evicted pod="+ns+"/"+held.Name) {
+		t.Errorf("the terminating pod was evicted again:\n%s", j)
+	}
+	if !strings.Contains(j, "deletion grace period 120s") {
+		t.Errorf("the drain does not name the deletion's grace period (120s):\n%s", j)
+	}
+	f.wantSlot(t, "kube1", "")
+	waitUntil(t, 3*time.Minute, "Node Ready", f.nodeReady)
 	f.repaveFlags(t)
 }
