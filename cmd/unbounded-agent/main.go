@@ -28,6 +28,7 @@ import (
 	"unbounded-cloud.io/agent/cmd/recover"
 	"unbounded-cloud.io/agent/cmd/repave"
 	"unbounded-cloud.io/agent/cmd/reset"
+	"unbounded-cloud.io/agent/cmd/upgrade"
 	"unbounded-cloud.io/agent/lib/version"
 )
 
@@ -44,6 +45,7 @@ var concerns = map[string]struct {
 	"recover":   {recover.Main, "report a failed agent unit on the Machine and repair the daemon (unbounded-recover@.service)"},
 	"repave":    {repave.Main, "replace the node stack from the desired config, blue/green or in place, rolling back on failure (unbounded-repave.service)"},
 	"reset":     {reset.Main, "remove the node and the agent's state from this host; /etc/unbounded stays (unbounded-reset.service)"},
+	"upgrade":   {upgrade.Main, "upgrade the agent through the package manager, rolling back on failure; the node keeps running (unbounded-upgrade.service)"},
 }
 
 func main() {

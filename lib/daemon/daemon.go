@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -23,6 +24,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 
@@ -32,6 +35,7 @@ import (
 	"unbounded-cloud.io/agent/lib/noderecord"
 	"unbounded-cloud.io/agent/lib/report"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/upgrade"
 	"unbounded-cloud.io/agent/lib/version"
 )
 
@@ -181,9 +185,15 @@ func (d *daemon) watching() string {
 	return "watching Machine " + d.machine
 }
 
+// upgradeOwner is the agent's self-upgrade (lib/upgrade's Operation): it
+// holds the installation lock while it restarts the daemon and waits for
+// the new one, so the daemon starts and runs under it; it starts no new
+// operation until the upgrade is over (step).
+const upgradeOwner = "upgrade"
+
 func checkOwnership(p hostpaths.Paths) error {
 	own, err := state.ReadOwnership(p)
-	if own == nil {
+	if own == nil || (err == nil && own.Owner == upgradeOwner) {
 		return nil
 	}
 	if err != nil {
@@ -369,6 +379,10 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 			// The unit may have changed the applied config (a repave
 			// switches the slot): the Machine's status says so now.
 			d.refreshActive(ctx)
+			// An upgrade's outcome is on the host now (lib/upgrade).
+			if r.job.typ == v1alpha3.OperationAgentUpgrade {
+				d.reportMachine(ctx)
+			}
 			if r.err != nil {
 				stopErr = r.err
 				continue
@@ -676,6 +690,12 @@ func (d *daemon) step(ctx context.Context) error {
 		if err := checkOwnership(d.p); err != nil {
 			return err
 		}
+		if own, err := state.ReadOwnership(d.p); err == nil && own != nil && own.Owner == upgradeOwner {
+			// Pending until the upgrade's end, which restarts this
+			// daemon or ends its job (finished: the loop steps again).
+			d.log.Info("the agent's upgrade runs; the operation waits for its end", "uid", j.uid, "type", j.typ)
+			return nil
+		}
 	}
 	d.inflight = j.uid
 	var spec json.RawMessage
@@ -729,18 +749,78 @@ func (d *daemon) reportMachine(ctx context.Context) {
 	if d.nodeSeen != "" && !d.tokenOnly {
 		want.Status.NodeName = d.nodeSeen
 	}
+	var upgradeSignal func()
+	if !d.tokenOnly {
+		upgradeSignal = d.upgradeOutcome(ctx, want)
+	}
 	if equality.Semantic.DeepEqual(want.Status, d.machineObj.Status) {
+		if upgradeSignal != nil {
+			upgradeSignal()
+		}
 		return
 	}
 	updated, err := d.cluster.machines.UpdateStatus(ctx, want)
 	switch {
 	case err == nil:
 		d.machineObj = updated
+		if upgradeSignal != nil {
+			upgradeSignal()
+		}
 	case apierrors.IsConflict(err), apierrors.IsNotFound(err):
 		// The watch brings the newer object (or the deletion) and the
 		// report runs again.
 	default:
 		d.log.Warn("cannot report the Machine status; retrying in 30s", "error", err)
 		d.statusRetry = time.After(30 * time.Second)
+	}
+}
+
+// upgradeOutcome puts the outcome of the agent's last self-upgrade into
+// want's AgentUpgraded condition, from the signal the upgrade left
+// (lib/upgrade: failed.json, or upgraded.json from a run that succeeded),
+// and returns what to do once the status holds it (the signal removed,
+// an Event), or nil. While an upgrade's journal exists the outcome is not
+// known yet: the report is looked at again in 5 s (a local read; nothing
+// is written until it changes).
+func (d *daemon) upgradeOutcome(ctx context.Context, want *v1alpha3.Machine) func() {
+	if upgrade.InProgress(d.p) {
+		if d.statusRetry == nil {
+			d.statusRetry = time.After(5 * time.Second)
+		}
+		return nil
+	}
+	cond := metav1.Condition{Type: v1alpha3.ConditionAgentUpgraded, ObservedGeneration: want.Generation}
+	var file, evType, msg string
+	if f, err := upgrade.ReadFailed(d.p); err != nil {
+		d.log.Warn("the upgrade's failure signal is unreadable", "error", err)
+		return nil
+	} else if f != nil {
+		cond.Status, cond.Reason = metav1.ConditionFalse, "UpgradeFailed"
+		if f.RolledBack {
+			cond.Reason = "RolledBack"
+		}
+		cond.Message = truncate(fmt.Sprintf("upgrade from %s to %s failed at step %s: %s", orUnknown(f.From), orUnknown(f.To), f.Step, f.Message), 1024)
+		cond.LastTransitionTime = metav1.NewTime(f.At)
+		file, evType = d.p.UpgradeFailed(), corev1.EventTypeWarning
+	} else if u, err := upgrade.ReadUpgraded(d.p); err != nil {
+		d.log.Warn("the upgrade's success signal is unreadable", "error", err)
+		return nil
+	} else if u != nil && u.To == version.Version {
+		cond.Status, cond.Reason = metav1.ConditionTrue, "Upgraded"
+		cond.Message = fmt.Sprintf("agent upgraded from %s to %s", u.From, u.To)
+		cond.LastTransitionTime = metav1.NewTime(u.At)
+		file, evType = upgrade.UpgradedFile(d.p), corev1.EventTypeNormal
+	} else {
+		return nil
+	}
+	msg = cond.Message
+	meta.SetStatusCondition(&want.Status.Conditions, cond)
+	return func() {
+		if err := state.RemoveDurable(file); err != nil && !errors.Is(err, os.ErrNotExist) {
+			d.log.Warn("the upgrade's signal was reported but not removed", "file", file, "error", err)
+			return
+		}
+		d.log.Info("reported the agent upgrade's outcome", "status", cond.Status, "reason", cond.Reason, "message", msg)
+		go d.recordEvent(ctx, evType, "AgentUpgrade"+cond.Reason, msg)
 	}
 }

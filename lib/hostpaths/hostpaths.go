@@ -138,6 +138,20 @@ func (p Paths) Journal(operation string) string {
 // once the API server answers.
 func (p Paths) OwedDir() string { return filepath.Join(p.HostRoot(), "owed") }
 
+// UpgradeDir holds the agent's self-upgrade (lib/upgrade): staged/ (a
+// package and its .sha256, fetched or dropped there by an operator; the
+// .sha256 triggers unbounded-upgrade.path), previous/ (the package a
+// rollback reinstalls), installed/ (the package of the running version,
+// once an upgrade installed it), rejected/ (what a refused upgrade
+// staged), and failed.json (the failure signal the next daemon reports).
+func (p Paths) UpgradeDir() string { return filepath.Join(p.HostRoot(), "upgrade") }
+
+// UpgradeStaged is the upgrade's staging directory.
+func (p Paths) UpgradeStaged() string { return filepath.Join(p.UpgradeDir(), "staged") }
+
+// UpgradeFailed is the failure signal of the last upgrade.
+func (p Paths) UpgradeFailed() string { return filepath.Join(p.UpgradeDir(), "failed.json") }
+
 // PKIDir holds the daemon's client key and certificate.
 func (p Paths) PKIDir() string { return filepath.Join(p.HostRoot(), "pki") }
 

@@ -146,6 +146,21 @@ func (m dbusManager) ExecMainStatus(ctx context.Context, unit string) (int, erro
 	return int(v), nil
 }
 
+// MainPID is the service's main process (MainPID), 0 when it has none.
+// Not part of Manager: only the upgrade asks it (which process runs which
+// executable), and it asserts the method on what Dial returns.
+func (m dbusManager) MainPID(ctx context.Context, unit string) (uint32, error) {
+	p, err := m.conn.GetServicePropertyContext(ctx, unit, "MainPID")
+	if err != nil {
+		return 0, fmt.Errorf("read main process of %s: %w", unit, err)
+	}
+	v, ok := p.Value.Value().(uint32)
+	if !ok {
+		return 0, fmt.Errorf("read main process of %s: unexpected %s", unit, p.Value.Signature())
+	}
+	return v, nil
+}
+
 func (m dbusManager) MainStartedAt(ctx context.Context, unit string) (time.Time, error) {
 	p, err := m.conn.GetServicePropertyContext(ctx, unit, "ExecMainStartTimestamp")
 	if err != nil {

@@ -25,7 +25,7 @@ var layers = [][]string{
 	// steps.
 	{"lib/exitcode", "lib/hostprep", "lib/noderecord", "lib/owed", "lib/request", "lib/fence/record", "lib/generator", "lib/steps",
 		"lib/devices"},
-	{"lib/privilege", "lib/modes/softreboot", "lib/readiness", "lib/modes/nspawn/machinefile"},
+	{"lib/privilege", "lib/modes/softreboot", "lib/readiness", "lib/modes/nspawn/machinefile", "lib/upgrade"},
 	// Configuration, and what every command shares.
 	{"lib/config", "lib/concern", "lib/concern/small"},
 	// The cluster client, the artifacts, the mode interface, the status.
@@ -43,7 +43,7 @@ var layers = [][]string{
 	{"lib/reset", "lib/repave", "lib/bootstrap/bootstraptest"},
 	// The commands: one per concern, the CLI, the generator.
 	{"cmd/bootstrap", "cmd/daemon", "cmd/fence", "cmd/health", "cmd/lifecycle", "cmd/recover", "cmd/repave", "cmd/reset",
-		"cmd/restart", "cmd/unbounded", "generators/unbounded-generator", "cmd/kubectl-unbounded"},
+		"cmd/restart", "cmd/unbounded", "generators/unbounded-generator", "cmd/kubectl-unbounded", "cmd/upgrade"},
 	// The multicall executable dispatches to the concerns' commands.
 	{"cmd/unbounded-agent"},
 }

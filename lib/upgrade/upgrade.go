@@ -1,0 +1,536 @@
+// Package upgrade is the agent's self-upgrade on a package-managed host
+// (unbounded-upgrade.service; ARCHITECTURE sections 4-6): fetch and verify
+// the package, keep the running one, install the new one with the package
+// manager, restart the daemon and wait until the new executable runs and
+// stays up; on any failure after the install, reinstall the kept package
+// and wait the same way. The node stack is never touched: containerd, the
+// kubelet and the nspawn machine keep running.
+//
+// Its input is the daemon's request (an AgentUpgrade MachineOperation:
+// parameters version, url, sha256) or, without one, a package an operator
+// dropped into the staging directory with its .sha256 (which
+// unbounded-upgrade.path watches for). Every outcome but success leaves
+// the failure signal failed.json, which the daemon reports on the Machine
+// (AgentUpgraded=False) and removes.
+package upgrade
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/regfile"
+	"unbounded-cloud.io/agent/lib/request"
+	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/steps"
+	"unbounded-cloud.io/agent/lib/unitnames"
+)
+
+// Operation names the journal and the crash points; Concern the request.
+const (
+	Operation = "upgrade"
+	Concern   = "upgrade"
+	// Package is the agent's package name.
+	Package = "unbounded-agent"
+)
+
+// The steps, in order.
+const (
+	StepFetch    = "fetch"
+	StepVerify   = "verify"
+	StepPrevious = "previous"
+	StepInstall  = "install"
+	StepActivate = "activate"
+	StepRecord   = "record"
+)
+
+// ErrNothingToDo: no request and nothing staged, or the package asked for
+// is the one installed.
+var ErrNothingToDo = errors.New("nothing to upgrade")
+
+// Journal is the upgrade's journal (journal/upgrade.json).
+type Journal struct {
+	steps.Record
+	// UID and OperationName are the request's, "" for a staged package.
+	UID           string `json:"uid,omitempty"`
+	OperationName string `json:"operation,omitempty"`
+	// From is the version installed when the upgrade began; To the one
+	// asked for (or, for a staged package, the package's).
+	From string `json:"from,omitempty"`
+	To   string `json:"to,omitempty"`
+	// Source and SHA256 are where the package comes from and its sum.
+	Source string `json:"source,omitempty"`
+	SHA256 string `json:"sha256"`
+	// Staged is the package file in the staging directory; Previous the
+	// package a rollback reinstalls.
+	Staged   string `json:"staged"`
+	Previous string `json:"previous,omitempty"`
+}
+
+// Failed is the failure signal (failed.json) the next daemon reports.
+type Failed struct {
+	UID        string    `json:"uid,omitempty"`
+	Operation  string    `json:"operation,omitempty"`
+	From       string    `json:"from,omitempty"`
+	To         string    `json:"to,omitempty"`
+	Step       string    `json:"step"`
+	Message    string    `json:"message"`
+	RolledBack bool      `json:"rolledBack"`
+	At         time.Time `json:"at"`
+}
+
+// Upgraded is the success signal (upgraded.json) the daemon of the new
+// version reports (AgentUpgraded=True) and removes.
+type Upgraded struct {
+	UID       string    `json:"uid,omitempty"`
+	Operation string    `json:"operation,omitempty"`
+	From      string    `json:"from"`
+	To        string    `json:"to"`
+	At        time.Time `json:"at"`
+}
+
+// UpgradedFile is the success signal's path.
+func UpgradedFile(p hostpaths.Paths) string { return filepath.Join(p.UpgradeDir(), "upgraded.json") }
+
+// ReadFailed returns the failure signal, nil when there is none.
+func ReadFailed(p hostpaths.Paths) (*Failed, error) {
+	var f Failed
+	ok, err := readSignal(p.UpgradeFailed(), &f)
+	if !ok {
+		return nil, err
+	}
+	return &f, nil
+}
+
+// ReadUpgraded returns the success signal, nil when there is none.
+func ReadUpgraded(p hostpaths.Paths) (*Upgraded, error) {
+	var u Upgraded
+	ok, err := readSignal(UpgradedFile(p), &u)
+	if !ok {
+		return nil, err
+	}
+	return &u, nil
+}
+
+// InProgress says whether an upgrade's journal exists: one runs, or was
+// cut and is resumed by the next run.
+func InProgress(p hostpaths.Paths) bool {
+	_, err := os.Lstat(p.Journal(Operation))
+	return err == nil
+}
+
+func readSignal(file string, v any) (bool, error) {
+	data, err := regfile.Read(file, 64<<10)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return false, fmt.Errorf("%s: %w", file, err)
+	}
+	return true, nil
+}
+
+// Upgrade is one run of the upgrade.
+type Upgrade struct {
+	Paths    hostpaths.Paths
+	Packages Packages
+	// Systemd connects to the service manager.
+	Systemd func(ctx context.Context) (Manager, error)
+	// Wait is how the new daemon is judged up.
+	Wait Wait
+	// CAFile is the cluster CA, trusted besides the system's roots for an
+	// https package URL.
+	CAFile     string
+	HTTP       *http.Client
+	Notify     func(string)
+	CrashPoint func(string)
+	Log        *slog.Logger
+	Now        func() time.Time
+}
+
+func (u *Upgrade) log() *slog.Logger {
+	if u.Log != nil {
+		return u.Log
+	}
+	return slog.Default()
+}
+
+func (u *Upgrade) now() time.Time {
+	if u.Now != nil {
+		return u.Now()
+	}
+	return time.Now()
+}
+
+// Run carries out the upgrade asked for, or resumes the one journaled.
+func (u *Upgrade) Run(ctx context.Context) error {
+	lock, err := state.AcquireOwnership(u.Paths, Operation, unitnames.Upgrade)
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
+	j := &Journal{}
+	found, err := state.ReadJournal(u.Paths, Operation, j)
+	if err != nil {
+		return err
+	}
+	if !found {
+		if j, err = u.plan(ctx); err != nil {
+			return err
+		}
+	} else {
+		u.log().Info("resuming the upgrade", "from", j.From, "to", j.To, "step", j.Step)
+	}
+	run := &steps.Runner{Paths: u.Paths, Operation: Operation, Journal: j, Notify: u.Notify, CrashPoint: u.CrashPoint, Log: u.log()}
+	err = run.Run(ctx, []steps.Step{
+		{Name: StepFetch, Status: "fetching " + j.Source, Run: func(ctx context.Context) error { return u.fetch(ctx, j) }},
+		{Name: StepVerify, Always: true, Run: func(ctx context.Context) error { return u.verify(ctx, j) }},
+		{Name: StepPrevious, Status: "keeping the package of " + j.From + " for a rollback", Run: func(ctx context.Context) error { return u.keepPrevious(ctx, j) }},
+		{Name: StepInstall, Status: "installing " + j.To, Run: func(ctx context.Context) error { return u.Packages.Install(ctx, j.Staged) }},
+		{Name: StepActivate, Always: true, Status: "restarting " + unitnames.Daemon + " on " + j.To,
+			Run: func(ctx context.Context) error { return u.activate(ctx) }},
+		{Name: StepRecord, Always: true, Final: true, Run: func(ctx context.Context) error { return u.record(ctx, j) }},
+	})
+	if err == nil {
+		u.log().Info("agent upgraded", "from", j.From, "to", j.To)
+		return nil
+	}
+	if errors.Is(err, ErrNothingToDo) {
+		// Not a failure: the staged files go, the request is carried out.
+		for _, f := range []string{j.Staged, j.Staged + ".sha256"} {
+			os.Remove(f)
+		}
+		request.MarkTaken(u.Paths, Concern, j.UID)
+		state.RemoveJournal(u.Paths, Operation)
+		return err
+	}
+	if errors.Is(err, exitcode.ErrTemporary) && !j.IsDone(StepInstall) {
+		// Nothing changed and the source may answer later: the journal
+		// stays for the next run (a resumed download).
+		state.WriteJournal(u.Paths, Operation, j)
+		return err
+	}
+	return u.fail(ctx, j, err)
+}
+
+// plan reads what to upgrade to: the daemon's request, else a package in
+// the staging directory. A request already carried out (Taken), or none,
+// and nothing staged, is ErrNothingToDo.
+func (u *Upgrade) plan(ctx context.Context) (*Journal, error) {
+	from, ok, err := u.Packages.Installed(ctx, Package)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("package %s is not installed: this host is not package-managed (an image-based host upgrades through a newer image; the override of ARCHITECTURE section 4 is not built yet)", Package)
+	}
+	j := &Journal{From: from.Version}
+	req, err := request.Read(u.Paths, Concern)
+	switch {
+	case err == nil && !request.Taken(u.Paths, Concern, req.UID):
+		j.UID, j.OperationName = req.UID, req.Operation
+		j.To, j.Source, j.SHA256 = req.Parameters["version"], req.Parameters["url"], strings.ToLower(req.Parameters["sha256"])
+		var missing []string
+		for _, k := range []string{"version", "url", "sha256"} {
+			if req.Parameters[k] == "" {
+				missing = append(missing, k)
+			}
+		}
+		if len(missing) > 0 {
+			return j, u.refuse(j, StepFetch, fmt.Errorf("the AgentUpgrade operation %s lacks the parameter(s) %s", req.Operation, strings.Join(missing, ", ")))
+		}
+		if !validSHA256(j.SHA256) {
+			return j, u.refuse(j, StepFetch, fmt.Errorf("the AgentUpgrade operation %s: sha256 %q is not 64 hex digits", req.Operation, j.SHA256))
+		}
+		j.Staged = filepath.Join(u.Paths.UpgradeStaged(), Package+"_"+safeName(j.To)+".deb")
+		return j, nil
+	case err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, request.ErrCorrupt):
+		return nil, err
+	}
+	staged, sum, err := findStaged(u.Paths)
+	if err != nil {
+		return nil, err
+	}
+	if staged == "" {
+		return nil, ErrNothingToDo
+	}
+	j.Source, j.Staged, j.SHA256 = staged, staged, sum
+	j.Done = append(j.Done, StepFetch) // it is where fetch would put it
+	return j, nil
+}
+
+// findStaged returns the package an operator staged: the file beside the
+// first (by name) NAME.sha256 in the staging directory, and the sum the
+// .sha256 file gives (sha256sum's format, or the sum alone).
+func findStaged(p hostpaths.Paths) (file, sum string, err error) {
+	ents, err := os.ReadDir(p.UpgradeStaged())
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", "", nil
+	}
+	if err != nil {
+		return "", "", err
+	}
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), ".sha256")
+		if !ok || !e.Type().IsRegular() {
+			continue
+		}
+		data, err := regfile.Read(filepath.Join(p.UpgradeStaged(), e.Name()), 4096)
+		if err != nil {
+			return "", "", err
+		}
+		f := strings.Fields(string(data))
+		if len(f) == 0 || !validSHA256(strings.ToLower(f[0])) {
+			return filepath.Join(p.UpgradeStaged(), name), "", fmt.Errorf("%s: not a SHA-256 (64 hex digits, as sha256sum writes it)", filepath.Join(p.UpgradeStaged(), e.Name()))
+		}
+		return filepath.Join(p.UpgradeStaged(), name), strings.ToLower(f[0]), nil
+	}
+	return "", "", nil
+}
+
+func (u *Upgrade) fetch(ctx context.Context, j *Journal) error {
+	if err := os.MkdirAll(u.Paths.UpgradeStaged(), 0o700); err != nil {
+		return err
+	}
+	client := u.HTTP
+	if client == nil {
+		c, err := httpClient(u.CAFile)
+		if err != nil {
+			return err
+		}
+		client = c
+	}
+	return fetch(ctx, client, j.Source, j.SHA256, j.Staged)
+}
+
+// verify checks the staged package before anything changes: its sum, and
+// that it is this agent's package, for this host's architecture, of the
+// version asked for.
+func (u *Upgrade) verify(ctx context.Context, j *Journal) error {
+	got, err := fileSHA256(j.Staged)
+	if err != nil {
+		return err
+	}
+	if got != j.SHA256 {
+		return fmt.Errorf("package %s: %w: want sha256 %s, got %s", j.Staged, ErrChecksum, j.SHA256, got)
+	}
+	m, err := u.Packages.Inspect(ctx, j.Staged)
+	if err != nil {
+		return err
+	}
+	arch, err := u.Packages.Arch(ctx)
+	if err != nil {
+		return err
+	}
+	switch {
+	case m.Name != Package:
+		return fmt.Errorf("package %s is %s, not %s", j.Staged, m.Name, Package)
+	case m.Arch != arch:
+		return fmt.Errorf("package %s is for architecture %s, this host is %s", j.Staged, m.Arch, arch)
+	case j.To != "" && m.Version != j.To:
+		return fmt.Errorf("package %s is version %s, the operation asks for %s", j.Staged, m.Version, j.To)
+	}
+	if m.Version == j.From && !j.IsDone(StepInstall) {
+		return fmt.Errorf("%w: %s %s is installed already", ErrNothingToDo, Package, m.Version)
+	}
+	j.To = m.Version
+	return nil
+}
+
+// keepPrevious puts the package of the running version into previous/:
+// the one an earlier upgrade installed when it is that version, else the
+// installed package repacked.
+func (u *Upgrade) keepPrevious(ctx context.Context, j *Journal) error {
+	dir := filepath.Join(u.Paths.UpgradeDir(), "previous")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	m, _, err := u.Packages.Installed(ctx, Package)
+	if err != nil {
+		return err
+	}
+	dst := filepath.Join(dir, Package+"_"+safeName(m.Version)+"_"+m.Arch+".deb")
+	if installed := u.installedPackage(ctx, m); installed != "" {
+		data, err := os.ReadFile(installed)
+		if err != nil {
+			return err
+		}
+		if err := state.WriteFileAtomic(dst, data, 0o600); err != nil {
+			return err
+		}
+	} else if err := u.Packages.Repack(ctx, Package, dst); err != nil {
+		return err
+	}
+	j.Previous = dst
+	return removeOthers(dir, dst)
+}
+
+// installedPackage is the package file in installed/ when it is of the
+// installed version m, else "".
+func (u *Upgrade) installedPackage(ctx context.Context, m Meta) string {
+	dir := filepath.Join(u.Paths.UpgradeDir(), "installed")
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		f := filepath.Join(dir, e.Name())
+		if got, err := u.Packages.Inspect(ctx, f); err == nil && got == m {
+			return f
+		}
+	}
+	return ""
+}
+
+// activate restarts the daemon on the installed executable and waits
+// until it runs it and stays up.
+func (u *Upgrade) activate(ctx context.Context) error {
+	sd, err := u.Systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	if err := sd.Reload(ctx); err != nil {
+		return err
+	}
+	return u.Wait.restart(ctx, sd, u.Paths.Libexec("unbounded-agent"))
+}
+
+// record ends a successful upgrade: the installed package is kept in
+// installed/ (the next upgrade's previous), the staged files and an old
+// failure signal go, and the request is taken.
+func (u *Upgrade) record(ctx context.Context, j *Journal) error {
+	if err := u.Packages.Verify(ctx, Package); err != nil {
+		u.log().Warn("the installed package does not verify clean", "error", err)
+	}
+	dir := filepath.Join(u.Paths.UpgradeDir(), "installed")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	dst := filepath.Join(dir, filepath.Base(j.Staged))
+	if err := os.Rename(j.Staged, dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := removeOthers(dir, dst); err != nil {
+		return err
+	}
+	os.Remove(j.Staged + ".sha256")
+	if err := state.RemoveDurable(u.Paths.UpgradeFailed()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	data, _ := json.Marshal(Upgraded{UID: j.UID, Operation: j.OperationName, From: j.From, To: j.To, At: u.now().UTC()})
+	if err := state.WriteFileAtomic(UpgradedFile(u.Paths), append(data, '\n'), 0o600); err != nil {
+		return err
+	}
+	return request.MarkTaken(u.Paths, Concern, j.UID)
+}
+
+// fail ends a failed upgrade: after the install, the kept package goes
+// back and the daemon is restarted on it; then the failure signal is
+// written, the staged files are moved to rejected/ and the request is
+// taken. The error says whether it rolled back.
+func (u *Upgrade) fail(ctx context.Context, j *Journal, err error) error {
+	step, cause := steps.Failed(err)
+	rolledBack := false
+	if j.IsDone(StepInstall) || step == StepInstall {
+		u.log().Error("upgrade failed after the install; rolling back", "step", step, "to", j.From, "error", cause)
+		if rerr := u.rollback(ctx, j); rerr != nil {
+			// The journal stays: the next run (lifecycle at boot, or by
+			// hand) rolls back again.
+			j.SetFailed(step, cause.Error()+"; rollback to "+j.From+" failed: "+rerr.Error())
+			state.WriteJournal(u.Paths, Operation, j)
+			return fmt.Errorf("%w; rollback to %s failed: %w", err, j.From, rerr)
+		}
+		rolledBack = true
+		err = fmt.Errorf("%w; rolled back to %s", err, j.From)
+	}
+	return u.refuseAfter(j, step, err, rolledBack)
+}
+
+func (u *Upgrade) rollback(ctx context.Context, j *Journal) error {
+	if j.Previous == "" {
+		return errors.New("no previous package was kept")
+	}
+	if err := u.Packages.Install(ctx, j.Previous); err != nil {
+		return err
+	}
+	return u.activate(ctx)
+}
+
+// refuse ends an upgrade that changed nothing.
+func (u *Upgrade) refuse(j *Journal, step string, err error) error {
+	return u.refuseAfter(j, step, &steps.Error{Step: step, Err: err}, false)
+}
+
+func (u *Upgrade) refuseAfter(j *Journal, step string, err error, rolledBack bool) error {
+	f := Failed{UID: j.UID, Operation: j.OperationName, From: j.From, To: j.To, Step: step,
+		Message: steps.Truncate(err.Error(), 2048), RolledBack: rolledBack, At: u.now().UTC()}
+	data, _ := json.Marshal(f)
+	os.Remove(UpgradedFile(u.Paths)) // an earlier success is not this outcome
+	if werr := os.MkdirAll(u.Paths.UpgradeDir(), 0o700); werr == nil {
+		if werr := state.WriteFileAtomic(u.Paths.UpgradeFailed(), append(data, '\n'), 0o600); werr != nil {
+			u.log().Error("the upgrade's failure signal was not written", "error", werr)
+		}
+	}
+	u.reject(j)
+	if terr := request.MarkTaken(u.Paths, Concern, j.UID); terr != nil {
+		u.log().Warn("request not marked taken", "error", terr)
+	}
+	if rerr := state.RemoveJournal(u.Paths, Operation); rerr != nil {
+		u.log().Warn("journal not removed", "error", rerr)
+	}
+	return err
+}
+
+// reject moves what the upgrade staged into rejected/ (the .sha256 that
+// triggers unbounded-upgrade.path with it), so that it neither triggers
+// the path unit again nor is lost to an operator who looks.
+func (u *Upgrade) reject(j *Journal) {
+	if j.Staged == "" {
+		return
+	}
+	dir := filepath.Join(u.Paths.UpgradeDir(), "rejected")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return
+	}
+	for _, f := range []string{j.Staged, j.Staged + ".sha256", j.Staged + ".part"} {
+		if err := os.Rename(f, filepath.Join(dir, filepath.Base(f))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			os.Remove(f)
+		}
+	}
+}
+
+func removeOthers(dir, keep string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if f := filepath.Join(dir, e.Name()); f != keep {
+			if err := os.RemoveAll(f); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// safeName keeps a version usable in a file name.
+func safeName(v string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '/' || r == 0 || r == ' ' {
+			return '_'
+		}
+		return r
+	}, v)
+}

@@ -1,0 +1,348 @@
+package upgrade
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/request"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// host is a fake package-managed host: the package database is a map, a
+// package file is "NAME VERSION ARCH\n" plus padding, an install rewrites
+// the multicall executable (a new inode, as dpkg's rename does), and the
+// daemon's main process runs whatever file was there at its last restart.
+type host struct {
+	t         *testing.T
+	p         hostpaths.Paths
+	installed Meta
+	installs  []string
+	repacks   int
+	// crashVersion: a daemon started on this version never stays active.
+	crashVersion string
+	running      os.FileInfo
+	runningVer   string
+	pid          uint32
+}
+
+func newHost(t *testing.T) *host {
+	t.Helper()
+	root := t.TempDir()
+	p := hostpaths.New(root)
+	for _, d := range []string{p.HostRoot(), p.RunDir(), filepath.Dir(p.Libexec("x"))} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := &host{t: t, p: p, installed: Meta{Package, "1.0.0", "amd64"}}
+	h.writeExe("1.0.0")
+	return h
+}
+
+func (h *host) writeExe(version string) {
+	exe := h.p.Libexec("unbounded-agent")
+	tmp := exe + ".new"
+	if err := os.WriteFile(tmp, []byte("agent "+version), 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, exe); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// pkg writes a package file of m into dir and returns it and its sum.
+func pkg(t *testing.T, dir string, m Meta) (file, sum string) {
+	t.Helper()
+	file = filepath.Join(dir, m.Name+"_"+m.Version+".deb")
+	data := []byte(fmt.Sprintf("%s %s %s\n%s", m.Name, m.Version, m.Arch, strings.Repeat("x", 4096)))
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := sha256.Sum256(data)
+	return file, hex.EncodeToString(s[:])
+}
+
+func (h *host) Inspect(_ context.Context, file string) (Meta, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return Meta{}, err
+	}
+	f := strings.Fields(strings.SplitN(string(data), "\n", 2)[0])
+	if len(f) != 3 {
+		return Meta{}, fmt.Errorf("%s is not a Debian package", file)
+	}
+	return Meta{f[0], f[1], f[2]}, nil
+}
+
+func (h *host) Installed(context.Context, string) (Meta, bool, error) { return h.installed, true, nil }
+func (h *host) Arch(context.Context) (string, error)                  { return "amd64", nil }
+func (h *host) Verify(context.Context, string) error                  { return nil }
+
+func (h *host) Install(ctx context.Context, file string) error {
+	m, err := h.Inspect(ctx, file)
+	if err != nil {
+		return err
+	}
+	h.installs = append(h.installs, m.Version)
+	h.installed = m
+	h.writeExe(m.Version)
+	return nil
+}
+
+func (h *host) Repack(_ context.Context, _ string, dst string) error {
+	h.repacks++
+	_, sum := pkg(h.t, filepath.Dir(dst), h.installed)
+	_ = sum
+	return os.Rename(filepath.Join(filepath.Dir(dst), h.installed.Name+"_"+h.installed.Version+".deb"), dst)
+}
+
+// The service manager.
+func (h *host) Reload(context.Context) error { return nil }
+func (h *host) RestartUnit(context.Context, string) error {
+	fi, err := os.Stat(h.p.Libexec("unbounded-agent"))
+	if err != nil {
+		return err
+	}
+	h.running, h.runningVer = fi, h.installed.Version
+	h.pid++
+	return nil
+}
+
+func (h *host) ActiveState(context.Context, string) (string, error) {
+	if h.runningVer == h.crashVersion {
+		h.pid++ // restarted by systemd, again and again
+		return "activating", nil
+	}
+	return "active", nil
+}
+func (h *host) MainPID(context.Context, string) (uint32, error) { return h.pid, nil }
+func (h *host) Close()                                          {}
+
+func (h *host) upgrade() *Upgrade {
+	return &Upgrade{
+		Paths: h.p, Packages: h, Notify: func(string) {},
+		Systemd: func(context.Context) (Manager, error) { return h, nil },
+		Wait: Wait{Timeout: 2 * time.Second, Settle: 50 * time.Millisecond, Poll: 5 * time.Millisecond,
+			ExeOf: func(uint32) (os.FileInfo, error) { return h.running, nil }},
+	}
+}
+
+func (h *host) stage(m Meta, sum string) string {
+	h.t.Helper()
+	if err := os.MkdirAll(h.p.UpgradeStaged(), 0o700); err != nil {
+		h.t.Fatal(err)
+	}
+	file, real := pkg(h.t, h.p.UpgradeStaged(), m)
+	if sum == "" {
+		sum = real
+	}
+	if err := os.WriteFile(file+".sha256", []byte(sum+"  "+filepath.Base(file)+"\n"), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	return file
+}
+
+func exists(p string) bool { _, err := os.Lstat(p); return err == nil }
+
+// A staged package with its .sha256: the installed one is kept (repacked:
+// no package file of it is on the host), the new one installed, the
+// daemon restarted on it; the success signal is left for the daemon, the
+// staging directory is empty (the path unit does not trigger again) and
+// no journal remains.
+func TestStagedPackageUpgradesAndKeepsThePreviousForARollback(t *testing.T) {
+	h := newHost(t)
+	staged := h.stage(Meta{Package, "1.1.0", "amd64"}, "")
+	if err := h.upgrade().Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if h.installed.Version != "1.1.0" || h.runningVer != "1.1.0" || h.repacks != 1 {
+		t.Errorf("installed %s, daemon runs %s, %d repacks: want 1.1.0 on both and the old package repacked once", h.installed.Version, h.runningVer, h.repacks)
+	}
+	if !exists(filepath.Join(h.p.UpgradeDir(), "previous", Package+"_1.0.0_amd64.deb")) {
+		t.Error("the previous package is not kept")
+	}
+	if !exists(filepath.Join(h.p.UpgradeDir(), "installed", filepath.Base(staged))) {
+		t.Error("the installed package is not kept for the next upgrade")
+	}
+	if ents, _ := os.ReadDir(h.p.UpgradeStaged()); len(ents) != 0 {
+		t.Errorf("staging directory not empty: %v", ents)
+	}
+	u, err := ReadUpgraded(h.p)
+	if err != nil || u == nil || u.From != "1.0.0" || u.To != "1.1.0" {
+		t.Errorf("success signal %+v %v", u, err)
+	}
+	if InProgress(h.p) || exists(h.p.UpgradeFailed()) {
+		t.Error("a journal or a failure signal remains")
+	}
+
+	// The next upgrade keeps the package the first one installed, as it
+	// is: no repack.
+	h.stage(Meta{Package, "1.2.0", "amd64"}, "")
+	if err := h.upgrade().Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if h.repacks != 1 || !exists(filepath.Join(h.p.UpgradeDir(), "previous", Package+"_1.1.0_amd64.deb")) {
+		t.Errorf("second upgrade: %d repacks, previous/ %v", h.repacks, exists(filepath.Join(h.p.UpgradeDir(), "previous", Package+"_1.1.0_amd64.deb")))
+	}
+}
+
+// Refused before anything changed: the checksum (naming both sums), and
+// packages of another name, architecture or version than asked. Nothing
+// is installed, the daemon is not restarted, the staged files are in
+// rejected/, and the failure signal says why.
+func TestAPackageThatIsNotTheOneAskedForIsRefusedAndChangesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		m     Meta
+		sum   string
+		words []string
+	}{
+		{"checksum", Meta{Package, "1.1.0", "amd64"}, strings.Repeat("ab", 32), []string{"checksum mismatch", "want sha256 " + strings.Repeat("ab", 32), "got "}},
+		{"name", Meta{"other-agent", "1.1.0", "amd64"}, "", []string{"is other-agent, not unbounded-agent"}},
+		{"arch", Meta{Package, "1.1.0", "arm64"}, "", []string{"architecture arm64, this host is amd64"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHost(t)
+			staged := h.stage(tc.m, tc.sum)
+			err := h.upgrade().Run(context.Background())
+			for _, w := range tc.words {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("error %v, want it to say %q", err, w)
+				}
+			}
+			if len(h.installs) != 0 || h.pid != 0 {
+				t.Errorf("installed %v, daemon restarted %d times: want nothing", h.installs, h.pid)
+			}
+			f, _ := ReadFailed(h.p)
+			if f == nil || f.Step != StepVerify || f.RolledBack || !strings.Contains(f.Message, tc.words[0]) {
+				t.Errorf("failure signal %+v", f)
+			}
+			if exists(staged) || exists(staged+".sha256") || !exists(filepath.Join(h.p.UpgradeDir(), "rejected", filepath.Base(staged))) {
+				t.Error("the staged files are not moved to rejected/")
+			}
+			if InProgress(h.p) {
+				t.Error("a journal remains")
+			}
+		})
+	}
+}
+
+// A new daemon that never stays up: the kept package goes back, the
+// daemon runs the old version again, and the failure signal says it
+// rolled back.
+func TestADaemonThatDoesNotStayUpIsRolledBack(t *testing.T) {
+	h := newHost(t)
+	h.crashVersion = "1.1.0"
+	h.stage(Meta{Package, "1.1.0", "amd64"}, "")
+	err := h.upgrade().Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "rolled back to 1.0.0") || !strings.Contains(err.Error(), "step activate") {
+		t.Fatalf("error %v, want the activate step's failure and the rollback named", err)
+	}
+	if strings.Join(h.installs, " ") != "1.1.0 1.0.0" || h.runningVer != "1.0.0" {
+		t.Errorf("installs %v, daemon runs %s: want 1.1.0 then 1.0.0 again, the daemon on 1.0.0", h.installs, h.runningVer)
+	}
+	if f, _ := ReadFailed(h.p); f == nil || !f.RolledBack || f.From != "1.0.0" || f.To != "1.1.0" || f.Step != StepActivate {
+		t.Errorf("failure signal %+v", f)
+	}
+	if exists(UpgradedFile(h.p)) || InProgress(h.p) {
+		t.Error("a success signal or a journal remains")
+	}
+}
+
+// The daemon's request: the package is fetched from an https URL,
+// resuming a download an earlier run left (a range request), checked and
+// installed; the request is taken. A request without its parameters, or
+// with a sum that is not one, is refused with nothing fetched.
+func TestARequestFetchesResumablyOverHTTPSAndInstalls(t *testing.T) {
+	h := newHost(t)
+	src := t.TempDir()
+	file, sum := pkg(t, src, Meta{Package, "1.1.0", "amd64"})
+	var ranges []string
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ranges = append(ranges, r.Header.Get("Range"))
+		http.ServeFile(w, r, file)
+	}))
+	defer srv.Close()
+	writeRequest(t, h.p, "op-1", map[string]string{"version": "1.1.0", "url": srv.URL + "/pkg.deb", "sha256": sum})
+	// An earlier run got the first 100 bytes.
+	data, _ := os.ReadFile(file)
+	os.MkdirAll(h.p.UpgradeStaged(), 0o700)
+	if err := os.WriteFile(filepath.Join(h.p.UpgradeStaged(), Package+"_1.1.0.deb.part"), data[:100], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	u := h.upgrade()
+	u.HTTP = srv.Client()
+	if err := u.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(ranges) != 1 || ranges[0] != "bytes=100-" || h.installed.Version != "1.1.0" {
+		t.Errorf("requests with ranges %q, installed %s: want one resumed at byte 100, 1.1.0", ranges, h.installed.Version)
+	}
+	if !request.Taken(h.p, Concern, "op-1") {
+		t.Error("the request is not taken")
+	}
+	if u, _ := ReadUpgraded(h.p); u == nil || u.UID != "op-1" {
+		t.Errorf("success signal %+v", u)
+	}
+
+	for _, params := range []map[string]string{
+		{"version": "1.2.0", "url": srv.URL},
+		{"version": "1.2.0", "url": srv.URL, "sha256": "nothex"},
+		{"version": "1.2.0", "url": "http://127.0.0.1:1/pkg.deb", "sha256": sum},
+	} {
+		h := newHost(t)
+		writeRequest(t, h.p, "op-2", params)
+		ranges = nil
+		if err := h.upgrade().Run(context.Background()); err == nil || len(h.installs) != 0 || len(ranges) != 0 {
+			t.Errorf("request %v: %v, installs %v, %d fetches: want a refusal with nothing fetched", params, err, h.installs, len(ranges))
+		}
+		if f, _ := ReadFailed(h.p); f == nil || f.UID != "op-2" {
+			t.Errorf("request %v: failure signal %+v", params, f)
+		}
+	}
+}
+
+func writeRequest(t *testing.T, p hostpaths.Paths, uid string, params map[string]string) {
+	t.Helper()
+	if err := request.Write(p, Concern, &request.Request{UID: uid, Operation: uid, Type: "AgentUpgrade", Machine: "m", Parameters: params}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Nothing staged and no request, or the version installed already: not a
+// failure, nothing changes.
+func TestNothingToDo(t *testing.T) {
+	h := newHost(t)
+	if err := h.upgrade().Run(context.Background()); !errors.Is(err, ErrNothingToDo) {
+		t.Errorf("nothing staged: %v", err)
+	}
+	staged := h.stage(Meta{Package, "1.0.0", "amd64"}, "")
+	if err := h.upgrade().Run(context.Background()); !errors.Is(err, ErrNothingToDo) || len(h.installs) != 0 || exists(staged) || exists(h.p.UpgradeFailed()) {
+		t.Errorf("the installed version staged: %v, installs %v", err, h.installs)
+	}
+}
+
+// A second upgrade while one holds the installation lock is refused (69).
+func TestAnUpgradeWhileAnotherInstallationOwnsTheHostIsDeferred(t *testing.T) {
+	h := newHost(t)
+	lock, err := state.AcquireOwnership(h.p, "repave", "unbounded-repave.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release()
+	h.stage(Meta{Package, "1.1.0", "amd64"}, "")
+	if err := h.upgrade().Run(context.Background()); !errors.Is(err, state.ErrOwned) || len(h.installs) != 0 {
+		t.Errorf("%v, installs %v: want ErrOwned and nothing installed", err, h.installs)
+	}
+}
