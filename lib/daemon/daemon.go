@@ -805,7 +805,7 @@ func (d *daemon) upgradeOutcome(ctx context.Context, want *v1alpha3.Machine) fun
 	} else if u, err := upgrade.ReadUpgraded(d.p); err != nil {
 		d.log.Warn("the upgrade's success signal is unreadable", "error", err)
 		return nil
-	} else if u != nil && u.To == version.Version {
+	} else if u != nil && upgrade.SameVersion(u.To, version.Version) {
 		cond.Status, cond.Reason = metav1.ConditionTrue, "Upgraded"
 		cond.Message = fmt.Sprintf("agent upgraded from %s to %s", u.From, u.To)
 		cond.LastTransitionTime = metav1.NewTime(u.At)

@@ -122,6 +122,13 @@ func ReadUpgraded(p hostpaths.Paths) (*Upgraded, error) {
 	return &u, nil
 }
 
+// SameVersion says whether a package's version (Debian's form: nfpm
+// writes a semver pre-release "1.2.0-rc.1" as "1.2.0~rc.1", which sorts
+// before 1.2.0) is the executable's version stamp.
+func SameVersion(pkg, stamp string) bool {
+	return pkg == stamp || pkg == strings.Replace(stamp, "-", "~", 1)
+}
+
 // InProgress says whether an upgrade's journal exists: one runs, or was
 // cut and is resumed by the next run.
 func InProgress(p hostpaths.Paths) bool {

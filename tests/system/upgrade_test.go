@@ -1,0 +1,265 @@
+package system_test
+
+import (
+	"context"
+	"crypto/md5"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/tests/system/harness"
+)
+
+const upgradeUnit = "unbounded-upgrade.service"
+
+// buildAgentDeb builds the package under test again with the multicall
+// executable built from this tree with another version stamp (a newer
+// build of itself), and control Version its Debian form. broken replaces
+// the daemon's link with a script that exits 1 at once: a package whose
+// daemon never comes up.
+func buildAgentDeb(t *testing.T, stamp string, broken bool) string {
+	t.Helper()
+	dir := t.TempDir()
+	tree := filepath.Join(dir, "tree")
+	run := func(name string, args ...string) {
+		t.Helper()
+		cmd := exec.Command(name, args...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+	}
+	run("dpkg-deb", "-R", os.Getenv(harness.EnvDeb), tree)
+	exe := filepath.Join(tree, "usr/libexec/unbounded/unbounded-agent")
+	repo, _ := filepath.Abs("../..")
+	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-ldflags",
+		"-s -w -X unbounded-cloud.io/agent/lib/version.Version="+stamp, "-o", exe, "./cmd/unbounded-agent")
+	build.Dir, build.Env = repo, append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	if broken {
+		link := filepath.Join(tree, "usr/libexec/unbounded/daemon")
+		os.Remove(link)
+		if err := os.WriteFile(link, []byte("#!/bin/sh\necho 'this daemon never comes up' >&2\nexit 1\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// control's Version and md5sums (dpkg --verify checks them).
+	control := filepath.Join(tree, "DEBIAN/control")
+	data, err := os.ReadFile(control)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(l, "Version: ") {
+			l = "Version: " + strings.Replace(stamp, "-", "~", 1)
+		}
+		lines = append(lines, l)
+	}
+	os.WriteFile(control, []byte(strings.Join(lines, "\n")), 0o644)
+	sums := filepath.Join(tree, "DEBIAN/md5sums")
+	data, _ = os.ReadFile(sums)
+	var out []string
+	for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		_, name, _ := strings.Cut(l, "  ")
+		if b, err := os.ReadFile(filepath.Join(tree, name)); err == nil {
+			l = fmt.Sprintf("%x  %s", md5.Sum(b), name)
+		}
+		out = append(out, l)
+	}
+	os.WriteFile(sums, []byte(strings.Join(out, "\n")+"\n"), 0o644)
+	deb := filepath.Join(dir, "unbounded-agent_"+stamp+".deb")
+	run("dpkg-deb", "--root-owner-group", "-Zxz", "--build", tree, deb)
+	return deb
+}
+
+// putPackage copies deb into the host at /srv/packages (outside the
+// upgrade unit's private /tmp) and returns its path there and its sum.
+func putPackage(t *testing.T, f *firstBoot, deb string) (string, string) {
+	t.Helper()
+	data, err := os.ReadFile(deb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := "/srv/packages/" + filepath.Base(deb)
+	f.m.WriteFile(in, data, 0o644)
+	s := sha256.Sum256(data)
+	return in, hex.EncodeToString(s[:])
+}
+
+func (e *kubeEnv) createUpgrade(t *testing.T, machine, version, url, sum string) *v1alpha3.MachineOperation {
+	t.Helper()
+	in := &v1alpha3.MachineOperation{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: machine + "-", Labels: map[string]string{v1alpha3.MachineLabel: machine}},
+		Spec: v1alpha3.MachineOperationSpec{MachineRef: v1alpha3.MachineRef{Name: machine}, Operation: v1alpha3.OperationAgentUpgrade,
+			Parameters: map[string]string{"version": version, "url": url, "sha256": sum}},
+	}
+	out := &v1alpha3.MachineOperation{}
+	if err := e.api.Post().Resource(v1alpha3.ResourceMachineOperations).Body(in).Do(context.Background()).Into(out); err != nil {
+		t.Fatalf("create operation: %v", err)
+	}
+	return out
+}
+
+// nodePIDs are the node's processes an agent upgrade must leave alone.
+func nodePIDs(t *testing.T, f *firstBoot) string {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "machine %s", mainPID(t, f.m, nspawnKube1))
+	for _, u := range []string{"containerd.service", "kubelet.service"} {
+		out, err := f.m.Run("unbounded", "exec", "--", "systemctl", "show", "-p", "MainPID", "--value", u)
+		if err != nil {
+			t.Fatalf("%s's main pid in the node: %v", u, err)
+		}
+		fmt.Fprintf(&b, ", %s %s", u, strings.TrimSpace(out))
+	}
+	return b.String()
+}
+
+// watchNotReady counts the Node's NotReady (or missing) looks until stop.
+func (f *firstBoot) watchNotReady(stop <-chan struct{}) *atomic.Int32 {
+	var n atomic.Int32
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			if ok, _ := f.nodeReady(context.Background()); !ok {
+				n.Add(1)
+			}
+		}
+	}()
+	return &n
+}
+
+func (f *firstBoot) agentUpgraded(t *testing.T, status metav1.ConditionStatus, reason string) *metav1.Condition {
+	t.Helper()
+	var c *metav1.Condition
+	waitUntil(t, time.Minute, "AgentUpgraded="+string(status)+" "+reason, func(ctx context.Context) (bool, error) {
+		c = meta.FindStatusCondition(f.machine(t).Status.Conditions, v1alpha3.ConditionAgentUpgraded)
+		return c != nil && c.Status == status && c.Reason == reason, nil
+	})
+	return c
+}
+
+// TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp:
+// on one booted nspawn host, (1) an AgentUpgrade MachineOperation to a newer
+// build of the package under test (another version stamp): Complete, the
+// Machine reports the new version and AgentUpgraded=True, the daemon runs
+// the new executable, the node's machine, containerd and kubelet keep
+// their processes, the Node is never NotReady, dpkg --verify is clean;
+// (2) one to a package whose daemon never comes up: rolled back by
+// itself, Failed, AgentUpgraded=False RolledBack, the daemon on the
+// previous version, the node untouched; (3) a package staged with a wrong
+// .sha256 (unbounded-upgrade.path): refused before anything changed,
+// AgentUpgraded=False naming the mismatch, the files in rejected/.
+func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{})
+	f.bootNode(t)
+	const newer, broken = "9.9.9-up1", "9.9.9-up2"
+	good := buildAgentDeb(t, newer, false)
+	bad := buildAgentDeb(t, broken, true)
+	// The rollback's wait is bounded by --timeout: 20 s, not 60.
+	f.m.WriteFile("/etc/systemd/system/"+upgradeUnit+".d/timeout.conf",
+		[]byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/upgrade --timeout=20s\n"), 0o644)
+	if out, err := f.m.Systemctl("daemon-reload"); err != nil {
+		t.Fatalf("daemon-reload: %v\n%s", err, out)
+	}
+
+	// (1) The newer build, by operation.
+	pids := nodePIDs(t, f)
+	daemonBefore := mainPID(t, f.m, daemonUnit)
+	stop := make(chan struct{})
+	notReady := f.watchNotReady(stop)
+	path, sum := putPackage(t, f, good)
+	begin := time.Now()
+	op := f.env.createUpgrade(t, f.name, strings.Replace(newer, "-", "~", 1), "file://"+path, sum)
+	done := waitOpFinished(t, f, op.Name, 5*time.Minute)
+	close(stop)
+	t.Logf("AgentUpgrade to %s: %s %s %q after %v", newer, done.Status.State, done.Status.Reason, done.Status.Message, time.Since(begin).Round(time.Millisecond))
+	if done.Status.State != v1alpha3.OperationComplete {
+		t.Fatalf("AgentUpgrade ended %s: %s\n%s", done.Status.State, done.Status.Message, f.m.Journal(upgradeUnit))
+	}
+	waitUntil(t, time.Minute, "the Machine reports agent "+newer, func(ctx context.Context) (bool, error) {
+		a := f.machine(t).Status.Agent
+		return a != nil && a.Version == newer, nil
+	})
+	f.agentUpgraded(t, metav1.ConditionTrue, "Upgraded")
+	if d := mainPID(t, f.m, daemonUnit); d == daemonBefore || d == "0" {
+		t.Errorf("daemon main pid %s -> %s: want a new daemon", daemonBefore, d)
+	}
+	if out, _ := f.m.Run("/usr/libexec/unbounded/unbounded-agent", "--version"); !strings.Contains(out, newer) {
+		t.Errorf("installed agent says %q, want %s", out, newer)
+	}
+	if got := nodePIDs(t, f); got != pids {
+		t.Errorf("the node's processes changed in the upgrade: %s -> %s", pids, got)
+	}
+	if n := notReady.Load(); n != 0 {
+		t.Errorf("the Node was not Ready %d times (every 200 ms) during the upgrade", n)
+	}
+	if out, err := f.m.Run("dpkg", "--verify", "unbounded-agent"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("dpkg --verify after the upgrade: %v\n%s", err, out)
+	}
+	if t.Failed() {
+		return
+	}
+
+	// (2) A package whose daemon never comes up: rolled back.
+	pids = nodePIDs(t, f)
+	path, sum = putPackage(t, f, bad)
+	begin = time.Now()
+	op = f.env.createUpgrade(t, f.name, strings.Replace(broken, "-", "~", 1), "file://"+path, sum)
+	done = waitOpFinished(t, f, op.Name, 5*time.Minute)
+	t.Logf("AgentUpgrade to the broken %s: %s %s after %v", broken, done.Status.State, done.Status.Reason, time.Since(begin).Round(time.Millisecond))
+	if done.Status.State != v1alpha3.OperationFailed {
+		t.Errorf("AgentUpgrade to a daemon that never comes up ended %s, want Failed", done.Status.State)
+	}
+	c := f.agentUpgraded(t, metav1.ConditionFalse, "RolledBack")
+	if !strings.Contains(c.Message, "rolled back to "+strings.Replace(newer, "-", "~", 1)) {
+		t.Errorf("AgentUpgraded message %q does not say it rolled back to %s", c.Message, newer)
+	}
+	if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != strings.Replace(newer, "-", "~", 1) {
+		t.Errorf("installed version after the rollback %q, want %s", out, newer)
+	}
+	if st := isActive(f.m, daemonUnit); st != "active" {
+		t.Errorf("daemon %s after the rollback", st)
+	}
+	if got := nodePIDs(t, f); got != pids {
+		t.Errorf("the node's processes changed in the rolled back upgrade: %s -> %s", pids, got)
+	}
+	if t.Failed() {
+		return
+	}
+
+	// (3) Staged by an operator with a wrong .sha256.
+	data, _ := os.ReadFile(good)
+	f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb", data, 0o600)
+	f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb.sha256", []byte(strings.Repeat("0", 64)+"  agent.deb\n"), 0o600)
+	c = f.agentUpgraded(t, metav1.ConditionFalse, "UpgradeFailed")
+	if !strings.Contains(c.Message, "checksum mismatch") || !strings.Contains(c.Message, strings.Repeat("0", 64)) {
+		t.Errorf("AgentUpgraded message %q does not name the mismatch", c.Message)
+	}
+	if out, _ := f.m.Run("ls", "/var/lib/unbounded/upgrade/staged", "/var/lib/unbounded/upgrade/rejected"); !strings.Contains(out, "agent.deb.sha256") {
+		t.Errorf("staged and rejected: %s", out)
+	}
+	if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != strings.Replace(newer, "-", "~", 1) {
+		t.Errorf("installed version after the refused staged package %q, want %s", out, newer)
+	}
+}
