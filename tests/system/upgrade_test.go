@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -44,7 +43,7 @@ func buildAgentDeb(t *testing.T, stamp string, broken bool) string {
 	run("dpkg-deb", "-R", os.Getenv(harness.EnvDeb), tree)
 	exe := filepath.Join(tree, "usr/libexec/unbounded/unbounded-agent")
 	repo, _ := filepath.Abs("../..")
-	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-ldflags",
+	build := exec.Command("go", "build", "-ldflags",
 		"-s -w -X unbounded-cloud.io/agent/lib/version.Version="+stamp, "-o", exe, "./cmd/unbounded-agent")
 	build.Dir, build.Env = repo, append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
