@@ -185,15 +185,9 @@ func (d *daemon) watching() string {
 	return "watching Machine " + d.machine
 }
 
-// upgradeOwner is the agent's self-upgrade (lib/upgrade's Operation): it
-// holds the installation lock while it restarts the daemon and waits for
-// the new one, so the daemon starts and runs under it; it starts no new
-// operation until the upgrade is over (step).
-const upgradeOwner = "upgrade"
-
 func checkOwnership(p hostpaths.Paths) error {
 	own, err := state.ReadOwnership(p)
-	if own == nil || (err == nil && own.Owner == upgradeOwner) {
+	if own == nil || (err == nil && own.Owner == state.OwnerUpgrade) {
 		return nil
 	}
 	if err != nil {
@@ -690,7 +684,7 @@ func (d *daemon) step(ctx context.Context) error {
 		if err := checkOwnership(d.p); err != nil {
 			return err
 		}
-		if own, err := state.ReadOwnership(d.p); err == nil && own != nil && own.Owner == upgradeOwner {
+		if own, err := state.ReadOwnership(d.p); err == nil && own != nil && own.Owner == state.OwnerUpgrade {
 			// Pending until the upgrade's end, which restarts this
 			// daemon or ends its job (finished: the loop steps again).
 			d.log.Info("the agent's upgrade runs; the operation waits for its end", "uid", j.uid, "type", j.typ)

@@ -145,7 +145,15 @@ func Decide(in Input) Plan {
 	var p Plan
 	// 1. An installation owns the host: it alone decides what runs. A node
 	// or daemon started now would race a half-installed slot.
-	if in.Ownership != nil {
+	upgrading := upgradeOwns(in)
+	if upgrading {
+		// The agent's self-upgrade, cut by a power loss: it is resumed,
+		// and it never touches the node, so the node starts as on any
+		// boot (rules 2 and 3); the daemon is the upgrade's to start
+		// (it restarts it and waits for the new one).
+		p.Links = append(p.Links, wants("multi-user.target", unitnames.Upgrade))
+	}
+	if in.Ownership != nil && !upgrading {
 		if in.OwnershipErr != nil {
 			// Corrupt state like any other (not a regular file, too
 			// large, not a record): no node, no daemon, recovery. The
@@ -222,10 +230,10 @@ func Decide(in Input) Plan {
 		// start fails the mode target's and the node target's start
 		// jobs.
 		mt := unitnames.ModeTarget(a.Mode)
-		p.Links = append(p.Links,
-			wants("multi-user.target", unitnames.NodeTarget),
-			wants("multi-user.target", unitnames.Daemon),
-			requires(unitnames.NodeTarget, mt))
+		p.Links = append(p.Links, wants("multi-user.target", unitnames.NodeTarget), requires(unitnames.NodeTarget, mt))
+		if !upgrading {
+			p.Links = append(p.Links, wants("multi-user.target", unitnames.Daemon))
+		}
 		for _, u := range units {
 			p.Links = append(p.Links, requires(mt, u))
 			p.Files = append(p.Files, File{Path: u + ".d/" + FenceDropIn, Content: fenceDropInContent})
@@ -265,6 +273,14 @@ func validUnitName(u string) bool {
 		}
 	}
 	return true
+}
+
+// upgradeOwns says whether the lock is the agent's self-upgrade's
+// (state.OwnerUpgrade, resumed by unbounded-upgrade.service), under which
+// the node starts as usual.
+func upgradeOwns(in Input) bool {
+	return in.Ownership != nil && in.OwnershipErr == nil &&
+		in.Ownership.Owner == state.OwnerUpgrade && in.Ownership.Unit == unitnames.Upgrade
 }
 
 // isNodeOrDaemon reports whether u is one of the units rule 1 keeps
@@ -312,8 +328,8 @@ func (h Host) Read(p hostpaths.Paths) Input {
 	}
 	var in Input
 	in.Ownership, in.OwnershipErr = readOwn(p)
-	if in.Ownership != nil {
-		// Nothing else matters while the host is owned.
+	if in.Ownership != nil && !upgradeOwns(in) {
+		// Nothing else matters while an installation owns the host.
 		return in
 	}
 	in.Active, in.ActiveErr = readActive(p)
@@ -520,6 +536,9 @@ func Explain(p hostpaths.Paths, in Input, plan Plan) NextBoot {
 	switch {
 	case has(unitnames.RecoverGenerator):
 		nb.Action, nb.Reason = ActionSafeState, "safe state: "+plan.Problem
+	case upgradeOwns(in) && has(unitnames.NodeTarget) && in.Active != nil:
+		nb.Action = ActionStartNode
+		nb.Reason = fmt.Sprintf("start the node: mode %s in slot %s, behind the allocation fence; the agent's upgrade is resumed and starts the daemon", in.Active.Mode, in.Active.Slot)
 	case in.Ownership != nil && len(nb.Units) > 0:
 		nb.Action = ActionResume
 		nb.Reason = fmt.Sprintf("the installation %q owns the host: %s is resumed, nothing else starts", in.Ownership.Owner, nb.Units[0])

@@ -18,6 +18,12 @@ import (
 // (deferred) on it and print no error; systemd treats that as success.
 var ErrOwned = errors.New("an installation owns the host")
 
+// OwnerUpgrade is the agent's self-upgrade (lib/upgrade). Unlike an
+// installation it never touches the node: under its lock the node stack
+// starts at boot as usual, and the daemon runs (the upgrade restarts it
+// and waits for it) but starts no operation until the upgrade ends.
+const OwnerUpgrade = "upgrade"
+
 // Ownership is the installation lock record. An installation (bootstrap,
 // reprovision, reset) holds it from start to finish, across reboots: the
 // record is a file under the host root, so a power cut mid-installation

@@ -27,10 +27,12 @@ import (
 	"strings"
 	"time"
 
+	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/request"
+	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -38,7 +40,7 @@ import (
 
 // Operation names the journal and the crash points; Concern the request.
 const (
-	Operation = "upgrade"
+	Operation = state.OwnerUpgrade
 	Concern   = "upgrade"
 	// Package is the agent's package name.
 	Package = "unbounded-agent"
@@ -75,6 +77,10 @@ type Journal struct {
 	// package a rollback reinstalls.
 	Staged   string `json:"staged"`
 	Previous string `json:"previous,omitempty"`
+	// RollingBack is written before a rollback begins: a run resumed
+	// after a cut in it rolls back again (the installed executable may
+	// be either package's by then), never on to the record.
+	RollingBack bool `json:"rollingBack,omitempty"`
 }
 
 // Failed is the failure signal (failed.json) the next daemon reports.
@@ -199,16 +205,26 @@ func (u *Upgrade) Run(ctx context.Context) error {
 			return err
 		}
 	} else {
-		u.log().Info("resuming the upgrade", "from", j.From, "to", j.To, "step", j.Step)
+		u.log().Info("resuming the upgrade", "from", j.From, "to", j.To, "step", j.Step, "rollingBack", j.RollingBack)
+		if j.RollingBack {
+			return u.fail(ctx, j, &steps.Error{Step: StepActivate, Err: fmt.Errorf("cut during the rollback to %s (was: %s)", j.From, j.Step)})
+		}
 	}
 	run := &steps.Runner{Paths: u.Paths, Operation: Operation, Journal: j, Notify: u.Notify, CrashPoint: u.CrashPoint, Log: u.log()}
 	err = run.Run(ctx, []steps.Step{
 		{Name: StepFetch, Status: "fetching " + j.Source, Run: func(ctx context.Context) error { return u.fetch(ctx, j) }},
 		{Name: StepVerify, Always: true, Run: func(ctx context.Context) error { return u.verify(ctx, j) }},
 		{Name: StepPrevious, Status: "keeping the package of " + j.From + " for a rollback", Run: func(ctx context.Context) error { return u.keepPrevious(ctx, j) }},
-		{Name: StepInstall, Status: "installing " + j.To, Run: func(ctx context.Context) error { return u.Packages.Install(ctx, j.Staged) }},
-		{Name: StepActivate, Always: true, Status: "restarting " + unitnames.Daemon + " on " + j.To,
-			Run: func(ctx context.Context) error { return u.activate(ctx) }},
+		// (The version is known once verify read the package: these
+		// steps say it themselves.)
+		{Name: StepInstall, Run: func(ctx context.Context) error {
+			sdstatus.Show(u.log(), u.Notify, "step %s: installing %s %s (from %s)", StepInstall, Package, j.To, j.From)
+			return u.Packages.Install(ctx, j.Staged)
+		}},
+		{Name: StepActivate, Always: true, Run: func(ctx context.Context) error {
+			sdstatus.Show(u.log(), u.Notify, "step %s: restarting %s on %s", StepActivate, unitnames.Daemon, j.To)
+			return u.activate(ctx)
+		}},
 		{Name: StepRecord, Always: true, Final: true, Run: func(ctx context.Context) error { return u.record(ctx, j) }},
 	})
 	if err == nil {
@@ -449,8 +465,13 @@ func (u *Upgrade) record(ctx context.Context, j *Journal) error {
 func (u *Upgrade) fail(ctx context.Context, j *Journal, err error) error {
 	step, cause := steps.Failed(err)
 	rolledBack := false
-	if j.IsDone(StepInstall) || step == StepInstall {
+	if j.IsDone(StepInstall) || step == StepInstall || j.RollingBack {
 		u.log().Error("upgrade failed after the install; rolling back", "step", step, "to", j.From, "error", cause)
+		j.RollingBack = true
+		if werr := state.WriteJournal(u.Paths, Operation, j); werr != nil {
+			u.log().Warn("the rollback is not journaled", "error", werr)
+		}
+		crashpoint.Via(u.CrashPoint, Operation+"/rolling-back")
 		if rerr := u.rollback(ctx, j); rerr != nil {
 			// The journal stays: the next run (lifecycle at boot, or by
 			// hand) rolls back again.

@@ -346,3 +346,59 @@ func TestAnUpgradeWhileAnotherInstallationOwnsTheHostIsDeferred(t *testing.T) {
 		t.Errorf("%v, installs %v: want ErrOwned and nothing installed", err, h.installs)
 	}
 }
+
+type crashed string
+
+// runCrashingAt runs u until the crash point at, as a kill there would end
+// it (the deferred lock release aside: the kernel drops a dead process's
+// flock).
+func runCrashingAt(t *testing.T, u *Upgrade, at string) {
+	t.Helper()
+	u.CrashPoint = func(name string) {
+		if name == at {
+			panic(crashed(name))
+		}
+	}
+	defer func() {
+		if r := recover(); r != crashed(at) {
+			t.Fatalf("run did not reach the crash point %s (%v)", at, r)
+		}
+	}()
+	u.Run(context.Background())
+}
+
+// A run cut after the install is finished by the next one (the daemon
+// restarted on the new version, the record written); one cut in its
+// rollback rolls back again, never on to the record.
+func TestAnUpgradeCutAfterTheInstallOrInItsRollbackIsFinishedByTheNextRun(t *testing.T) {
+	h := newHost(t)
+	h.stage(Meta{Package, "1.1.0", "amd64"}, "")
+	runCrashingAt(t, h.upgrade(), "upgrade/after-install")
+	if h.installed.Version != "1.1.0" || h.runningVer == "1.1.0" || !InProgress(h.p) {
+		t.Fatalf("after the cut: installed %s, daemon runs %q, journal %v", h.installed.Version, h.runningVer, InProgress(h.p))
+	}
+	if err := h.upgrade().Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if h.runningVer != "1.1.0" || InProgress(h.p) {
+		t.Errorf("resumed: daemon runs %s, journal %v", h.runningVer, InProgress(h.p))
+	}
+	if u, _ := ReadUpgraded(h.p); u == nil || u.To != "1.1.0" {
+		t.Errorf("success signal %+v", u)
+	}
+
+	h.crashVersion = "1.2.0"
+	h.stage(Meta{Package, "1.2.0", "amd64"}, "")
+	runCrashingAt(t, h.upgrade(), "upgrade/rolling-back")
+	h.crashVersion = "" // whatever the next run finds, it must roll back
+	err := h.upgrade().Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "rolled back to 1.1.0") {
+		t.Fatalf("resumed rollback: %v", err)
+	}
+	if h.installed.Version != "1.1.0" || h.runningVer != "1.1.0" || InProgress(h.p) || exists(UpgradedFile(h.p)) {
+		t.Errorf("after the resumed rollback: installed %s, daemon runs %s, journal %v", h.installed.Version, h.runningVer, InProgress(h.p))
+	}
+	if f, _ := ReadFailed(h.p); f == nil || !f.RolledBack || f.To != "1.2.0" {
+		t.Errorf("failure signal %+v", f)
+	}
+}

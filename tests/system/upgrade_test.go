@@ -82,7 +82,7 @@ func buildAgentDeb(t *testing.T, stamp string, broken bool) string {
 	}
 	os.WriteFile(sums, []byte(strings.Join(out, "\n")+"\n"), 0o644)
 	deb := filepath.Join(dir, "unbounded-agent_"+stamp+".deb")
-	run("dpkg-deb", "--root-owner-group", "-Zxz", "--build", tree, deb)
+	run("dpkg-deb", "--root-owner-group", "-Zgzip", "-z1", "--build", tree, deb)
 	return deb
 }
 
@@ -167,7 +167,9 @@ func (f *firstBoot) agentUpgraded(t *testing.T, status metav1.ConditionStatus, r
 // itself, Failed, AgentUpgraded=False RolledBack, the daemon on the
 // previous version, the node untouched; (3) a package staged with a wrong
 // .sha256 (unbounded-upgrade.path): refused before anything changed,
-// AgentUpgraded=False naming the mismatch, the files in rejected/.
+// AgentUpgraded=False naming the mismatch, the files in rejected/; (4) an
+// upgrade cut after its install, then a power cut: resumed at boot with
+// the node started as usual, Complete.
 func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(t *testing.T) {
 	t.Parallel()
 	f := newFirstBoot(t, firstBootOptions{})
@@ -260,5 +262,51 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 	}
 	if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != strings.Replace(newer, "-", "~", 1) {
 		t.Errorf("installed version after the refused staged package %q, want %s", out, newer)
+	}
+	if t.Failed() {
+		return
+	}
+
+	// (4) An upgrade cut right after its install (the daemon stopped
+	// first, as the power cut that follows stops it: nothing reports the
+	// cut), then the whole host power-cut: at boot the node starts as on
+	// any boot, the upgrade is resumed and finishes, the operation ends
+	// Complete on the new version, and dpkg has nothing half-installed.
+	const third = "9.9.9-up3"
+	path, sum = putPackage(t, f, buildAgentDeb(t, third, false))
+	setCrashPoint(t, f, upgradeUnit, "upgrade/after-install")
+	f.daemonWatchdog(t, false)
+	op = f.env.createUpgrade(t, f.name, strings.Replace(third, "-", "~", 1), "file://"+path, sum)
+	waitUntil(t, 2*time.Minute, "the AgentUpgrade operation InProgress and its unit running", func(ctx context.Context) (bool, error) {
+		o := f.op(ctx, op.Name)
+		st := showProps(t, f.m, upgradeUnit, "ActiveState")["ActiveState"]
+		return o != nil && o.Status.State == v1alpha3.OperationInProgress && (st == "activating" || st == "active"), nil
+	})
+	if out, err := f.m.Run("sh", "-c", "kill -STOP $(systemctl show -p MainPID --value "+daemonUnit+")"); err != nil {
+		t.Fatalf("stop the daemon: %v\n%s", err, out)
+	}
+	wantCrashedAt(t, f, upgradeUnit, "upgrade/after-install", waitUnitDone(t, f, upgradeUnit, "", 5*time.Minute))
+	f.m.PowerCut()
+	setCrashPoint(t, f, upgradeUnit, "")
+	f.daemonWatchdog(t, true)
+	begin = time.Now()
+	f.m.Start()
+	done = waitOpFinished(t, f, op.Name, 5*time.Minute)
+	t.Logf("power cut after the install: operation %s %s/%s %v after the boot began: %s", op.Name, done.Status.State, done.Status.Reason,
+		time.Since(begin).Round(time.Millisecond), done.Status.Message)
+	if done.Status.State != v1alpha3.OperationComplete {
+		t.Fatalf("operation ended %s: %s\n%s", done.Status.State, done.Status.Message, f.m.Journal(upgradeUnit))
+	}
+	waitUntil(t, time.Minute, "the Machine reports agent "+third, func(ctx context.Context) (bool, error) {
+		a := f.machine(t).Status.Agent
+		return a != nil && a.Version == third, nil
+	})
+	f.agentUpgraded(t, metav1.ConditionTrue, "Upgraded")
+	waitUntil(t, 3*time.Minute, "Node Ready after the power cut", f.nodeReady)
+	if out, err := f.m.Run("dpkg", "--audit"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("dpkg --audit after the resumed upgrade: %v\n%s", err, out)
+	}
+	if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != strings.Replace(third, "-", "~", 1) {
+		t.Errorf("installed version after the resumed upgrade %q, want %s", out, third)
 	}
 }
