@@ -231,6 +231,9 @@ type job struct {
 	// wait names a unit that the daemon did not start and only waits for
 	// (a node operation started by hand, see waitBusy).
 	wait string
+	// params are the request's parameters of a job without an operation
+	// (the upgrade the Machine's spec.agent asks for).
+	params map[string]string
 }
 
 type result struct {
@@ -361,7 +364,7 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 			}
 			if r.interrupted || r.retry {
 				delete(d.resumed, r.uid)
-				if r.job.op == nil && r.job.wait == "" && d.nodeRepave == nil && d.followStop != nil {
+				if r.job.op == nil && r.job.typ == v1alpha3.OperationRepave && r.job.wait == "" && d.nodeRepave == nil && d.followStop != nil {
 					d.nodeRepave = r.job
 				}
 				if r.interrupted {
@@ -661,6 +664,8 @@ func (d *daemon) step(ctx context.Context) error {
 	case len(pending) > 0:
 		op := oldest(pending)
 		j = &job{op: op, uid: string(op.UID), typ: op.Spec.Operation}
+	default:
+		j = d.agentUpgradeJob()
 	}
 	gone := d.nodeGone
 	d.nodeGone = false
@@ -675,7 +680,7 @@ func (d *daemon) step(ctx context.Context) error {
 	if j == nil {
 		return nil
 	}
-	if j.op == nil && !j.resume {
+	if j.op == nil && !j.resume && j.typ == v1alpha3.OperationRepave {
 		d.log.Warn("Node was Ready and is gone: repaving", "node", d.node)
 	}
 	// An installation that took the host while the daemon ran wins: the
@@ -817,4 +822,42 @@ func (d *daemon) upgradeOutcome(ctx context.Context, want *v1alpha3.Machine) fun
 		d.log.Info("reported the agent upgrade's outcome", "status", cond.Status, "reason", cond.Reason, "message", msg)
 		go d.recordEvent(ctx, evType, "AgentUpgrade"+cond.Reason, msg)
 	}
+}
+
+// agentUpgradeJob is the upgrade the Machine's spec.agent asks for (a
+// version other than this daemon's, with the package's URL and SHA-256),
+// or nil. It is asked once per spec: not again while an upgrade runs or
+// its outcome is still to be reported, nor after one for this generation
+// of the Machine failed (AgentUpgraded=False observed at it: a rollback
+// restarts the daemon, which must not try again until the spec changes).
+func (d *daemon) agentUpgradeJob() *job {
+	m := d.machineObj
+	if m == nil || m.Spec.Agent == nil || d.tokenOnly {
+		return nil
+	}
+	a := m.Spec.Agent
+	if a.Version == "" || upgrade.SameVersion(a.Version, version.Version) {
+		return nil
+	}
+	uid := "agent:" + a.Version + ":" + a.SHA256
+	if d.handled[uid] {
+		return nil
+	}
+	if a.URL == "" || a.SHA256 == "" {
+		d.handled[uid] = true
+		d.log.Warn("spec.agent asks for another version but names no package URL and SHA-256; this host upgrades only from both", "version", a.Version)
+		return nil
+	}
+	if upgrade.InProgress(d.p) {
+		return nil
+	}
+	if f, err := upgrade.ReadFailed(d.p); err != nil || f != nil {
+		return nil // reported first (reportMachine), then judged
+	}
+	if c := meta.FindStatusCondition(m.Status.Conditions, v1alpha3.ConditionAgentUpgraded); c != nil &&
+		c.Status == metav1.ConditionFalse && c.ObservedGeneration == m.Generation {
+		return nil
+	}
+	d.log.Info("spec.agent asks for another version: upgrading", "from", version.Version, "to", a.Version)
+	return &job{uid: uid, typ: v1alpha3.OperationAgentUpgrade, params: map[string]string{"version": a.Version, "url": a.URL, "sha256": a.SHA256}}
 }

@@ -62,7 +62,7 @@ func (d *daemon) waitBusy(ctx context.Context, j *job) bool {
 	if unit == "" {
 		return false
 	}
-	if j != nil && j.op == nil {
+	if j != nil && j.op == nil && j.typ == v1alpha3.OperationRepave {
 		if unit == targets[v1alpha3.OperationRepave].unit {
 			d.log.Info("Node deleted while "+unit+" runs; not a loss", "node", d.node)
 			d.handled[j.uid] = true

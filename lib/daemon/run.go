@@ -121,6 +121,8 @@ func (d *daemon) dispatch(ctx context.Context, j *job, t target, desired json.Ra
 	if j.op != nil {
 		req.Operation = j.op.Name
 		req.Parameters = j.op.Spec.Parameters
+	} else if j.params != nil {
+		req.Parameters = j.params
 	}
 	if j.typ == v1alpha3.OperationRepave {
 		req.Desired = desired
@@ -176,7 +178,7 @@ func (d *daemon) dispatch(ctx context.Context, j *job, t target, desired json.Ra
 	// Not in the way of the start: the Event is best effort, the unit is
 	// what the operation waits for.
 	reason := ReasonDispatched
-	if j.op == nil {
+	if j.op == nil && j.typ == v1alpha3.OperationRepave {
 		reason = ReasonNodeGone
 	}
 	go d.recordEvent(ctx, corev1.EventTypeNormal, reason, d.describe(j)+": started "+t.unit)
@@ -349,6 +351,9 @@ func orUnknown(s string) string {
 }
 
 func (d *daemon) describe(j *job) string {
+	if j.op == nil && j.typ == v1alpha3.OperationAgentUpgrade {
+		return "upgrade to spec.agent " + j.params["version"]
+	}
 	if j.op == nil {
 		return "repave of vanished Node " + d.node
 	}
