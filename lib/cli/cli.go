@@ -15,6 +15,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 	"github.com/alecthomas/kong"
@@ -292,7 +293,8 @@ func (s *supportsCmd) Run(env *Env) error {
 
 type statusCmd struct {
 	rootFlag
-	JSON bool `name:"json" help:"Print as JSON (a stable shape for scripts)."`
+	JSON   bool `name:"json" help:"Print as JSON (a stable shape for scripts)."`
+	Follow bool `short:"f" help:"After the report, follow the operation that runs now (first boot, repave, restart, upgrade, reset): each step as it begins, with its time, until the run ends; its failure is the command's."`
 }
 
 // errCorrupt makes `unbounded status` exit 1 on a corrupt host after it
@@ -300,6 +302,9 @@ type statusCmd struct {
 var errCorrupt = errors.New("state corrupt")
 
 func (s *statusCmd) Run(env *Env) error {
+	if s.Follow && s.JSON {
+		return errors.New("--follow shows steps as text: it does not go with --json")
+	}
 	// Without root the host root reads as "permission denied", which
 	// the report would show as corrupt state and an unknown owner.
 	if err := privilege.Check(s.paths().HostRoot()); err != nil {
@@ -320,6 +325,10 @@ func (s *statusCmd) Run(env *Env) error {
 	}
 	if r.State == status.Corrupt {
 		return silentError{errCorrupt}
+	}
+	if s.Follow {
+		fmt.Fprintln(env.Stdout)
+		return env.follow(env.Stdout, 5*time.Second, 200*time.Millisecond, time.Now)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -28,6 +29,7 @@ import (
 	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/upgrade"
 )
 
 // States of a host, the first line of the summary.
@@ -66,10 +68,23 @@ type Report struct {
 	Owed []owed.Write `json:"owed"`
 	// OwedError says why some owed writes could not be read.
 	OwedError string `json:"owed-error,omitempty"`
+	// Upgrade is the outcome of the agent's last self-upgrade that the
+	// daemon has not reported yet (lib/upgrade's signals), and what is
+	// staged for the next; null when there is neither.
+	Upgrade *Upgrade `json:"upgrade"`
 	// Devices are the host devices the active slot's node was given
 	// (lib/devices' record, found at its last prepare or restart); null
 	// where the mode gives none (none: the node is the host).
 	Devices *Devices `json:"devices"`
+}
+
+// Upgrade is what the self-upgrade left for the daemon to report, and
+// what is staged.
+type Upgrade struct {
+	Failed   *upgrade.Failed   `json:"failed,omitempty"`
+	Upgraded *upgrade.Upgraded `json:"upgraded,omitempty"`
+	Staged   []string          `json:"staged,omitempty"`
+	Error    string            `json:"error,omitempty"`
 }
 
 // Devices is what the node has of the host's devices.
@@ -184,6 +199,8 @@ func Gather(p hostpaths.Paths) Report {
 	} else if len(ws) > 0 {
 		r.Owed = ws
 	}
+
+	r.Upgrade = readUpgrade(p)
 
 	if active != nil && active.Mode == "nspawn" {
 		rec, err := devices.ReadRecord(p, active.Slot)
@@ -351,6 +368,20 @@ func (r Report) Text(out io.Writer) error {
 	if r.OwedError != "" {
 		row("owed", "unreadable: %s", r.OwedError)
 	}
+	if u := r.Upgrade; u != nil {
+		if f := u.Failed; f != nil {
+			row("upgrade", "failed at step %s (%s -> %s, rolled back: %v), not reported yet: %s", f.Step, orNone(f.From), orNone(f.To), f.RolledBack, f.Message)
+		}
+		if g := u.Upgraded; g != nil {
+			row("upgrade", "upgraded %s -> %s at %s, not reported yet", g.From, g.To, g.At.Format(time.RFC3339))
+		}
+		for _, f := range u.Staged {
+			row("upgrade", "staged: %s", f)
+		}
+		if u.Error != "" {
+			row("upgrade", "unreadable: %s", u.Error)
+		}
+	}
 	if d := r.Devices; d != nil {
 		switch {
 		case d.Error != "":
@@ -399,4 +430,28 @@ func orNone(s string) string {
 		return "(none)"
 	}
 	return s
+}
+
+func readUpgrade(p hostpaths.Paths) *Upgrade {
+	var u Upgrade
+	var errs []string
+	var err error
+	if u.Failed, err = upgrade.ReadFailed(p); err != nil {
+		errs = append(errs, err.Error())
+	}
+	if u.Upgraded, err = upgrade.ReadUpgraded(p); err != nil {
+		errs = append(errs, err.Error())
+	}
+	ents, err := os.ReadDir(p.UpgradeStaged())
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, err.Error())
+	}
+	for _, e := range ents {
+		u.Staged = append(u.Staged, e.Name())
+	}
+	u.Error = strings.Join(errs, "; ")
+	if u.Failed == nil && u.Upgraded == nil && len(u.Staged) == 0 && u.Error == "" {
+		return nil
+	}
+	return &u
 }

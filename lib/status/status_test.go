@@ -115,3 +115,26 @@ func TestStatusListsTheDevicesTheNodeHas(t *testing.T) {
 		t.Errorf("mode none: devices %+v, want none listed", r.Devices)
 	}
 }
+
+// What the self-upgrade left for the daemon to report, and what is
+// staged, are listed; nothing at all is no row.
+func TestStatusListsTheUpgradesOutcomeNotReportedYet(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	if r := Gather(p); r.Upgrade != nil {
+		t.Errorf("no upgrade: %+v", r.Upgrade)
+	}
+	os.MkdirAll(p.UpgradeStaged(), 0o700)
+	os.WriteFile(p.UpgradeFailed(), []byte(`{"from":"1.0.0","to":"1.1.0","step":"verify","message":"checksum mismatch","rolledBack":false}`), 0o600)
+	os.WriteFile(filepath.Join(p.UpgradeStaged(), "agent.deb"), []byte("x"), 0o600)
+	r := Gather(p)
+	var out bytes.Buffer
+	r.Text(&out)
+	if r.Upgrade == nil || r.Upgrade.Failed == nil || r.Upgrade.Failed.Step != "verify" || len(r.Upgrade.Staged) != 1 {
+		t.Fatalf("upgrade = %+v", r.Upgrade)
+	}
+	for _, w := range []string{"failed at step verify (1.0.0 -> 1.1.0, rolled back: false), not reported yet: checksum mismatch", "staged: agent.deb"} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("text lacks %q:\n%s", w, out.String())
+		}
+	}
+}

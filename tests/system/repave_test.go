@@ -226,6 +226,10 @@ func TestRepaveNspawnByHandThenByOperation(t *testing.T) {
 	if out, err := f.m.Systemctl("start", "--no-block", repaveService); err != nil {
 		t.Fatalf("start %s: %v\n%s", repaveService, err, out)
 	}
+	// What an operator types next: the steps as they happen, each once,
+	// until the repave ends.
+	follow, ferr := f.m.Run("unbounded", "status", "--follow")
+	wantFollowed(t, follow, ferr, repaveService, 4)
 	p := waitUnitDone(t, f, repaveService, cursor, 10*time.Minute)
 	took := time.Since(begin)
 	if p["ExecMainStatus"] != "0" || p["ActiveState"] != "inactive" {
@@ -338,4 +342,35 @@ func TestRepaveNspawnByHandThenByOperation(t *testing.T) {
 	if j, _ := f.m.Run("journalctl", "-b", "-q", "--no-pager", "-o", "cat", "-t", "lifecycle"); !strings.Contains(j, "lifecycle hooks made current") {
 		t.Errorf("lifecycle's journal does not say it rewrote the hooks:\n%s", j)
 	}
+}
+
+// wantFollowed checks `unbounded status --follow`'s output for a run of
+// unit that succeeded: it followed that unit, showed at least steps
+// distinct STATUS= lines, none twice, and said when the run ended.
+func wantFollowed(t *testing.T, out string, err error, unit string, steps int) {
+	t.Helper()
+	_, follow, _ := strings.Cut(out, "following "+unit+"\n")
+	if err != nil || follow == "" || !strings.Contains(follow, unit+" finished after") {
+		t.Errorf("unbounded status --follow: %v\n%s", err, out)
+		return
+	}
+	seen := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(follow), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 || strings.HasPrefix(l, unit) {
+			continue
+		}
+		line := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), f[0]))
+		if i := strings.LastIndex(line, "  ("); i > 0 {
+			line = line[:i] // the step before's time
+		}
+		if seen[line] {
+			t.Errorf("unbounded status --follow shows %q twice:\n%s", line, follow)
+		}
+		seen[line] = true
+	}
+	if len(seen) < steps {
+		t.Errorf("unbounded status --follow shows %d steps, want at least %d:\n%s", len(seen), steps, follow)
+	}
+	t.Logf("unbounded status --follow:\n%s", follow)
 }
