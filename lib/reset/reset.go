@@ -143,11 +143,14 @@ func (r *Reset) mode(name string) (modes.Mode, error) {
 // restart and start the node; the timer hangs on the node target by
 // Wants=, which a stop of the target does not follow) and a restart;
 // lifecycle too, which stays active (RemainAfterExit=) and keeps its
-// PrivateTmp= directory under /var/tmp while it is.
+// PrivateTmp= directory under /var/tmp while it is; and the upgrade's
+// path unit, which hangs on the node target like the timer (a running
+// upgrade is not stopped: it holds the installation lock, and the reset
+// defers to it rather than cut dpkg short).
 var stoppedFirst = []string{
 	unitnames.Daemon, unitnames.Bootstrap,
 	unitnames.HealthTimer, unitnames.Health, unitnames.Restart,
-	unitnames.Lifecycle,
+	unitnames.Lifecycle, unitnames.UpgradePath,
 }
 
 // Run resets the host. Its error maps to the exit code with exitcode.For:

@@ -18,6 +18,9 @@ const (
 	Isolation  = "unbounded-isolation.service"
 	Upgrade    = "unbounded-upgrade.service"
 	Health     = "unbounded-health.service"
+	// UpgradePath starts Upgrade when a package is staged (while the
+	// node is up: the preset hangs it on the node target).
+	UpgradePath = "unbounded-upgrade.path"
 	// HealthTimer starts Health every 30 s while the node is up.
 	HealthTimer = "unbounded-health.timer"
 	// RecoverGenerator is the recovery the generator pulls in on corrupt

@@ -207,13 +207,16 @@ func wantNoNodeUnits(t *testing.T, m *harness.Machine) {
 	}
 	if s := m.UnitState("unbounded-node.target"); s.LoadState == "loaded" {
 		for _, prop := range []string{"Wants", "Requires"} {
-			// The health timer is the one unit the package itself
-			// hangs on the node target (the preset enables it,
-			// WantedBy=unbounded-node.target): it runs only once the
-			// node target is started, so it never starts a node.
-			w := slices.DeleteFunc(m.UnitStrings("unbounded-node.target", prop), func(u string) bool { return u == "unbounded-health.timer" })
+			// The health timer and the upgrade's path unit are the
+			// units the package itself hangs on the node target (the
+			// preset enables them, WantedBy=unbounded-node.target):
+			// they run only once the node target is started, so they
+			// never start a node.
+			w := slices.DeleteFunc(m.UnitStrings("unbounded-node.target", prop), func(u string) bool {
+				return u == "unbounded-health.timer" || u == "unbounded-upgrade.path"
+			})
 			if len(w) != 0 {
-				t.Errorf("unbounded-node.target %s %v; want nothing but the health timer", prop, w)
+				t.Errorf("unbounded-node.target %s %v; want nothing but the health timer and the upgrade's path unit", prop, w)
 			}
 		}
 	}
