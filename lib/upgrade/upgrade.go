@@ -426,7 +426,13 @@ func (u *Upgrade) activate(ctx context.Context) error {
 	if err := sd.Reload(ctx); err != nil {
 		return err
 	}
-	return u.Wait.restart(ctx, sd, u.Paths.Libexec("unbounded-agent"))
+	begin := time.Now()
+	down, err := u.Wait.restart(ctx, sd, u.Paths.Libexec("unbounded-agent"))
+	if err == nil {
+		u.log().Info("daemon restarted on the installed package", "down", down.Round(time.Millisecond).String(),
+			"took", time.Since(begin).Round(time.Millisecond).String())
+	}
+	return err
 }
 
 // record ends a successful upgrade: the installed package is kept in

@@ -46,17 +46,20 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 // restart restarts unbounded-daemon.service and waits until it runs exe.
-func (w Wait) restart(ctx context.Context, sd Manager, exe string) error {
+// It returns how long the daemon was down: from the restart until the
+// new process was seen active.
+func (w Wait) restart(ctx context.Context, sd Manager, exe string) (down time.Duration, err error) {
 	timeout, settle, poll := orDefault(w.Timeout, 60*time.Second), orDefault(w.Settle, 5*time.Second), orDefault(w.Poll, 250*time.Millisecond)
 	want, err := os.Stat(exe)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	// The restart job ends when the daemon said READY=1 or failed; the
 	// judgement is the state after it, so its error is only the last
 	// word when nothing better is known.
+	restarted := time.Now()
 	jobErr := sd.RestartUnit(ctx, unitnames.Daemon)
 	var pid uint32
 	var since time.Time
@@ -79,8 +82,11 @@ func (w Wait) restart(ctx context.Context, sd Manager, exe string) error {
 					last, pid = fmt.Sprintf("main process %d runs another executable than %s", p, exe), 0
 				case p != pid:
 					pid, since = p, time.Now()
+					if down == 0 {
+						down = since.Sub(restarted)
+					}
 				case time.Since(since) >= settle:
-					return nil
+					return down, nil
 				}
 			}
 		}
@@ -92,7 +98,7 @@ func (w Wait) restart(ctx context.Context, sd Manager, exe string) error {
 			if jobErr != nil {
 				last += "; the restart: " + jobErr.Error()
 			}
-			return fmt.Errorf("%s did not run %s for %v within %v: %s", unitnames.Daemon, exe, settle, timeout, last)
+			return 0, fmt.Errorf("%s did not run %s for %v within %v: %s", unitnames.Daemon, exe, settle, timeout, last)
 		case <-time.After(poll):
 		}
 	}

@@ -147,12 +147,14 @@ func (f *firstBoot) watchNotReady(stop <-chan struct{}) *atomic.Int32 {
 	return &n
 }
 
-func (f *firstBoot) agentUpgraded(t *testing.T, status metav1.ConditionStatus, reason string) *metav1.Condition {
+// agentUpgraded waits for the Machine's AgentUpgraded condition with
+// status and reason, and a message that says words.
+func (f *firstBoot) agentUpgraded(t *testing.T, status metav1.ConditionStatus, reason, words string) *metav1.Condition {
 	t.Helper()
 	var c *metav1.Condition
-	waitUntil(t, time.Minute, "AgentUpgraded="+string(status)+" "+reason, func(ctx context.Context) (bool, error) {
+	waitUntil(t, time.Minute, "AgentUpgraded="+string(status)+" "+reason+" saying "+words, func(ctx context.Context) (bool, error) {
 		c = meta.FindStatusCondition(f.machine(t).Status.Conditions, v1alpha3.ConditionAgentUpgraded)
-		return c != nil && c.Status == status && c.Reason == reason, nil
+		return c != nil && c.Status == status && c.Reason == reason && strings.Contains(c.Message, words), nil
 	})
 	return c
 }
@@ -168,8 +170,9 @@ func (f *firstBoot) agentUpgraded(t *testing.T, status metav1.ConditionStatus, r
 // previous version, the node untouched; (3) a package staged with a wrong
 // .sha256 (unbounded-upgrade.path): refused before anything changed,
 // AgentUpgraded=False naming the mismatch, the files in rejected/; (4) an
-// upgrade cut after its install, then a power cut: resumed at boot with
-// the node started as usual, Complete.
+// upgrade cut after its install, and one after the daemon's restart, each
+// then power-cut: resumed at boot with the node started as usual,
+// Complete.
 func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(t *testing.T) {
 	t.Parallel()
 	f := newFirstBoot(t, firstBootOptions{})
@@ -198,11 +201,14 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 	if done.Status.State != v1alpha3.OperationComplete {
 		t.Fatalf("AgentUpgrade ended %s: %s\n%s", done.Status.State, done.Status.Message, f.m.Journal(upgradeUnit))
 	}
+	if out, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "short-precise", "-u", upgradeUnit); out != "" {
+		t.Logf("the upgrade's journal:\n%s", out)
+	}
 	waitUntil(t, time.Minute, "the Machine reports agent "+newer, func(ctx context.Context) (bool, error) {
 		a := f.machine(t).Status.Agent
 		return a != nil && a.Version == newer, nil
 	})
-	f.agentUpgraded(t, metav1.ConditionTrue, "Upgraded")
+	f.agentUpgraded(t, metav1.ConditionTrue, "Upgraded", "to "+strings.Replace(newer, "-", "~", 1))
 	if d := mainPID(t, f.m, daemonUnit); d == daemonBefore || d == "0" {
 		t.Errorf("daemon main pid %s -> %s: want a new daemon", daemonBefore, d)
 	}
@@ -232,7 +238,7 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 	if done.Status.State != v1alpha3.OperationFailed {
 		t.Errorf("AgentUpgrade to a daemon that never comes up ended %s, want Failed", done.Status.State)
 	}
-	c := f.agentUpgraded(t, metav1.ConditionFalse, "RolledBack")
+	c := f.agentUpgraded(t, metav1.ConditionFalse, "RolledBack", "to "+strings.Replace(broken, "-", "~", 1))
 	if !strings.Contains(c.Message, "rolled back to "+strings.Replace(newer, "-", "~", 1)) {
 		t.Errorf("AgentUpgraded message %q does not say it rolled back to %s", c.Message, newer)
 	}
@@ -253,7 +259,7 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 	data, _ := os.ReadFile(good)
 	f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb", data, 0o600)
 	f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb.sha256", []byte(strings.Repeat("0", 64)+"  agent.deb\n"), 0o600)
-	c = f.agentUpgraded(t, metav1.ConditionFalse, "UpgradeFailed")
+	c = f.agentUpgraded(t, metav1.ConditionFalse, "UpgradeFailed", "checksum mismatch")
 	if !strings.Contains(c.Message, "checksum mismatch") || !strings.Contains(c.Message, strings.Repeat("0", 64)) {
 		t.Errorf("AgentUpgraded message %q does not name the mismatch", c.Message)
 	}
@@ -267,46 +273,64 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 		return
 	}
 
-	// (4) An upgrade cut right after its install (the daemon stopped
-	// first, as the power cut that follows stops it: nothing reports the
-	// cut), then the whole host power-cut: at boot the node starts as on
-	// any boot, the upgrade is resumed and finishes, the operation ends
-	// Complete on the new version, and dpkg has nothing half-installed.
-	const third = "9.9.9-up3"
-	path, sum = putPackage(t, f, buildAgentDeb(t, third, false))
-	setCrashPoint(t, f, upgradeUnit, "upgrade/after-install")
-	f.daemonWatchdog(t, false)
-	op = f.env.createUpgrade(t, f.name, strings.Replace(third, "-", "~", 1), "file://"+path, sum)
-	waitUntil(t, 2*time.Minute, "the AgentUpgrade operation InProgress and its unit running", func(ctx context.Context) (bool, error) {
-		o := f.op(ctx, op.Name)
-		st := showProps(t, f.m, upgradeUnit, "ActiveState")["ActiveState"]
-		return o != nil && o.Status.State == v1alpha3.OperationInProgress && (st == "activating" || st == "active"), nil
-	})
-	if out, err := f.m.Run("sh", "-c", "kill -STOP $(systemctl show -p MainPID --value "+daemonUnit+")"); err != nil {
-		t.Fatalf("stop the daemon: %v\n%s", err, out)
-	}
-	wantCrashedAt(t, f, upgradeUnit, "upgrade/after-install", waitUnitDone(t, f, upgradeUnit, "", 5*time.Minute))
-	f.m.PowerCut()
-	setCrashPoint(t, f, upgradeUnit, "")
-	f.daemonWatchdog(t, true)
-	begin = time.Now()
-	f.m.Start()
-	done = waitOpFinished(t, f, op.Name, 5*time.Minute)
-	t.Logf("power cut after the install: operation %s %s/%s %v after the boot began: %s", op.Name, done.Status.State, done.Status.Reason,
-		time.Since(begin).Round(time.Millisecond), done.Status.Message)
-	if done.Status.State != v1alpha3.OperationComplete {
-		t.Fatalf("operation ended %s: %s\n%s", done.Status.State, done.Status.Message, f.m.Journal(upgradeUnit))
-	}
-	waitUntil(t, time.Minute, "the Machine reports agent "+third, func(ctx context.Context) (bool, error) {
-		a := f.machine(t).Status.Agent
-		return a != nil && a.Version == third, nil
-	})
-	f.agentUpgraded(t, metav1.ConditionTrue, "Upgraded")
-	waitUntil(t, 3*time.Minute, "Node Ready after the power cut", f.nodeReady)
-	if out, err := f.m.Run("dpkg", "--audit"); err != nil || strings.TrimSpace(out) != "" {
-		t.Errorf("dpkg --audit after the resumed upgrade: %v\n%s", err, out)
-	}
-	if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != strings.Replace(third, "-", "~", 1) {
-		t.Errorf("installed version after the resumed upgrade %q, want %s", out, third)
+	// (4) An upgrade by operation cut right after its install (the
+	// daemon stopped first, as the power cut that follows stops it:
+	// nothing reports the cut), and a staged one cut right after the
+	// daemon's restart (no operation: the new daemon, which must run to
+	// be waited for, has nothing to report), each followed by a power cut
+	// of the whole host: at boot the node starts as on any boot, the
+	// upgrade is resumed and finishes on the new version (the operation
+	// Complete), and dpkg has nothing half-installed.
+	for i, point := range []string{"upgrade/after-install", "upgrade/after-activate"} {
+		to := fmt.Sprintf("9.9.9-up%d", 3+i)
+		path, sum = putPackage(t, f, buildAgentDeb(t, to, false))
+		setCrashPoint(t, f, upgradeUnit, point)
+		f.daemonWatchdog(t, false)
+		byOp := point == "upgrade/after-install"
+		if byOp {
+			op = f.env.createUpgrade(t, f.name, strings.Replace(to, "-", "~", 1), "file://"+path, sum)
+			waitUntil(t, 2*time.Minute, "the AgentUpgrade operation InProgress and its unit running", func(ctx context.Context) (bool, error) {
+				o := f.op(ctx, op.Name)
+				st := showProps(t, f.m, upgradeUnit, "ActiveState")["ActiveState"]
+				return o != nil && o.Status.State == v1alpha3.OperationInProgress && (st == "activating" || st == "active"), nil
+			})
+			if out, err := f.m.Run("sh", "-c", "kill -STOP $(systemctl show -p MainPID --value "+daemonUnit+")"); err != nil {
+				t.Fatalf("stop the daemon: %v\n%s", err, out)
+			}
+		} else {
+			data, _ := f.m.ReadFile(path)
+			f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb", data, 0o600)
+			f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb.sha256", []byte(sum+"\n"), 0o600)
+		}
+		wantCrashedAt(t, f, upgradeUnit, point, waitUnitDone(t, f, upgradeUnit, "", 5*time.Minute))
+		f.m.PowerCut()
+		setCrashPoint(t, f, upgradeUnit, "")
+		f.daemonWatchdog(t, true)
+		begin = time.Now()
+		f.m.Start()
+		if byOp {
+			done = waitOpFinished(t, f, op.Name, 5*time.Minute)
+			t.Logf("power cut at %s: operation %s %s/%s %v after the boot began: %s", point, op.Name, done.Status.State, done.Status.Reason,
+				time.Since(begin).Round(time.Millisecond), done.Status.Message)
+			if done.Status.State != v1alpha3.OperationComplete {
+				t.Fatalf("operation ended %s: %s\n%s", done.Status.State, done.Status.Message, f.m.Journal(upgradeUnit))
+			}
+		}
+		waitUntil(t, 2*time.Minute, "the Machine reports agent "+to, func(ctx context.Context) (bool, error) {
+			a := f.machine(t).Status.Agent
+			return a != nil && a.Version == to, nil
+		})
+		f.agentUpgraded(t, metav1.ConditionTrue, "Upgraded", "to "+strings.Replace(to, "-", "~", 1))
+		t.Logf("power cut at %s: agent %s reported %v after the boot began", point, to, time.Since(begin).Round(time.Millisecond))
+		waitUntil(t, 3*time.Minute, "Node Ready after the power cut", f.nodeReady)
+		if out, err := f.m.Run("dpkg", "--audit"); err != nil || strings.TrimSpace(out) != "" {
+			t.Errorf("dpkg --audit after the resumed upgrade: %v\n%s", err, out)
+		}
+		if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != strings.Replace(to, "-", "~", 1) {
+			t.Errorf("installed version after the resumed upgrade %q, want %s", out, to)
+		}
+		if t.Failed() {
+			return
+		}
 	}
 }
