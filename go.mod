@@ -11,7 +11,9 @@ require (
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/godbus/dbus/v5 v5.2.4
 	github.com/google/go-containerregistry v0.22.1
+	github.com/klauspost/compress v1.20.2
 	github.com/systemd/slog-journal v0.1.2
+	github.com/ulikunitz/xz v0.5.17
 	golang.org/x/sys v0.50.0
 	golang.org/x/term v0.47.0
 	k8s.io/api v0.36.3
@@ -41,7 +43,6 @@ require (
 	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674 // indirect
 	github.com/josharian/intern v1.0.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
-	github.com/klauspost/compress v1.20.2 // indirect
 	github.com/mailru/easyjson v0.7.7 // indirect
 	github.com/moby/spdystream v0.5.1 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect

@@ -6,10 +6,12 @@ package lifecycle
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"strings"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -17,6 +19,7 @@ import (
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
+	"unbounded-cloud.io/agent/lib/upgrade"
 )
 
 // RepaveJournal is the repave's journal's name (lib/repave's Operation,
@@ -32,7 +35,11 @@ type Lifecycle struct {
 	Mode func(name string) (modes.Mode, error)
 	// Systemd connects to the service manager; nil: the system bus.
 	Systemd func(ctx context.Context) (units.Manager, error)
-	Log     *slog.Logger
+	// ImageVersion is the version of the agent /usr holds (the image's,
+	// whatever an upgrade's override makes the units run); nil asks
+	// /usr/bin/unbounded, which no override replaces.
+	ImageVersion func(ctx context.Context) (string, error)
+	Log          *slog.Logger
 }
 
 func (l *Lifecycle) log() *slog.Logger {
@@ -68,9 +75,12 @@ func (l *Lifecycle) systemd(ctx context.Context) (units.Manager, error) {
 //     restarted).
 //
 // Units are queued, never waited for: the daemon is ordered after this
-// unit, and a repave it queued runs in its own unit. ARCHITECTURE section 6
-// gives this unit two more steps, the host-root migration and finishing an
-// unfinished agent upgrade; this release does neither.
+// unit, and a repave it queued runs in its own unit. Between 1 and 2, an
+// agent upgrade's override on an image-based host that a newer image has
+// caught up with is removed (supersede). An unfinished agent upgrade holds
+// the lock and is resumed by step 1. ARCHITECTURE section 6 gives this
+// unit one more step, the host-root migration; this release does not do
+// it.
 func (l *Lifecycle) Run(ctx context.Context) error {
 	own, err := state.ReadOwnership(l.Paths)
 	if own != nil {
@@ -81,6 +91,9 @@ func (l *Lifecycle) Run(ctx context.Context) error {
 			return nil
 		}
 		return l.resume(ctx, own.Unit, fmt.Sprintf("the installation %q owns the host", own.Owner))
+	}
+	if err := l.supersede(ctx); err != nil {
+		return err
 	}
 	found, jerr := journalExists(l.Paths, RepaveJournal)
 	if jerr != nil {
@@ -170,4 +183,47 @@ func journalExists(p hostpaths.Paths, operation string) (bool, error) {
 		return false, err
 	}
 	return true, nil
+}
+
+// supersede removes an agent upgrade's override (lib/upgrade) when the
+// image's agent is as new or newer: the units run the image's agent from
+// the next start on (the daemon's comes after this unit).
+func (l *Lifecycle) supersede(ctx context.Context) error {
+	o, err := upgrade.ReadOverride(l.Paths)
+	if err != nil || o == nil {
+		return err
+	}
+	image, err := l.imageVersion(ctx)
+	if err != nil {
+		l.log().Warn("the image's agent version is unknown; the upgrade's override stays", "override", o.Version, "error", err.Error())
+		return nil
+	}
+	removed, err := upgrade.Supersede(l.Paths, image)
+	if err != nil || removed == nil {
+		return err
+	}
+	l.log().Info("the image's agent supersedes the upgrade's override; the units run the image's again", "image", image, "override", removed.Version)
+	sd, err := l.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	return sd.Reload(ctx)
+}
+
+func (l *Lifecycle) imageVersion(ctx context.Context) (string, error) {
+	if l.ImageVersion != nil {
+		return l.ImageVersion(ctx)
+	}
+	out, err := exec.CommandContext(ctx, l.Paths.Join("/usr/bin/unbounded"), "version", "--json").Output()
+	if err != nil {
+		return "", err
+	}
+	var v struct {
+		Version string `json:"version"`
+	}
+	if err := json.Unmarshal(out, &v); err != nil || v.Version == "" {
+		return "", fmt.Errorf("/usr/bin/unbounded version --json: %q", out)
+	}
+	return v.Version, nil
 }

@@ -16,6 +16,7 @@ import (
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
+	"unbounded-cloud.io/agent/lib/upgrade"
 )
 
 // hooksMode records EnsureHooks on the world's fake mode.
@@ -155,5 +156,41 @@ func TestLifecyclePutsAStagedAppliedRecordUnderItsOwnName(t *testing.T) {
 	}
 	if c := w.Calls(); !slices.Equal(c, []string{"ensure-hooks kube1"}) {
 		t.Errorf("calls %q, want only the hooks of kube1", c)
+	}
+}
+
+// An agent upgrade's override on an image-based host stays while the
+// image's agent is older, and goes (record, drop-ins) once an image as new
+// or newer was booted.
+func TestLifecycleRemovesAnOverrideANewerImageSupersedes(t *testing.T) {
+	w := newWorld(t, true)
+	dropIn := w.P.Join("/etc/systemd/system/unbounded-daemon.service.d/" + upgrade.OverrideDropIn)
+	os.MkdirAll(w.P.Join("/usr/lib/systemd/system"), 0o755)
+	os.WriteFile(w.P.Join("/usr/lib/systemd/system/unbounded-daemon.service"), []byte("[Service]\nExecStart=/usr/libexec/unbounded/daemon\n"), 0o644)
+	os.MkdirAll(w.P.Join("/var/lib/unbounded/agent/1.1.0/libexec"), 0o700)
+	os.WriteFile(w.P.Join("/var/lib/unbounded/agent/override.json"),
+		[]byte(`{"version":"1.1.0","dir":"/var/lib/unbounded/agent/1.1.0/libexec","units":["unbounded-daemon.service"]}`), 0o600)
+	os.MkdirAll(w.P.Join("/etc/systemd/system/unbounded-daemon.service.d"), 0o755)
+	os.WriteFile(dropIn, []byte("[Service]\nBindReadOnlyPaths=/var/lib/unbounded/agent/1.1.0/libexec:/usr/libexec/unbounded\n"), 0o644)
+	b := w.Bootstrap(nil)
+	for _, tc := range []struct {
+		image string
+		gone  bool
+	}{{"1.0.0", false}, {"1.1.0-rc.1", false}, {"1.1.0", true}} {
+		l := &lifecycle.Lifecycle{
+			Paths:        w.P,
+			Mode:         func(name string) (modes.Mode, error) { m, err := w.Mode(name); return hooksMode{m, w}, err },
+			Systemd:      func(ctx context.Context) (units.Manager, error) { return b.Systemd(ctx) },
+			ImageVersion: func(context.Context) (string, error) { return tc.image, nil },
+			Log:          slog.New(slog.NewTextHandler(io.Discard, nil)),
+		}
+		if err := l.Run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		o, _ := upgrade.ReadOverride(w.P)
+		_, derr := os.Stat(dropIn)
+		if gone := o == nil && os.IsNotExist(derr); gone != tc.gone {
+			t.Errorf("image %s: override %+v, drop-in %v; want gone=%v", tc.image, o, derr, tc.gone)
+		}
 	}
 }

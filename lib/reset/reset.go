@@ -62,6 +62,7 @@ import (
 	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
+	"unbounded-cloud.io/agent/lib/upgrade"
 )
 
 // Operation is the owner name of the ownership lock and the journal's name.
@@ -329,6 +330,12 @@ func (r *Reset) undo(ctx context.Context) ([]string, error) {
 // record (the lock's release removes it last) and this run's journal,
 // and the handoff directory unless kept.
 func (r *Reset) removeState(keepHandoff bool) error {
+	// An agent upgrade's override on an image-based host points units in
+	// /etc/systemd/system at the staged agent under the host root: both
+	// go, and the units run the image's agent again.
+	if err := upgrade.RemoveOverride(r.Paths); err != nil {
+		return fmt.Errorf("the agent upgrade's override: %w", err)
+	}
 	root := r.Paths.HostRoot()
 	entries, err := os.ReadDir(root)
 	if err != nil && !os.IsNotExist(err) {

@@ -81,6 +81,9 @@ type Report struct {
 // Upgrade is what the self-upgrade left for the daemon to report, and
 // what is staged.
 type Upgrade struct {
+	// Override is an image-based host's staged agent that the units run
+	// in place of the image's.
+	Override *upgrade.Override `json:"override,omitempty"`
 	Failed   *upgrade.Failed   `json:"failed,omitempty"`
 	Upgraded *upgrade.Upgraded `json:"upgraded,omitempty"`
 	Staged   []string          `json:"staged,omitempty"`
@@ -369,6 +372,9 @@ func (r Report) Text(out io.Writer) error {
 		row("owed", "unreadable: %s", r.OwedError)
 	}
 	if u := r.Upgrade; u != nil {
+		if o := u.Override; o != nil {
+			row("upgrade", "override active: the agent's units run %s from %s, not the image's (a newer image supersedes it)", o.Version, o.Dir)
+		}
 		if f := u.Failed; f != nil {
 			row("upgrade", "failed at step %s (%s -> %s, rolled back: %v), not reported yet: %s", f.Step, orNone(f.From), orNone(f.To), f.RolledBack, f.Message)
 		}
@@ -442,6 +448,9 @@ func readUpgrade(p hostpaths.Paths) *Upgrade {
 	if u.Upgraded, err = upgrade.ReadUpgraded(p); err != nil {
 		errs = append(errs, err.Error())
 	}
+	if u.Override, err = upgrade.ReadOverride(p); err != nil {
+		errs = append(errs, err.Error())
+	}
 	ents, err := os.ReadDir(p.UpgradeStaged())
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, err.Error())
@@ -450,7 +459,7 @@ func readUpgrade(p hostpaths.Paths) *Upgrade {
 		u.Staged = append(u.Staged, e.Name())
 	}
 	u.Error = strings.Join(errs, "; ")
-	if u.Failed == nil && u.Upgraded == nil && len(u.Staged) == 0 && u.Error == "" {
+	if u.Override == nil && u.Failed == nil && u.Upgraded == nil && len(u.Staged) == 0 && u.Error == "" {
 		return nil
 	}
 	return &u

@@ -126,13 +126,16 @@ func TestStatusListsTheUpgradesOutcomeNotReportedYet(t *testing.T) {
 	os.MkdirAll(p.UpgradeStaged(), 0o700)
 	os.WriteFile(p.UpgradeFailed(), []byte(`{"from":"1.0.0","to":"1.1.0","step":"verify","message":"checksum mismatch","rolledBack":false}`), 0o600)
 	os.WriteFile(filepath.Join(p.UpgradeStaged(), "agent.deb"), []byte("x"), 0o600)
+	os.MkdirAll(filepath.Join(p.HostRoot(), "agent"), 0o700)
+	os.WriteFile(filepath.Join(p.HostRoot(), "agent", "override.json"), []byte(`{"version":"1.1.0","dir":"/var/lib/unbounded/agent/1.1.0/libexec","units":["unbounded-daemon.service"]}`), 0o600)
 	r := Gather(p)
 	var out bytes.Buffer
 	r.Text(&out)
 	if r.Upgrade == nil || r.Upgrade.Failed == nil || r.Upgrade.Failed.Step != "verify" || len(r.Upgrade.Staged) != 1 {
 		t.Fatalf("upgrade = %+v", r.Upgrade)
 	}
-	for _, w := range []string{"failed at step verify (1.0.0 -> 1.1.0, rolled back: false), not reported yet: checksum mismatch", "staged: agent.deb"} {
+	for _, w := range []string{"failed at step verify (1.0.0 -> 1.1.0, rolled back: false), not reported yet: checksum mismatch", "staged: agent.deb",
+		"override active: the agent's units run 1.1.0 from /var/lib/unbounded/agent/1.1.0/libexec"} {
 		if !strings.Contains(out.String(), w) {
 			t.Errorf("text lacks %q:\n%s", w, out.String())
 		}

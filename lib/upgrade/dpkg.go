@@ -86,6 +86,9 @@ func (d Dpkg) Installed(ctx context.Context, name string) (Meta, bool, error) {
 		if errors.As(err, &ee) && ee.ExitCode() == 1 {
 			return Meta{}, false, nil // dpkg-query: no package found
 		}
+		if errors.Is(err, exec.ErrNotFound) {
+			return Meta{}, false, nil // no dpkg at all: an image-based host
+		}
 		return Meta{}, false, err
 	}
 	f := strings.Split(strings.TrimSpace(out), "\t")

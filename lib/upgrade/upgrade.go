@@ -36,6 +36,7 @@ import (
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/unitnames"
+	"unbounded-cloud.io/agent/lib/version"
 )
 
 // Operation names the journal and the crash points; Concern the request.
@@ -77,6 +78,12 @@ type Journal struct {
 	// package a rollback reinstalls.
 	Staged   string `json:"staged"`
 	Previous string `json:"previous,omitempty"`
+	// Image is an image-based host (/usr read-only, or the agent not
+	// installed by the package manager): the upgrade stages an override
+	// (override.go) instead of installing the package. PreviousOverride
+	// is the override's version it replaces, "" for the image's agent.
+	Image            bool   `json:"image,omitempty"`
+	PreviousOverride string `json:"previousOverride,omitempty"`
 	// RollingBack is written before a rollback begins: a run resumed
 	// after a cut in it rolls back again (the installed executable may
 	// be either package's by then), never on to the record.
@@ -132,7 +139,7 @@ func ReadUpgraded(p hostpaths.Paths) (*Upgraded, error) {
 // writes a semver pre-release "1.2.0-rc.1" as "1.2.0~rc.1", which sorts
 // before 1.2.0) is the executable's version stamp.
 func SameVersion(pkg, stamp string) bool {
-	return pkg == stamp || pkg == strings.Replace(stamp, "-", "~", 1)
+	return pkg == stamp || pkg == DebVersion(stamp)
 }
 
 // InProgress says whether an upgrade's journal exists: one runs, or was
@@ -172,6 +179,8 @@ type Upgrade struct {
 	CrashPoint func(string)
 	Log        *slog.Logger
 	Now        func() time.Time
+	// ImageBased says whether /usr is read-only; nil asks statfs.
+	ImageBased func() bool
 }
 
 func (u *Upgrade) log() *slog.Logger {
@@ -218,12 +227,17 @@ func (u *Upgrade) Run(ctx context.Context) error {
 		// (The version is known once verify read the package: these
 		// steps say it themselves.)
 		{Name: StepInstall, Run: func(ctx context.Context) error {
+			if j.Image {
+				sdstatus.Show(u.log(), u.Notify, "step %s: staging %s %s as an override of the image's agent %s", StepInstall, Package, j.To, j.From)
+				_, err := writeOverride(u.Paths, j.Staged, j.To, u.now())
+				return err
+			}
 			sdstatus.Show(u.log(), u.Notify, "step %s: installing %s %s (from %s)", StepInstall, Package, j.To, j.From)
 			return u.Packages.Install(ctx, j.Staged)
 		}},
 		{Name: StepActivate, Always: true, Run: func(ctx context.Context) error {
 			sdstatus.Show(u.log(), u.Notify, "step %s: restarting %s on %s", StepActivate, unitnames.Daemon, j.To)
-			return u.activate(ctx)
+			return u.activate(ctx, u.agentExe(j, j.To))
 		}},
 		{Name: StepRecord, Always: true, Final: true, Run: func(ctx context.Context) error { return u.record(ctx, j) }},
 	})
@@ -257,10 +271,11 @@ func (u *Upgrade) plan(ctx context.Context) (*Journal, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !ok {
-		return nil, fmt.Errorf("package %s is not installed: this host is not package-managed (an image-based host upgrades through a newer image; the override of ARCHITECTURE section 4 is not built yet)", Package)
-	}
 	j := &Journal{From: from.Version}
+	if !ok || u.imageBased() {
+		// The agent came with the image: the running one's version.
+		j.Image, j.From = true, version.Version
+	}
 	req, err := request.Read(u.Paths, Concern)
 	switch {
 	case err == nil && !request.Taken(u.Paths, Concern, req.UID):
@@ -350,13 +365,21 @@ func (u *Upgrade) verify(ctx context.Context, j *Journal) error {
 	if got != j.SHA256 {
 		return fmt.Errorf("package %s: %w: want sha256 %s, got %s", j.Staged, ErrChecksum, j.SHA256, got)
 	}
-	m, err := u.Packages.Inspect(ctx, j.Staged)
-	if err != nil {
-		return err
-	}
-	arch, err := u.Packages.Arch(ctx)
-	if err != nil {
-		return err
+	var m Meta
+	var arch string
+	if j.Image {
+		// No package manager to ask: the package is read here.
+		if m, err = DebMeta(j.Staged); err != nil {
+			return err
+		}
+		arch = debArch()
+	} else {
+		if m, err = u.Packages.Inspect(ctx, j.Staged); err != nil {
+			return err
+		}
+		if arch, err = u.Packages.Arch(ctx); err != nil {
+			return err
+		}
 	}
 	switch {
 	case m.Name != Package:
@@ -366,7 +389,7 @@ func (u *Upgrade) verify(ctx context.Context, j *Journal) error {
 	case j.To != "" && m.Version != j.To:
 		return fmt.Errorf("package %s is version %s, the operation asks for %s", j.Staged, m.Version, j.To)
 	}
-	if m.Version == j.From && !j.IsDone(StepInstall) {
+	if (m.Version == j.From || (j.Image && SameVersion(m.Version, j.From))) && !j.IsDone(StepInstall) {
 		return fmt.Errorf("%w: %s %s is installed already", ErrNothingToDo, Package, m.Version)
 	}
 	j.To = m.Version
@@ -377,6 +400,18 @@ func (u *Upgrade) verify(ctx context.Context, j *Journal) error {
 // the one an earlier upgrade installed when it is that version, else the
 // installed package repacked.
 func (u *Upgrade) keepPrevious(ctx context.Context, j *Journal) error {
+	if j.Image {
+		// The image's agent stays in /usr; an override it replaces
+		// stays staged until the record.
+		o, err := ReadOverride(u.Paths)
+		if err != nil {
+			return err
+		}
+		if o != nil {
+			j.PreviousOverride = o.Version
+		}
+		return nil
+	}
 	dir := filepath.Join(u.Paths.UpgradeDir(), "previous")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -415,9 +450,26 @@ func (u *Upgrade) installedPackage(ctx context.Context, m Meta) string {
 	return ""
 }
 
-// activate restarts the daemon on the installed executable and waits
-// until it runs it and stays up.
-func (u *Upgrade) activate(ctx context.Context) error {
+// agentExe is the multicall executable the units run for version: the
+// override's staged one on an image-based host ("" version: the image's),
+// else the installed one.
+func (u *Upgrade) agentExe(j *Journal, version string) string {
+	if j.Image && version != "" {
+		return filepath.Join(stagedLibexec(u.Paths, version), "unbounded-agent")
+	}
+	return u.Paths.Libexec("unbounded-agent")
+}
+
+func (u *Upgrade) imageBased() bool {
+	if u.ImageBased != nil {
+		return u.ImageBased()
+	}
+	return usrReadOnly(u.Paths)
+}
+
+// activate restarts the daemon on exe and waits until it runs it and
+// stays up.
+func (u *Upgrade) activate(ctx context.Context, exe string) error {
 	sd, err := u.Systemd(ctx)
 	if err != nil {
 		return err
@@ -427,7 +479,7 @@ func (u *Upgrade) activate(ctx context.Context) error {
 		return err
 	}
 	begin := time.Now()
-	down, err := u.Wait.restart(ctx, sd, u.Paths.Libexec("unbounded-agent"))
+	down, err := u.Wait.restart(ctx, sd, exe)
 	if err == nil {
 		u.log().Info("daemon restarted on the installed package", "down", down.Round(time.Millisecond).String(),
 			"took", time.Since(begin).Round(time.Millisecond).String())
@@ -439,7 +491,9 @@ func (u *Upgrade) activate(ctx context.Context) error {
 // installed/ (the next upgrade's previous), the staged files and an old
 // failure signal go, and the request is taken.
 func (u *Upgrade) record(ctx context.Context, j *Journal) error {
-	if err := u.Packages.Verify(ctx, Package); err != nil {
+	if j.Image {
+		pruneStaged(u.Paths, j.To)
+	} else if err := u.Packages.Verify(ctx, Package); err != nil {
 		u.log().Warn("the installed package does not verify clean", "error", err)
 	}
 	dir := filepath.Join(u.Paths.UpgradeDir(), "installed")
@@ -492,13 +546,32 @@ func (u *Upgrade) fail(ctx context.Context, j *Journal, err error) error {
 }
 
 func (u *Upgrade) rollback(ctx context.Context, j *Journal) error {
+	if j.Image {
+		// Back to the override it replaced, or to the image's agent.
+		var o *Override
+		if v := j.PreviousOverride; v != "" {
+			units, err := overriddenUnits(u.Paths)
+			if err != nil {
+				return err
+			}
+			o = &Override{Version: v, Dir: u.Paths.Rel(stagedLibexec(u.Paths, v)), Units: units, At: u.now().UTC()}
+		}
+		if err := pointUnits(u.Paths, o); err != nil {
+			return err
+		}
+		if err := u.activate(ctx, u.agentExe(j, j.PreviousOverride)); err != nil {
+			return err
+		}
+		pruneStaged(u.Paths, j.PreviousOverride)
+		return nil
+	}
 	if j.Previous == "" {
 		return errors.New("no previous package was kept")
 	}
 	if err := u.Packages.Install(ctx, j.Previous); err != nil {
 		return err
 	}
-	return u.activate(ctx)
+	return u.activate(ctx, u.agentExe(j, ""))
 }
 
 // refuse ends an upgrade that changed nothing.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -109,12 +110,22 @@ func (h *host) Repack(_ context.Context, _ string, dst string) error {
 
 // The service manager.
 func (h *host) Reload(context.Context) error { return nil }
+
+// RestartUnit starts the daemon on the executable its unit runs: the
+// image's, or the staged one an override's drop-in binds over it.
 func (h *host) RestartUnit(context.Context, string) error {
-	fi, err := os.Stat(h.p.Libexec("unbounded-agent"))
+	exe := h.p.Libexec("unbounded-agent")
+	if data, err := os.ReadFile(h.p.Join("/etc/systemd/system/unbounded-daemon.service.d/" + OverrideDropIn)); err == nil {
+		_, bind, _ := strings.Cut(string(data), "BindReadOnlyPaths=")
+		src, _, _ := strings.Cut(bind, ":")
+		exe = filepath.Join(h.p.Join(src), "unbounded-agent")
+	}
+	fi, err := os.Stat(exe)
 	if err != nil {
 		return err
 	}
-	h.running, h.runningVer = fi, h.installed.Version
+	data, _ := os.ReadFile(exe)
+	h.running, h.runningVer = fi, strings.TrimPrefix(strings.TrimSpace(string(data)), "agent ")
 	h.pid++
 	return nil
 }
@@ -400,5 +411,85 @@ func TestAnUpgradeCutAfterTheInstallOrInItsRollbackIsFinishedByTheNextRun(t *tes
 	}
 	if f, _ := ReadFailed(h.p); f == nil || !f.RolledBack || f.To != "1.2.0" {
 		t.Errorf("failure signal %+v", f)
+	}
+}
+
+// debPkg builds a real package with dpkg-deb of version, its multicall
+// executable saying "agent VERSION", staged with its .sha256.
+func (h *host) stageDeb(version string) {
+	h.t.Helper()
+	tree := h.t.TempDir()
+	lib := filepath.Join(tree, "usr/libexec/unbounded")
+	os.MkdirAll(lib, 0o755)
+	os.MkdirAll(filepath.Join(tree, "DEBIAN"), 0o755)
+	os.WriteFile(filepath.Join(tree, "DEBIAN/control"), []byte("Package: unbounded-agent\nVersion: "+version+"\nArchitecture: "+debArch()+"\nMaintainer: m <m@example.com>\nDescription: d\n"), 0o644)
+	os.WriteFile(filepath.Join(lib, "unbounded-agent"), []byte("agent "+version+"\n"), 0o755)
+	os.Symlink("unbounded-agent", filepath.Join(lib, "daemon"))
+	os.MkdirAll(h.p.UpgradeStaged(), 0o700)
+	deb := filepath.Join(h.p.UpgradeStaged(), "agent-"+version+".deb")
+	if out, err := exec.Command("dpkg-deb", "--root-owner-group", "--build", tree, deb).CombinedOutput(); err != nil {
+		h.t.Fatalf("dpkg-deb: %v\n%s", err, out)
+	}
+	sum, _ := fileSHA256(deb)
+	os.WriteFile(deb+".sha256", []byte(sum+"\n"), 0o644)
+}
+
+// On an image-based host (/usr read-only) nothing is installed: the
+// package's one-shots are staged and a drop-in binds them over
+// /usr/libexec/unbounded for each unit that runs one (not for the none
+// mode's node units); a failed upgrade goes back to the override it
+// replaced; a newer image supersedes the override and removes it all.
+func TestImageBasedHostUpgradesThroughAnOverride(t *testing.T) {
+	if _, err := exec.LookPath("dpkg-deb"); err != nil {
+		t.Skip("dpkg-deb not on this machine: it builds the packages this test stages")
+	}
+	h := newHost(t)
+	units := h.p.Join("/usr/lib/systemd/system")
+	os.MkdirAll(units, 0o755)
+	for name, exec := range map[string]string{
+		"unbounded-daemon.service":     "/usr/libexec/unbounded/daemon",
+		"unbounded-fence.service":      "/usr/libexec/unbounded/fence",
+		"unbounded-containerd.service": "/var/lib/unbounded/versions/current/bin/containerd",
+	} {
+		os.WriteFile(filepath.Join(units, name), []byte("[Service]\nExecStart="+exec+"\n"), 0o644)
+	}
+	image := func() bool { return true }
+	up := func() *Upgrade { u := h.upgrade(); u.ImageBased = image; return u }
+
+	h.stageDeb("1.1.0")
+	if err := up().Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	o, err := ReadOverride(h.p)
+	if err != nil || o == nil || o.Version != "1.1.0" || strings.Join(o.Units, " ") != "unbounded-daemon.service unbounded-fence.service" {
+		t.Fatalf("override %+v %v", o, err)
+	}
+	if h.runningVer != "1.1.0" || len(h.installs) != 0 {
+		t.Errorf("daemon runs %s, package installs %v: want the staged 1.1.0 and no install", h.runningVer, h.installs)
+	}
+	if exists(h.p.Join("/etc/systemd/system/unbounded-containerd.service.d/" + OverrideDropIn)) {
+		t.Error("the none mode's containerd unit got a drop-in")
+	}
+
+	h.crashVersion = "1.2.0"
+	h.stageDeb("1.2.0")
+	if err := up().Run(context.Background()); err == nil || !strings.Contains(err.Error(), "rolled back") {
+		t.Fatalf("an override whose daemon never comes up: %v", err)
+	}
+	if o, _ := ReadOverride(h.p); o == nil || o.Version != "1.1.0" || h.runningVer != "1.1.0" {
+		t.Errorf("after the rollback: override %+v, daemon runs %s: want 1.1.0 again", o, h.runningVer)
+	}
+	if exists(filepath.Dir(stagedLibexec(h.p, "1.2.0"))) {
+		t.Error("the failed version's staged agent is left")
+	}
+
+	if o, err := Supersede(h.p, "1.0.9"); err != nil || o != nil {
+		t.Errorf("an older image superseded the override: %+v %v", o, err)
+	}
+	if o, err := Supersede(h.p, "1.1.0"); err != nil || o == nil {
+		t.Fatalf("an image as new as the override did not supersede it: %+v %v", o, err)
+	}
+	if o, _ := ReadOverride(h.p); o != nil || exists(h.p.Join("/etc/systemd/system/unbounded-daemon.service.d/"+OverrideDropIn)) || exists(filepath.Dir(stagedLibexec(h.p, "1.1.0"))) {
+		t.Errorf("after the supersede: override %+v, or its drop-in or staged agent, is left", o)
 	}
 }
