@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
 
 	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
@@ -81,12 +82,21 @@ func TestJoinGetAndDescribeAgainstTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	if node, err = c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+	if _, err = c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
-	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
-	if _, err := c.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+	// The control plane's node controllers write a new Node too (taints,
+	// its lease's owner): the status goes on the latest version.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+		_, err = c.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	op := &unstructured.Unstructured{Object: map[string]any{
