@@ -24,8 +24,8 @@ import (
 const upgradeUnit = "unbounded-upgrade.service"
 
 // buildAgentDeb builds the package under test again with the multicall
-// executable built from this tree with another version stamp (a newer
-// build of itself), and control Version its Debian form. broken replaces
+// executable and the CLI built from this tree with another version stamp
+// (a newer build of itself), and control Version its Debian form. broken replaces
 // the daemon's link with a script that exits 1 at once: a package whose
 // daemon never comes up.
 func buildAgentDeb(t *testing.T, stamp string, broken bool) string {
@@ -41,13 +41,16 @@ func buildAgentDeb(t *testing.T, stamp string, broken bool) string {
 		}
 	}
 	run("dpkg-deb", "-R", os.Getenv(harness.EnvDeb), tree)
-	exe := filepath.Join(tree, "usr/libexec/unbounded/unbounded-agent")
+	// The multicall executable and the CLI, which says the version an
+	// image carries (lifecycle asks it).
 	repo, _ := filepath.Abs("../..")
-	build := exec.Command("go", "build", "-ldflags",
-		"-s -w -X unbounded-cloud.io/agent/lib/version.Version="+stamp, "-o", exe, "./cmd/unbounded-agent")
-	build.Dir, build.Env = repo, append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	for pkg, exe := range map[string]string{"./cmd/unbounded-agent": "usr/libexec/unbounded/unbounded-agent", "./cmd/unbounded": "usr/bin/unbounded"} {
+		build := exec.Command("go", "build", "-ldflags",
+			"-s -w -X unbounded-cloud.io/agent/lib/version.Version="+stamp, "-o", filepath.Join(tree, exe), pkg)
+		build.Dir, build.Env = repo, append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
 	}
 	if broken {
 		link := filepath.Join(tree, "usr/libexec/unbounded/daemon")
@@ -287,6 +290,7 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 		setCrashPoint(t, f, upgradeUnit, point)
 		f.daemonWatchdog(t, false)
 		byOp := point == "upgrade/after-install"
+		cursor := journalCursor(t, f)
 		if byOp {
 			op = f.env.createUpgrade(t, f.name, strings.Replace(to, "-", "~", 1), "file://"+path, sum)
 			waitUntil(t, 2*time.Minute, "the AgentUpgrade operation InProgress and its unit running", func(ctx context.Context) (bool, error) {
@@ -298,11 +302,18 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 				t.Fatalf("stop the daemon: %v\n%s", err, out)
 			}
 		} else {
+			// Started by hand here, the path unit stopped: it would
+			// start the crashing run again and again while the staged
+			// files are there (its trigger was (3)'s).
+			f.m.Systemctl("stop", "unbounded-upgrade.path")
 			data, _ := f.m.ReadFile(path)
 			f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb", data, 0o600)
 			f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb.sha256", []byte(sum+"\n"), 0o600)
+			if out, err := f.m.Systemctl("start", "--no-block", upgradeUnit); err != nil {
+				t.Fatalf("start %s: %v\n%s", upgradeUnit, err, out)
+			}
 		}
-		wantCrashedAt(t, f, upgradeUnit, point, waitUnitDone(t, f, upgradeUnit, "", 5*time.Minute))
+		wantCrashedAt(t, f, upgradeUnit, point, waitUnitDone(t, f, upgradeUnit, cursor, 5*time.Minute))
 		f.m.PowerCut()
 		setCrashPoint(t, f, upgradeUnit, "")
 		f.daemonWatchdog(t, true)
@@ -333,4 +344,61 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 			return
 		}
 	}
+
+	// (5) The same host as an image-based one: /usr read-only (a bind
+	// mount of itself, remounted read-only, in the host's namespace). A
+	// staged upgrade installs nothing: the daemon runs the staged agent
+	// through the override, /usr and dpkg are untouched, status says so.
+	// Then an image update: the host off, a newer package's files put
+	// into /usr as an image build does, and at boot lifecycle removes
+	// the override: the daemon runs the image's agent again.
+	for _, args := range [][]string{{"mount", "--bind", "/usr", "/usr"}, {"mount", "-o", "remount,bind,ro", "/usr"}} {
+		if out, err := f.m.Run(args...); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	const staged, image = "9.9.9-up6", "9.9.9-up7"
+	path, sum = putPackage(t, f, buildAgentDeb(t, staged, false))
+	data, _ = f.m.ReadFile(path)
+	f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb", data, 0o600)
+	f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb.sha256", []byte(sum+"\n"), 0o600)
+	f.agentUpgraded(t, metav1.ConditionTrue, "Upgraded", "to "+strings.Replace(staged, "-", "~", 1))
+	daemonRuns := func() string {
+		out, _ := f.m.Run("sh", "-c", "/proc/$(systemctl show -p MainPID --value "+daemonUnit+")/exe --version")
+		return strings.TrimSpace(out)
+	}
+	if v := daemonRuns(); !strings.Contains(v, staged) {
+		t.Errorf("with the override the daemon runs %q, want %s", v, staged)
+	}
+	if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != "9.9.9~up4" {
+		t.Errorf("dpkg says %q after the override, want the package installed before it, 9.9.9~up4", out)
+	}
+	if out, err := f.m.Run("dpkg", "--verify", "unbounded-agent"); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("dpkg --verify with the override (nothing in /usr may change): %v\n%s", err, out)
+	}
+	if out, _ := f.m.Run("unbounded", "status"); !strings.Contains(out, "override active: the agent's units run "+strings.Replace(staged, "-", "~", 1)) {
+		t.Errorf("unbounded status does not show the override:\n%s", out)
+	}
+	if t.Failed() {
+		return
+	}
+	newImage := buildAgentDeb(t, image, false)
+	f.m.Stop()
+	if out, err := exec.Command("dpkg-deb", "-x", newImage, f.m.Root()).CombinedOutput(); err != nil {
+		t.Fatalf("dpkg-deb -x into the host's /usr: %v\n%s", err, out)
+	}
+	f.m.Start()
+	waitUntil(t, 2*time.Minute, "the Machine reports the image's agent "+image, func(ctx context.Context) (bool, error) {
+		a := f.machine(t).Status.Agent
+		return a != nil && a.Version == image, nil
+	})
+	if v := daemonRuns(); !strings.Contains(v, image) {
+		t.Errorf("after the image update the daemon runs %q, want the image's %s", v, image)
+	}
+	for _, left := range []string{"/etc/systemd/system/unbounded-daemon.service.d/50-unbounded-agent-override.conf", "/var/lib/unbounded/agent/override.json"} {
+		if _, err := os.Lstat(filepath.Join(f.m.Root(), left)); !os.IsNotExist(err) {
+			t.Errorf("%s is left after the image update (%v)", left, err)
+		}
+	}
+	waitUntil(t, 3*time.Minute, "Node Ready after the image update", f.nodeReady)
 }
