@@ -86,11 +86,13 @@ func statusError(resp *http.Response, what string) error {
 	}
 }
 
-// fromNetwork downloads url into dest.part, resuming with an HTTP Range
+// Download downloads url into dest.part, resuming with an HTTP Range
 // request what an earlier try or run left there (after a cut, a crash or an
-// exit 75), verifies it and commits it: the final name only ever holds a
-// verified file. Each try is one attempt, under retry.
-func (f *Fetcher) fromNetwork(ctx context.Context, a Artifact, url, dest, expected string) (*Result, error) {
+// exit 75), verifies it against expected and commits it: the final name
+// only ever holds a verified file. Each try is one attempt, under retry;
+// at most MaxSize bytes. Fetch uses it for the mirror's artifacts, and the
+// agent's self-upgrade (lib/upgrade) for its own package.
+func (f *Fetcher) Download(ctx context.Context, a Artifact, url, dest, expected string) (*Result, error) {
 	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
 		return nil, err
 	}
@@ -98,7 +100,7 @@ func (f *Fetcher) fromNetwork(ctx context.Context, a Artifact, url, dest, expect
 	what := fmt.Sprintf("artifact %s from %s", a, url)
 	// A run that died between the last byte and the rename left a whole,
 	// verifiable part: commit it without asking the server again.
-	if sum, err := hashFile(part); err == nil && sum == expected {
+	if sum, err := HashFile(part); err == nil && sum == expected {
 		if err := commit(part, dest, sum); err != nil {
 			return nil, fmt.Errorf("artifact %s: %w", a, err)
 		}
@@ -128,7 +130,7 @@ func (f *Fetcher) fromNetwork(ctx context.Context, a Artifact, url, dest, expect
 		if err != nil {
 			return nil, err
 		}
-		actual, err := hashFile(part)
+		actual, err := HashFile(part)
 		if err != nil {
 			return nil, err
 		}

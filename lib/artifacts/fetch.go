@@ -208,7 +208,7 @@ func isTemporary(err error) bool {
 //  2. the offline directory ([artifacts] offline-dir): offline-dir/<path>,
 //     <path> being the artifact's [artifacts] <name>-path template expanded.
 //  3. the network: the override URL ([artifacts.overrides.<name>] url), or
-//     base-url/<path> (fromNetwork).
+//     base-url/<path> (Download).
 //
 // The expected SHA-256 is a pinned sum ([artifacts.checksums.<name>], or
 // the override's sha256), trusted as the config file is (root-owned, in
@@ -266,7 +266,7 @@ func (f *Fetcher) Fetch(ctx context.Context, a Artifact) (*Result, error) {
 		}
 		expected = sum
 	}
-	return f.fromNetwork(ctx, a, url, dest, expected)
+	return f.Download(ctx, a, url, dest, expected)
 }
 
 // cacheHit returns the cache entry of a when it verifies, nil otherwise.
@@ -284,7 +284,7 @@ func (f *Fetcher) cacheHit(a Artifact, dest, expected string) *Result {
 		f.log().Info("cached artifact is not the expected one; fetching it again", "artifact", a.Name, "version", a.Version, "cached", recorded, "expected", expected)
 		return nil
 	}
-	actual, err := hashFile(dest)
+	actual, err := HashFile(dest)
 	if err != nil {
 		return nil
 	}
@@ -367,8 +367,9 @@ func (f *Fetcher) noChecksum(a Artifact, where, from string) error {
 	return classify(ErrNoChecksum, nil, "artifact %s (%s): no SHA-256: not pinned in [artifacts.checksums], and %s/%s has no line for %s (is %s %s on the mirror?)", a, from, base, f.ChecksumsFile, a.Path, a.Name, a.Version)
 }
 
-// hashFile returns the SHA-256 of a regular file.
-func hashFile(file string) (string, error) {
+// HashFile returns the SHA-256 of a regular file (opened without
+// blocking: a FIFO in its place fails, it does not hang).
+func HashFile(file string) (string, error) {
 	in, err := openRegular(file)
 	if err != nil {
 		return "", err

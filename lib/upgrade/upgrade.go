@@ -27,6 +27,7 @@ import (
 	"strings"
 	"time"
 
+	"unbounded-cloud.io/agent/lib/artifacts"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -351,14 +352,14 @@ func (u *Upgrade) fetch(ctx context.Context, j *Journal) error {
 		}
 		client = c
 	}
-	return fetch(ctx, client, j.Source, j.SHA256, j.Staged)
+	return fetch(ctx, client, u.log(), j.To, j.Source, j.SHA256, j.Staged)
 }
 
 // verify checks the staged package before anything changes: its sum, and
 // that it is this agent's package, for this host's architecture, of the
 // version asked for.
 func (u *Upgrade) verify(ctx context.Context, j *Journal) error {
-	got, err := fileSHA256(j.Staged)
+	got, err := artifacts.HashFile(j.Staged)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"unbounded-cloud.io/agent/lib/artifacts"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
@@ -430,7 +431,7 @@ func (h *host) stageDeb(version string) {
 	if out, err := exec.Command("dpkg-deb", "--root-owner-group", "--build", tree, deb).CombinedOutput(); err != nil {
 		h.t.Fatalf("dpkg-deb: %v\n%s", err, out)
 	}
-	sum, _ := fileSHA256(deb)
+	sum, _ := artifacts.HashFile(deb)
 	os.WriteFile(deb+".sha256", []byte(sum+"\n"), 0o644)
 }
 

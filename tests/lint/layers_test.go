@@ -25,12 +25,13 @@ var layers = [][]string{
 	// steps.
 	{"lib/exitcode", "lib/hostprep", "lib/noderecord", "lib/owed", "lib/request", "lib/fence/record", "lib/generator", "lib/steps",
 		"lib/devices"},
-	{"lib/privilege", "lib/modes/softreboot", "lib/readiness", "lib/modes/nspawn/machinefile", "lib/upgrade"},
+	{"lib/privilege", "lib/modes/softreboot", "lib/readiness", "lib/modes/nspawn/machinefile"},
 	// Configuration, and what every command shares.
 	{"lib/config", "lib/concern", "lib/concern/small"},
 	// The cluster client, the artifacts, the mode interface, the status.
-	{"lib/artifacts", "lib/kube", "lib/modes", "lib/status"},
-	{"lib/modes/nodestack", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest",
+	{"lib/artifacts", "lib/kube", "lib/modes"},
+	{"lib/upgrade"},
+	{"lib/modes/nodestack", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest", "lib/status",
 		"lib/fleet"},
 	// The modes, and the concerns that need no installation.
 	{"lib/modes/none", "lib/modes/nspawn", "lib/restart", "lib/daemon", "lib/recovery", "lib/cli"},
