@@ -267,7 +267,7 @@ func (hr *hostRun) judge() (outcome, string) {
 	case hr.gone:
 		return outcomeFailed, fmt.Sprintf("operation %s was deleted before it finished", hr.h.opName)
 	case op == nil:
-		return 0, "waiting for operation " + hr.h.opName + " to show"
+		return 0, "" // the Node's watch answered first
 	}
 	st := op.Status
 	switch st.State {
