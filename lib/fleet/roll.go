@@ -450,7 +450,7 @@ func (r *roller) finish(results []hostResult, notStarted int, failure *hostResul
 		return fmt.Errorf("%w at %s: %s", ErrRollFailed, failure.machine, failure.why)
 	case interrupted:
 		r.printf("to resume: %s\n", r.resumeCommand())
-		return fmt.Errorf("%w: %d host(s) not started", ErrInterrupted, notStarted+count[outcomeInterrupted])
+		return fmt.Errorf("%w: %d host(s) not done (%d not started)", ErrInterrupted, notStarted+count[outcomeInterrupted], notStarted)
 	}
 	return nil
 }
