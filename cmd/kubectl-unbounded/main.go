@@ -1,7 +1,8 @@
 // Command kubectl-unbounded is the operator's workstation side of the
 // agent, a kubectl plugin (`kubectl unbounded ...`, or run on its own):
 // join a host (a bootstrap token for its machine and the files the host
-// needs), and see the fleet (get, describe). It loads the kubeconfig as
+// needs), see the fleet (get, describe), and roll an operation across it
+// (repave, restart, reboot, upgrade). It loads the kubeconfig as
 // kubectl does (KUBECONFIG, ~/.kube/config, --kubeconfig, --context).
 // Shipped apart from the host packages (ARCHITECTURE section 3).
 package main
@@ -35,7 +36,6 @@ type globals struct {
 	Kubeconfig string `help:"Path to the kubeconfig file (default: KUBECONFIG, then ~/.kube/config)." type:"path"`
 	Context    string `help:"The kubeconfig context to use."`
 	Namespace  string `short:"n" help:"Accepted for kubectl's sake: every object of the agent is cluster-scoped."`
-	Version    kong.VersionFlag
 }
 
 type cli struct {
@@ -43,6 +43,21 @@ type cli struct {
 	Join     joinCmd     `cmd:"" help:"Create a bootstrap token for a machine and the host's agent.toml, token and CA files."`
 	Get      getCmd      `cmd:"" help:"The fleet: each Machine, its node and its last operation."`
 	Describe describeCmd `cmd:"" help:"One Machine: its state, conditions, recent operations and Events."`
+	Repave   repaveCmd   `cmd:"" help:"Repave machines one window at a time: a MachineOperation each, then its Node Ready again."`
+	Restart  restartCmd  `cmd:"" help:"Restart the node stack of machines (never the host), one window at a time."`
+	Reboot   rebootCmd   `cmd:"" help:"Reboot machines, one window at a time."`
+	Upgrade  upgradeCmd  `cmd:"" help:"Upgrade the agent of machines to a package (--version, --url, --sha256), one window at a time."`
+	Version  versionCmd  `cmd:"" help:"Print the plugin's version."`
+}
+
+// versionCmd is a command, not kong's --version flag: upgrade's --version
+// names the package, and kong refuses a flag twice on one command line.
+// A lone --version is still taken as this command (see main).
+type versionCmd struct{}
+
+func (versionCmd) Run(*globals) error {
+	fmt.Println(version.Version)
+	return nil
 }
 
 type env struct {
@@ -217,10 +232,13 @@ func (c *describeCmd) Run(g *globals) error {
 }
 
 func main() {
+	if len(os.Args) == 2 && os.Args[1] == "--version" {
+		os.Args[1] = "version"
+	}
 	var c cli
 	k := kong.Parse(&c, kong.Name("kubectl-unbounded"),
-		kong.Description("The operator's side of unbounded-agent: join hosts, see the fleet."),
-		kong.Vars{"version": version.Version}, kong.UsageOnError())
+		kong.Description("The operator's side of unbounded-agent: join hosts, see the fleet, roll operations across it."),
+		kong.UsageOnError())
 	if err := k.Run(&c.globals); err != nil {
 		fmt.Fprintln(os.Stderr, "kubectl-unbounded: "+err.Error())
 		os.Exit(1)

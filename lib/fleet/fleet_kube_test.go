@@ -4,14 +4,20 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
 	"unbounded-cloud.io/agent/lib/api/identity"
@@ -150,5 +156,209 @@ func TestJoinGetAndDescribeAgainstTheAPIServer(t *testing.T) {
 	}
 	if err := Describe(ctx, &out, m, c, name+"-missing", time.Now()); err == nil {
 		t.Error("describe of a missing machine")
+	}
+}
+
+// Against the real API server with the agent's manifests (its CRD schema
+// and admission policies judge the operations): a roll of three hosts,
+// at most two at once, stops at the host whose operation fails, naming
+// it; --resume skips the two that completed and retries it. The test
+// plays the hosts' daemons and kubelets: each operation goes InProgress,
+// then Complete with its Node written Ready afresh, or Failed. The roll
+// waits on watches: its requests stay a handful per host.
+func TestRollAgainstTheAPIServerStopsAtAFailureAndResumes(t *testing.T) {
+	env := kubeenv.Get(t)
+	ctx := context.Background()
+	c := env.Client()
+	var counter RequestCounter
+	cfg := env.RESTConfig()
+	counter.Wrap(cfg)
+	m, err := kube.NewMachines(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := kube.NewMachines(env.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := kubeenv.UniqueName(t, "pool")
+	var names []string
+	base := kubeenv.UniqueName(t, "roll")
+	for i := range 3 {
+		name := fmt.Sprintf("%s-%d", base, i+1) // -l takes them in name order
+		names = append(names, name)
+		if _, err := admin.Create(ctx, &v1alpha3.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"pool": pool}},
+			Spec: v1alpha3.MachineSpec{Kubernetes: v1alpha3.KubernetesSpec{Version: "1.36.3"}}}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			env.Dynamic().Resource(v1alpha3.SchemeGroupVersion.WithResource(v1alpha3.ResourceMachines)).Delete(context.Background(), name, metav1.DeleteOptions{})
+		})
+		if _, err := c.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		writeNodeReady(t, c, name)
+	}
+	id := kubeenv.UniqueName(t, "id")
+	opsRes := env.Dynamic().Resource(v1alpha3.SchemeGroupVersion.WithResource(v1alpha3.ResourceMachineOperations))
+	t.Cleanup(func() {
+		opsRes.DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: RollLabel + "=" + id})
+	})
+	hosts := playDaemons(t, env, admin, id, func(op *v1alpha3.MachineOperation) string {
+		if op.Name == names[2]+"-"+id {
+			return "unbounded-repave.service: exit-code 1: the new slot never became healthy"
+		}
+		return ""
+	})
+
+	// Bounded: a roll whose hosts never answer waits for them.
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	o := RollOptions{Operation: v1alpha3.OperationRepave, Selector: "pool=" + pool, MaxUnavailable: 2, ID: id, Out: &out, Requests: counter.Count}
+	err = Roll(ctx, m, kubernetes.NewForConfigOrDie(cfg), o)
+	if !errors.Is(err, ErrRollFailed) || !strings.Contains(err.Error(), names[2]) || !strings.Contains(err.Error(), "UnitFailed") {
+		t.Fatalf("error %v, want the roll stopped at %s\n%s", err, names[2], out.String())
+	}
+	if got := hosts.maxInFlight(); got > 2 {
+		t.Errorf("%d hosts had an operation in flight at once", got)
+	}
+	if !strings.Contains(out.String(), "2 done, 1 failed") || !strings.Contains(out.String(), "--roll "+id+" --resume") {
+		t.Errorf("output:\n%s", out.String())
+	}
+	// Requests: a list of the Machines and of the roll's operations, and
+	// per host two watches and a create.
+	if n := counter.Count(); n > 2+4*3 {
+		t.Errorf("%d requests for 3 hosts: the roll polls\n%s", n, out.String())
+	}
+
+	out.Reset()
+	o.Resume = true
+	if err := Roll(ctx, m, kubernetes.NewForConfigOrDie(cfg), o); err != nil {
+		t.Fatalf("resume: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "1 done, 0 failed, 2 skipped") || !strings.Contains(out.String(), "requests: ") {
+		t.Errorf("resume output:\n%s", out.String())
+	}
+	l, err := admin.ListOperations(ctx, RollLabel+"="+id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, op := range l.Items {
+		got = append(got, op.Name+"="+string(op.Status.State))
+	}
+	slices.Sort(got)
+	want := []string{names[0] + "-" + id + "=Complete", names[1] + "-" + id + "=Complete", names[2] + "-" + id + "-2=Complete", names[2] + "-" + id + "=Failed"}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("the roll's operations:\n %v\nwant\n %v", got, want)
+	}
+}
+
+// writeNodeReady writes the Node's Ready condition as a kubelet that has
+// just (re)started does.
+func writeNodeReady(t *testing.T, c kubernetes.Interface, name string) {
+	t.Helper()
+	for range 5 { // the node lifecycle controller writes the Node too
+		n, err := c.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		now := metav1.Now()
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}
+		if _, err = c.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err == nil {
+			return
+		}
+		t.Logf("write Node %s: %v", name, err)
+	}
+	t.Errorf("Node %s not written", name)
+}
+
+// daemons are the hosts' side of the kube-tier roll.
+type daemons struct {
+	mu            sync.Mutex
+	inFlight, max int
+}
+
+func (d *daemons) maxInFlight() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.max
+}
+
+// playDaemons plays every host's daemon for the roll id until the test
+// ends: a new operation goes InProgress, then Failed with the message
+// fail returns, or Complete followed by a fresh Ready on its Node.
+func playDaemons(t *testing.T, env *kubeenv.Env, m *kube.Machines, id string, fail func(*v1alpha3.MachineOperation) string) *daemons {
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := m.WatchOperations(ctx, RollLabel+"="+id, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &daemons{}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); w.Stop(); wg.Wait() })
+	seen := map[string]bool{}
+	wg.Go(func() {
+		for e := range w.ResultChan() {
+			op, ok := e.Object.(*v1alpha3.MachineOperation)
+			if !ok || e.Type == watch.Bookmark || seen[op.Name] || op.Status.State.Finished() {
+				continue
+			}
+			seen[op.Name] = true
+			d.mu.Lock()
+			d.inFlight++
+			d.max = max(d.max, d.inFlight)
+			d.mu.Unlock()
+			wg.Go(func() { d.run(ctx, t, env, op.DeepCopy(), fail(op)) })
+		}
+	})
+	return d
+}
+
+func (d *daemons) run(ctx context.Context, t *testing.T, env *kubeenv.Env, op *v1alpha3.MachineOperation, fail string) {
+	res := env.Dynamic().Resource(v1alpha3.SchemeGroupVersion.WithResource(v1alpha3.ResourceMachineOperations))
+	write := func(state v1alpha3.OperationState, reason, msg string) bool {
+		now := metav1.Now()
+		op.Status.State, op.Status.Reason, op.Status.Message = state, reason, msg
+		if op.Status.StartTime == nil {
+			op.Status.StartTime = &now
+		}
+		if state.Finished() {
+			op.Status.CompletionTime = &now
+		}
+		op.APIVersion, op.Kind = v1alpha3.SchemeGroupVersion.String(), "MachineOperation" // a watch's objects come without
+		u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(op)
+		if err != nil {
+			t.Error(err)
+			return false
+		}
+		out, err := res.UpdateStatus(ctx, &unstructured.Unstructured{Object: u}, metav1.UpdateOptions{})
+		if err != nil {
+			if ctx.Err() == nil {
+				t.Errorf("host double: status of %s: %v", op.Name, err)
+			}
+			return false
+		}
+		op.ResourceVersion = out.GetResourceVersion()
+		return true
+	}
+	time.Sleep(200 * time.Millisecond)
+	if !write(v1alpha3.OperationInProgress, "Dispatched", "started unbounded-repave.service") {
+		return
+	}
+	time.Sleep(1100 * time.Millisecond) // a heartbeat in a later second than the start
+	d.mu.Lock()
+	d.inFlight-- // before the roll can see the host done
+	d.mu.Unlock()
+	if fail != "" {
+		write(v1alpha3.OperationFailed, "UnitFailed", fail)
+		return
+	}
+	if write(v1alpha3.OperationComplete, "Succeeded", "unbounded-repave.service succeeded") {
+		writeNodeReady(t, env.Client(), op.Spec.MachineRef.Name)
 	}
 }

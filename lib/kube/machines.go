@@ -88,6 +88,33 @@ func (m *Machines) Operations(ctx context.Context, machine string) (*v1alpha3.Ma
 	return out, err
 }
 
+// ListOperations lists the MachineOperations that match the label
+// selector (kubectl unbounded's rolls find their own by their roll label).
+func (m *Machines) ListOperations(ctx context.Context, selector string) (*v1alpha3.MachineOperationList, error) {
+	out := &v1alpha3.MachineOperationList{}
+	opts := metav1.ListOptions{LabelSelector: selector}
+	err := m.rc.Get().Resource(v1alpha3.ResourceMachineOperations).
+		VersionedParams(&opts, parameterCodec).Do(ctx).Into(out)
+	return out, err
+}
+
+// WatchOperations watches the MachineOperations that match the label
+// selector, from resourceVersion ("": from now, after a synthetic ADDED of
+// each current one).
+func (m *Machines) WatchOperations(ctx context.Context, selector, resourceVersion string) (watch.Interface, error) {
+	opts := metav1.ListOptions{LabelSelector: selector, ResourceVersion: resourceVersion, AllowWatchBookmarks: true, Watch: true}
+	return m.rc.Get().Resource(v1alpha3.ResourceMachineOperations).
+		VersionedParams(&opts, parameterCodec).Watch(ctx)
+}
+
+// CreateOperation creates a MachineOperation (the operator's side: the
+// agent never creates one).
+func (m *Machines) CreateOperation(ctx context.Context, op *v1alpha3.MachineOperation) (*v1alpha3.MachineOperation, error) {
+	out := &v1alpha3.MachineOperation{}
+	err := m.rc.Post().Resource(v1alpha3.ResourceMachineOperations).Body(op).Do(ctx).Into(out)
+	return out, err
+}
+
 // Create creates a Machine. The API server drops any status on create.
 func (m *Machines) Create(ctx context.Context, machine *v1alpha3.Machine) (*v1alpha3.Machine, error) {
 	out := &v1alpha3.Machine{}
