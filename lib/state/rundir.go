@@ -63,8 +63,14 @@ func WriteRunRecord(p hostpaths.Paths, name string, v any) error {
 // there was one. A record that does not decode is an error naming the
 // file.
 func ReadRunRecord(p hostpaths.Paths, name string, v any) (bool, error) {
-	file := RunRecordFile(p, name)
-	data, err := regfile.Read(file, maxRunRecord)
+	return ReadRecord(RunRecordFile(p, name), maxRunRecord, v)
+}
+
+// ReadRecord decodes the JSON record file (a regular file of at most max
+// bytes, read without blocking) into v and reports whether there was one.
+// A record that does not decode is an error naming the file.
+func ReadRecord(file string, max int64, v any) (bool, error) {
+	data, err := regfile.Read(file, max)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
 	}

@@ -150,19 +150,7 @@ func InProgress(p hostpaths.Paths) bool {
 	return err == nil
 }
 
-func readSignal(file string, v any) (bool, error) {
-	data, err := regfile.Read(file, 64<<10)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return false, fmt.Errorf("%s: %w", file, err)
-	}
-	return true, nil
-}
+func readSignal(file string, v any) (bool, error) { return state.ReadRecord(file, 64<<10, v) }
 
 // Upgrade is one run of the upgrade.
 type Upgrade struct {
