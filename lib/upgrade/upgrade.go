@@ -282,12 +282,21 @@ func (u *Upgrade) plan(ctx context.Context) (*Journal, error) {
 		if !validSHA256(j.SHA256) {
 			return j, u.refuse(j, StepFetch, fmt.Errorf("the AgentUpgrade operation %s: sha256 %q is not 64 hex digits", req.Operation, j.SHA256))
 		}
+		if !validVersion(j.To) {
+			return j, u.refuse(j, StepFetch, fmt.Errorf("the AgentUpgrade operation %s: version %q is not a package version (a digit, then letters, digits and .+~:-)", req.Operation, j.To))
+		}
 		j.Staged = filepath.Join(u.Paths.UpgradeStaged(), Package+"_"+safeName(j.To)+".deb")
 		return j, nil
 	case err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, request.ErrCorrupt):
 		return nil, err
 	}
 	staged, sum, err := findStaged(u.Paths)
+	if err != nil && staged != "" {
+		// A .sha256 that says no sum: refused like a wrong one, its
+		// files moved out (the path unit must not start this again).
+		j.Source, j.Staged = staged, staged
+		return j, u.refuse(j, StepVerify, err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -377,6 +386,9 @@ func (u *Upgrade) verify(ctx context.Context, j *Journal) error {
 		return fmt.Errorf("package %s is for architecture %s, this host is %s", j.Staged, m.Arch, arch)
 	case j.To != "" && m.Version != j.To:
 		return fmt.Errorf("package %s is version %s, the operation asks for %s", j.Staged, m.Version, j.To)
+	}
+	if !validVersion(m.Version) {
+		return fmt.Errorf("package %s: version %q is not a package version", j.Staged, m.Version)
 	}
 	if (m.Version == j.From || (j.Image && SameVersion(m.Version, j.From))) && !j.IsDone(StepInstall) {
 		return fmt.Errorf("%w: %s %s is installed already", ErrNothingToDo, Package, m.Version)

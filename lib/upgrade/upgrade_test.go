@@ -312,6 +312,7 @@ func TestARequestFetchesResumablyOverHTTPSAndInstalls(t *testing.T) {
 		{"version": "1.2.0", "url": srv.URL},
 		{"version": "1.2.0", "url": srv.URL, "sha256": "nothex"},
 		{"version": "1.2.0", "url": "http://127.0.0.1:1/pkg.deb", "sha256": sum},
+		{"version": "../../etc", "url": srv.URL, "sha256": sum},
 	} {
 		h := newHost(t)
 		writeRequest(t, h.p, "op-2", params)
@@ -492,5 +493,23 @@ func TestImageBasedHostUpgradesThroughAnOverride(t *testing.T) {
 	}
 	if o, _ := ReadOverride(h.p); o != nil || exists(h.p.Join("/etc/systemd/system/unbounded-daemon.service.d/"+OverrideDropIn)) || exists(filepath.Dir(stagedLibexec(h.p, "1.1.0"))) {
 		t.Errorf("after the supersede: override %+v, or its drop-in or staged agent, is left", o)
+	}
+}
+
+// A .sha256 that holds no sum is refused like a wrong one, its files
+// moved out of the staging directory (the path unit does not start the
+// upgrade again for them).
+func TestAStagedSumThatIsNotOneIsRefusedAndMovedOut(t *testing.T) {
+	h := newHost(t)
+	staged := h.stage(Meta{Package, "1.1.0", "amd64"}, "not-a-sum")
+	err := h.upgrade().Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "not a SHA-256") || len(h.installs) != 0 {
+		t.Errorf("%v, installs %v", err, h.installs)
+	}
+	if exists(staged+".sha256") || !exists(filepath.Join(h.p.UpgradeDir(), "rejected", filepath.Base(staged)+".sha256")) {
+		t.Error("the staged files are not moved to rejected/")
+	}
+	if f, _ := ReadFailed(h.p); f == nil {
+		t.Error("no failure signal")
 	}
 }

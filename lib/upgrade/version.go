@@ -99,3 +99,21 @@ func sign(n int) int {
 	}
 	return 0
 }
+
+// validVersion accepts what deb-version(7) allows, which also keeps a
+// version usable as a file and directory name (it starts with a digit:
+// never "." or "..", and no "/").
+func validVersion(v string) bool {
+	if v == "" || len(v) > 128 || v[0] < '0' || v[0] > '9' {
+		return false
+	}
+	for _, c := range v {
+		switch {
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+		case strings.ContainsRune(".+~:-", c):
+		default:
+			return false
+		}
+	}
+	return true
+}
