@@ -26,8 +26,9 @@ import (
 
 type cli struct {
 	concern.Root
-	Timeout time.Duration `help:"How long the restarted daemon may take to run the new executable and stay up for --settle." default:"60s"`
-	Settle  time.Duration `help:"How long the restarted daemon's main process must stay the same for the upgrade to count." default:"5s"`
+	Timeout  time.Duration `help:"How long the restarted daemon may take to run the new executable and stay up for --settle." default:"60s"`
+	Settle   time.Duration `help:"How long the restarted daemon's main process must stay the same for the upgrade to count." default:"5s"`
+	LockWait time.Duration `name:"lock-wait" help:"How long to wait for another installation (first boot, repave, reset) to release the host before giving up with 69." default:"20m"`
 }
 
 // Main runs upgrade with args (without the program name) and returns the
@@ -45,7 +46,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	log := logging.New(stderr, slog.LevelInfo)
 	u := &upgrade.Upgrade{
 		Paths: paths, Packages: upgrade.Dpkg{Root: paths.Root}, Log: log,
-		Wait: upgrade.Wait{Timeout: c.Timeout, Settle: c.Settle},
+		Wait: upgrade.Wait{Timeout: c.Timeout, Settle: c.Settle}, LockWait: c.LockWait,
 		Systemd: func(ctx context.Context) (upgrade.Manager, error) {
 			sd, err := units.Dial(ctx)
 			if err != nil {

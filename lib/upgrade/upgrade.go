@@ -170,6 +170,12 @@ type Upgrade struct {
 	Now        func() time.Time
 	// ImageBased says whether /usr is read-only; nil asks statfs.
 	ImageBased func() bool
+	// LockWait is how long a run waits for another installation (a
+	// bootstrap, a repave, a reset) to release the host before it gives
+	// up with 69, polling every LockPoll (default 5 s). 0 does not wait.
+	// A staged package waits: unbounded-upgrade.path would start a run
+	// that gives up at once again and again while the files are there.
+	LockWait, LockPoll time.Duration
 }
 
 func (u *Upgrade) log() *slog.Logger {
@@ -188,7 +194,7 @@ func (u *Upgrade) now() time.Time {
 
 // Run carries out the upgrade asked for, or resumes the one journaled.
 func (u *Upgrade) Run(ctx context.Context) error {
-	lock, err := state.AcquireOwnership(u.Paths, Operation, unitnames.Upgrade)
+	lock, err := u.acquire(ctx)
 	if err != nil {
 		return err
 	}
@@ -250,6 +256,32 @@ func (u *Upgrade) Run(ctx context.Context) error {
 		return err
 	}
 	return u.fail(ctx, j, err)
+}
+
+// acquire takes the installation lock, waiting up to LockWait for
+// another owner to release it.
+func (u *Upgrade) acquire(ctx context.Context) (*state.Lock, error) {
+	poll := u.LockPoll
+	if poll <= 0 {
+		poll = 5 * time.Second
+	}
+	deadline := time.Now().Add(u.LockWait)
+	said := false
+	for {
+		lock, err := state.AcquireOwnership(u.Paths, Operation, unitnames.Upgrade)
+		if !errors.Is(err, state.ErrOwned) || !time.Now().Before(deadline) {
+			return lock, err
+		}
+		if !said {
+			sdstatus.Show(u.log(), u.Notify, "waiting (at most %s) for the host: %v", u.LockWait, err)
+			said = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(poll):
+		}
+	}
 }
 
 // plan reads what to upgrade to: the daemon's request, else a package in

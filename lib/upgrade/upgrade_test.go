@@ -513,3 +513,20 @@ func TestAStagedSumThatIsNotOneIsRefusedAndMovedOut(t *testing.T) {
 		t.Error("no failure signal")
 	}
 }
+
+// With LockWait, a run waits for the installation that owns the host and
+// then goes on.
+func TestAnUpgradeWaitsForTheInstallationThatOwnsTheHost(t *testing.T) {
+	h := newHost(t)
+	lock, err := state.AcquireOwnership(h.p, "repave", "unbounded-repave.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.stage(Meta{Package, "1.1.0", "amd64"}, "")
+	u := h.upgrade()
+	u.LockWait, u.LockPoll = 10*time.Second, 10*time.Millisecond
+	go func() { time.Sleep(200 * time.Millisecond); lock.Release() }()
+	if err := u.Run(context.Background()); err != nil || h.installed.Version != "1.1.0" {
+		t.Errorf("%v, installed %s: want the upgrade done once the repave released the host", err, h.installed.Version)
+	}
+}
