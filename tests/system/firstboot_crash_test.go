@@ -272,19 +272,30 @@ func journalCursor(t *testing.T, f *firstBoot) string {
 // properties. With a cursor, the run is the one systemd journaled after
 // it: a oneshot that succeeded and that nothing references is unloaded at
 // once (its InvocationID gone), so its end is read from the journal.
+//
+// The journal is read before the properties, never after: between a
+// `start --no-block` and the moment the job runs, the unit still shows
+// the run before it (after a reset-failed: inactive, Result=success, and
+// the earlier crash's code=killed status=9), and properties read then
+// beside a journal read a moment later that already has the new run's
+// end described a run that had not begun (CI-8's one failure). systemd
+// journals a run's end and sets the unit's state in one step of its event
+// loop, so properties read after that line are the run's.
 func waitUnitDone(t *testing.T, f *firstBoot, unit, cursor string, timeout time.Duration) map[string]string {
 	t.Helper()
 	var p map[string]string
 	waitUntil(t, timeout, unit+" ended", func(context.Context) (bool, error) {
+		if cursor != "" {
+			j, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "-u", unit, "--after-cursor", cursor)
+			if !strings.Contains(j, unit+": Deactivated successfully.") && !strings.Contains(j, "Failed with result") {
+				return false, nil
+			}
+		}
 		p = showProps(t, f.m, unit, "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "ExecMainPID", "InvocationID", "NRestarts")
 		if p["ActiveState"] != "inactive" && p["ActiveState"] != "failed" {
 			return false, nil
 		}
-		if cursor == "" {
-			return p["InvocationID"] != "", nil
-		}
-		j, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "-u", unit, "--after-cursor", cursor)
-		return strings.Contains(j, unit+": Deactivated successfully.") || strings.Contains(j, "Failed with result"), nil
+		return cursor != "" || p["InvocationID"] != "", nil
 	})
 	return p
 }
