@@ -14,7 +14,6 @@ package nodestack
 
 import (
 	"archive/tar"
-	"compress/gzip"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -27,6 +26,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/klauspost/compress/gzip"
 	"sigs.k8s.io/yaml"
 
 	"unbounded-cloud.io/agent/lib/modes"
@@ -589,6 +589,9 @@ func extractExecutables(archive, dir string) ([]string, error) {
 		return nil, err
 	}
 	defer f.Close()
+	// klauspost/compress's gzip (already linked for zstd): the same
+	// format as compress/gzip, decompressed about a fifth faster, and
+	// this runs beside the node image's unpack on a two-core host.
 	gz, err := gzip.NewReader(f)
 	if err != nil {
 		return nil, fmt.Errorf("%s: not a .tar.gz: %w", archive, err)
