@@ -77,11 +77,16 @@ fi
 # saw the Node Ready), with each phase (from its "phase NAME:" journal
 # line, also its STATUS=, to the next one's). The floor is the same node
 # without the product: the node image pulled and unpacked
-# (lib/modes/nspawn.Unpack, what the mode runs) + a systemd-nspawn machine
-# booted with containerd and the kubelet installed by hand + `systemctl
-# start kubelet` to Node Ready by TLS bootstrap (the node-stack test
-# tests/system/nodestack, one nspawn level where the product's node is
-# two). Goal: first boot under floor + 10 s. In mode nspawn the demo then
+# (lib/modes/nspawn.Unpack, what the mode runs) beside the artifacts
+# downloaded, checked against the mirror's SHA256SUMS and unpacked by
+# hand (the slot's payload in place, as mode none's floor has it) + a
+# systemd-nspawn machine booted with containerd and the kubelet installed
+# by hand + `systemctl start kubelet` to Node Ready by TLS bootstrap (the
+# node-stack test tests/system/nodestack, one nspawn level where the
+# product's node is two). Goals (issue 17): first boot under 12 s
+# (nspawn) or 10 s (none), at most 1.3 times the floor; the kubelet's
+# start to Node Ready under 5 s; repave downtime under 8 s; no CSINode
+# restart. In mode nspawn the demo then
 # repaves kube1 -> kube2 (a new node image tag) and, with the bench file,
 # rolls a repave onto a never-healthy node back: the downtime, the slot
 # build, the Node's gap and the rollback are printed, the downtime next to
@@ -133,14 +138,15 @@ firstboot() { # MODE: nspawn or none
 			line("  " l "kubelet: pre-registration", v[m "pre_registration_duration_seconds"])
 			line("  " l "kubelet: registration", v[m "registration_duration_seconds"])
 			line("  " l "kubelet: post-registration", v[m "post_registration_duration_seconds"])
-			line("  " l "kubelet: start -> Node Ready (its own metric)", v[m "duration_seconds"] - v[m "pre_kubelet_duration_seconds"])
+			kr = v[m "duration_seconds"] - v[m "pre_kubelet_duration_seconds"]
+			line("  " l "kubelet: start -> Node Ready (its own metric)", kr, sprintf("  (goal: under 5 s: %s)", kr <= 5 ? "met" : "NOT met"))
 			if (v[m "registration_duration_seconds"] == 0 && v[m "post_registration_duration_seconds"] == 0)
 				print "  note: the kubelet'"'"'s startup gauges are 0: the running kubelet found its Node registered\n  already (as one a CSINode restart started does); only a kubelet that creates its Node sets them"
 		}
 		if ((k ".csinode-restarts") in v) printf "%-60s %8d\n", "  " l "CSINode restarts", v[k ".csinode-restarts"]
 	}
 	BEGIN {
-		label["floor.unpack"] = "node image pull + unpack (nspawn.Unpack)"
+		label["floor.slot"] = "node image pull + unpack beside the artifacts by hand"
 		label["floor.boot"] = "systemd-nspawn boot"
 		label["floor.install"] = "artifacts download + SHA-256 + unpack"
 		label["floor.kubelet"] = "systemctl start kubelet -> Node Ready"
@@ -156,8 +162,16 @@ firstboot() { # MODE: nspawn or none
 			floor += v[order[i]]
 			line("  " p "floor: " label[order[i]], v[order[i]])
 		}
+		if ("floorpart.unpack" in v) {
+			line("  " p "  of it, alone: node image pull + unpack (nspawn.Unpack)", v["floorpart.unpack"])
+			line("  " p "  of it, alone: artifacts download + SHA-256 + unpack", v["floorpart.install"])
+		}
 		line(p "floor (sum)", floor)
-		printf "%-60s %8.2f x  (goal: under floor + 10 s: %s)\n", p "first boot / floor", (floor > 0 ? fb / floor : 0), fb < floor + 10 ? "met" : "NOT met"
+		# Issue 17'"'"'s goals: unit start -> Node Ready within 12 s
+		# (nspawn) or 10 s (none), at most 1.3 times the floor.
+		goal = (p == "" ? 12 : 10)
+		printf "%-60s %8s    (goal: under %d s: %s)\n", p "first boot", "", goal, fb <= goal ? "met" : "NOT met"
+		printf "%-60s %8.2f x  (goal: at most 1.3 x: %s)\n", p "first boot / floor", (floor > 0 ? fb / floor : 0), (floor > 0 && fb / floor <= 1.3) ? "met" : "NOT met"
 		if (v["phase.ready"] > 100 || v["floor.kubelet"] > 100)
 			print "  note: a kubelet above waited for its CSINode initialization retry (2 min: its Node registered after\n  the first 18 s of retries); the ratio then compares unlike runs: run again"
 		line(p "unbounded-bootstrap.service, start to exit", v["firstboot.unit"])
@@ -192,7 +206,7 @@ firstboot() { # MODE: nspawn or none
 				rf = v["floor.boot"] + v["floor.kubelet"]
 				line(p "repave floor: nspawn boot + kubelet start -> Node Ready", rf)
 			}
-			printf "%-60s %8.2f x  (goal: under floor + 1 s: %s)\n", p "repave downtime / floor", (rf > 0 ? v["repave.downtime"] / rf : 0), v["repave.downtime"] < rf + 1 ? "met" : "NOT met"
+			printf "%-60s %8.2f x  (goal: under floor + 1 s: %s; under 8 s: %s)\n", p "repave downtime / floor", (rf > 0 ? v["repave.downtime"] / rf : 0), v["repave.downtime"] < rf + 1 ? "met" : "NOT met", v["repave.downtime"] <= 8 ? "met" : "NOT met"
 			if (v["repave.csinode-restarts"] > 0) print "  note: the new kubelet registered its Node after its early CSINode tries and the repave restarted\n  its node stack once (as the first boot does); the downtime holds that restart: run again"
 			kubelet("repave", p "repave ")
 			line(p "repave: unbounded-repave.service, start to exit", v["repave.unit"])
