@@ -96,11 +96,30 @@ const (
 	SysModuleHost       = "/sys/module"
 	DevNullHost         = "/dev/null"
 
-	// Legacy root of hosts installed by the older agent.
-	LegacyStateDirHost = "/etc/unbounded/agent"
-	LegacyBinaryHost   = "/usr/local/bin/unbounded-agent"
-	LegacyUnitHost     = "/etc/systemd/system/unbounded-agent-daemon.service"
+	// Legacy root of hosts installed by the older agent (Azure/unbounded's
+	// cmd/agent before its own host root): its state directory (applied
+	// configs <slot>-applied-config.json with a bare-hex .sha256 sidecar,
+	// and its other records), its binary with the blue/green links of its
+	// self-upgrade, its daemon's unit and the recovery unit and script
+	// that roll that daemon back to its last good binary. lib/adopt adopts
+	// such a host; lib/reset removes all of it.
+	LegacyStateDirHost       = "/etc/unbounded/agent"
+	LegacyBinDirHost         = "/usr/local/bin"
+	LegacyBinaryHost         = LegacyBinDirHost + "/unbounded-agent"
+	LegacyRecoveryScriptHost = LegacyBinDirHost + "/unbounded-agent-daemon-recovery.sh"
+	LegacyUnitHost           = UnitDirEtcHost + "/unbounded-agent-daemon.service"
+	LegacyRecoveryUnitHost   = UnitDirEtcHost + "/unbounded-agent-daemon-recovery.service"
 )
+
+// LegacyBinaries are the older agent's executables and links under
+// LegacyBinDirHost, by name: the binary, its self-upgrade's blue/green
+// copies and current/last-good links, the nspawn lifecycle helper, the
+// recovery script.
+var LegacyBinaries = []string{
+	"unbounded-agent", "unbounded-agent-blue", "unbounded-agent-green",
+	"unbounded-agent-current", "unbounded-agent-last-good",
+	"unbounded-agent-nspawn-lifecycle", "unbounded-agent-daemon-recovery.sh",
+}
 
 // ConfigFile is the operator configuration, /etc/unbounded/agent.toml.
 func (p Paths) ConfigFile() string { return p.Join(ConfigFileHost) }
@@ -113,7 +132,8 @@ func (p Paths) HostRoot() string { return p.Join(HostRootHost) }
 
 // AppliedConfig is the record of the config applied to slot; it is written
 // only once the node it describes is healthy. Its name matches the legacy
-// root's so that adoption is a link.
+// root's, but not its format: adoption (lib/adopt) converts a legacy
+// record into this one.
 func (p Paths) AppliedConfig(slot string) string {
 	return filepath.Join(p.HostRoot(), slot+"-applied-config.json")
 }
@@ -227,5 +247,22 @@ func (p Paths) Kmsg() string { return p.Join(KmsgHost) }
 
 // LegacyAppliedConfig is the applied config of slot on a legacy-root host.
 func (p Paths) LegacyAppliedConfig(slot string) string {
-	return filepath.Join(p.Join(LegacyStateDirHost), slot+"-applied-config.json")
+	return filepath.Join(p.LegacyStateDir(), slot+"-applied-config.json")
 }
+
+// LegacyStateDir is the older agent's state directory, all of it the
+// older agent's (its own uninstall removed it whole).
+func (p Paths) LegacyStateDir() string { return p.Join(LegacyStateDirHost) }
+
+// LegacyMachineWants is the link `machinectl enable <slot>`, with which
+// the older agent had systemd start its node machine at every boot
+// (machines.target wants it). This agent's generator starts the node
+// instead, behind the fence, never by enablement.
+func (p Paths) LegacyMachineWants(slot string) string {
+	return filepath.Join(p.Join(UnitDirEtcHost), "machines.target.wants", "systemd-nspawn@"+slot+".service")
+}
+
+// Adopted is the record of the adoption of an older agent's host
+// (lib/adopt): what was adopted, from where, when; `unbounded status`
+// shows it. It goes with the host root at reset.
+func (p Paths) Adopted() string { return filepath.Join(p.HostRoot(), "adopted.json") }

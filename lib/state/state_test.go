@@ -1,6 +1,8 @@
 package state
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
@@ -315,5 +317,40 @@ func TestDetectLegacy(t *testing.T) {
 	l := DetectLegacy(p)
 	if !l.Found() || len(l.AppliedConfigs) != 1 || l.AppliedConfigs[0] != "/etc/unbounded/agent/kube1-applied-config.json" {
 		t.Fatalf("got %+v", l)
+	}
+}
+
+// An older agent's node not adopted yet defers (ErrOwned: exit 69) the
+// commands that cannot adopt it themselves.
+func TestCheckAdoptedDefersWhileAnOlderRecordIsThere(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	if err := CheckAdopted(p); err != nil {
+		t.Fatalf("fresh host: %v", err)
+	}
+	f := p.LegacyAppliedConfig("kube2")
+	os.MkdirAll(filepath.Dir(f), 0o755)
+	os.WriteFile(f, []byte("{}"), 0o600)
+	err := CheckAdopted(p)
+	if !errors.Is(err, ErrNotAdopted) || !errors.Is(err, ErrOwned) || !strings.Contains(err.Error(), "/etc/unbounded/agent/kube2-applied-config.json") {
+		t.Fatalf("%v", err)
+	}
+}
+
+func TestReadLegacyAppliedChecksTheBareDigestAndToleratesNoSidecar(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	f := p.LegacyAppliedConfig("kube1")
+	os.MkdirAll(filepath.Dir(f), 0o755)
+	os.WriteFile(f, []byte(`{"MachineName":"a"}`), 0o600)
+	if _, noSidecar, err := ReadLegacyApplied(p, "kube1"); err != nil || !noSidecar {
+		t.Fatalf("no sidecar: %v, %v", noSidecar, err)
+	}
+	sum := sha256.Sum256([]byte(`{"MachineName":"a"}`))
+	os.WriteFile(hostpaths.Checksum(f), []byte(hex.EncodeToString(sum[:])+"\n"), 0o600)
+	if data, noSidecar, err := ReadLegacyApplied(p, "kube1"); err != nil || noSidecar || string(data) != `{"MachineName":"a"}` {
+		t.Fatalf("bare digest: %q, %v, %v", data, noSidecar, err)
+	}
+	os.WriteFile(f, []byte(`{"MachineName":"b"}`), 0o600)
+	if _, _, err := ReadLegacyApplied(p, "kube1"); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), f) {
+		t.Fatalf("mismatch: %v", err)
 	}
 }

@@ -36,6 +36,19 @@ const (
 	MachineKubelet    = "kubelet.service"
 )
 
+// The older agent's units (hostpaths' legacy root), which adoption
+// (lib/adopt) and reset stop, disable and remove: its daemon, and the
+// recovery its daemon's OnFailure= starts (a script that rolls the
+// daemon back to its last good binary and restarts it).
+const (
+	LegacyDaemon   = "unbounded-agent-daemon.service"
+	LegacyRecovery = "unbounded-agent-daemon-recovery.service"
+)
+
+// Legacy are the older agent's units, the recovery first: stopped in
+// this order, the daemon's stop can start no rollback.
+var Legacy = []string{LegacyRecovery, LegacyDaemon}
+
 // NodeUnit is where component ("kubelet" or "containerd") of mode's node
 // stack in slot runs: the machine ("" for the host) and the unit there.
 // ok is false for an unknown mode or component.

@@ -28,8 +28,9 @@ var layers = [][]string{
 	{"lib/privilege", "lib/modes/softreboot", "lib/readiness", "lib/modes/nspawn/machinefile"},
 	// Configuration, and what every command shares.
 	{"lib/config", "lib/concern", "lib/concern/small"},
-	// The cluster client, the artifacts, the mode interface, the status.
-	{"lib/artifacts", "lib/kube", "lib/modes"},
+	// The adoption of an older agent's host, and the cluster client, the
+	// artifacts, the mode interface.
+	{"lib/adopt", "lib/artifacts", "lib/kube", "lib/modes"},
 	{"lib/upgrade"},
 	{"lib/modes/nodestack", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest", "lib/status",
 		"lib/fleet"},
