@@ -1,7 +1,7 @@
 // Package lifecycle is the unbounded-lifecycle one-shot, run by
-// unbounded-lifecycle.service before the daemon: it resumes an
-// interrupted installation or repave and makes the running node's hooks
-// current. The logic is in lib/lifecycle; this is flags, one call, and the
+// unbounded-lifecycle.service before the daemon: it adopts a host the
+// older agent installed, resumes an interrupted installation or repave
+// and makes the running node's hooks current. The logic is in lib/lifecycle; this is flags, one call, and the
 // exit code: 0 done, 1 failed.
 package lifecycle
 
@@ -29,7 +29,7 @@ func Main(args []string) int {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c cli
-	paths, code, done := concern.Start("lifecycle", "Before the daemon: resume an installation or a repave that was interrupted (its unit is queued), and make the running node's lifecycle hooks current without restarting it. Exit 0: done; 1: failed.", &c, args, stdout, stderr)
+	paths, code, done := concern.Start("lifecycle", "Before the daemon: adopt the older agent's node (its state moved into /var/lib/unbounded, its units removed, the node kept running), resume an installation or a repave that was interrupted (its unit is queued), and make the running node's lifecycle hooks current without restarting it. Exit 0: done; 1: failed; 78: the older agent's record cannot be adopted (file and key named, nothing changed).", &c, args, stdout, stderr)
 	if done {
 		return code
 	}

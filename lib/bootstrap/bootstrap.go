@@ -63,6 +63,7 @@ import (
 	"strings"
 	"time"
 
+	"unbounded-cloud.io/agent/lib/adopt"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/artifacts"
 	"unbounded-cloud.io/agent/lib/config"
@@ -262,6 +263,12 @@ func (b *Bootstrap) mode(name string) (modes.Mode, error) {
 // Run bootstraps the host, or hands over a host that is bootstrapped
 // already. Its error maps to the exit code with exitcode.For.
 func (b *Bootstrap) Run(ctx context.Context) error {
+	// A host the older agent installed is adopted first (lib/adopt): its
+	// node is then this agent's, handed over below as a bootstrapped
+	// host's is, and never bootstrapped over.
+	if err := b.adopt(ctx); err != nil {
+		return err
+	}
 	b.status("taking the ownership lock")
 	lock, err := state.AcquireOwnership(b.Paths, Operation, Unit)
 	if err != nil {
@@ -311,6 +318,17 @@ func (b *Bootstrap) Run(ctx context.Context) error {
 	}
 	b.crash("bootstrap/after-release")
 	return b.start(ctx)
+}
+
+// adopt adopts a host the older agent installed (lib/adopt), or returns
+// nil at once on any other. Another installation owning the host is
+// deferred to, as for bootstrap's own lock.
+func (b *Bootstrap) adopt(ctx context.Context) error {
+	err := (&adopt.Adopt{Paths: b.Paths, Systemd: b.Systemd, Notify: b.Notify, CrashPoint: b.CrashPoint, Log: b.log()}).Run(ctx)
+	if errors.Is(err, state.ErrOwned) {
+		b.resumeOwner(ctx)
+	}
+	return err
 }
 
 // resumeOwner queues the unit of the installation that owns the host

@@ -141,6 +141,38 @@ func TestBootstrappedHostIsHandedOverNotBootstrappedAgain(t *testing.T) {
 	}
 }
 
+// A host the older agent installed, started by hand with bootstrap: its
+// node is adopted (lib/adopt) and handed over, never bootstrapped over
+// (no slot prepared, no fence run, no node started).
+func TestBootstrapOnAnOlderAgentsHostAdoptsItsNodeInsteadOfBootstrapping(t *testing.T) {
+	w := newWorld(t)
+	older := `{"MachineName": "site-w1", "Cluster": {"Version": "v1.36.3"}, "Kubelet": {"ApiServer": "https://127.0.0.1:6443"}}`
+	for f, c := range map[string]string{
+		"/etc/unbounded/agent/kube1-applied-config.json": older,
+		"/var/lib/machines/kube1/etc/os-release":         "ID=debian\n",
+	} {
+		if err := w.Write(f, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.SetUnitState("systemd-nspawn@kube1.service", "active")
+	w.ClearCalls()
+	if err := run(t, w); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := state.ReadActive(w.P); err != nil || a == nil || a.Slot != "kube1" {
+		t.Fatalf("record %+v, %v", a, err)
+	}
+	for _, c := range w.Calls() {
+		if strings.HasPrefix(c, "prepare") || strings.HasPrefix(c, "start unbounded-fence") || strings.HasPrefix(c, "start systemd-nspawn") {
+			t.Errorf("bootstrapped over the older agent's node: %q", w.Calls())
+		}
+	}
+	if got := w.Calls(); got[len(got)-1] != "start unbounded-daemon.service" {
+		t.Errorf("calls %q: the node not handed over", got)
+	}
+}
+
 func TestChecksumMismatchExits1NamingTheArtifactAndBothSumsWithoutARecord(t *testing.T) {
 	w := newWorld(t)
 	f, err := w.OfflineFile("runc")

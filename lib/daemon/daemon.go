@@ -186,6 +186,12 @@ func (d *daemon) watching() string {
 }
 
 func checkOwnership(p hostpaths.Paths) error {
+	// The older agent's node, not adopted yet: the older agent's daemon
+	// may still run, and unbounded-lifecycle.service adopts it (or has
+	// refused to, saying why): not this daemon's to act on.
+	if err := state.CheckAdopted(p); err != nil {
+		return err
+	}
 	own, err := state.ReadOwnership(p)
 	if own == nil || (err == nil && own.Owner == state.OwnerUpgrade) {
 		return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -394,6 +395,30 @@ func TestInstallationOwningTheHostStopsTheDaemonWithErrOwned(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("daemon kept running while an installation owns the host")
+	}
+	if len(f.fake.starts) != 0 {
+		t.Fatalf("units started: %v", f.fake.starts)
+	}
+}
+
+// The older agent's node, not adopted yet (unbounded-lifecycle.service
+// adopts it, or refused to and said why): the daemon defers, as to an
+// installation, and the older agent keeps its node.
+func TestAnOlderAgentsNodeNotAdoptedStopsTheDaemonWithErrOwned(t *testing.T) {
+	f := newFixture(t)
+	p := f.opts.Paths
+	os.MkdirAll(p.LegacyStateDir(), 0o755)
+	if err := os.WriteFile(p.LegacyAppliedConfig("kube1"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, f.opts)
+	select {
+	case <-d.done:
+		if !errors.Is(d.err, state.ErrNotAdopted) {
+			t.Fatalf("Run = %v, want ErrNotAdopted", d.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("daemon kept running beside the older agent's node")
 	}
 	if len(f.fake.starts) != 0 {
 		t.Fatalf("units started: %v", f.fake.starts)

@@ -1,6 +1,7 @@
 // Package lifecycle is what runs before the daemon on every start of it
 // (unbounded-lifecycle.service, ARCHITECTURE section 6): it brings the
-// host's agent-side state to where the daemon may act on it. Lifecycle.Run
+// host's agent-side state to where the daemon may act on it, an older
+// agent's host adopted first. Lifecycle.Run
 // holds the steps and why each is done here.
 package lifecycle
 
@@ -14,6 +15,7 @@ import (
 	"os/exec"
 	"strings"
 
+	"unbounded-cloud.io/agent/lib/adopt"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/state"
@@ -79,9 +81,16 @@ func (l *Lifecycle) systemd(ctx context.Context) (units.Manager, error) {
 // agent upgrade's override on an image-based host that a newer image has
 // caught up with is removed (supersede). An unfinished agent upgrade holds
 // the lock and is resumed by step 1. ARCHITECTURE section 6 gives this
-// unit one more step, the host-root migration; this release does not do
-// it.
+// unit one more step, the host-root migration: before all of these, a
+// host the older agent installed is adopted (lib/adopt), or its
+// interrupted adoption finished, so that every step after it reads this
+// agent's state. An adoption another installation defers to that
+// installation, which step 1 resumes.
 func (l *Lifecycle) Run(ctx context.Context) error {
+	ad := &adopt.Adopt{Paths: l.Paths, Systemd: l.Systemd, Log: l.log()}
+	if err := ad.Run(ctx); err != nil && !errors.Is(err, state.ErrOwned) {
+		return fmt.Errorf("adopting the older agent's node: %w", err)
+	}
 	own, err := state.ReadOwnership(l.Paths)
 	if own != nil {
 		if err != nil {

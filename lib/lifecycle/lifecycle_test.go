@@ -194,3 +194,34 @@ func TestLifecycleRemovesAnOverrideANewerImageSupersedes(t *testing.T) {
 		}
 	}
 }
+
+// On a host the older agent installed, lifecycle adopts its node first
+// (lib/adopt has the details), then goes on as on any host of this agent:
+// the adopted node's hooks are made current, and nothing restarts it.
+func TestLifecycleAdoptsTheOlderAgentsNodeFirst(t *testing.T) {
+	w := newWorld(t, false)
+	older := `{"MachineName": "site-w1", "Cluster": {"Version": "v1.36.3"}, "Kubelet": {"ApiServer": "127.0.0.1:6443", "BootstrapToken": "abcdef.0123456789abcdef"}}`
+	for f, c := range map[string]string{
+		"/etc/unbounded/agent/kube1-applied-config.json":     older,
+		"/etc/systemd/system/unbounded-agent-daemon.service": "[Service]\n",
+		"/var/lib/machines/kube1/etc/os-release":             "ID=debian\n",
+	} {
+		if err := w.Write(f, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.SetUnitState("systemd-nspawn@kube1.service", "active")
+	if err := run(t, w); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := state.ReadActive(w.P); err != nil || a == nil || a.Slot != "kube1" || a.Machine != "site-w1" {
+		t.Fatalf("adopted record %+v, %v", a, err)
+	}
+	want := []string{"reload", "reload", "enqueue " + unitnames.NodeTarget, "enqueue " + unitnames.Daemon, "ensure-hooks kube1"}
+	if c := w.Calls(); !slices.Equal(c, want) {
+		t.Errorf("calls %q, want %q", c, want)
+	}
+	if st := w.UnitState("systemd-nspawn@kube1.service"); st != "active" {
+		t.Errorf("the node machine is %s", st)
+	}
+}

@@ -387,6 +387,12 @@ func (r *Recovery) owned() (o outcome, owned, tookOver bool) {
 	p := r.Paths
 	own, err := state.ReadOwnership(p)
 	switch {
+	case own == nil && state.CheckAdopted(p) != nil:
+		// unbounded-lifecycle.service adopts the older agent's node
+		// (or said why it cannot): nothing of this agent's to repair.
+		o.owned = true
+		o.did("Nothing repaired: %v", state.CheckAdopted(p))
+		return o, true, false
 	case own == nil:
 		return o, false, false
 	case err != nil:

@@ -75,6 +75,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"unbounded-cloud.io/agent/lib/adopt"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/artifacts"
 	"unbounded-cloud.io/agent/lib/config"
@@ -286,6 +287,12 @@ var ErrNothingToDo = errors.New("the desired config is the applied one: nothing 
 // to the exit code with exitcode.For (ErrNothingToDo is a success: the
 // caller says so and exits 0).
 func (r *Repave) Run(ctx context.Context) error {
+	// A host the older agent installed is adopted first (lib/adopt): the
+	// repave then replaces the adopted node as any other.
+	ad := &adopt.Adopt{Paths: r.Paths, Systemd: r.Systemd, Notify: r.Notify, CrashPoint: r.CrashPoint, Log: r.log()}
+	if err := ad.Run(ctx); err != nil {
+		return err
+	}
 	r.status("taking the ownership lock")
 	lock, err := state.AcquireOwnership(r.Paths, Operation, Unit)
 	if err != nil {

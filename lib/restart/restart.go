@@ -88,6 +88,13 @@ func (r *Restart) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The older agent's node, not adopted yet (unbounded-lifecycle.service
+	// adopts it): not this agent's to restart. Deferred (69), as for an
+	// installation.
+	if err := state.CheckAdopted(r.Paths); err != nil {
+		log.Info("the older agent's node is not adopted yet; not restarting it", "error", err.Error())
+		return err
+	}
 	active, err := state.ReadActive(r.Paths)
 	if err != nil {
 		return fmt.Errorf("applied state: %w", err)

@@ -161,3 +161,20 @@ func TestRestartDefersToAnInstallation(t *testing.T) {
 		t.Fatalf("Run: %v, calls %v; want 69 and nothing touched", err, u.CallList())
 	}
 }
+
+// The older agent's node, not adopted yet, is not this agent's to
+// restart: deferred (69) until unbounded-lifecycle.service adopts it.
+func TestRestartDefersToTheAdoptionOfAnOlderAgentsNode(t *testing.T) {
+	u := newUnits(true)
+	r := newRestart(t, "nspawn", u)
+	f := r.Paths.LegacyAppliedConfig("kube1")
+	os.MkdirAll(r.Paths.LegacyStateDir(), 0o755)
+	os.WriteFile(f, []byte("{}"), 0o600)
+	err := r.Run(context.Background())
+	if exitcode.For(err) != exitcode.Deferred || !errors.Is(err, state.ErrNotAdopted) {
+		t.Fatalf("%v, want a deferral to the adoption", err)
+	}
+	if c := u.CallList(); len(c) != 0 {
+		t.Errorf("calls %q", c)
+	}
+}

@@ -194,6 +194,11 @@ func (u *Upgrade) now() time.Time {
 
 // Run carries out the upgrade asked for, or resumes the one journaled.
 func (u *Upgrade) Run(ctx context.Context) error {
+	// The older agent's node, not adopted yet: unbounded-lifecycle.service
+	// adopts it before this agent's daemon asks for any upgrade.
+	if err := state.CheckAdopted(u.Paths); err != nil {
+		return err
+	}
 	lock, err := u.acquire(ctx)
 	if err != nil {
 		return err
