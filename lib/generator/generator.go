@@ -114,6 +114,11 @@ type Input struct {
 	// missing or masked. As with FenceUnit, the zero value is "missing".
 	NodeUnits    []string
 	NodeUnitsErr error
+	// Legacy are the older agent's applied configs (host paths) on a host
+	// without this agent's: a node to adopt (lib/adopt). Read looks only
+	// where no installation owns the host and there is no applied config
+	// of this agent's.
+	Legacy []string
 }
 
 // unitPath is where a shipped unit (or template) is installed; every link
@@ -247,6 +252,18 @@ func Decide(in Input) Plan {
 		p.Problem = fmt.Sprintf("cannot tell whether the config exists, bootstrap not started: %v", in.ConfigErr)
 		return p
 	}
+	// 3b. The older agent's host, with a config for this agent: never
+	// bootstrapped over. The daemon is pulled in, and with it
+	// unbounded-lifecycle.service (its Wants= and After=), which adopts
+	// the node before the daemon starts and then starts the node target
+	// over the running node. Without a config the older agent keeps its
+	// node, as the package stays idle on a fresh host.
+	if len(in.Legacy) > 0 {
+		if in.ConfigExists {
+			p.Links = append(p.Links, wants("multi-user.target", unitnames.Daemon))
+		}
+		return p
+	}
 	if in.ConfigExists {
 		p.Links = append(p.Links, wants("multi-user.target", unitnames.Bootstrap))
 	}
@@ -341,6 +358,11 @@ func (h Host) Read(p hostpaths.Paths) Input {
 	}
 	if in.Active != nil || in.ActiveErr != nil {
 		return in
+	}
+	for _, slot := range hostpaths.Slots {
+		if _, err := stat(p.LegacyAppliedConfig(slot)); err == nil {
+			in.Legacy = append(in.Legacy, p.Rel(p.LegacyAppliedConfig(slot)))
+		}
 	}
 	_, err := stat(p.ConfigFile())
 	switch {
@@ -508,6 +530,9 @@ const (
 	ActionResume    = "resume-installation"
 	ActionNothing   = "nothing"
 	ActionSafeState = "safe-state"
+	// ActionAdopt: the older agent's node is adopted before the daemon
+	// starts (lib/adopt).
+	ActionAdopt = "adopt"
 )
 
 // NextBoot says what plan, decided from in, makes systemd start at the next
@@ -550,6 +575,12 @@ func Explain(p hostpaths.Paths, in Input, plan Plan) NextBoot {
 	case has(unitnames.NodeTarget) && in.Active != nil:
 		nb.Action = ActionStartNode
 		nb.Reason = fmt.Sprintf("start the node: mode %s in slot %s, behind the allocation fence, and the daemon", in.Active.Mode, in.Active.Slot)
+	case len(in.Legacy) > 0 && has(unitnames.Daemon):
+		nb.Action = ActionAdopt
+		nb.Reason = fmt.Sprintf("adopt the older agent's node (%s): %s adopts it before %s starts, and its node keeps running", strings.Join(in.Legacy, ", "), unitnames.Lifecycle, unitnames.Daemon)
+	case len(in.Legacy) > 0 && plan.Problem == "":
+		nb.Action = ActionNothing
+		nb.Reason = fmt.Sprintf("nothing starts: the older agent's node (%s) stays the older agent's until %s is in place", strings.Join(in.Legacy, ", "), hostpaths.ConfigFileHost)
 	case has(unitnames.Bootstrap):
 		nb.Action, nb.Reason = ActionBootstrap, "bootstrap: "+hostpaths.ConfigFileHost+" is in place"
 	case plan.Problem != "":

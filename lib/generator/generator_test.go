@@ -60,6 +60,11 @@ func TestDecideFollowsTheContractRulesInOrder(t *testing.T) {
 		{name: "fresh host without config writes nothing", in: Input{}},
 		{name: "fresh host with config pulls in bootstrap", in: Input{ConfigExists: true},
 			links: []string{"multi-user.target.wants/unbounded-bootstrap.service -> " + u + "unbounded-bootstrap.service"}},
+		{name: "the older agent's host with a config pulls in the daemon (lifecycle adopts its node first), never bootstrap",
+			in:    Input{ConfigExists: true, Legacy: []string{"/etc/unbounded/agent/kube1-applied-config.json"}},
+			links: []string{"multi-user.target.wants/unbounded-daemon.service -> " + u + "unbounded-daemon.service"}},
+		{name: "the older agent's host without a config stays the older agent's",
+			in: Input{Legacy: []string{"/etc/unbounded/agent/kube1-applied-config.json"}}},
 		{name: "config that cannot be stat'ed starts nothing and reports", in: Input{ConfigErr: fs.ErrPermission},
 			problem: "cannot tell whether the config exists"},
 		{name: "ownership wins over an applied config and a config file",
@@ -220,6 +225,23 @@ func TestReadStopsAtOwnershipAndAtActiveState(t *testing.T) {
 	}
 	if in := h.Read(hostpaths.New("/x")); !reflect.DeepEqual(calls, []string{"own", "active"}) || in.FenceErr != nil || in.NodeUnitsErr != nil {
 		t.Fatalf("corrupt state: calls %q, input %+v; nothing else matters, not even the fence", calls, in)
+	}
+
+	// A host without this agent's record: the older agent's records are
+	// looked for (two stats), then the config.
+	calls = nil
+	h.ReadActive = func(hostpaths.Paths) (*state.AppliedConfig, error) { calls = append(calls, "active"); return nil, nil }
+	h.Stat = func(p string) (fs.FileInfo, error) {
+		calls = append(calls, "stat "+p)
+		if strings.HasSuffix(p, "kube2-applied-config.json") || strings.HasSuffix(p, "agent.toml") {
+			return nil, nil
+		}
+		return nil, fs.ErrNotExist
+	}
+	in = h.Read(hostpaths.New("/x"))
+	want = []string{"own", "active", "stat /x/etc/unbounded/agent/kube1-applied-config.json", "stat /x/etc/unbounded/agent/kube2-applied-config.json", "stat /x/etc/unbounded/agent.toml"}
+	if !reflect.DeepEqual(calls, want) || !reflect.DeepEqual(in.Legacy, []string{"/etc/unbounded/agent/kube2-applied-config.json"}) || !in.ConfigExists {
+		t.Fatalf("calls %q, input %+v; want %q and the older record found", calls, in, want)
 	}
 }
 
@@ -649,6 +671,10 @@ func TestExplainNamesTheActionOfThePlan(t *testing.T) {
 	}{
 		{"fresh host without config", Input{}, ActionNothing, nil, "no /etc/unbounded/agent.toml; the package stays idle"},
 		{"fresh host with config", Input{ConfigExists: true}, ActionBootstrap, []string{unitnames.Bootstrap}, "bootstrap: /etc/unbounded/agent.toml is in place"},
+		{"the older agent's host with config", Input{ConfigExists: true, Legacy: []string{"/etc/unbounded/agent/kube2-applied-config.json"}}, ActionAdopt, []string{unitnames.Daemon},
+			"adopt the older agent's node (/etc/unbounded/agent/kube2-applied-config.json): unbounded-lifecycle.service adopts it"},
+		{"the older agent's host without config", Input{Legacy: []string{"/etc/unbounded/agent/kube1-applied-config.json"}}, ActionNothing, nil,
+			"stays the older agent's until /etc/unbounded/agent.toml is in place"},
 		{"config not stat'able", Input{ConfigErr: fmt.Errorf("stat /tmp/r/etc/unbounded/agent.toml: %w", fs.ErrPermission)}, ActionNothing, nil,
 			"nothing starts: cannot tell whether the config exists, bootstrap not started: stat /etc/unbounded/agent.toml: permission denied"},
 		{"bootstrapped", Input{Active: nspawn2, FenceUnit: fence, NodeUnits: installed("nspawn")}, ActionStartNode,
