@@ -408,15 +408,26 @@ func RetireOlderUnits(ctx context.Context, p hostpaths.Paths, sd units.Manager, 
 	if len(gone) > 0 {
 		log.Info("the older agent's units disabled and removed", "removed", strings.Join(gone, " "))
 	}
-	if err := sd.Reload(ctx); err != nil {
-		return err
-	}
+	states := map[string]string{}
 	for _, u := range unitnames.Legacy {
 		st, err := sd.ActiveState(ctx, u)
 		if err != nil {
 			return err
 		}
-		if st != "inactive" && st != "failed" {
+		states[u] = st
+	}
+	running := func(u string) bool { return states[u] != "inactive" && states[u] != "failed" }
+	// Reloaded before any stop, also in a run that finds the files gone
+	// already (one cut before its reload): until systemd reloads, it
+	// still knows the recovery unit and would start it. A host with
+	// nothing of the older agent's is not reloaded for nothing.
+	if len(gone) > 0 || slices.ContainsFunc(unitnames.Legacy, running) {
+		if err := sd.Reload(ctx); err != nil {
+			return err
+		}
+	}
+	for _, u := range unitnames.Legacy {
+		if running(u) {
 			if err := sd.StopUnit(ctx, u); err != nil {
 				return fmt.Errorf("stop the older agent's %s: %w", u, err)
 			}

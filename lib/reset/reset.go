@@ -11,7 +11,9 @@
 //	daemon    unbounded-daemon.service stopped first (it would start
 //	          units for the cluster while the node goes away), and a
 //	          running bootstrap, the health timer, a restart and
-//	          lifecycle with it (stoppedFirst)
+//	          lifecycle with it (stoppedFirst); on a host the older
+//	          agent installed, its daemon and recovery units stopped,
+//	          disabled and removed (lib/adopt)
 //	lock      the ownership lock taken (a record left by an interrupted
 //	          bootstrap is superseded: reset is how an operator gets out
 //	          of a half-bootstrapped host); the generator then pulls in no
@@ -26,7 +28,8 @@
 //	state     the artifact cache, journals, applied configs, certificates
 //	          and every other file under /var/lib/unbounded removed (but
 //	          the operator's pre-staged offline directory), then
-//	          the reprovision handoff directory unless KeepHandoff; the
+//	          the reprovision handoff directory unless KeepHandoff, and
+//	          the older agent's binaries and /etc/unbounded/agent; the
 //	          ownership record goes last (the lock's release), then a
 //	          daemon-reload so that the generator sees a fresh host
 //
@@ -51,6 +54,7 @@ import (
 	"strings"
 	"time"
 
+	"unbounded-cloud.io/agent/lib/adopt"
 	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -170,6 +174,13 @@ func (r *Reset) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	// The older agent's daemon acts on the node too, on a host it
+	// installed that was not adopted (or whose adoption was cut): its
+	// units go the way an adoption retires them, files first, so that
+	// its recovery cannot start it again.
+	if err := adopt.RetireOlderUnits(ctx, r.Paths, sd, r.log()); err != nil {
+		return fmt.Errorf("the older agent's units: %w", err)
+	}
 	r.crash("reset/after-daemon")
 
 	lock, err := r.lock()
@@ -234,17 +245,18 @@ func stop(ctx context.Context, sd units.Manager, unit string) error {
 
 // lock takes the ownership lock, superseding the record of a bootstrap
 // that no longer runs (stopped above): otherwise a host whose bootstrap
-// crashed could never be reset.
+// crashed could never be reset. So is an interrupted adoption's (its
+// unit, lifecycle, was stopped above too).
 func (r *Reset) lock() (*state.Lock, error) {
 	lock, err := state.AcquireOwnership(r.Paths, Operation, Unit)
 	if err == nil || !errors.Is(err, state.ErrOwned) {
 		return lock, err
 	}
 	o, rerr := state.ReadOwnership(r.Paths)
-	if rerr != nil || o == nil || o.Owner != bootstrap.Operation {
+	if rerr != nil || o == nil || (o.Owner != bootstrap.Operation && o.Owner != adopt.Operation) {
 		return nil, err
 	}
-	r.log().Warn("superseding the ownership of an interrupted bootstrap", "since", o.Since.Format(time.RFC3339))
+	r.log().Warn("superseding the ownership of an interrupted "+o.Owner, "since", o.Since.Format(time.RFC3339))
 	if err := state.RemoveDurable(r.Paths.Ownership()); err != nil {
 		return nil, err
 	}
@@ -267,6 +279,10 @@ func (r *Reset) modesInUse() []string {
 	var j bootstrap.Journal
 	if ok, err := state.ReadJournal(r.Paths, bootstrap.Operation, &j); ok && err == nil {
 		add(j.Mode)
+	}
+	// The older agent ran its nodes in nspawn machines.
+	if len(state.LegacyAppliedConfigs(r.Paths)) > 0 {
+		add("nspawn")
 	}
 	for _, name := range all.Names() {
 		if m, err := r.mode(name); err == nil && m.Installed() {
@@ -335,6 +351,12 @@ func (r *Reset) removeState(keepHandoff bool) error {
 	// go, and the units run the image's agent again.
 	if err := upgrade.RemoveOverride(r.Paths); err != nil {
 		return fmt.Errorf("the agent upgrade's override: %w", err)
+	}
+	// The older agent's files, on a host it installed (its units went
+	// first): its binaries, its machines' enablement and its state
+	// directory. Reset leaves nothing of either layout.
+	if err := adopt.RemoveOlderFiles(r.Paths, r.log()); err != nil {
+		return fmt.Errorf("the older agent's files: %w", err)
 	}
 	root := r.Paths.HostRoot()
 	entries, err := os.ReadDir(root)

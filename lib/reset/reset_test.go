@@ -7,14 +7,17 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"unbounded-cloud.io/agent/lib/adopt"
 	"unbounded-cloud.io/agent/lib/bootstrap/bootstraptest"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/reset"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // The child runs one bootstrap or one reset on the world whose root it
@@ -330,5 +333,82 @@ func TestAFailedResetJournalsTheStepAndWhy(t *testing.T) {
 	}
 	if _, err := os.Stat(w.P.Journal(reset.Operation)); !os.IsNotExist(err) {
 		t.Errorf("journal left after the reset: %v", err)
+	}
+}
+
+// olderLayout puts what the older agent installs on w: its applied config
+// (for w's machine and cluster), its state, binaries and links, its units
+// enabled and its daemon running, its node machine enabled and running.
+func olderLayout(t *testing.T, w *bootstraptest.World) {
+	t.Helper()
+	for f, c := range map[string]string{
+		"/etc/unbounded/agent/kube1-applied-config.json":              `{"MachineName": "site-w1", "Cluster": {"Version": "v1.36.3"}, "Kubelet": {"ApiServer": "127.0.0.1:6443", "BootstrapToken": "abcdef.0123456789abcdef"}}`,
+		"/etc/unbounded/agent/agent-upgrade-signal":                   "{}",
+		"/usr/local/bin/unbounded-agent":                              "#!/bin/sh\n",
+		"/usr/local/bin/unbounded-agent-daemon-recovery.sh":           "#!/bin/bash\n",
+		"/etc/systemd/system/unbounded-agent-daemon.service":          "[Service]\n",
+		"/etc/systemd/system/unbounded-agent-daemon-recovery.service": "[Service]\n",
+		"/var/lib/machines/kube1/etc/os-release":                      "ID=debian\n",
+	} {
+		if err := w.Write(f, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for link, target := range map[string]string{
+		"/usr/local/bin/unbounded-agent-current":                                     "/usr/local/bin/unbounded-agent",
+		"/etc/systemd/system/multi-user.target.wants/unbounded-agent-daemon.service": "/etc/systemd/system/unbounded-agent-daemon.service",
+		"/etc/systemd/system/machines.target.wants/systemd-nspawn@kube1.service":     "/lib/systemd/system/systemd-nspawn@.service",
+	} {
+		os.MkdirAll(w.P.Join(filepath.Dir(link)), 0o755)
+		if err := os.Symlink(target, w.P.Join(link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.SetUnitState("systemd-nspawn@kube1.service", "active")
+	w.SetUnitState(unitnames.LegacyDaemon, "active")
+}
+
+// Reset removes both layouts: the older agent's on a host it installed,
+// adopted or not, and this agent's.
+func TestResetOfAnOlderAgentsHostLeavesNothingOfEitherLayout(t *testing.T) {
+	for _, adopted := range []bool{false, true} {
+		t.Run(map[bool]string{false: "not adopted", true: "adopted"}[adopted], func(t *testing.T) {
+			w := newWorld(t)
+			before := pristine(t, w)
+			olderLayout(t, w)
+			if adopted {
+				a := &adopt.Adopt{Paths: w.P, Systemd: w.Systemd, Notify: func(string) {}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+				if err := a.Run(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := os.Stat(w.P.AppliedConfig("kube1")); err != nil {
+					t.Fatalf("not adopted: %v", err)
+				}
+			}
+			if code, out := child(t, w, "reset", ""); code != 0 {
+				t.Fatalf("reset: exit %d\n%s", code, out)
+			}
+			after := pristine(t, w)
+			for k, v := range after {
+				// Directories the older layout made and reset leaves
+				// (the package's and systemd's: /usr/local/bin,
+				// /var/lib/machines, the .wants directories), empty.
+				if strings.HasPrefix(v, "dir ") && (k == "usr" || k == "usr/local" || k == "usr/local/bin" || k == "var/lib/machines" ||
+					k == "etc/systemd" || k == "etc/systemd/system" || strings.HasSuffix(k, ".target.wants")) {
+					delete(after, k)
+				}
+			}
+			delete(before, "var/lib/unbounded-agent-reprovision")
+			delete(before, "var/lib/unbounded-agent-reprovision/journal.json")
+			if d := bootstraptest.Diff(before, after); len(d) > 0 {
+				t.Errorf("host after reset differs from before either agent:\n%s", strings.Join(d, "\n"))
+			}
+			if st := w.UnitState(unitnames.LegacyDaemon); st != "inactive" {
+				t.Errorf("the older daemon is %s", st)
+			}
+			if st := w.UnitState("systemd-nspawn@kube1.service"); st != "inactive" {
+				t.Errorf("the node machine is %s", st)
+			}
+		})
 	}
 }
