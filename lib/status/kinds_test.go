@@ -20,7 +20,7 @@ func TestGatherReturnsWhenStateFilesAreFIFOsOrDevices(t *testing.T) {
 	for _, k := range regfiletest.Kinds {
 		t.Run(k.String(), func(t *testing.T) {
 			p := hostpaths.New(t.TempDir())
-			for _, f := range []string{p.AppliedConfig("kube1"), hostpaths.Checksum(p.AppliedConfig("kube2")), p.Ownership(), p.Journal("repave")} {
+			for _, f := range []string{p.AppliedConfig("kube1"), hostpaths.Checksum(p.AppliedConfig("kube2")), p.Ownership(), p.Journal("repave"), p.Adopted()} {
 				regfiletest.Make(t, f, k)
 			}
 			done := make(chan Report, 1)
@@ -39,6 +39,9 @@ func TestGatherReturnsWhenStateFilesAreFIFOsOrDevices(t *testing.T) {
 			}
 			if len(r.Journals) != 1 || !strings.Contains(r.Journals[0].Error, k.Describes()) {
 				t.Errorf("journals %+v", r.Journals)
+			}
+			if !strings.Contains(r.Legacy.AdoptedError, k.Describes()) {
+				t.Errorf("adoption record: %+v", r.Legacy)
 			}
 		})
 	}

@@ -139,12 +139,18 @@ type Ownership struct {
 	Error string    `json:"error,omitempty"`
 }
 
-// Legacy says whether an older agent's state is on the host.
+// Legacy says whether an older agent's state is on the host, and whether
+// this agent adopted an older agent's node (lib/adopt).
 type Legacy struct {
 	Detected       bool     `json:"detected"`
 	AppliedConfigs []string `json:"applied-configs,omitempty"`
 	Binary         bool     `json:"binary,omitempty"`
 	Unit           bool     `json:"unit,omitempty"`
+	// Adopted is the adoption's record: the slot, the machine, the older
+	// records it came from and when; null on a host never adopted.
+	Adopted *state.Adopted `json:"adopted"`
+	// AdoptedError says why the adoption's record could not be read.
+	AdoptedError string `json:"adopted-error,omitempty"`
 }
 
 // Journal is one operation's journal.
@@ -193,6 +199,11 @@ func Gather(p hostpaths.Paths) Report {
 
 	l := state.DetectLegacy(p)
 	r.Legacy = Legacy{Detected: l.Found(), AppliedConfigs: l.AppliedConfigs, Binary: l.Binary, Unit: l.Unit}
+	if a, err := state.ReadAdopted(p); err != nil {
+		r.Legacy.AdoptedError = err.Error()
+	} else {
+		r.Legacy.Adopted = a
+	}
 
 	r.Journals = readJournals(p)
 	r.Owed = []owed.Write{}
@@ -338,18 +349,31 @@ func (r Report) Text(out io.Writer) error {
 		}
 		row("ownership", "%s", s)
 	}
-	if !r.Legacy.Detected {
-		row("legacy root", "not detected")
-	} else {
+	l := r.Legacy
+	if a := l.Adopted; a != nil {
+		row("legacy root", "adopted: the older agent's node in slot %s (machine %s) from %s at %s",
+			a.Slot, orNone(a.Machine), strings.Join(a.From, ", "), a.At.Format(time.RFC3339))
+	}
+	if l.AdoptedError != "" {
+		row("legacy root", "adoption record unreadable: %s", l.AdoptedError)
+	}
+	switch {
+	case l.Detected:
 		var parts []string
-		parts = append(parts, r.Legacy.AppliedConfigs...)
-		if r.Legacy.Binary {
+		parts = append(parts, l.AppliedConfigs...)
+		if l.Binary {
 			parts = append(parts, hostpaths.LegacyBinaryHost)
 		}
-		if r.Legacy.Unit {
+		if l.Unit {
 			parts = append(parts, hostpaths.LegacyUnitHost)
 		}
-		row("legacy root", "detected: %s", strings.Join(parts, ", "))
+		what := "detected: "
+		if len(l.AppliedConfigs) > 0 {
+			what = "detected, not adopted yet (unbounded-lifecycle.service adopts it; its journal says why not, if it could not): "
+		}
+		row("legacy root", "%s%s", what, strings.Join(parts, ", "))
+	case l.Adopted == nil && l.AdoptedError == "":
+		row("legacy root", "not detected")
 	}
 	if len(r.Journals) == 0 {
 		row("journals", "none")

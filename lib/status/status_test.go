@@ -141,3 +141,44 @@ func TestStatusListsTheUpgradesOutcomeNotReportedYet(t *testing.T) {
 		}
 	}
 }
+
+// An older agent's node: detected (and not adopted yet) while its records
+// are there, "adopted" with where from and when once lib/adopt took it
+// over; the JSON form carries the adoption's record.
+func TestStatusSaysTheLegacyRootIsDetectedThenAdopted(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	f := p.LegacyAppliedConfig("kube1")
+	os.MkdirAll(filepath.Dir(f), 0o755)
+	os.WriteFile(f, []byte("{}"), 0o600)
+	var out bytes.Buffer
+	Gather(p).Text(&out)
+	if !strings.Contains(out.String(), "legacy root: detected, not adopted yet") || !strings.Contains(out.String(), "/etc/unbounded/agent/kube1-applied-config.json") {
+		t.Errorf("text:\n%s", out.String())
+	}
+	os.RemoveAll(filepath.Dir(f))
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	if err := state.WriteAdopted(p, &state.Adopted{Slot: "kube1", Machine: "site-w1", From: []string{"/etc/unbounded/agent/kube1-applied-config.json"}, At: at}); err != nil {
+		t.Fatal(err)
+	}
+	r := Gather(p)
+	out.Reset()
+	r.Text(&out)
+	want := "legacy root: adopted: the older agent's node in slot kube1 (machine site-w1) from /etc/unbounded/agent/kube1-applied-config.json at 2026-12-01T10:00:00Z"
+	if !strings.Contains(out.String(), want) || strings.Contains(out.String(), "not detected") {
+		t.Errorf("text:\n%s\nwant %q", out.String(), want)
+	}
+	data, _ := json.Marshal(r)
+	var j struct {
+		Legacy struct {
+			Detected bool
+			Adopted  *struct {
+				Slot string
+				From []string
+			}
+		}
+	}
+	json.Unmarshal(data, &j)
+	if j.Legacy.Detected || j.Legacy.Adopted == nil || j.Legacy.Adopted.Slot != "kube1" || len(j.Legacy.Adopted.From) != 1 {
+		t.Errorf("JSON legacy: %s", data)
+	}
+}
