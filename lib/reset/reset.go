@@ -293,9 +293,20 @@ func (r *Reset) modesInUse() []string {
 }
 
 // node stops the node target and destroys both slots of every mode in use.
+// The mode targets are stopped too: a mode target's stop follows that of
+// the machine it requires only where that Requires= was loaded when the
+// machine stopped, and one was seen to outlive a reset (the system
+// scenario of an adopted host, repaved, then reset): after a reset
+// nothing of the agent's may be active.
 func (r *Reset) node(ctx context.Context, sd units.Manager) error {
-	if err := stop(ctx, sd, unitnames.NodeTarget); err != nil {
-		return err
+	targets := []string{unitnames.NodeTarget}
+	for _, m := range state.Modes {
+		targets = append(targets, unitnames.ModeTarget(m))
+	}
+	for _, u := range targets {
+		if err := stop(ctx, sd, u); err != nil {
+			return err
+		}
 	}
 	for _, name := range r.modesInUse() {
 		m, err := r.mode(name)
