@@ -224,6 +224,18 @@ func (c *Check) run(ctx context.Context) error {
 			return c.retryFence(ctx, log, st, rec)
 		}
 	}
+	if rec == nil && err == nil && nodeUp != "active" && nodeUp != "activating" {
+		// The fence failed without deciding: it never ran (its sandbox
+		// could not be set up, its executable could not be started) or
+		// it crashed, so it wrote no record. Nobody said no: the node's
+		// start failed by a dependency, which is not an operator's stop.
+		// Retried like a fence without an answer.
+		if fs, ferr := c.Units.ActiveState(ctx, unitnames.Fence); ferr == nil && fs == "failed" {
+			st.BootChecked = true
+			return c.retryFence(ctx, log, st, &record.Record{Reason: "FenceFailed",
+				Message: unitnames.Fence + " failed before it decided (no " + record.File(c.Paths) + "); see its journal"})
+		}
+	}
 	st.FenceRetries, st.NextFenceRetry = 0, time.Time{}
 	if nodeUp == "inactive" && c.stoppedCleanly(ctx, active) {
 		// Stopped (not failed) by someone: an operator's `systemctl
@@ -337,7 +349,7 @@ func (c *Check) stoppedCleanly(ctx context.Context, a *state.AppliedConfig) bool
 func (c *Check) retryFence(ctx context.Context, log *slog.Logger, st *State, rec *record.Record) error {
 	now := c.now()
 	if !st.NextFenceRetry.IsZero() && now.Before(st.NextFenceRetry) {
-		log.Info("the allocation fence got no answer; waiting before the next try",
+		log.Info("the allocation fence did not decide; waiting before the next try",
 			"reason", rec.Reason, "nextTry", st.NextFenceRetry.UTC().Format(time.RFC3339), "tries", st.FenceRetries)
 		return nil
 	}
@@ -345,7 +357,7 @@ func (c *Check) retryFence(ctx context.Context, log *slog.Logger, st *State, rec
 	delay = min(delay, MaxFenceRetry)
 	st.FenceRetries++
 	st.NextFenceRetry = now.Add(delay)
-	log.Warn("the allocation fence got no answer; starting the node again, which runs the fence again",
+	log.Warn("the allocation fence did not decide; starting the node again, which runs the fence again",
 		"reason", rec.Reason, "message", rec.Message, "try", st.FenceRetries, "nextTryIn", delay)
 	if err := c.Units.EnqueueStart(ctx, unitnames.NodeTarget); err != nil {
 		return fmt.Errorf("start %s: %w", unitnames.NodeTarget, err)

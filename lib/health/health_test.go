@@ -286,6 +286,45 @@ func TestHealthRetriesAFenceWithoutAnswerWithAGrowingDelayButNotAnExplicitRefusa
 	}
 }
 
+// A fence that failed before it decided (its sandbox could not be set
+// up: no record) fails the node's start by dependency: not an operator's
+// stop, so health starts the node again, with the fence's delays; a node
+// stopped with the fence not failed is left alone.
+func TestHealthRetriesAFenceThatFailedWithoutDecidingButNotAStoppedNode(t *testing.T) {
+	h := newHost(t)
+	h.units.States = nil // node down, fence never failed: stopped by someone
+	for range 3 {
+		if err := h.run(t); err != nil {
+			t.Fatal(err)
+		}
+		h.now = h.now.Add(time.Minute)
+	}
+	if len(h.started()) != 0 {
+		t.Fatalf("stopped node: health started %v", h.started())
+	}
+	h.units.Set(unitnames.Fence, "failed")
+	var at []time.Duration
+	start := h.now
+	for range 120 {
+		n := len(h.started())
+		if err := h.run(t); err != nil {
+			t.Fatal(err)
+		}
+		if len(h.started()) > n {
+			at = append(at, h.now.Sub(start))
+		}
+		h.now = h.now.Add(time.Second)
+	}
+	if want := []time.Duration{0, 30 * time.Second, 90 * time.Second}; !slices.Equal(at, want) {
+		t.Errorf("node starts at %v, want %v", at, want)
+	}
+	for _, u := range h.started() {
+		if u != unitnames.NodeTarget {
+			t.Errorf("started %s, want only %s", u, unitnames.NodeTarget)
+		}
+	}
+}
+
 // A oneshot that runs (activating) holds the check back; one that has
 // finished and remains active (lifecycle's RemainAfterExit=yes, all boot
 // long) does not: health would otherwise never check a node again.

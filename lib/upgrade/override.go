@@ -16,6 +16,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // On an image-based host (/usr read-only, the agent baked into the image)
@@ -109,13 +110,27 @@ func overriddenUnits(p hostpaths.Paths) ([]string, error) {
 	return units, nil
 }
 
-func dropInContent(version, dir string) string {
+// dropInContent is unit's drop-in that binds dir over the image's
+// one-shots. Every unit but lifecycle itself is ordered after lifecycle:
+// at boot lifecycle may supersede the override, removing the staged
+// directory before its daemon-reload, and a unit set up in between would
+// bind a directory that is gone and fail before its program runs (the
+// fence did: the node's start failed with it, after an image update).
+func dropInContent(unit, version, dir string) string {
+	order := ""
+	if unit != unitnames.Lifecycle {
+		order = fmt.Sprintf(`[Unit]
+# The override's directory is settled (kept, or superseded by a newer
+# image) before this unit is set up.
+After=%s
+`, unitnames.Lifecycle)
+	}
 	return fmt.Sprintf(`# Written by unbounded-upgrade on this image-based host (/usr read-only):
 # the unit runs the staged agent %s in place of the image's. A newer
 # image removes it at boot (unbounded-lifecycle.service); so does reset.
-[Service]
+%s[Service]
 BindReadOnlyPaths=%s:%s
-`, version, dir, hostpaths.LibexecDirHost)
+`, version, order, dir, hostpaths.LibexecDirHost)
 }
 
 // writeOverride stages the package's one-shots for version and points the
@@ -169,7 +184,7 @@ func pointUnits(p hostpaths.Paths, o *Override) error {
 			if err := os.MkdirAll(d, 0o755); err != nil {
 				return err
 			}
-			if err := state.WriteFileAtomic(filepath.Join(d, OverrideDropIn), []byte(dropInContent(o.Version, o.Dir)), 0o644); err != nil {
+			if err := state.WriteFileAtomic(filepath.Join(d, OverrideDropIn), []byte(dropInContent(u, o.Version, o.Dir)), 0o644); err != nil {
 				return err
 			}
 		}

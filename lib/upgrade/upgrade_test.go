@@ -11,9 +11,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/coreos/go-systemd/v22/unit"
 
 	"unbounded-cloud.io/agent/lib/artifacts"
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -451,6 +454,7 @@ func TestImageBasedHostUpgradesThroughAnOverride(t *testing.T) {
 	for name, exec := range map[string]string{
 		"unbounded-daemon.service":     "/usr/libexec/unbounded/daemon",
 		"unbounded-fence.service":      "/usr/libexec/unbounded/fence",
+		"unbounded-lifecycle.service":  "/usr/libexec/unbounded/lifecycle",
 		"unbounded-containerd.service": "/var/lib/unbounded/versions/current/bin/containerd",
 	} {
 		os.WriteFile(filepath.Join(units, name), []byte("[Service]\nExecStart="+exec+"\n"), 0o644)
@@ -463,8 +467,30 @@ func TestImageBasedHostUpgradesThroughAnOverride(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, err := ReadOverride(h.p)
-	if err != nil || o == nil || o.Version != "1.1.0" || strings.Join(o.Units, " ") != "unbounded-daemon.service unbounded-fence.service" {
+	if err != nil || o == nil || o.Version != "1.1.0" || strings.Join(o.Units, " ") != "unbounded-daemon.service unbounded-fence.service unbounded-lifecycle.service" {
 		t.Fatalf("override %+v %v", o, err)
+	}
+	// Every overridden unit but lifecycle starts after lifecycle, which
+	// may take the override away at boot.
+	for _, u := range o.Units {
+		f, err := os.Open(h.p.Join("/etc/systemd/system/" + u + ".d/" + OverrideDropIn))
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts, err := unit.DeserializeOptions(f)
+		f.Close()
+		if err != nil {
+			t.Fatalf("%s's drop-in: %v", u, err)
+		}
+		var after []string
+		for _, opt := range opts {
+			if opt.Section == "Unit" && opt.Name == "After" {
+				after = append(after, opt.Value)
+			}
+		}
+		if want := u != "unbounded-lifecycle.service"; slices.Contains(after, "unbounded-lifecycle.service") != want {
+			t.Errorf("%s's drop-in orders it After= %v; after lifecycle wanted: %v", u, after, want)
+		}
 	}
 	if h.runningVer != "1.1.0" || len(h.installs) != 0 {
 		t.Errorf("daemon runs %s, package installs %v: want the staged 1.1.0 and no install", h.runningVer, h.installs)

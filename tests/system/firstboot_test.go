@@ -160,6 +160,10 @@ func (f *firstBoot) diagnose(t *testing.T) {
 	out, _ := f.m.Systemctl("status", "--no-pager", "-n", "0", "unbounded-*", "systemd-nspawn@*")
 	t.Logf("units:\n%s", out)
 	t.Logf("bootstrap journal:\n%s", f.m.Journal(bootstrapUnit))
+	// This boot's fence, lifecycle and health: why the node did not
+	// start (a fence that failed, and whether health retried it).
+	out, _ = f.m.Run("sh", "-c", `journalctl --no-pager -q -b -o short-precise -u unbounded-fence -u unbounded-lifecycle -u unbounded-health | tail -n 60`)
+	t.Logf("this boot's fence, lifecycle and health (last lines):\n%s", out)
 	if n, err := f.env.kube.CoreV1().Nodes().Get(context.Background(), f.name, metav1.GetOptions{}); err == nil {
 		for _, c := range n.Status.Conditions {
 			t.Logf("Node condition %s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message)
