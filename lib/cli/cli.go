@@ -173,6 +173,36 @@ func Model() *kong.Application {
 	return parser.Model
 }
 
+// Parse parses the command line args (without the program name) as Main
+// does and runs nothing: an unknown command or flag, a missing argument
+// or a value outside its enum is the error Main would print. --help and
+// --version parse (they would print and exit 0). For the check of the
+// command lines the README shows (tests/docs).
+func Parse(args []string) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			code, ok := r.(exitPanic)
+			if !ok {
+				panic(r)
+			}
+			err = nil
+			if code != 0 {
+				err = fmt.Errorf("the command line exits %d before it runs", int(code))
+			}
+		}
+	}()
+	var c cli
+	parser, err := newParser(&c,
+		kong.Writers(io.Discard, io.Discard),
+		kong.Exit(func(code int) { panic(exitPanic(code)) }),
+	)
+	if err != nil {
+		return err
+	}
+	_, err = parser.Parse(args)
+	return err
+}
+
 // silentError is an outcome the command has already explained on its own
 // output; Main only turns it into an exit code.
 type silentError struct{ err error }

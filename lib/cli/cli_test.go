@@ -176,6 +176,20 @@ func TestUnknownCommandOrModeIsAUsageError(t *testing.T) {
 	}
 }
 
+func TestParseRefusesWhatMainRefusesAndRunsNothing(t *testing.T) {
+	for _, args := range [][]string{{"frobnicate"}, {"supports-isolation", "vm"}, {"status", "--bogus"}, {"logs", "etcd"}} {
+		if err := Parse(args); err == nil {
+			t.Errorf("Parse(%q) = nil, want the usage error Main prints", args)
+		}
+	}
+	// reset --yes would reset this host if it ran.
+	for _, args := range [][]string{{"reset", "--yes"}, {"status", "--follow"}, {"exec", "--", "crictl", "ps"}, {"--help"}, {"--version"}} {
+		if err := Parse(args); err != nil {
+			t.Errorf("Parse(%q): %v", args, err)
+		}
+	}
+}
+
 func TestHelpExitsZero(t *testing.T) {
 	if r := run(t, Env{}, "--help"); r.code != 0 || !strings.Contains(r.stdout, "supports-isolation") {
 		t.Errorf("--help: %+v", r)
