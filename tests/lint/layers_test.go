@@ -35,7 +35,8 @@ var layers = [][]string{
 	{"lib/modes/nodestack", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest", "lib/status",
 		"lib/fleet"},
 	// The modes, and the concerns that need no installation.
-	{"lib/modes/none", "lib/modes/nspawn", "lib/restart", "lib/daemon", "lib/recovery", "lib/cli"},
+	{"lib/modes/none", "lib/modes/nspawn", "lib/restart", "lib/daemon", "lib/recovery", "lib/cli",
+		"lib/kubectlplugin"},
 	// The table of the modes this build carries.
 	{"lib/modes/all"},
 	// The installations.
