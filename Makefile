@@ -82,9 +82,10 @@ test: build
 bench: build
 	tests/bench.sh
 
-# The README's first command: a host becomes a Ready node of a real control
-# plane, on this machine (root, Debian 12), step by step with timings
-# (tests/demo/demo.sh says what it installs, builds and runs).
+# The demo (README, "This repository's two commands"): a host becomes a
+# Ready node of a real control plane, on this machine (root, Debian 12),
+# step by step with timings (tests/demo/demo.sh says what it installs,
+# builds and runs).
 demo:
 	@tests/demo/demo.sh
 
