@@ -8,8 +8,8 @@ export GOTOOLCHAIN=go1.27.3
 cd "$(dirname "$0")/.."
 
 # BENCH_ONLY="PART ..." runs only those parts: sizes, lint, nspawn (first
-# boot and repave in mode nspawn), none (the same in mode none),
-# benchmarks. Unset: all of them.
+# boot and repave in mode nspawn), none (the same in mode none), upgrade
+# (the agent upgrade's scenario), benchmarks. Unset: all of them.
 part() { [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" $1 "* ]]; }
 
 mb() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%-60s %8.2f MB\n", n, s / 1048576 }'; }
@@ -242,6 +242,50 @@ part nspawn && firstboot nspawn
 # start -> Node Ready also holds TLS bootstrap, which a repave does not
 # redo), and a rollback from a version whose kubelet exits at once.
 part none && firstboot none
+
+# Agent upgrade (issue 19's figures), on real systemd with a real node:
+# the system scenario TestAgentUpgradeByOperation... (tests/system), run
+# alone with its fixtures (the scripts the test tiers use, cached), its
+# figures read from its own lines: an AgentUpgrade operation's creation ->
+# Complete (fetch, keep the previous package, install, restart the daemon
+# and wait its settle window), the daemon's downtime in it (its restart
+# issued -> the new process active, the upgrade's journal), and the
+# rollback of a package whose daemon never comes up (creation -> Failed,
+# two waits the test bounds at 20 s; production waits 60 s).
+upgrade() {
+	echo "== agent upgrade (tests/system, one booted nspawn host) =="
+	if [ "$(id -u)" != 0 ]; then
+		echo "skipped: needs root (systemd-nspawn)"
+		return 0
+	fi
+	local d rc=0
+	d=$(mktemp -d /tmp/unbounded-bench-upgrade.XXXXXX)
+	make -s packages bin/unbounded >"$d/packages.log" 2>&1 || rc=1
+	export UNBOUNDED_TEST_DEB=$(ls -t dist/unbounded-agent_*.deb 2>/dev/null | head -1)
+	export UNBOUNDED_TEST_ROOTFS=$(tests/system/rootfs.sh 2>"$d/rootfs.log" | tail -1) || rc=1
+	export UNBOUNDED_TEST_KUBELET=$(tests/kube/kubelet.sh 2>"$d/kubelet.log" | tail -1) || rc=1
+	export UNBOUNDED_TEST_NODESTACK=$(tests/system/nodestack/stage.sh 2>"$d/stage.log" | tail -1) || rc=1
+	bin/unbounded manifests >"$d/manifests.yaml" && export UNBOUNDED_TEST_MANIFESTS="$d/manifests.yaml" || rc=1
+	if [ "$rc" != 0 ] || [ -z "$UNBOUNDED_TEST_DEB" ]; then
+		echo "FAILED: its fixtures (logs in $d)"
+		return 0
+	fi
+	if ! tests/kube/with-env.sh go test -count=1 -v -timeout 20m -run '^TestAgentUpgradeByOperation' ./tests/system >"$d/test.log" 2>&1; then
+		echo "FAILED: the scenario failed (its output: $d/test.log)"
+		return 0
+	fi
+	awk '
+	function secs(s) { return s ~ /ms$/ ? substr(s, 1, length(s) - 2) / 1000 : s ~ /m[0-9.]+s$/ ? (substr(s, 1, index(s, "m") - 1) * 60 + substr(s, index(s, "m") + 1, length(s) - index(s, "m") - 1)) : substr(s, 1, length(s) - 1) }
+	function line(n, v) { printf "%-60s %8.2f s\n", n, v }
+	/AgentUpgrade to 9\.9\.9-up1: Complete/ { for (i = 1; i <= NF; i++) if ($i == "after") line("AgentUpgrade operation: created -> Complete", secs($(i + 1))) }
+	/daemon restarted on the installed package/ && !down { for (i = 1; i <= NF; i++) { if ($i ~ /^down=/) down = secs(substr($i, 6)); if ($i ~ /^took=/) took = secs(substr($i, 6)) } ; line("  daemon down (restart issued -> new process active)", down); line("  activation (restart + settle window)", took) }
+	/AgentUpgrade to the broken .*: Failed/ { line("rollback: operation created -> Failed (20 s waits)", secs($NF)) }
+	/power cut at upgrade\/after-install: operation/ { for (i = 1; i <= NF; i++) if ($i == "after") line("power cut after the install: boot -> operation Complete", secs($(i - 1))) }
+	/power cut mid-rollback/ { for (i = 1; i <= NF; i++) if ($i == "after") line("power cut mid-rollback: boot -> rolled back and reported", secs($(i - 1))) }
+	' "$d/test.log"
+	rm -rf "$d"
+}
+part upgrade && upgrade
 
 part benchmarks || exit 0
 

@@ -305,7 +305,10 @@ func setCrashPoint(t *testing.T, f *firstBoot, unit, point string) {
 	t.Helper()
 	dropin := "/etc/systemd/system/" + unit + ".d/crash.conf"
 	if point == "" {
-		os.RemoveAll(filepath.Join(f.m.Root(), filepath.Dir(dropin)))
+		// Only the crash point's drop-in: the test's others stay (the
+		// upgrade scenario's --timeout).
+		os.Remove(filepath.Join(f.m.Root(), dropin))
+		os.Remove(filepath.Join(f.m.Root(), filepath.Dir(dropin))) // when empty
 	} else {
 		f.m.WriteFile(dropin, []byte("[Service]\nEnvironment=UNBOUNDED_CRASHPOINT="+point+"\n"), 0o644)
 	}

@@ -83,6 +83,9 @@ type firstBootOptions struct {
 	// (lib/fleet.Join), the test's own settings in a drop-in beside
 	// them; f.joined is what join made.
 	join bool
+	// serve are more loopback servers the host reaches at the same
+	// address (nodestack.FirstBootOptions.Serve).
+	serve []string
 }
 
 func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
@@ -120,7 +123,7 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 	h := nodestack.NewFirstBootHost(t, nodestack.FirstBootOptions{
 		Env: env.Env, Stage: s, Name: f.name, Mode: o.mode,
 		RegistryHost: f.reg.Host, MirrorURL: f.mirror.URL, Pause: f.pause, NodeRef: f.nodeRef,
-		Offline: o.offline, Extra: o.extra, NodeIP: o.nodeIP, Joined: f.joined,
+		Offline: o.offline, Extra: o.extra, NodeIP: o.nodeIP, Joined: f.joined, Serve: o.serve,
 	})
 	f.fwd = h.Forward
 	f.m = h.Machine(t, 8*time.Minute, o.nspawnArgs...)

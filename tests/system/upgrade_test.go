@@ -5,7 +5,11 @@ import (
 	"crypto/md5"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +20,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/tests/system/harness"
@@ -154,8 +159,23 @@ func (f *firstBoot) watchNotReady(stop <-chan struct{}) *atomic.Int32 {
 // status and reason, and a message that says words.
 func (f *firstBoot) agentUpgraded(t *testing.T, status metav1.ConditionStatus, reason, words string) *metav1.Condition {
 	t.Helper()
+	return f.agentUpgradedWithin(t, time.Minute, status, reason, words)
+}
+
+// setAgentSpec sets the Machine's spec.agent (nil: removes it).
+func (f *firstBoot) setAgentSpec(t *testing.T, a *v1alpha3.AgentSpec) {
+	t.Helper()
+	patch, _ := json.Marshal(map[string]any{"spec": map[string]any{"agent": a}})
+	if err := f.env.api.Patch(types.MergePatchType).Resource(v1alpha3.ResourceMachines).Name(f.name).Body(patch).Do(context.Background()).Error(); err != nil {
+		t.Fatalf("Machine %s spec.agent = %+v: %v", f.name, a, err)
+	}
+}
+
+// agentUpgradedWithin is agentUpgraded waiting at most within.
+func (f *firstBoot) agentUpgradedWithin(t *testing.T, within time.Duration, status metav1.ConditionStatus, reason, words string) *metav1.Condition {
+	t.Helper()
 	var c *metav1.Condition
-	waitUntil(t, time.Minute, "AgentUpgraded="+string(status)+" "+reason+" saying "+words, func(ctx context.Context) (bool, error) {
+	waitUntil(t, within, "AgentUpgraded="+string(status)+" "+reason+" saying "+words, func(ctx context.Context) (bool, error) {
 		c = meta.FindStatusCondition(f.machine(t).Status.Conditions, v1alpha3.ConditionAgentUpgraded)
 		return c != nil && c.Status == status && c.Reason == reason && strings.Contains(c.Message, words), nil
 	})
@@ -173,13 +193,23 @@ func (f *firstBoot) agentUpgraded(t *testing.T, status metav1.ConditionStatus, r
 // previous version, the node untouched; (3) a package staged with a wrong
 // .sha256 (unbounded-upgrade.path): refused before anything changed,
 // AgentUpgraded=False naming the mismatch, the files in rejected/; (4) an
-// upgrade cut after its install, and one after the daemon's restart, each
-// then power-cut: resumed at boot with the node started as usual,
-// Complete.
+// upgrade cut after its install, and one asked by spec.agent cut after
+// the daemon's restart, each then power-cut: resumed at boot with the
+// node started as usual, Complete; (4b) a rollback cut in its middle:
+// finished at boot, the previous package back; (5) the host made
+// image-based: an override, then an image update supersedes it.
 func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(t *testing.T) {
 	t.Parallel()
-	f := newFirstBoot(t, firstBootOptions{})
+	// The package server of spec.agent: https on loopback, forwarded to
+	// the host, its certificate in the host's system roots (after boot).
+	pkgDir := t.TempDir()
+	pkgServer := httptest.NewTLSServer(http.FileServer(http.Dir(pkgDir)))
+	t.Cleanup(pkgServer.Close)
+	f := newFirstBoot(t, firstBootOptions{serve: []string{pkgServer.URL}})
 	f.bootNode(t)
+	roots, _ := f.m.ReadFile("/etc/ssl/certs/ca-certificates.crt")
+	roots = append(roots, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pkgServer.Certificate().Raw})...)
+	f.m.WriteFile("/etc/ssl/certs/ca-certificates.crt", roots, 0o644)
 	const newer, broken = "9.9.9-up1", "9.9.9-up2"
 	good := buildAgentDeb(t, newer, false)
 	bad := buildAgentDeb(t, broken, true)
@@ -278,15 +308,16 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 
 	// (4) An upgrade by operation cut right after its install (the
 	// daemon stopped first, as the power cut that follows stops it:
-	// nothing reports the cut), and a staged one cut right after the
-	// daemon's restart (no operation: the new daemon, which must run to
-	// be waited for, has nothing to report), each followed by a power cut
+	// nothing reports the cut), and one the Machine's spec.agent asks for
+	// (from an https package server) cut right after the daemon's
+	// restart, each followed by a power cut
 	// of the whole host: at boot the node starts as on any boot, the
 	// upgrade is resumed and finishes on the new version (the operation
 	// Complete), and dpkg has nothing half-installed.
 	for i, point := range []string{"upgrade/after-install", "upgrade/after-activate"} {
 		to := fmt.Sprintf("9.9.9-up%d", 3+i)
-		path, sum = putPackage(t, f, buildAgentDeb(t, to, false))
+		deb := buildAgentDeb(t, to, false)
+		path, sum = putPackage(t, f, deb)
 		setCrashPoint(t, f, upgradeUnit, point)
 		f.daemonWatchdog(t, false)
 		byOp := point == "upgrade/after-install"
@@ -302,16 +333,13 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 				t.Fatalf("stop the daemon: %v\n%s", err, out)
 			}
 		} else {
-			// Started by hand here, the path unit stopped: it would
-			// start the crashing run again and again while the staged
-			// files are there (its trigger was (3)'s).
-			f.m.Systemctl("stop", "unbounded-upgrade.path")
-			data, _ := f.m.ReadFile(path)
-			f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb", data, 0o600)
-			f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb.sha256", []byte(sum+"\n"), 0o600)
-			if out, err := f.m.Systemctl("start", "--no-block", upgradeUnit); err != nil {
-				t.Fatalf("start %s: %v\n%s", upgradeUnit, err, out)
+			// Asked by the Machine's spec.agent (the daemon writes the
+			// request and starts the unit), the package on the https
+			// package server.
+			if err := os.Link(deb, filepath.Join(pkgDir, filepath.Base(deb))); err != nil {
+				t.Fatal(err)
 			}
+			f.setAgentSpec(t, &v1alpha3.AgentSpec{Version: strings.Replace(to, "-", "~", 1), URL: pkgServer.URL + "/" + filepath.Base(deb), SHA256: sum})
 		}
 		wantCrashedAt(t, f, upgradeUnit, point, waitUnitDone(t, f, upgradeUnit, cursor, 5*time.Minute))
 		f.m.PowerCut()
@@ -340,6 +368,62 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 		if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != strings.Replace(to, "-", "~", 1) {
 			t.Errorf("installed version after the resumed upgrade %q, want %s", out, to)
 		}
+		if t.Failed() {
+			return
+		}
+		if !byOp {
+			// spec.agent is declarative: left in place it would take
+			// the host back to this version after every later upgrade.
+			f.setAgentSpec(t, nil)
+		}
+	}
+
+	// (4b) A power cut in the middle of a rollback: a package whose
+	// daemon never comes up, staged by hand, cut as its rollback begins
+	// (the journal says rolling back, the broken package installed). At
+	// boot the broken daemon fails, lifecycle resumes the upgrade, which
+	// finishes the rollback: the previous package installed and its
+	// daemon running, nothing half-installed, and the Machine told
+	// (AgentUpgraded=False, rolled back).
+	{
+		const broken, back = "9.9.9-up5", "9.9.9-up4"
+		path, sum = putPackage(t, f, buildAgentDeb(t, broken, true))
+		setCrashPoint(t, f, upgradeUnit, "upgrade/rolling-back")
+		f.m.Systemctl("stop", "unbounded-upgrade.path")
+		cursor := journalCursor(t, f)
+		data, _ := f.m.ReadFile(path)
+		f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb", data, 0o600)
+		f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb.sha256", []byte(sum+"\n"), 0o600)
+		if out, err := f.m.Systemctl("start", "--no-block", upgradeUnit); err != nil {
+			t.Fatalf("start %s: %v\n%s", upgradeUnit, err, out)
+		}
+		wantCrashedAt(t, f, upgradeUnit, "upgrade/rolling-back", waitUnitDone(t, f, upgradeUnit, cursor, 5*time.Minute))
+		if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != strings.Replace(broken, "-", "~", 1) {
+			t.Fatalf("installed version when the rollback was cut %q, want the broken %s", out, broken)
+		}
+		f.m.PowerCut()
+		setCrashPoint(t, f, upgradeUnit, "")
+		begin = time.Now()
+		f.m.Start()
+		c := f.agentUpgradedWithin(t, 3*time.Minute, metav1.ConditionFalse, "RolledBack", "to "+strings.Replace(broken, "-", "~", 1))
+		t.Logf("power cut mid-rollback: AgentUpgraded=False %s %v after the boot began: %s", c.Reason, time.Since(begin).Round(time.Millisecond), c.Message)
+		if !strings.Contains(c.Message, "rolled back to "+strings.Replace(back, "-", "~", 1)) {
+			t.Errorf("AgentUpgraded message %q does not say it rolled back to %s", c.Message, back)
+		}
+		waitUntil(t, 2*time.Minute, "the Machine reports agent "+back, func(ctx context.Context) (bool, error) {
+			a := f.machine(t).Status.Agent
+			return a != nil && a.Version == back, nil
+		})
+		if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != strings.Replace(back, "-", "~", 1) {
+			t.Errorf("installed version after the resumed rollback %q, want %s", out, back)
+		}
+		if out, err := f.m.Run("dpkg", "--audit"); err != nil || strings.TrimSpace(out) != "" {
+			t.Errorf("dpkg --audit after the resumed rollback: %v\n%s", err, out)
+		}
+		if st := isActive(f.m, daemonUnit); st != "active" {
+			t.Errorf("daemon %s after the resumed rollback", st)
+		}
+		waitUntil(t, 3*time.Minute, "Node Ready after the power cut mid-rollback", f.nodeReady)
 		if t.Failed() {
 			return
 		}

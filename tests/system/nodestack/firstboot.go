@@ -125,6 +125,10 @@ type FirstBootOptions struct {
 	Offline bool
 	// Extra is appended to agent.toml.
 	Extra string
+	// Serve are more loopback servers (127.0.0.1:PORT or a URL) the host
+	// reaches at the same address, a package server say; not with
+	// Offline.
+	Serve []string
 	// NodeIP is agent.toml's node.ip (empty: not set).
 	NodeIP string
 	// Joined, when set, is what `kubectl unbounded join` made for the
@@ -191,6 +195,8 @@ func NewFirstBootHost(t testing.TB, o FirstBootOptions) *FirstBootHost {
 	forwarded := []string{o.Env.Host(), o.RegistryHost, o.MirrorURL}
 	if o.Offline {
 		forwarded = forwarded[:1]
+	} else {
+		forwarded = append(forwarded, o.Serve...)
 	}
 	fwd := Forward(t, forwarded...)
 
