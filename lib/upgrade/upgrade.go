@@ -136,11 +136,14 @@ func ReadUpgraded(p hostpaths.Paths) (*Upgraded, error) {
 	return &u, nil
 }
 
-// SameVersion says whether a package's version (Debian's form: nfpm
-// writes a semver pre-release "1.2.0-rc.1" as "1.2.0~rc.1", which sorts
-// before 1.2.0) is the executable's version stamp.
+// SameVersion says whether a package's version is the executable's
+// version stamp. nfpm writes a semver pre-release "1.2.0-rc.1" as
+// "1.2.0~rc.1" (which sorts before 1.2.0) in both formats, and an rpm's
+// version has a release too ("1.2.0~rc.1-1"): the release is the
+// packaging's, not the agent's, so it is not compared.
 func SameVersion(pkg, stamp string) bool {
-	return pkg == stamp || pkg == DebVersion(stamp)
+	v, _ := splitRelease(pkg)
+	return pkg == stamp || pkg == DebVersion(stamp) || v == DebVersion(stamp)
 }
 
 // InProgress says whether an upgrade's journal exists: one runs, or was
@@ -421,7 +424,7 @@ func (u *Upgrade) verify(ctx context.Context, j *Journal) error {
 		return fmt.Errorf("package %s is %s, not %s", j.Staged, m.Name, Package)
 	case m.Arch != arch:
 		return fmt.Errorf("package %s is for architecture %s, this host is %s", j.Staged, m.Arch, arch)
-	case j.To != "" && m.Version != j.To:
+	case j.To != "" && !VersionIs(m.Version, j.To):
 		return fmt.Errorf("package %s is version %s, the operation asks for %s", j.Staged, m.Version, j.To)
 	}
 	if !validVersion(m.Version) {
