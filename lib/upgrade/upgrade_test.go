@@ -34,6 +34,8 @@ type host struct {
 	installed Meta
 	installs  []string
 	repacks   int
+	// format is the package manager's ("deb" when "").
+	format string
 	// crashVersion: a daemon started on this version never stays active.
 	crashVersion string
 	running      os.FileInfo
@@ -88,6 +90,13 @@ func (h *host) Inspect(_ context.Context, file string) (Meta, error) {
 		return Meta{}, fmt.Errorf("%s is not a Debian package", file)
 	}
 	return Meta{f[0], f[1], f[2]}, nil
+}
+
+func (h *host) Format() string {
+	if h.format == "" {
+		return "deb"
+	}
+	return h.format
 }
 
 func (h *host) Installed(context.Context, string) (Meta, bool, error) { return h.installed, true, nil }
