@@ -46,6 +46,38 @@ type Packages interface {
 	Format() string
 }
 
+// HostPackages is the package manager that installed the agent on the
+// host at root: dpkg, else rpm (dpkg is asked first: a Debian host may
+// have rpm as a tool). When neither did, it is Dpkg, whose Installed says
+// so: the upgrade takes the image-based path, which reads a .deb itself.
+func HostPackages(ctx context.Context, root string) (Packages, error) {
+	return firstInstalled(ctx, Dpkg{Root: root}, Rpm{Root: root})
+}
+
+// firstInstalled is the first of candidates that has the agent installed,
+// else the first.
+func firstInstalled(ctx context.Context, candidates ...Packages) (Packages, error) {
+	for _, p := range candidates {
+		_, ok, err := p.Installed(ctx, Package)
+		if err != nil {
+			return nil, fmt.Errorf("is %s installed by %s: %w", Package, p.Format(), err)
+		}
+		if ok {
+			return p, nil
+		}
+	}
+	return candidates[0], nil
+}
+
+// packageFile is the name of m's package file in format, as the package
+// manager's tools name it.
+func packageFile(format string, m Meta) string {
+	if format == "rpm" {
+		return m.Name + "-" + safeName(m.Version) + "." + m.Arch + ".rpm"
+	}
+	return m.Name + "_" + safeName(m.Version) + "_" + m.Arch + ".deb"
+}
+
 // Dpkg is Packages for Debian's dpkg, run on the host (Root "" or "/") or
 // against another root (dpkg --root, for tests).
 type Dpkg struct {

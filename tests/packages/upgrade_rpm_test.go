@@ -3,6 +3,8 @@ package packages_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io/fs"
 	"os"
@@ -15,6 +17,8 @@ import (
 
 	"github.com/google/rpmpack"
 
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/upgrade"
 )
 
@@ -149,12 +153,13 @@ func rpmQuery(t *testing.T, root string) string {
 }
 
 // Through lib/upgrade's Rpm with the real rpm: the installed package and
-// the .rpm agree (Installed, Inspect, Arch); Verify counts a changed mode
-// but not a modification time alone; a newer package installs and
-// verifies clean; the package repacked from the host is the .rpm it was
-// installed from (name, version, architecture, files, scriptlets,
-// dependencies), and installs back over the newer one (a rollback: an
-// older version) with rpm -V clean, modification times too.
+// the .rpm agree (Installed, Inspect, Arch), and the host is found to be
+// rpm's; Verify counts a changed mode but not a modification time alone;
+// a newer package installs and verifies clean; the package repacked from
+// the host is the .rpm it was installed from (name, version,
+// architecture, files, scriptlets, dependencies), and installs back over
+// the newer one (a rollback: an older version) with rpm -V clean,
+// modification times too.
 func TestRPMUpgradeInstallsVerifiesRepacksAndRollsBack(t *testing.T) {
 	root, dist, p := rpmRoot(t)
 	t.Parallel()
@@ -173,6 +178,9 @@ func TestRPMUpgradeInstallsVerifiesRepacksAndRollsBack(t *testing.T) {
 	}
 	if got := rpmQuery(t, root); got != m.Name+"-"+m.Version+"."+m.Arch {
 		t.Errorf("rpm -q says %s, Inspect %+v", got, m)
+	}
+	if pk, err := upgrade.HostPackages(ctx, root); err != nil || pk.Format() != "rpm" {
+		t.Errorf("HostPackages chose %v (%v), want rpm", pk, err)
 	}
 	if err := p.Verify(ctx, upgrade.Package); err != nil {
 		t.Errorf("the fresh install does not verify: %v", err)
@@ -254,5 +262,134 @@ func TestRPMUpgradeInstallsVerifiesRepacksAndRollsBack(t *testing.T) {
 	}
 	if installed, ok, err := p.Installed(ctx, upgrade.Package); err != nil || !ok || installed != m {
 		t.Errorf("after the rollback Installed says %+v %v %v", installed, ok, err)
+	}
+}
+
+// agentManager is the service manager for a whole upgrade on a scratch
+// root: a restart starts the daemon on the multicall executable as it is
+// then on disk; one that runs an executable of a crashing version (the
+// marker file says which package installed it) never stays active.
+type agentManager struct {
+	exe, marker, crash string
+	running            os.FileInfo
+	pid                uint32
+}
+
+func (m *agentManager) Reload(context.Context) error { return nil }
+func (m *agentManager) RestartUnit(context.Context, string) error {
+	fi, err := os.Stat(m.exe)
+	m.running, m.pid = fi, m.pid+1
+	return err
+}
+
+func (m *agentManager) ActiveState(context.Context, string) (string, error) {
+	if data, err := os.ReadFile(m.marker); err == nil && m.crash != "" && strings.TrimSpace(string(data)) == m.crash {
+		m.pid++
+		return "activating", nil
+	}
+	return "active", nil
+}
+func (m *agentManager) MainPID(context.Context, string) (uint32, error) { return m.pid, nil }
+func (m *agentManager) Close()                                          {}
+
+// stageRPM copies the package into the staging directory with its
+// .sha256, as an operator does.
+func stageRPM(t *testing.T, p hostpaths.Paths, file string) {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(p.UpgradeStaged(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	staged := filepath.Join(p.UpgradeStaged(), "agent.rpm")
+	sum := sha256.Sum256(data)
+	if err := os.WriteFile(staged, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(staged+".sha256", []byte(hex.EncodeToString(sum[:])+"  agent.rpm\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The whole upgrade on an rpm host (Upgrade.Run with the host's package
+// manager as cmd/upgrade chooses it; the service manager faked): a staged
+// agent.rpm is installed, the installed package repacked into previous/
+// first; a second one whose daemon never comes up is rolled back to the
+// first, kept in installed/ by the first upgrade, and rpm -V is clean
+// after each. On an image-based host (/usr read-only) whose agent rpm
+// installed, the upgrade is refused (78) and changes nothing.
+func TestRPMHostUpgradeRunsAndRollsBack(t *testing.T) {
+	root, dist, _ := rpmRoot(t)
+	t.Parallel()
+	ctx := context.Background()
+	m, err := upgrade.Rpm{}.Inspect(ctx, dist)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := hostpaths.New(root)
+	// What tmpfiles.d makes at boot.
+	if err := os.MkdirAll(paths.RunDir(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sd := &agentManager{exe: paths.Libexec("unbounded-agent"), marker: filepath.Join(root, "usr/share/doc/unbounded-agent/NEWER")}
+	up := func(image bool) *upgrade.Upgrade {
+		pk, err := upgrade.HostPackages(ctx, root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &upgrade.Upgrade{Paths: paths, Packages: pk, Notify: func(string) {},
+			Systemd:    func(context.Context) (upgrade.Manager, error) { return sd, nil },
+			ImageBased: func() bool { return image },
+			Wait: upgrade.Wait{Timeout: 2 * time.Second, Settle: 50 * time.Millisecond, Poll: 5 * time.Millisecond,
+				ExeOf: func(uint32) (os.FileInfo, error) { return sd.running, nil }}}
+	}
+
+	stageRPM(t, paths, newerRPM(t, dist, "9.9.9~up1"))
+	if err := up(false).Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := rpmQuery(t, root); got != upgrade.Package+"-9.9.9~up1-1."+m.Arch {
+		t.Errorf("after the upgrade rpm -q says %s", got)
+	}
+	previous := filepath.Join(paths.UpgradeDir(), "previous", m.Name+"-"+m.Version+"."+m.Arch+".rpm")
+	if got, err := (upgrade.Rpm{}).Inspect(ctx, previous); err != nil || got != m {
+		t.Errorf("previous/ holds %+v (%v), want the repacked %+v", got, err, m)
+	}
+	if u, err := upgrade.ReadUpgraded(paths); err != nil || u == nil || u.From != m.Version || u.To != "9.9.9~up1-1" ||
+		!upgrade.SameVersion(u.To, "9.9.9-up1") {
+		t.Errorf("success signal %+v %v", u, err)
+	}
+	if out := run(t, nil, "rpm", "--root", root, "-V", "--nodeps", upgrade.Package); strings.TrimSpace(out) != "" {
+		t.Errorf("after the upgrade rpm -V says:\n%s", out)
+	}
+
+	sd.crash = "9.9.9~up2"
+	stageRPM(t, paths, newerRPM(t, dist, "9.9.9~up2"))
+	err = up(false).Run(ctx)
+	if err == nil || !strings.Contains(err.Error(), "rolled back to 9.9.9~up1-1") {
+		t.Fatalf("an upgrade whose daemon never comes up: %v", err)
+	}
+	if got := rpmQuery(t, root); got != upgrade.Package+"-9.9.9~up1-1."+m.Arch {
+		t.Errorf("after the rollback rpm -q says %s", got)
+	}
+	if f, _ := upgrade.ReadFailed(paths); f == nil || !f.RolledBack || f.To != "9.9.9~up2-1" {
+		t.Errorf("failure signal %+v", f)
+	}
+	if out := run(t, nil, "rpm", "--root", root, "-V", "--nodeps", upgrade.Package); strings.TrimSpace(out) != "" {
+		t.Errorf("after the rollback rpm -V says:\n%s", out)
+	}
+
+	stageRPM(t, paths, newerRPM(t, dist, "9.9.9~up3"))
+	err = up(true).Run(ctx)
+	if exitcode.For(err) != exitcode.ConfigInvalid || !errors.Is(err, upgrade.ErrUnsupportedHost) || !strings.Contains(err.Error(), "installed by rpm") {
+		t.Errorf("an image-based rpm host: %v (exit %d), want a refusal with 78", err, exitcode.For(err))
+	}
+	if got := rpmQuery(t, root); got != upgrade.Package+"-9.9.9~up1-1."+m.Arch {
+		t.Errorf("after the refusal rpm -q says %s", got)
+	}
+	if _, err := os.Stat(filepath.Join(paths.UpgradeDir(), "rejected", "agent.rpm")); err != nil {
+		t.Errorf("the refused package is not in rejected/: %v", err)
 	}
 }
