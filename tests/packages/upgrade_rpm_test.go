@@ -58,7 +58,7 @@ func rpmIn(t *testing.T, root string, args ...string) string {
 // writeRPM builds an rpm with rpmpack into dir.
 func writeRPM(t *testing.T, dir string, md rpmpack.RPMMetaData, build func(*rpmpack.RPM)) string {
 	t.Helper()
-	md.Compressor, md.Epoch = "zstd", rpmpack.NoEpoch
+	md.Compressor, md.Epoch = "zstd:fastest", rpmpack.NoEpoch
 	r, err := rpmpack.NewRPM(md)
 	if err != nil {
 		t.Fatal(err)
