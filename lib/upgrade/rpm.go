@@ -91,7 +91,9 @@ func (r Rpm) Inspect(ctx context.Context, file string) (Meta, error) {
 
 // Installed asks rpm's database, when there is one: a query creates a
 // missing database (rpm -q on a Debian host that has rpm as a tool
-// would leave one in root's home).
+// would leave one in root's home). A database this process cannot see
+// (Debian's rpm keeps it in /root, which the upgrade's unit hides with
+// ProtectHome=) is none either.
 func (r Rpm) Installed(ctx context.Context, name string) (Meta, bool, error) {
 	if _, err := exec.LookPath("rpm"); err != nil {
 		return Meta{}, false, nil // no rpm at all
@@ -103,7 +105,7 @@ func (r Rpm) Installed(ctx context.Context, name string) (Meta, bool, error) {
 	if db = strings.TrimSpace(db); !strings.HasPrefix(db, "/") {
 		return Meta{}, false, fmt.Errorf("rpm's database path %q is not absolute", db)
 	}
-	if _, err := os.Lstat(filepath.Join(r.root(), db)); errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Lstat(filepath.Join(r.root(), db)); err != nil {
 		return Meta{}, false, nil
 	}
 	out, err := r.run(ctx, "-q", "--qf", rpmMetaFormat, name)
