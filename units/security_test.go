@@ -62,10 +62,11 @@ var exposureTable = map[string]exposure{
 	// Section 6 sets no bound; held pins the measured value.
 	"unbounded-reset.service": {held: 4.8, contract: 10.0},
 	// Upgrade runs the package manager, which installs into /usr and /etc
-	// and keeps its database in /var/lib/dpkg: the file system stays
-	// writable and dpkg keeps the file capabilities it needs (owners,
-	// modes); no module, tunable, clock or namespace. Section 6 sets no
-	// bound; held pins the measured value.
+	// and keeps its database in /var/lib/dpkg (rpm: /var/lib/rpm,
+	// /usr/lib/sysimage/rpm): the file system stays writable and dpkg or
+	// rpm keeps the file capabilities it needs (owners, modes); no module,
+	// tunable, clock or namespace. Section 6 sets no bound; held pins the
+	// measured value.
 	"unbounded-upgrade.service": {held: 3.0, contract: 10.0},
 	// The node stack of the none mode. Section 6 sets no bound for it,
 	// and it cannot have much of a sandbox: containerd and runc build the

@@ -2,10 +2,12 @@
 // unbounded-upgrade.service (started by the daemon for an AgentUpgrade
 // MachineOperation, or by unbounded-upgrade.path when an operator stages a
 // package): the agent's self-upgrade on a package-managed host
-// (lib/upgrade). Exit 0 upgraded (or nothing to do), 1 failed (rolled
-// back, or refused before anything changed: the message says which), 69
-// an installation owns the host, 75 the package's source did not answer
-// (nothing changed; the next run resumes the download).
+// (lib/upgrade), through the package manager that installed the agent
+// (upgrade.HostPackages). Exit 0 upgraded (or nothing to do), 1 failed
+// (rolled back, or refused before anything changed: the message says
+// which), 69 an installation owns the host, 75 the package's source did
+// not answer (nothing changed; the next run resumes the download), 78 a
+// host the upgrade does not serve (an image-based rpm host).
 package upgrade
 
 import (
@@ -39,13 +41,18 @@ func Main(args []string) int {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c cli
-	paths, code, done := concern.Start("upgrade", "Upgrade the agent on this package-managed host: fetch and verify the package the daemon's request names (else the one staged in /var/lib/unbounded/upgrade/staged with its .sha256), keep the installed one, install the new one, restart the daemon and wait until it runs the new executable; roll back on failure. The node keeps running. Exit 0: upgraded or nothing to do; 1: failed (the message says whether it rolled back); 69: an installation owns the host; 75: the package's source did not answer, nothing changed.", &c, args, stdout, stderr)
+	paths, code, done := concern.Start("upgrade", "Upgrade the agent on this package-managed host (dpkg or rpm): fetch and verify the package the daemon's request names (else the one staged in /var/lib/unbounded/upgrade/staged with its .sha256), keep the installed one, install the new one, restart the daemon and wait until it runs the new executable; roll back on failure. The node keeps running. Exit 0: upgraded or nothing to do; 1: failed (the message says whether it rolled back); 69: an installation owns the host; 75: the package's source did not answer, nothing changed; 78: a host the upgrade does not serve (image-based, its agent installed by rpm).", &c, args, stdout, stderr)
 	if done {
 		return code
 	}
 	log := logging.New(stderr, slog.LevelInfo)
+	packages, err := upgrade.HostPackages(ctx, paths.Root)
+	if err != nil {
+		log.Error("upgrade: " + err.Error())
+		return exitcode.For(err)
+	}
 	u := &upgrade.Upgrade{
-		Paths: paths, Packages: upgrade.Dpkg{Root: paths.Root}, Log: log,
+		Paths: paths, Packages: packages, Log: log,
 		Wait: upgrade.Wait{Timeout: c.Timeout, Settle: c.Settle}, LockWait: c.LockWait,
 		Systemd: func(ctx context.Context) (upgrade.Manager, error) {
 			sd, err := units.Dial(ctx)
@@ -63,7 +70,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cfg, err := config.Load(paths); err == nil && cfg.Cluster.CAFile != "" {
 		u.CAFile = cfg.Resolve(cfg.Cluster.CAFile)
 	}
-	err := u.Run(ctx)
+	err = u.Run(ctx)
 	if errors.Is(err, upgrade.ErrNothingToDo) {
 		log.Info("upgrade: " + err.Error())
 		return exitcode.OK

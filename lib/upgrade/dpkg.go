@@ -23,9 +23,13 @@ type Packages interface {
 	// Inspect reads the metadata of the package file.
 	Inspect(ctx context.Context, file string) (Meta, error)
 	// Installed is the installed package name; ok is false when it is
-	// not installed (an image-based host, or a copy of the binaries).
+	// not installed (an image-based host, or a copy of the binaries),
+	// or the package manager is not on the host. Its version is the
+	// package manager's (dpkg: [epoch:]upstream[-revision], rpm:
+	// [epoch:]version-release).
 	Installed(ctx context.Context, name string) (m Meta, ok bool, err error)
-	// Arch is the host's package architecture (amd64, arm64).
+	// Arch is the host's package architecture as the package manager
+	// names it (dpkg: amd64, arm64; rpm: x86_64, aarch64).
 	Arch(ctx context.Context) (string, error)
 	// Install installs file, non-interactively, keeping the operator's
 	// changes to configuration files.
@@ -35,8 +39,43 @@ type Packages interface {
 	// file the host was installed from is not on it.
 	Repack(ctx context.Context, name, dst string) error
 	// Verify checks the installed files of name against the package
-	// database (dpkg --verify); an error lists what differs.
+	// database (dpkg --verify, rpm -V); an error lists what differs.
 	Verify(ctx context.Context, name string) error
+	// Format is the package format, "deb" or "rpm": the extension of
+	// its files.
+	Format() string
+}
+
+// HostPackages is the package manager that installed the agent on the
+// host at root: dpkg, else rpm (dpkg is asked first: a Debian host may
+// have rpm as a tool). When neither did, it is Dpkg, whose Installed says
+// so: the upgrade takes the image-based path, which reads a .deb itself.
+func HostPackages(ctx context.Context, root string) (Packages, error) {
+	return firstInstalled(ctx, Dpkg{Root: root}, Rpm{Root: root})
+}
+
+// firstInstalled is the first of candidates that has the agent installed,
+// else the first.
+func firstInstalled(ctx context.Context, candidates ...Packages) (Packages, error) {
+	for _, p := range candidates {
+		_, ok, err := p.Installed(ctx, Package)
+		if err != nil {
+			return nil, fmt.Errorf("is %s installed by %s: %w", Package, p.Format(), err)
+		}
+		if ok {
+			return p, nil
+		}
+	}
+	return candidates[0], nil
+}
+
+// packageFile is the name of m's package file in format, as the package
+// manager's tools name it.
+func packageFile(format string, m Meta) string {
+	if format == "rpm" {
+		return m.Name + "-" + safeName(m.Version) + "." + m.Arch + ".rpm"
+	}
+	return m.Name + "_" + safeName(m.Version) + "_" + m.Arch + ".deb"
 }
 
 // Dpkg is Packages for Debian's dpkg, run on the host (Root "" or "/") or
@@ -45,6 +84,8 @@ type Dpkg struct {
 	Root string
 }
 
+func (d Dpkg) Format() string { return "deb" }
+
 func (d Dpkg) run(ctx context.Context, stdin io.Reader, name string, args ...string) (string, error) {
 	if d.Root != "" && d.Root != "/" {
 		switch name {
@@ -52,8 +93,15 @@ func (d Dpkg) run(ctx context.Context, stdin io.Reader, name string, args ...str
 			args = append([]string{"--root=" + d.Root}, args...)
 		}
 	}
+	return command(ctx, []string{"DEBIAN_FRONTEND=noninteractive", "LC_ALL=C"}, stdin, name, args...)
+}
+
+// command runs name with args and env added to this process's
+// environment and returns its output; its error ends in the last lines
+// it wrote.
+func command(ctx context.Context, env []string, stdin io.Reader, name string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C")
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin = stdin
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

@@ -62,6 +62,18 @@ const (
 // is the one installed.
 var ErrNothingToDo = errors.New("nothing to upgrade")
 
+// ErrUnsupportedHost: a host the upgrade does not serve (an image-based
+// host whose agent rpm installed). It exits 78, as a configuration no
+// rerun changes does (errors.Is matches exitcode.ErrConfigInvalid): no
+// restart, no recovery; the failure signal says why.
+var ErrUnsupportedHost error = unsupportedHost{}
+
+type unsupportedHost struct{}
+
+func (unsupportedHost) Error() string { return "the agent upgrade does not support this host" }
+
+func (unsupportedHost) Is(target error) bool { return target == exitcode.ErrConfigInvalid }
+
 // Journal is the upgrade's journal (journal/upgrade.json).
 type Journal struct {
 	steps.Record
@@ -136,11 +148,14 @@ func ReadUpgraded(p hostpaths.Paths) (*Upgraded, error) {
 	return &u, nil
 }
 
-// SameVersion says whether a package's version (Debian's form: nfpm
-// writes a semver pre-release "1.2.0-rc.1" as "1.2.0~rc.1", which sorts
-// before 1.2.0) is the executable's version stamp.
+// SameVersion says whether a package's version is the executable's
+// version stamp. nfpm writes a semver pre-release "1.2.0-rc.1" as
+// "1.2.0~rc.1" (which sorts before 1.2.0) in both formats, and an rpm's
+// version has a release too ("1.2.0~rc.1-1"): the release is the
+// packaging's, not the agent's, so it is not compared.
 func SameVersion(pkg, stamp string) bool {
-	return pkg == stamp || pkg == DebVersion(stamp)
+	v, _ := splitRelease(pkg)
+	return pkg == stamp || pkg == DebVersion(stamp) || v == DebVersion(stamp)
 }
 
 // InProgress says whether an upgrade's journal exists: one runs, or was
@@ -322,8 +337,8 @@ func (u *Upgrade) plan(ctx context.Context) (*Journal, error) {
 		if !validVersion(j.To) {
 			return j, u.refuse(j, StepFetch, fmt.Errorf("the AgentUpgrade operation %s: version %q is not a package version (a digit, then letters, digits and .+~:-)", req.Operation, j.To))
 		}
-		j.Staged = filepath.Join(u.Paths.UpgradeStaged(), Package+"_"+safeName(j.To)+".deb")
-		return j, nil
+		j.Staged = filepath.Join(u.Paths.UpgradeStaged(), Package+"_"+safeName(j.To)+"."+u.Packages.Format())
+		return j, u.refuseUnsupported(j, StepFetch)
 	case err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, request.ErrCorrupt):
 		return nil, err
 	}
@@ -342,7 +357,20 @@ func (u *Upgrade) plan(ctx context.Context) (*Journal, error) {
 	}
 	j.Source, j.Staged, j.SHA256 = staged, staged, sum
 	j.Done = append(j.Done, StepFetch) // it is where fetch would put it
-	return j, nil
+	return j, u.refuseUnsupported(j, StepVerify)
+}
+
+// refuseUnsupported refuses (78: a rerun finds the same host) the one
+// kind of host the upgrade does not serve: an image-based host whose
+// agent rpm installed (bootc, rpm-ostree). Its override would read an
+// .rpm without rpm, which the image-based path does not (it reads a
+// .deb); the agent comes with the next image there.
+func (u *Upgrade) refuseUnsupported(j *Journal, step string) error {
+	if !j.Image || u.Packages.Format() == "deb" {
+		return nil
+	}
+	return u.refuse(j, step, fmt.Errorf("%w: it is image-based (/usr is read-only) and its agent was installed by %s; "+
+		"the agent comes with the host's next image", ErrUnsupportedHost, u.Packages.Format()))
 }
 
 // findStaged returns the package an operator staged: the file beside the
@@ -421,7 +449,7 @@ func (u *Upgrade) verify(ctx context.Context, j *Journal) error {
 		return fmt.Errorf("package %s is %s, not %s", j.Staged, m.Name, Package)
 	case m.Arch != arch:
 		return fmt.Errorf("package %s is for architecture %s, this host is %s", j.Staged, m.Arch, arch)
-	case j.To != "" && m.Version != j.To:
+	case j.To != "" && !VersionIs(m.Version, j.To):
 		return fmt.Errorf("package %s is version %s, the operation asks for %s", j.Staged, m.Version, j.To)
 	}
 	if !validVersion(m.Version) {
@@ -458,7 +486,7 @@ func (u *Upgrade) keepPrevious(ctx context.Context, j *Journal) error {
 	if err != nil {
 		return err
 	}
-	dst := filepath.Join(dir, Package+"_"+safeName(m.Version)+"_"+m.Arch+".deb")
+	dst := filepath.Join(dir, packageFile(u.Packages.Format(), m))
 	if installed := u.installedPackage(ctx, m); installed != "" {
 		data, err := os.ReadFile(installed)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/coreos/go-systemd/v22/unit"
 
 	"unbounded-cloud.io/agent/lib/artifacts"
+	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
@@ -34,6 +35,8 @@ type host struct {
 	installed Meta
 	installs  []string
 	repacks   int
+	// format is the package manager's ("deb" when "").
+	format string
 	// crashVersion: a daemon started on this version never stays active.
 	crashVersion string
 	running      os.FileInfo
@@ -88,6 +91,13 @@ func (h *host) Inspect(_ context.Context, file string) (Meta, error) {
 		return Meta{}, fmt.Errorf("%s is not a Debian package", file)
 	}
 	return Meta{f[0], f[1], f[2]}, nil
+}
+
+func (h *host) Format() string {
+	if h.format == "" {
+		return "deb"
+	}
+	return h.format
 }
 
 func (h *host) Installed(context.Context, string) (Meta, bool, error) { return h.installed, true, nil }
@@ -554,5 +564,119 @@ func TestAnUpgradeWaitsForTheInstallationThatOwnsTheHost(t *testing.T) {
 	go func() { time.Sleep(200 * time.Millisecond); lock.Release() }()
 	if err := u.Run(context.Background()); err != nil || h.installed.Version != "1.1.0" {
 		t.Errorf("%v, installed %s: want the upgrade done once the repave released the host", err, h.installed.Version)
+	}
+}
+
+// On an rpm host a package's version has a release: the request asks for
+// the version without it and gets the package of that version (fetched
+// to an .rpm), the installed package is kept under rpm's name for it,
+// and the success signal names the package's version, which the new
+// daemon takes for its own. A package of another release than one asked
+// with it is refused.
+func TestAnRpmHostUpgradesToThePackageOfTheVersionAsked(t *testing.T) {
+	h := newHost(t)
+	h.format, h.installed = "rpm", Meta{Package, "1.0.0-1", "amd64"}
+	file, sum := pkg(t, t.TempDir(), Meta{Package, "1.1.0-1", "amd64"})
+	writeRequest(t, h.p, "op-1", map[string]string{"version": "1.1.0", "url": file, "sha256": sum})
+	if err := h.upgrade().Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if h.installed.Version != "1.1.0-1" || strings.Join(h.installs, " ") != "1.1.0-1" {
+		t.Errorf("installed %s (installs %v), want 1.1.0-1", h.installed.Version, h.installs)
+	}
+	if !exists(filepath.Join(h.p.UpgradeDir(), "previous", Package+"-1.0.0-1.amd64.rpm")) {
+		t.Error("the previous package is not kept under rpm's name")
+	}
+	if !exists(filepath.Join(h.p.UpgradeDir(), "installed", Package+"_1.1.0.rpm")) {
+		t.Error("the fetched package is not kept in installed/ as an .rpm")
+	}
+	u, _ := ReadUpgraded(h.p)
+	if u == nil || u.From != "1.0.0-1" || u.To != "1.1.0-1" || !SameVersion(u.To, "1.1.0") {
+		t.Errorf("success signal %+v: want from 1.0.0-1 to 1.1.0-1, the new daemon's version", u)
+	}
+
+	file, sum = pkg(t, t.TempDir(), Meta{Package, "1.2.0-1", "amd64"})
+	writeRequest(t, h.p, "op-2", map[string]string{"version": "1.2.0-2", "url": file, "sha256": sum})
+	err := h.upgrade().Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "is version 1.2.0-1, the operation asks for 1.2.0-2") || len(h.installs) != 1 {
+		t.Errorf("a package of another release: %v, installs %v", err, h.installs)
+	}
+}
+
+// An image-based host whose agent rpm installed is not served: a staged
+// package and a request are refused with 78 before anything is fetched
+// or changed, the failure signal says why and the staged files go to
+// rejected/.
+func TestAnImageBasedRpmHostIsRefused(t *testing.T) {
+	h := newHost(t)
+	h.format, h.installed = "rpm", Meta{Package, "1.0.0-1", "amd64"}
+	up := func() *Upgrade { u := h.upgrade(); u.ImageBased = func() bool { return true }; return u }
+	staged := h.stage(Meta{Package, "1.1.0-1", "amd64"}, "")
+	err := up().Run(context.Background())
+	if !errors.Is(err, ErrUnsupportedHost) || exitcode.For(err) != exitcode.ConfigInvalid || !strings.Contains(err.Error(), "installed by rpm") {
+		t.Errorf("staged: %v (exit %d), want ErrUnsupportedHost, 78", err, exitcode.For(err))
+	}
+	if len(h.installs) != 0 || h.pid != 0 || exists(staged) || !exists(filepath.Join(h.p.UpgradeDir(), "rejected", filepath.Base(staged))) {
+		t.Errorf("installs %v, restarts %d, staged file left %v: want nothing changed and the package in rejected/", h.installs, h.pid, exists(staged))
+	}
+	if f, _ := ReadFailed(h.p); f == nil || !strings.Contains(f.Message, "image-based") {
+		t.Errorf("failure signal %+v", f)
+	}
+
+	fetched := 0
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { fetched++ }))
+	defer srv.Close()
+	writeRequest(t, h.p, "op-1", map[string]string{"version": "1.1.0", "url": srv.URL + "/agent.rpm", "sha256": strings.Repeat("ab", 32)})
+	u := up()
+	u.HTTP = srv.Client()
+	if err := u.Run(context.Background()); exitcode.For(err) != exitcode.ConfigInvalid || fetched != 0 {
+		t.Errorf("request: %v, %d fetches: want 78 and nothing fetched", err, fetched)
+	}
+	if f, _ := ReadFailed(h.p); f == nil || f.UID != "op-1" || !request.Taken(h.p, Concern, "op-1") {
+		t.Errorf("request: failure signal %+v, or the request is not taken", f)
+	}
+}
+
+// fakeManager is a package manager that has the agent installed or not.
+type fakeManager struct {
+	format    string
+	installed bool
+	err       error
+}
+
+func (f fakeManager) Format() string { return f.format }
+func (f fakeManager) Installed(context.Context, string) (Meta, bool, error) {
+	return Meta{Package, "1.0.0", "amd64"}, f.installed, f.err
+}
+func (fakeManager) Inspect(context.Context, string) (Meta, error) { return Meta{}, nil }
+func (fakeManager) Arch(context.Context) (string, error)          { return "", nil }
+func (fakeManager) Install(context.Context, string) error         { return nil }
+func (fakeManager) Repack(context.Context, string, string) error  { return nil }
+func (fakeManager) Verify(context.Context, string) error          { return nil }
+
+// The host's package manager is the one that installed the agent, dpkg
+// asked first; with neither, dpkg's (the image-based path reads a .deb);
+// a manager that cannot answer is an error, not a guess.
+func TestTheHostsPackageManagerIsTheOneThatInstalledTheAgent(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		dpkg, rpm fakeManager
+		want      string
+	}{
+		{"dpkg", fakeManager{format: "deb", installed: true}, fakeManager{format: "rpm", installed: true}, "deb"},
+		{"rpm", fakeManager{format: "deb"}, fakeManager{format: "rpm", installed: true}, "rpm"},
+		{"neither", fakeManager{format: "deb"}, fakeManager{format: "rpm"}, "deb"},
+	} {
+		if got, err := firstInstalled(ctx, tc.dpkg, tc.rpm); err != nil || got.Format() != tc.want {
+			t.Errorf("%s: chose %v (%v), want %s", tc.name, got, err, tc.want)
+		}
+	}
+	if _, err := firstInstalled(ctx, fakeManager{format: "deb", err: errors.New("database locked")}, fakeManager{format: "rpm", installed: true}); err == nil || !strings.Contains(err.Error(), "database locked") {
+		t.Errorf("dpkg cannot answer: %v", err)
+	}
+	// The host's own: nothing is installed in an empty root.
+	if got, err := HostPackages(ctx, t.TempDir()); err != nil || got.Format() != "deb" {
+		t.Errorf("an empty root: %v (%v), want dpkg's image-based path", got, err)
 	}
 }

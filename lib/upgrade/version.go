@@ -8,6 +8,12 @@ import (
 // CompareVersions orders two Debian package versions
 // ([epoch:]upstream[-revision]) as dpkg does (deb-version(7)): -1, 0 or
 // 1. "~" sorts before everything, even the end: 1.2.0~rc.1 < 1.2.0.
+//
+// An rpm's [epoch:]version-release splits the same way, and rpm (4.10
+// and later) orders it alike for the versions the agent's packages have
+// (digits and letters in runs, ".", "~", a release): it orders them so
+// too. Where the two differ, between separators (rpm takes "+" and "."
+// for the same, dpkg sorts "+" first) and for "^", this is dpkg's order.
 func CompareVersions(a, b string) int {
 	ea, ua, ra := splitVersion(a)
 	eb, ub, rb := splitVersion(b)
@@ -98,6 +104,33 @@ func sign(n int) int {
 		return 1
 	}
 	return 0
+}
+
+// VersionIs says whether a package's version pkg is the version asked
+// for: the same, or asked names no release (rpm) or revision (Debian)
+// and pkg is asked with one ("9.9.9~up1" asks for the rpm of version
+// 9.9.9~up1-1): the release is the packaging's, the version the agent's.
+func VersionIs(pkg, asked string) bool {
+	if pkg == asked {
+		return true
+	}
+	v, rel := splitRelease(pkg)
+	_, askedRel := splitRelease(asked)
+	return rel != "" && askedRel == "" && v == asked
+}
+
+// splitRelease splits a package version into the agent's version and the
+// package's release (rpm) or revision (Debian), "" when it has none:
+// "9.9.9~up1-1" is "9.9.9~up1" and "1". A release starts with a digit
+// (as rpm's and Debian's conventions have it, and nfpm writes "1"),
+// which keeps a semver pre-release written with its hyphen ("1.2.0-rc.1",
+// not a package version) from being taken for one.
+func splitRelease(v string) (version, release string) {
+	i := strings.LastIndex(v, "-")
+	if i <= 0 || i == len(v)-1 || !isDigit(v, i+1) {
+		return v, ""
+	}
+	return v[:i], v[i+1:]
 }
 
 // validVersion accepts what deb-version(7) allows, which also keeps a
