@@ -330,6 +330,23 @@ func TestDemo(t *testing.T) {
 	}
 	interrupted()
 	if bench.path != "" {
+		o.step("bench: unbounded reset --yes, then the floor in the reset host")
+		begin = time.Now()
+		resetDone.Store(true)
+		out, rerr := resetHost(ctx, m)
+		bench.add("reset", time.Since(begin))
+		if rerr != nil {
+			// Measured and shown, not fatal: the bench reports it.
+			bench.lines = append(bench.lines, "reset.failed 1")
+			o.say("unbounded reset --yes FAILED after %s: %v", took(time.Since(begin)), rerr)
+			o.block(string(out))
+		} else {
+			o.say("unbounded reset --yes (the pod still running) in %s", took(time.Since(begin)))
+		}
+		// The floor is measured in the reset host, as a first boot finds
+		// it: measured beside the running node, its kubelet, containerd
+		// and pod on the same two cores, the unpack took twice the
+		// first boot's own (10.3 s against 6.4 s).
 		if mode == "nspawn" {
 			// The slot's floor is its payload put in place by hand: the
 			// node image pulled and unpacked, and the node stack's
@@ -340,7 +357,7 @@ func TestDemo(t *testing.T) {
 			// binaries, which the machine cannot start without, against
 			// the agent. Each alone is shown too (floorpart.*, not in
 			// the sum).
-			o.step("bench: the floor's image pull and unpack in the host beside the artifacts' install by hand, then reset")
+			o.step("bench: the floor's image pull and unpack in the reset host beside the artifacts' install by hand")
 			begin = time.Now()
 			type installed struct {
 				n   int64
@@ -369,7 +386,7 @@ func TestDemo(t *testing.T) {
 			o.say("node image pulled and unpacked by hand in the host (lib/modes/nspawn.Unpack, tests/demo/floorunpack): %d files, %d MB in %s; beside it the artifacts downloaded, checked and unpacked by hand: %d MB in %s; both done in %s",
 				files, bytes>>20, took(secs), in.n>>20, took(in.d), took(slot))
 		} else {
-			o.step("bench: the floor's artifact install, then reset")
+			o.step("bench: the floor's artifact install in the reset host")
 			begin = time.Now()
 			dir := floorDir(t, m)
 			n, err := installByHand(ctx, mirror.URL, s, dir)
@@ -380,17 +397,7 @@ func TestDemo(t *testing.T) {
 			os.RemoveAll(dir)
 			o.say("artifacts downloaded from the mirror, checked against its SHA256SUMS and unpacked by hand: %d MB in %s", n>>20, took(time.Since(begin)))
 		}
-		begin = time.Now()
-		resetDone.Store(true)
-		out, err := resetHost(ctx, m)
-		bench.add("reset", time.Since(begin))
-		if err != nil {
-			// Measured and shown, not fatal: the bench reports it.
-			bench.lines = append(bench.lines, "reset.failed 1")
-			o.say("unbounded reset --yes FAILED after %s: %v", took(time.Since(begin)), err)
-			o.block(string(out))
-		} else {
-			o.say("unbounded reset --yes (the pod still running) in %s", took(time.Since(begin)))
+		if rerr == nil {
 			firstBootLoop(t, ctx, o, kube, m, name, bench)
 		}
 		if err := bench.write(); err != nil {
