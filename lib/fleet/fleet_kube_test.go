@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -230,6 +231,52 @@ func TestRollAgainstTheAPIServerStopsAtAFailureAndResumes(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Errorf("the roll's operations:\n %v\nwant\n %v", got, want)
+	}
+}
+
+// A join's token expires: the cluster's token cleaner (run by the test
+// control plane's kube-controller-manager) deletes its Secret, and it no
+// longer authenticates. Joined as if 57 s ago with the shortest TTL
+// (1 min): it expires 3 s into the test.
+func TestAJoinsTokenExpiresAndTheClustersTokenCleanerDeletesIt(t *testing.T) {
+	env := kubeenv.Get(t)
+	ctx := context.Background()
+	c := env.Client()
+	name := kubeenv.UniqueName(t, "expire")
+	j, err := Join(ctx, c, JoinOptions{Machine: name, TTL: time.Minute, Mode: "none", APIServer: env.Host(), KubernetesVersion: "1.36.3", CA: env.CAPEM(t),
+		Now: func() time.Time { return time.Now().Add(-57 * time.Second) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Revoke(context.Background(), c, name) })
+	if until := time.Until(j.Expires); until > 5*time.Second {
+		t.Fatalf("the token expires in %v: the test's clock is not in use", until)
+	}
+	secret := "bootstrap-token-" + j.TokenID
+	begin := time.Now()
+	gone := false
+	for range 120 { // the cleaner deletes it at its expiry
+		if _, err := c.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, secret, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			gone = true
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if !gone {
+		t.Fatalf("Secret %s still there %v after the token expired (%s)", secret, time.Since(j.Expires).Round(time.Second), j.Expires)
+	}
+	t.Logf("the token cleaner deleted %s %v after the test began (expiry %s)", secret, time.Since(begin).Round(100*time.Millisecond), j.Expires.Format(time.RFC3339))
+	if ok, _, _, err := env.TokenAuthenticated(ctx, j.Token); ok || err != nil {
+		t.Errorf("the expired token: authenticated %v (%v)", ok, err)
+	}
+	if l, err := ListJoins(ctx, c); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, e := range l {
+			if e.Machine == name {
+				t.Errorf("join --list still shows the expired token: %+v", e)
+			}
+		}
 	}
 }
 
