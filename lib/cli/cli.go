@@ -21,6 +21,7 @@ import (
 	"github.com/alecthomas/kong"
 
 	"unbounded-cloud.io/agent/lib/api/manifests"
+	"unbounded-cloud.io/agent/lib/concern"
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -178,29 +179,9 @@ func Model() *kong.Application {
 // or a value outside its enum is the error Main would print. --help and
 // --version parse (they would print and exit 0). For the check of the
 // command lines the README shows (tests/docs).
-func Parse(args []string) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			code, ok := r.(exitPanic)
-			if !ok {
-				panic(r)
-			}
-			err = nil
-			if code != 0 {
-				err = fmt.Errorf("the command line exits %d before it runs", int(code))
-			}
-		}
-	}()
+func Parse(args []string) error {
 	var c cli
-	parser, err := newParser(&c,
-		kong.Writers(io.Discard, io.Discard),
-		kong.Exit(func(code int) { panic(exitPanic(code)) }),
-	)
-	if err != nil {
-		return err
-	}
-	_, err = parser.Parse(args)
-	return err
+	return concern.DryParse(func(opts ...kong.Option) (*kong.Kong, error) { return newParser(&c, opts...) }, args)
 }
 
 // silentError is an outcome the command has already explained on its own

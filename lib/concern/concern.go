@@ -36,3 +36,32 @@ func Parse(name, description string, target any, args []string, stdout, stderr i
 	}
 	return 0, false
 }
+
+// DryParse parses args (without the program name) with the parser build
+// makes, given these options: output discarded, and kong's exits (after
+// --help, --version) turned into a return. It runs nothing. An unknown
+// command or flag, a missing argument or a value outside its enum is the
+// error the command would print; a command line that exits non-zero
+// before it runs is an error too. For checks of command lines a document
+// shows (tests/docs).
+func DryParse(build func(opts ...kong.Option) (*kong.Kong, error), args []string) (err error) {
+	type exited int
+	defer func() {
+		if r := recover(); r != nil {
+			code, ok := r.(exited)
+			if !ok {
+				panic(r)
+			}
+			err = nil
+			if code != 0 {
+				err = fmt.Errorf("the command line exits %d before it runs", int(code))
+			}
+		}
+	}()
+	parser, err := build(kong.Writers(io.Discard, io.Discard), kong.Exit(func(code int) { panic(exited(code)) }))
+	if err != nil {
+		return err
+	}
+	_, err = parser.Parse(args)
+	return err
+}

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
+	"unbounded-cloud.io/agent/lib/concern"
 	"unbounded-cloud.io/agent/lib/fleet"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/version"
@@ -269,32 +270,12 @@ func Main(args []string) int {
 	return 0
 }
 
-// exitPanic carries kong's exit (after --help) out of Parse.
-type exitPanic int
-
 // Parse parses the command line args (without the program name) as Main
 // does and runs nothing: an unknown command or flag, a missing argument
 // or a value outside its enum is the error Main would print; --help
 // parses. For the check of the command lines the README shows
 // (tests/docs).
-func Parse(args []string) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			code, ok := r.(exitPanic)
-			if !ok {
-				panic(r)
-			}
-			err = nil
-			if code != 0 {
-				err = fmt.Errorf("the command line exits %d before it runs", int(code))
-			}
-		}
-	}()
+func Parse(args []string) error {
 	var c cli
-	parser, err := newParser(&c, kong.Writers(io.Discard, io.Discard), kong.Exit(func(code int) { panic(exitPanic(code)) }))
-	if err != nil {
-		return err
-	}
-	_, err = parser.Parse(versionAlias(args))
-	return err
+	return concern.DryParse(func(opts ...kong.Option) (*kong.Kong, error) { return newParser(&c, opts...) }, versionAlias(args))
 }
