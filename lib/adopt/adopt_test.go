@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -55,21 +54,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 func child(t *testing.T, w *bootstraptest.World, point string) (int, string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childRoot+"="+w.Root, crashpoint.Env+"="+point)
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return 0, string(out)
-	case errors.As(err, &ee):
-		if ee.ExitCode() < 0 {
-			return crashpoint.ExitCode, string(out)
-		}
-		return ee.ExitCode(), string(out)
-	}
-	t.Fatal(err)
-	return 0, ""
+	return bootstraptest.RunChild(t, childRoot+"="+w.Root, crashpoint.Env+"="+point)
 }
 
 // token is the older record's bootstrap token: it must end up nowhere.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -431,21 +430,7 @@ func crashPoints() []string {
 
 func child(t *testing.T, w *bootstraptest.World, point string) (int, string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+w.Root, crashpoint.Env+"="+point)
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return 0, string(out)
-	case errors.As(err, &ee):
-		if ee.ExitCode() < 0 {
-			return 128 + 9, string(out) // killed: as a shell reports SIGKILL
-		}
-		return ee.ExitCode(), string(out)
-	}
-	t.Fatal(err)
-	return 0, ""
+	return bootstraptest.RunChild(t, childEnv+"="+w.Root, crashpoint.Env+"="+point)
 }
 
 func TestCrashAtEveryPointThenRerunEndsAsAnUninterruptedRun(t *testing.T) {

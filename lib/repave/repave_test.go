@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -566,21 +565,7 @@ func crashPoints() []string {
 
 func child(t *testing.T, w *bootstraptest.World, point string) (int, string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+w.Root, crashpoint.Env+"="+point)
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return 0, string(out)
-	case errors.As(err, &ee):
-		if ee.ExitCode() < 0 {
-			return crashpoint.ExitCode, string(out)
-		}
-		return ee.ExitCode(), string(out)
-	}
-	t.Fatal(err)
-	return 0, ""
+	return bootstraptest.RunChild(t, childEnv+"="+w.Root, crashpoint.Env+"="+point)
 }
 
 func TestCrashAtEveryPointThenRerunConverges(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -47,21 +46,7 @@ func TestMain(m *testing.M) {
 
 func child(t *testing.T, w *bootstraptest.World, op, point string) (int, string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childRoot+"="+w.Root, childOp+"="+op, crashpoint.Env+"="+point)
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return 0, string(out)
-	case errors.As(err, &ee):
-		if ee.ExitCode() < 0 {
-			return crashpoint.ExitCode, string(out)
-		}
-		return ee.ExitCode(), string(out)
-	}
-	t.Fatal(err)
-	return 0, ""
+	return bootstraptest.RunChild(t, childRoot+"="+w.Root, childOp+"="+op, crashpoint.Env+"="+point)
 }
 
 func newWorld(t *testing.T) *bootstraptest.World {

@@ -24,12 +24,14 @@ import (
 	"log/slog"
 	"math/big"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/artifacts"
@@ -586,4 +588,27 @@ func clip(s string) string {
 		return s[:300] + "..."
 	}
 	return s
+}
+
+// RunChild runs this test binary again as a child process (-test.run=^$:
+// no test, its TestMain does the work) with env added to its environment,
+// and returns its exit code and output. A child killed by a signal (a
+// crash point's SIGKILL) is crashpoint.ExitCode.
+func RunChild(t testing.TB, env ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, string(out)
+	case errors.As(err, &ee):
+		if ee.ExitCode() < 0 {
+			return crashpoint.ExitCode, string(out)
+		}
+		return ee.ExitCode(), string(out)
+	}
+	t.Fatal(err)
+	return 0, ""
 }
