@@ -707,7 +707,18 @@ func (d *daemon) step(ctx context.Context) error {
 	if d.machineObj != nil {
 		spec, _ = json.Marshal(d.machineObj.Spec)
 	}
-	go func() { d.finished <- d.run(ctx, j, spec) }()
+	// Counted in serve's wait group: serve (and Run) return only once the
+	// job has ended (it ends when ctx does: "interrupted"), never while
+	// it still writes a request under the host root.
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		r := d.run(ctx, j, spec)
+		select {
+		case d.finished <- r:
+		case <-ctx.Done():
+		}
+	}()
 	return nil
 }
 

@@ -19,6 +19,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -284,7 +285,7 @@ func journalCursor(t *testing.T, f *firstBoot) string {
 func waitUnitDone(t *testing.T, f *firstBoot, unit, cursor string, timeout time.Duration) map[string]string {
 	t.Helper()
 	var p map[string]string
-	waitUntil(t, timeout, unit+" ended", func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		if cursor != "" {
 			j, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "-u", unit, "--after-cursor", cursor)
 			if !strings.Contains(j, unit+": Deactivated successfully.") && !strings.Contains(j, "Failed with result") {
@@ -297,6 +298,16 @@ func waitUnitDone(t *testing.T, f *firstBoot, unit, cursor string, timeout time.
 		}
 		return cursor != "" || p["InvocationID"] != "", nil
 	})
+	if err != nil {
+		// Why the run did not end (or never began): its lines and the
+		// daemon's (which starts most runs) since the cursor.
+		args := []string{"journalctl", "-q", "--no-pager", "-o", "short-precise", "-u", unit, "-u", daemonUnit}
+		if cursor != "" {
+			args = append(args, "--after-cursor", cursor)
+		}
+		j, _ := f.m.Run(append([]string{"sh", "-c", `"$@" | tail -n 80`, "sh"}, args...)...)
+		t.Fatalf("%s ended: not within %v: %v; %v\n%s and the daemon since the run was asked for (last lines):\n%s", unit, timeout, err, p, unit, j)
+	}
 	return p
 }
 

@@ -192,9 +192,10 @@ func (f *firstBoot) agentUpgradedWithin(t *testing.T, within time.Duration, stat
 // itself, Failed, AgentUpgraded=False RolledBack, the daemon on the
 // previous version, the node untouched; (3) a package staged with a wrong
 // .sha256 (unbounded-upgrade.path): refused before anything changed,
-// AgentUpgraded=False naming the mismatch, the files in rejected/; (4) an
-// upgrade cut after its install, and one asked by spec.agent cut after
-// the daemon's restart, each then power-cut: resumed at boot with the
+// AgentUpgraded=False naming the mismatch, the files in rejected/; (3b)
+// one asked by the Machine's spec.agent (an https package server); (4) an
+// upgrade cut after its install, and one cut after the daemon's restart,
+// each then power-cut: resumed at boot with the
 // node started as usual, Complete; (4b) a rollback cut in its middle:
 // finished at boot, the previous package back; (5) the host made
 // image-based: an override, then an image update supersedes it.
@@ -306,18 +307,49 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 		return
 	}
 
+	// (3b) Asked by the Machine's spec.agent: the daemon writes the
+	// request and starts the unit; the package on an https package
+	// server the host trusts. Then spec.agent is removed: it is
+	// declarative, and left in place it would take the host back to
+	// this version after every later upgrade.
+	{
+		const to = "9.9.9-up3"
+		pids = nodePIDs(t, f)
+		deb := buildAgentDeb(t, to, false)
+		if err := os.Link(deb, filepath.Join(pkgDir, filepath.Base(deb))); err != nil {
+			t.Fatal(err)
+		}
+		_, sum := putPackage(t, f, deb)
+		begin = time.Now()
+		f.setAgentSpec(t, &v1alpha3.AgentSpec{Version: strings.Replace(to, "-", "~", 1), URL: pkgServer.URL + "/" + filepath.Base(deb), SHA256: sum})
+		waitUntil(t, 2*time.Minute, "the Machine reports agent "+to+" (spec.agent)", func(ctx context.Context) (bool, error) {
+			a := f.machine(t).Status.Agent
+			return a != nil && a.Version == to, nil
+		})
+		t.Logf("spec.agent %s: reported %v after the spec changed", to, time.Since(begin).Round(time.Millisecond))
+		f.agentUpgraded(t, metav1.ConditionTrue, "Upgraded", "to "+strings.Replace(to, "-", "~", 1))
+		if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != strings.Replace(to, "-", "~", 1) {
+			t.Errorf("installed version after spec.agent %q, want %s", out, to)
+		}
+		if got := nodePIDs(t, f); got != pids {
+			t.Errorf("the node's processes changed in the spec.agent upgrade: %s -> %s", pids, got)
+		}
+		f.setAgentSpec(t, nil)
+		if t.Failed() {
+			return
+		}
+	}
+
 	// (4) An upgrade by operation cut right after its install (the
 	// daemon stopped first, as the power cut that follows stops it:
-	// nothing reports the cut), and one the Machine's spec.agent asks for
-	// (from an https package server) cut right after the daemon's
-	// restart, each followed by a power cut
+	// nothing reports the cut), and a staged one cut right after the
+	// daemon's restart, each followed by a power cut
 	// of the whole host: at boot the node starts as on any boot, the
 	// upgrade is resumed and finishes on the new version (the operation
 	// Complete), and dpkg has nothing half-installed.
 	for i, point := range []string{"upgrade/after-install", "upgrade/after-activate"} {
-		to := fmt.Sprintf("9.9.9-up%d", 3+i)
-		deb := buildAgentDeb(t, to, false)
-		path, sum = putPackage(t, f, deb)
+		to := fmt.Sprintf("9.9.9-up%d", 4+i)
+		path, sum = putPackage(t, f, buildAgentDeb(t, to, false))
 		setCrashPoint(t, f, upgradeUnit, point)
 		f.daemonWatchdog(t, false)
 		byOp := point == "upgrade/after-install"
@@ -333,13 +365,18 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 				t.Fatalf("stop the daemon: %v\n%s", err, out)
 			}
 		} else {
-			// Asked by the Machine's spec.agent (the daemon writes the
-			// request and starts the unit), the package on the https
-			// package server.
-			if err := os.Link(deb, filepath.Join(pkgDir, filepath.Base(deb))); err != nil {
-				t.Fatal(err)
+			// Started by hand here, the path unit stopped: it would
+			// start the crashing run again and again while the staged
+			// files are there (its trigger was (3)'s). Not by an
+			// operation or spec.agent: the new daemon, which must run to
+			// be waited for, would start the crashing run again too.
+			f.m.Systemctl("stop", "unbounded-upgrade.path")
+			data, _ := f.m.ReadFile(path)
+			f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb", data, 0o600)
+			f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb.sha256", []byte(sum+"\n"), 0o600)
+			if out, err := f.m.Systemctl("start", "--no-block", upgradeUnit); err != nil {
+				t.Fatalf("start %s: %v\n%s", upgradeUnit, err, out)
 			}
-			f.setAgentSpec(t, &v1alpha3.AgentSpec{Version: strings.Replace(to, "-", "~", 1), URL: pkgServer.URL + "/" + filepath.Base(deb), SHA256: sum})
 		}
 		wantCrashedAt(t, f, upgradeUnit, point, waitUnitDone(t, f, upgradeUnit, cursor, 5*time.Minute))
 		f.m.PowerCut()
@@ -371,11 +408,6 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 		if t.Failed() {
 			return
 		}
-		if !byOp {
-			// spec.agent is declarative: left in place it would take
-			// the host back to this version after every later upgrade.
-			f.setAgentSpec(t, nil)
-		}
 	}
 
 	// (4b) A power cut in the middle of a rollback: a package whose
@@ -386,7 +418,7 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 	// daemon running, nothing half-installed, and the Machine told
 	// (AgentUpgraded=False, rolled back).
 	{
-		const broken, back = "9.9.9-up5", "9.9.9-up4"
+		const broken, back = "9.9.9-up6", "9.9.9-up5"
 		path, sum = putPackage(t, f, buildAgentDeb(t, broken, true))
 		setCrashPoint(t, f, upgradeUnit, "upgrade/rolling-back")
 		f.m.Systemctl("stop", "unbounded-upgrade.path")
@@ -441,7 +473,7 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 			t.Fatalf("%v: %v\n%s", args, err, out)
 		}
 	}
-	const staged, image = "9.9.9-up6", "9.9.9-up7"
+	const staged, image = "9.9.9-up7", "9.9.9-up8"
 	path, sum = putPackage(t, f, buildAgentDeb(t, staged, false))
 	data, _ = f.m.ReadFile(path)
 	f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb", data, 0o600)
@@ -454,8 +486,8 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 	if v := daemonRuns(); !strings.Contains(v, staged) {
 		t.Errorf("with the override the daemon runs %q, want %s", v, staged)
 	}
-	if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != "9.9.9~up4" {
-		t.Errorf("dpkg says %q after the override, want the package installed before it, 9.9.9~up4", out)
+	if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != "9.9.9~up5" {
+		t.Errorf("dpkg says %q after the override, want the package installed before it, 9.9.9~up5", out)
 	}
 	if out, err := f.m.Run("dpkg", "--verify", "unbounded-agent"); err != nil || strings.TrimSpace(out) != "" {
 		t.Errorf("dpkg --verify with the override (nothing in /usr may change): %v\n%s", err, out)
