@@ -52,6 +52,31 @@ func (h *host) started() []string {
 	return out
 }
 
+// nodeStartsOver runs health once a second for secs seconds and returns
+// when (from the first run) it started the node; it fails the test if it
+// started anything else.
+func (h *host) nodeStartsOver(t *testing.T, secs int) []time.Duration {
+	t.Helper()
+	var at []time.Duration
+	start := h.now
+	for range secs {
+		n := len(h.started())
+		if err := h.run(t); err != nil {
+			t.Fatal(err)
+		}
+		if len(h.started()) > n {
+			at = append(at, h.now.Sub(start))
+		}
+		h.now = h.now.Add(time.Second)
+	}
+	for _, u := range h.started() {
+		if u != unitnames.NodeTarget {
+			t.Errorf("started %s, want only %s", u, unitnames.NodeTarget)
+		}
+	}
+	return at
+}
+
 func (h *host) check() *Check {
 	return &Check{Paths: h.p, Failures: 2, MaxRestarts: 1, BootWait: time.Millisecond, Settle: -1, PollInterval: time.Millisecond,
 		Units: h.units, Now: func() time.Time { return h.now },
@@ -263,26 +288,10 @@ func TestHealthRetriesAFenceWithoutAnswerWithAGrowingDelayButNotAnExplicitRefusa
 	if err := record.Write(h.p, record.Record{Outcome: record.NoAnswer, Reason: "ClusterUnreachable", At: h.now}); err != nil {
 		t.Fatal(err)
 	}
-	var at []time.Duration
-	start := h.now
-	for range 60 * 30 { // 30 min in steps of 1 s
-		n := len(h.started())
-		if err := h.run(t); err != nil {
-			t.Fatal(err)
-		}
-		if len(h.started()) > n {
-			at = append(at, h.now.Sub(start))
-		}
-		h.now = h.now.Add(time.Second)
-	}
+	at := h.nodeStartsOver(t, 60*30) // 30 min in steps of 1 s
 	want := []time.Duration{0, 30 * time.Second, 90 * time.Second, 210 * time.Second, 450 * time.Second, 930 * time.Second, 1530 * time.Second}
 	if !slices.Equal(at, want) {
 		t.Errorf("node starts at %v, want %v (30 s doubling, capped at 10 min)", at, want)
-	}
-	for _, u := range h.started() {
-		if u != unitnames.NodeTarget {
-			t.Errorf("started %s, want only %s", u, unitnames.NodeTarget)
-		}
 	}
 }
 
@@ -303,25 +312,8 @@ func TestHealthRetriesAFenceThatFailedWithoutDecidingButNotAStoppedNode(t *testi
 		t.Fatalf("stopped node: health started %v", h.started())
 	}
 	h.units.Set(unitnames.Fence, "failed")
-	var at []time.Duration
-	start := h.now
-	for range 120 {
-		n := len(h.started())
-		if err := h.run(t); err != nil {
-			t.Fatal(err)
-		}
-		if len(h.started()) > n {
-			at = append(at, h.now.Sub(start))
-		}
-		h.now = h.now.Add(time.Second)
-	}
-	if want := []time.Duration{0, 30 * time.Second, 90 * time.Second}; !slices.Equal(at, want) {
+	if at, want := h.nodeStartsOver(t, 120), []time.Duration{0, 30 * time.Second, 90 * time.Second}; !slices.Equal(at, want) {
 		t.Errorf("node starts at %v, want %v", at, want)
-	}
-	for _, u := range h.started() {
-		if u != unitnames.NodeTarget {
-			t.Errorf("started %s, want only %s", u, unitnames.NodeTarget)
-		}
 	}
 }
 
