@@ -223,6 +223,13 @@ var graphRules = []graphRule{
 			noOrderingOn(t, u, "Requires", "network-online.target")
 		},
 	},
+	{
+		name:    "a reset started again waits for the recovery of its last failure (which writes under the host root the reset removes)",
+		applies: isNamed(unitnames.Reset),
+		check: func(t *testing.T, u *parsed) {
+			requireAll(t, u, "Unit", "After", "unbounded-recover@"+unitnames.Reset+".service")
+		},
+	},
 }
 
 const (
