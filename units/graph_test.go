@@ -141,8 +141,8 @@ var graphRules = []graphRule{
 		},
 	},
 	{
-		name:    "repave runs after lifecycle and after the node target's start, and is no part of the node target (it stops the old node and starts the target itself)",
-		applies: isNamed("unbounded-repave.service"),
+		name:    "repave and isolation change run after lifecycle and after the node target's start, and are no part of the node target (they stop the old node and start the target themselves)",
+		applies: isNamed("unbounded-repave.service", unitnames.Isolation),
 		check: func(t *testing.T, u *parsed) {
 			requireAll(t, u, "Unit", "After", "unbounded-lifecycle.service", unitnames.NodeTarget)
 			for _, k := range []string{"Requires", "BindsTo", "PartOf", "Requisite"} {

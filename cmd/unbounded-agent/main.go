@@ -24,6 +24,7 @@ import (
 	"unbounded-cloud.io/agent/cmd/bootstrap"
 	"unbounded-cloud.io/agent/cmd/daemon"
 	"unbounded-cloud.io/agent/cmd/fence"
+	"unbounded-cloud.io/agent/cmd/isolation"
 	"unbounded-cloud.io/agent/cmd/lifecycle"
 	"unbounded-cloud.io/agent/cmd/recover"
 	"unbounded-cloud.io/agent/cmd/repave"
@@ -41,7 +42,8 @@ var concerns = map[string]struct {
 	"bootstrap": {bootstrap.Main, "first boot: turn this host into a Ready node of the cluster (unbounded-bootstrap.service)"},
 	"daemon":    {daemon.Main, "watch this host's Machine and operations and carry them out (unbounded-daemon.service)"},
 	"fence":     {fence.Main, "check with the cluster that the node may start (unbounded-fence.service)"},
-	"lifecycle": {lifecycle.Main, "before the daemon: resume an interrupted installation or repave, keep the running node's hooks current (unbounded-lifecycle.service)"},
+	"isolation": {isolation.Main, "change the node's isolation mode in place, rolling back to the old mode on failure (unbounded-isolation.service)"},
+	"lifecycle": {lifecycle.Main, "before the daemon: resume an interrupted installation, repave or isolation change, keep the running node's hooks current (unbounded-lifecycle.service)"},
 	"recover":   {recover.Main, "report a failed agent unit on the Machine and repair the daemon (unbounded-recover@.service)"},
 	"repave":    {repave.Main, "replace the node stack from the desired config, blue/green or in place, rolling back on failure (unbounded-repave.service)"},
 	"reset":     {reset.Main, "remove the node and the agent's state from this host; /etc/unbounded stays (unbounded-reset.service)"},

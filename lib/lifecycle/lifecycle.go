@@ -26,8 +26,20 @@ import (
 
 // RepaveJournal is the repave's journal's name (lib/repave's Operation,
 // named here so that this package does not link lib/repave's cluster
-// client).
-const RepaveJournal = "repave"
+// client); IsolationJournal the isolation change's (lib/repave's
+// IsolationOperation).
+const (
+	RepaveJournal    = "repave"
+	IsolationJournal = "isolation"
+)
+
+// resumedByJournal are the operations whose journal, left on a host no
+// installation owns, queues their unit again (a crash between the lock's
+// release and the journal's removal): the unit only hands the node over.
+var resumedByJournal = []struct{ journal, unit, what string }{
+	{RepaveJournal, unitnames.Repave, "an interrupted repave left its journal"},
+	{IsolationJournal, unitnames.Isolation, "an interrupted isolation change left its journal"},
+}
 
 // Lifecycle runs on one host; the zero value of each field but Paths is
 // the real host.
@@ -65,10 +77,11 @@ func (l *Lifecycle) systemd(ctx context.Context) (units.Manager, error) {
 //     ownership record names) is queued. The generator does the same at
 //     boot; this covers a host root the generator saw unmounted (a
 //     separate /var) and a reload that found the host owned.
-//  2. A repave journal on a host no installation owns (a repave that
-//     crashed after it released the lock, or failed after its switch) is
-//     finished or rolled back: unbounded-repave.service is queued, which
-//     resumes from the journal. lifecycle links no Kubernetes client and
+//  2. A repave (or isolation change) journal on a host no installation
+//     owns (one that crashed after it released the lock, or failed after
+//     its switch) is finished or rolled back: unbounded-repave.service
+//     (unbounded-isolation.service) is queued, which resumes from the
+//     journal. lifecycle links no Kubernetes client and
 //     never decides itself which node runs: the repave does, with the
 //     cluster (uncordon, the new Node's readiness) in reach.
 //  3. The running node's lifecycle hooks are made current (Mode.
@@ -104,12 +117,14 @@ func (l *Lifecycle) Run(ctx context.Context) error {
 	if err := l.supersede(ctx); err != nil {
 		return err
 	}
-	found, jerr := journalExists(l.Paths, RepaveJournal)
-	if jerr != nil {
-		return fmt.Errorf("repave journal: %w", jerr)
-	}
-	if found {
-		return l.resume(ctx, unitnames.Repave, "an interrupted repave left its journal")
+	for _, r := range resumedByJournal {
+		found, jerr := journalExists(l.Paths, r.journal)
+		if jerr != nil {
+			return fmt.Errorf("%s journal: %w", r.journal, jerr)
+		}
+		if found {
+			return l.resume(ctx, r.unit, r.what)
+		}
 	}
 	// The first writer after a boot: an applied record whose staged
 	// replacement a power cut left unrenamed goes under its own name

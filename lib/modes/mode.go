@@ -57,6 +57,13 @@ type Mode interface {
 	// Restart restarts the node stack of slot in place, a soft reboot of
 	// the node, never of the host.
 	Restart(ctx context.Context, slot string) error
+	// Stop stops the node stack of slot entirely (what outlives its
+	// units' stop by design, such as mode none's pods, included) and
+	// keeps its files, so that Start runs it again: an isolation change
+	// stops the old mode's node before another mode's node takes the
+	// host's network and kubelet port, and starts it again on rollback.
+	// Stopping a stopped slot is not an error.
+	Stop(ctx context.Context, slot string) error
 	// Repave replaces the node stack running as slot `running` by s
 	// (blue/green for nspawn: s.Name is the other slot; in place for
 	// none: s.Name names the record, both slots are the same units).

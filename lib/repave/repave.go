@@ -74,6 +74,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"unbounded-cloud.io/agent/lib/adopt"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
@@ -100,6 +101,17 @@ import (
 // Operation is the owner name of the ownership lock and the journal's name.
 const Operation = "repave"
 
+// IsolationOperation, IsolationUnit and IsolationConcern are the same for
+// a Repave run as an isolation change (Repave.Isolation,
+// unbounded-isolation.service): its lock's owner and journal
+// (journal/isolation.json, whose running-slot says which of two records
+// runs: state.ReadInPlaceJournal), its unit, its request file.
+const (
+	IsolationOperation = "isolation"
+	IsolationUnit      = unitnames.Isolation
+	IsolationConcern   = "isolation"
+)
+
 // Unit is the unit that runs a repave; the ownership record names it, so
 // that the generator resumes it after a reboot mid-repave.
 const Unit = unitnames.Repave
@@ -124,6 +136,10 @@ const (
 	// this: it goes on past a drain that timed out, not past pods that
 	// an eviction would lose.
 	ParamDeleteUnmanaged = "deleteUnmanaged"
+	// ParamMethod forces the method of an isolation change
+	// (modes.MethodInPlace or modes.MethodReprovision); absent: the
+	// table's (modes.ChangeMethod).
+	ParamMethod = "method"
 )
 
 // Steps, in order.
@@ -152,9 +168,29 @@ var CrashPoints = func() []string {
 	return append(out, "repave/after-release")
 }()
 
+// IsolationCrashPoints are the crash points of an isolation change in
+// order: its steps', with modes.Change's inside the switch.
+var IsolationCrashPoints = func() []string {
+	out := []string{IsolationOperation + "/after-lock"}
+	for _, s := range Steps {
+		if s == StepSwitch {
+			out = append(out, IsolationOperation+"/after-node-deleted")
+			out = append(out, modes.ChangeCrashPoints...)
+		}
+		out = append(out, steps.CrashPoint(IsolationOperation, s))
+	}
+	return append(out, IsolationOperation+"/after-release")
+}()
+
 // ErrModeChange is returned when the desired config names another
 // isolation mode: that is an isolation change, not a repave.
 var ErrModeChange = errors.New("the desired config changes the isolation mode")
+
+// ErrTokenRejected: an isolation change found the bootstrap token
+// refused by the API server before it touched the host. The new mode's
+// kubelet joins by TLS bootstrap with that token: the change would end in
+// a node that cannot register.
+var ErrTokenRejected = errors.New("the API server does not accept the bootstrap token")
 
 // Journal is what a repave keeps between runs.
 type Journal struct {
@@ -163,6 +199,15 @@ type Journal struct {
 	From string `json:"from"`
 	To   string `json:"to"`
 	Mode string `json:"mode"`
+	// FromMode is the running mode of an isolation change ("": Mode).
+	FromMode string `json:"from-mode,omitempty"`
+	// Method is an isolation change's (modes.MethodInPlace).
+	Method string `json:"method,omitempty"`
+	// RunningSlot is the slot whose node runs: From until the new
+	// node is recorded, then To. With two records on the host (an
+	// isolation change between its record and retire steps) it says
+	// which one is active (state.ReadInPlaceJournal reads it).
+	RunningSlot string `json:"running-slot,omitempty"`
 	// Config is the desired effective config (lib/config, as JSON, the
 	// bootstrap token referenced by file): a resumed run applies exactly
 	// this, whatever the files on disk say by then.
@@ -236,6 +281,16 @@ type Repave struct {
 	Healthy func(ctx context.Context, cfg *config.Config, slot string, m modes.Mode) error
 	// Fence runs the allocation fence; nil: unbounded-fence.service.
 	Fence func(ctx context.Context) error
+	// Isolation runs the repave as an isolation change
+	// (unbounded-isolation.service): the desired mode differs from the
+	// running one, and the new node is built in the other slot in the
+	// other mode (modes.Change). A desired config in the running mode is
+	// nothing to do.
+	Isolation bool
+	// ReviewToken asks the API server whether cfg's bootstrap token
+	// authenticates (an isolation change asks before it touches the
+	// host); nil: a TokenReview with the token itself.
+	ReviewToken func(ctx context.Context, cfg *config.Config) error
 	// Notify sends an sd_notify state; nil: sd_notify.
 	Notify     func(state string)
 	CrashPoint func(name string)
@@ -243,6 +298,37 @@ type Repave struct {
 	Log        *slog.Logger
 
 	early *earlyFence
+}
+
+// op is the lock's owner and the journal's name; unit the unit that
+// runs it; concern its request file's name.
+func (r *Repave) op() string {
+	if r.Isolation {
+		return IsolationOperation
+	}
+	return Operation
+}
+
+func (r *Repave) unit() string {
+	if r.Isolation {
+		return IsolationUnit
+	}
+	return Unit
+}
+
+func (r *Repave) concern() string {
+	if r.Isolation {
+		return IsolationConcern
+	}
+	return Concern
+}
+
+// fromMode is the mode of the running slot.
+func (j *Journal) fromMode() string {
+	if j.FromMode != "" {
+		return j.FromMode
+	}
+	return j.Mode
 }
 
 func (r *Repave) log() *slog.Logger {
@@ -294,11 +380,11 @@ func (r *Repave) Run(ctx context.Context) error {
 		return err
 	}
 	r.status("taking the ownership lock")
-	lock, err := state.AcquireOwnership(r.Paths, Operation, Unit)
+	lock, err := state.AcquireOwnership(r.Paths, r.op(), r.unit())
 	if err != nil {
 		return err // 69: another installation owns the host
 	}
-	r.crash("repave/after-lock")
+	r.crash(r.op() + "/after-lock")
 	// A record a power cut left staged goes under its own name first (the
 	// first writer after the boot).
 	if err := state.FinishApplied(r.Paths); err != nil {
@@ -328,17 +414,21 @@ func (r *Repave) Run(ctx context.Context) error {
 	if err := lock.Release(); err != nil {
 		return fmt.Errorf("release the ownership lock: %w", err)
 	}
-	r.crash("repave/after-release")
+	r.crash(r.op() + "/after-release")
 	if err := r.handOver(ctx); err != nil {
 		return err
 	}
 	// Carried out, before the journal goes: a crash in between resumes
 	// the journal, never the request again.
-	if err := request.MarkTaken(r.Paths, Concern, j.Request); err != nil {
+	if err := request.MarkTaken(r.Paths, r.concern(), j.Request); err != nil {
 		return err
 	}
-	if err := state.RemoveJournal(r.Paths, Operation); err != nil {
+	if err := state.RemoveJournal(r.Paths, r.op()); err != nil {
 		return err
+	}
+	if r.Isolation {
+		r.status("isolation changed from %s to %s: slot %s runs the node in mode %s, slot %s (mode %s) retired", j.fromMode(), j.Mode, j.To, j.Mode, j.From, j.fromMode())
+		return nil
 	}
 	r.status("repaved: slot %s runs the desired config (mode %s), slot %s retired", j.To, j.Mode, retired(j))
 	return nil
@@ -355,9 +445,9 @@ func retired(j *Journal) string {
 // and the mode; a nil journal means nothing to do.
 func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode, error) {
 	var j Journal
-	found, err := state.ReadJournal(r.Paths, Operation, &j)
+	found, err := state.ReadJournal(r.Paths, r.op(), &j)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("repave journal: %w", err)
+		return nil, nil, nil, fmt.Errorf("%s journal: %w", r.op(), err)
 	}
 	if found {
 		cfg, err := r.journalConfig(&j)
@@ -368,7 +458,7 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		r.status("resuming the repave of slot %s into %s (mode %s) from step %q", j.From, j.To, j.Mode, j.Step)
+		r.status("resuming the %s of slot %s (mode %s) into %s (mode %s) from step %q", r.op(), j.From, j.fromMode(), j.To, j.Mode, j.Step)
 		return &j, cfg, m, nil
 	}
 	active, err := state.ReadActive(r.Paths)
@@ -387,9 +477,18 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if cfg.Mode != active.Mode {
-		return nil, nil, nil, fmt.Errorf("%w from %s to %s (%s): changing the isolation mode is an isolation change (unbounded-isolation.service, not shipped yet), not a repave; the node was left as it is",
+	if cfg.Mode != active.Mode && !r.Isolation {
+		return nil, nil, nil, fmt.Errorf("%w from %s to %s (%s): changing the isolation mode is an isolation change (unbounded-isolation.service), not a repave; the node was left as it is",
 			ErrModeChange, active.Mode, cfg.Mode, strings.Join(cfg.Files, ", "))
+	}
+	if r.Isolation && cfg.Mode == active.Mode {
+		r.status("the desired mode %s is the running one: no isolation change to make", cfg.Mode)
+		if req != nil {
+			if err := request.MarkTaken(r.Paths, r.concern(), req.UID); err != nil {
+				return nil, nil, nil, err
+			}
+		}
+		return nil, nil, nil, nil
 	}
 	if cfg.Machine != active.Machine && active.Machine != "" {
 		return nil, nil, nil, fmt.Errorf("%w: the desired config names machine %q, the node runs as %q: a repave keeps the Node's name (reset and bootstrap the host to rename it)",
@@ -409,22 +508,27 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 	}
 	if same, err := sameConfig(want, active.Config); err != nil {
 		return nil, nil, nil, err
-	} else if same && !opts.Force {
+	} else if same && !opts.Force && !r.Isolation {
 		r.status("the desired config is the one slot %s runs: nothing to do", active.Slot)
 		if req != nil {
-			if err := request.MarkTaken(r.Paths, Concern, req.UID); err != nil {
+			if err := request.MarkTaken(r.Paths, r.concern(), req.UID); err != nil {
 				return nil, nil, nil, err
 			}
 		}
 		return nil, nil, nil, nil
 	}
-	m, err := r.mode(active.Mode)
+	m, err := r.mode(cfg.Mode)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	j = Journal{
 		From: active.Slot, To: modes.TargetSlot(m, active.Slot), Mode: active.Mode,
 		Config: want, Options: opts, StartedAt: r.now().UTC(),
+	}
+	if r.Isolation {
+		if err := r.planChange(ctx, &j, active, cfg, req); err != nil {
+			return nil, nil, nil, err
+		}
 	}
 	if req != nil {
 		j.Request = req.UID
@@ -434,6 +538,60 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 	return &j, cfg, m, nil
 }
 
+// planChange plans an isolation change into j (journal, desired config
+// and request decided): the method, the other slot, and the bootstrap
+// token checked with the API server, all before anything on the host is
+// touched.
+func (r *Repave) planChange(ctx context.Context, j *Journal, active *state.AppliedConfig, cfg *config.Config, req *request.Request) error {
+	method, err := modes.ChangeMethod(active.Mode, cfg.Mode)
+	if err != nil {
+		return fmt.Errorf("%w (%s); the node was left as it is", err, strings.Join(cfg.Files, ", "))
+	}
+	if req != nil {
+		if v, ok := req.Parameters[ParamMethod]; ok {
+			if v != modes.MethodInPlace && v != modes.MethodReprovision {
+				return fmt.Errorf("the daemon's request: parameter %s=%q: want %s or %s", ParamMethod, v, modes.MethodInPlace, modes.MethodReprovision)
+			}
+			method = v
+		}
+	}
+	if method != modes.MethodInPlace {
+		return fmt.Errorf("isolation change from %s to %s by %s: the reprovision handoff (unbounded-reprovision.service) is not in this build; the node was left as it is", active.Mode, cfg.Mode, method)
+	}
+	r.status("step %s: asking the API server whether it accepts the bootstrap token (the new mode's kubelet joins with it)", StepPlan)
+	if err := r.reviewToken(ctx, cfg); err != nil {
+		return err
+	}
+	j.FromMode, j.Method = active.Mode, method
+	j.To, j.RunningSlot = hostpaths.OtherSlot(active.Slot), active.Slot
+	j.Mode = cfg.Mode
+	r.log().Info("isolation change planned", "from_mode", active.Mode, "to_mode", cfg.Mode, "method", method, "from", j.From, "to", j.To)
+	return nil
+}
+
+// reviewToken says whether the API server accepts cfg's bootstrap token:
+// ErrTokenRejected when it does not (nothing on the host was touched), a
+// temporary error when it cannot be asked.
+func (r *Repave) reviewToken(ctx context.Context, cfg *config.Config) error {
+	if r.ReviewToken != nil {
+		return r.ReviewToken(ctx, cfg)
+	}
+	bc, err := kube.CredentialsFor(cfg, r.Paths.PKIDir()).BootstrapConfig()
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrTokenRejected, err)
+	}
+	st, err := kube.ReviewOwnToken(ctx, bc)
+	switch {
+	case err == nil && st.Authenticated:
+		return nil
+	case err == nil, apierrors.IsUnauthorized(err):
+		return fmt.Errorf("%w (%s: revoked or expired); the node was left as it is in its mode: a node of the new mode could not join", ErrTokenRejected, cfg.Cluster.BootstrapTokenFile)
+	case kube.NoAnswer(err):
+		return fmt.Errorf("%w: the bootstrap token could not be checked: %w (the node was left as it is)", exitcode.ErrTemporary, err)
+	}
+	return fmt.Errorf("the bootstrap token could not be checked: %w (the node was left as it is)", err)
+}
+
 // desired is the config to apply: the config on disk, with the Machine's
 // spec from the daemon's request laid over it when there is a request.
 func (r *Repave) desired() (*config.Config, *request.Request, error) {
@@ -441,7 +599,7 @@ func (r *Repave) desired() (*config.Config, *request.Request, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	req, err := request.Read(r.Paths, Concern)
+	req, err := request.Read(r.Paths, r.concern())
 	switch {
 	case err == nil:
 	case errors.Is(err, os.ErrNotExist):
@@ -452,20 +610,20 @@ func (r *Repave) desired() (*config.Config, *request.Request, error) {
 	// A request an earlier run carried out to its end is not the input
 	// of a later start by hand (request.Taken). One cut before its end
 	// is: its journal, once written, is what a resumed run follows.
-	if request.Taken(r.Paths, Concern, req.UID) {
+	if request.Taken(r.Paths, r.concern(), req.UID) {
 		r.log().Info("the daemon's request was carried out by an earlier run; the desired config is the config on disk",
-			"request", r.Paths.Request(Concern), "uid", req.UID)
+			"request", r.Paths.Request(r.concern()), "uid", req.UID)
 		return cfg, nil, nil
 	}
 	if len(req.Desired) > 0 {
 		var spec v1alpha3.MachineSpec
 		if err := json.Unmarshal(req.Desired, &spec); err != nil {
-			return nil, nil, fmt.Errorf("the daemon's request %s: desired: %w", r.Paths.Request(Concern), err)
+			return nil, nil, fmt.Errorf("the daemon's request %s: desired: %w", r.Paths.Request(r.concern()), err)
 		}
 		overlay(cfg, &spec)
 	}
 	r.log().Info("desired config: the config on disk with the Machine's spec from the daemon's request",
-		"request", r.Paths.Request(Concern), "operation", req.Operation, "uid", req.UID)
+		"request", r.Paths.Request(r.concern()), "operation", req.Operation, "uid", req.UID)
 	return cfg, req, nil
 }
 
@@ -582,11 +740,11 @@ func (r *Repave) journalConfig(j *Journal) (*config.Config, error) {
 	// config is what is applied, whatever the files say by now.
 	cfg, err := config.Load(r.Paths)
 	if err != nil {
-		return nil, fmt.Errorf("resuming the repave: %w", err)
+		return nil, fmt.Errorf("resuming the %s: %w", r.op(), err)
 	}
 	files := cfg.Files
 	if err := json.Unmarshal(j.Config, cfg); err != nil {
-		return nil, fmt.Errorf("%w: repave journal: config: %v", state.ErrCorrupt, err)
+		return nil, fmt.Errorf("%w: %s journal: config: %v", state.ErrCorrupt, r.op(), err)
 	}
 	cfg.Files = files
 	return cfg, nil
@@ -627,7 +785,7 @@ func (r *Repave) steps(ctx context.Context, j *Journal, cfg *config.Config, m mo
 		return cl, err
 	}
 	run := &steps.Runner{
-		Paths: r.Paths, Operation: Operation, Journal: j,
+		Paths: r.Paths, Operation: r.op(), Journal: j,
 		Notify: r.Notify, CrashPoint: r.CrashPoint, Log: r.log(),
 	}
 	return run.Run(ctx, []steps.Step{
@@ -667,7 +825,16 @@ func (r *Repave) steps(ctx context.Context, j *Journal, cfg *config.Config, m mo
 			return r.switchOver(ctx, j, cfg, m, slot, cluster)
 		}},
 		{Name: StepRecord, Status: "recording the applied config of slot " + j.To, Run: func(context.Context) error { return r.record(j, cfg) }},
-		{Name: StepRetire, Run: func(ctx context.Context) error { return r.retire(ctx, j, m) }},
+		{Name: StepRetire, Run: func(ctx context.Context) error {
+			old := m
+			if j.fromMode() != j.Mode {
+				var err error
+				if old, err = r.mode(j.fromMode()); err != nil {
+					return err
+				}
+			}
+			return r.retire(ctx, j, old)
+		}},
 	})
 }
 
@@ -718,7 +885,7 @@ func (r *Repave) cordon(ctx context.Context, j *Journal, cfg *config.Config, clu
 			// Journaled before the patch: a crash after it still
 			// uncordons on failure.
 			j.Cordoned = true
-			if err = state.WriteJournal(r.Paths, Operation, j); err == nil {
+			if err = state.WriteJournal(r.Paths, r.op(), j); err == nil {
 				err = c.SetUnschedulable(ctx, true)
 			}
 			if err == nil {
@@ -783,7 +950,7 @@ func (r *Repave) oldRuns(ctx context.Context, j *Journal) (bool, error) {
 		return false, err
 	}
 	defer sd.Close()
-	for _, u := range unitnames.Supervising(j.Mode, j.From) {
+	for _, u := range unitnames.Supervising(j.fromMode(), j.From) {
 		st, err := sd.ActiveState(ctx, u)
 		if err != nil {
 			return false, err
@@ -797,7 +964,7 @@ func (r *Repave) oldRuns(ctx context.Context, j *Journal) (bool, error) {
 
 // switchOver is Mode.Repave with the hooks.
 func (r *Repave) switchOver(ctx context.Context, j *Journal, cfg *config.Config, m modes.Mode, s modes.Slot, cluster func() (Cluster, error)) error {
-	r.status("step %s: replacing the node stack of slot %s by slot %s", StepSwitch, j.From, j.To)
+	r.status("step %s: replacing the node stack of slot %s (mode %s) by slot %s (mode %s)", StepSwitch, j.From, j.fromMode(), j.To, j.Mode)
 	h := modes.RepaveHooks{
 		Fence: func(ctx context.Context) error {
 			// The old kubelet is stopped now: a Node deleted before
@@ -810,7 +977,7 @@ func (r *Repave) switchOver(ctx context.Context, j *Journal, cfg *config.Config,
 			} else if !(j.Force && unreachable(err)) {
 				return err
 			}
-			r.crash("repave/after-node-deleted")
+			r.crash(r.op() + "/after-node-deleted")
 			if ok, err := r.earlyVerdict(ctx); ok {
 				r.log().Info("allocation fence: using the check made during the drain", "allowed", err == nil)
 				return err
@@ -820,11 +987,38 @@ func (r *Repave) switchOver(ctx context.Context, j *Journal, cfg *config.Config,
 		},
 		Healthy: func(ctx context.Context, slot string) error {
 			r.status("step %s: waiting for slot %s to be healthy", StepSwitch, slot)
+			if slot == j.From && j.fromMode() != j.Mode {
+				// A rollback of an isolation change: the old node
+				// runs in the old mode.
+				old, err := r.mode(j.fromMode())
+				if err != nil {
+					return err
+				}
+				oc := *cfg
+				oc.Mode = j.fromMode()
+				return r.healthy(ctx, &oc, slot, old)
+			}
 			return r.healthy(ctx, cfg, slot, m)
 		},
 		Crash: r.crash,
 	}
 	start := time.Now()
+	if j.fromMode() != j.Mode {
+		old, err := r.mode(j.fromMode())
+		if err != nil {
+			return err
+		}
+		sd, err := r.systemd(ctx)
+		if err != nil {
+			return err
+		}
+		defer sd.Close()
+		if err := modes.Change(ctx, sd, old, j.From, m, s, h); err != nil {
+			return err
+		}
+		r.log().Info("node stack switched across modes", "from", j.From, "from_mode", j.fromMode(), "to", j.To, "mode", j.Mode, "took", time.Since(start).Round(time.Millisecond).String())
+		return nil
+	}
 	if err := m.Repave(ctx, j.From, s, h); err != nil {
 		return err
 	}
@@ -935,7 +1129,8 @@ func (r *Repave) healthy(ctx context.Context, cfg *config.Config, slot string, m
 	return err
 }
 
-// record writes the new slot's applied config.
+// record writes the new slot's applied config; an isolation change's
+// journal then says that slot runs (the runner writes it with the step).
 func (r *Repave) record(j *Journal, cfg *config.Config) error {
 	a := &state.AppliedConfig{
 		Slot: j.To, Mode: j.Mode, Machine: cfg.Machine,
@@ -944,7 +1139,13 @@ func (r *Repave) record(j *Journal, cfg *config.Config) error {
 		AppliedAt:         r.now().UTC(),
 		Config:            j.Config,
 	}
-	return state.WriteApplied(r.Paths, a)
+	if err := state.WriteApplied(r.Paths, a); err != nil {
+		return err
+	}
+	if j.RunningSlot != "" {
+		j.RunningSlot = j.To
+	}
+	return nil
 }
 
 // supersededRemover is a mode that keeps what the old stack ran until
@@ -1000,19 +1201,19 @@ func (r *Repave) fail(ctx context.Context, j *Journal, cfg *config.Config, lock 
 				}
 			}
 		}
-		if terr := request.MarkTaken(r.Paths, Concern, j.Request); terr != nil {
+		if terr := request.MarkTaken(r.Paths, r.concern(), j.Request); terr != nil {
 			r.log().Error("the daemon's request not marked carried out", "error", terr.Error())
 		}
-		if rerr := state.RemoveJournal(r.Paths, Operation); rerr != nil {
-			r.log().Error("repave journal not removed", "error", rerr.Error())
+		if rerr := state.RemoveJournal(r.Paths, r.op()); rerr != nil {
+			r.log().Error(r.op()+" journal not removed", "error", rerr.Error())
 		}
 	} else {
 		// The journal's step says which step failed and why (lib/steps).
-		if werr := state.WriteJournal(r.Paths, Operation, j); werr != nil {
-			r.log().Error("repave journal not written", "error", werr.Error())
+		if werr := state.WriteJournal(r.Paths, r.op(), j); werr != nil {
+			r.log().Error(r.op()+" journal not written", "error", werr.Error())
 		}
 	}
-	r.status("repave failed in step %s: %v", step, err)
+	r.status("%s failed in step %s: %v", r.op(), step, err)
 	if rerr := lock.Release(); rerr != nil {
 		r.log().Error("ownership lock not released", "error", rerr.Error())
 	}
@@ -1036,8 +1237,8 @@ func (r *Repave) uncordonOwed(ctx context.Context, j *Journal, cfg *config.Confi
 	if len(why) > 300 {
 		why = why[:300] + "..."
 	}
-	w := owed.Write{Kind: owed.Uncordon, Node: cfg.Machine, By: Operation, Since: r.now().UTC(),
-		Why: "the repave failed with the node as it was (" + why + ")"}
+	w := owed.Write{Kind: owed.Uncordon, Node: cfg.Machine, By: r.op(), Since: r.now().UTC(),
+		Why: "the " + r.op() + " failed with the node as it was (" + why + ")"}
 	if err := owed.Owe(r.Paths, w); err != nil {
 		r.log().Error("the owed uncordon was not recorded", "error", err.Error())
 	}

@@ -499,6 +499,15 @@ func (f *fakeMode) Repave(context.Context, string, modes.Slot, modes.RepaveHooks
 
 func (f *fakeMode) EnsureHooks(context.Context, string) error { return modes.ErrNotImplemented }
 
+func (f *fakeMode) Stop(ctx context.Context, slot string) error {
+	f.w.Log("stop " + slot)
+	m := &Manager{f.w}
+	for _, u := range unitnames.Supervising(f.name, slot) {
+		m.StopUnit(ctx, u)
+	}
+	return nil
+}
+
 func (f *fakeMode) Destroy(ctx context.Context, slot string) error {
 	f.w.Log("destroy " + slot)
 	m := &Manager{f.w}

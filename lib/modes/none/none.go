@@ -386,12 +386,46 @@ func (m *Mode) Restart(ctx context.Context, slot string) error {
 // killWait bounds how long Destroy waits for killed pod processes to go.
 const killWait = 10 * time.Second
 
-// Destroy stops kubelet and containerd, kills what they leave running
+// Stop stops kubelet and containerd and kills what they leave running
 // (containerd's shims outlive it by design, and pods live in the kubepods
-// cgroups), detaches every mount under the node stack's state directories
-// (pod volumes: removing through a bind mount would delete the data behind
-// it), and removes the versions, the state directories and the CNI
-// configuration Prepare wrote, verifying each is gone.
+// cgroups: left, they would keep the host's pod network and ports from
+// another mode's node); the versions and state stay, so that Start runs
+// the node again (its pods are started again by the kubelet).
+func (m *Mode) Stop(ctx context.Context, slot string) error {
+	if !hostpaths.ValidSlot(slot) {
+		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
+	}
+	sd, err := m.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	return m.stop(ctx, sd, slot)
+}
+
+func (m *Mode) stop(ctx context.Context, sd modes.Systemd, slot string) error {
+	for _, u := range []string{KubeletUnit, ContainerdUnit} {
+		st, err := sd.ActiveState(ctx, u)
+		if err != nil {
+			return err
+		}
+		if st != "inactive" && st != "failed" && st != "" {
+			if err := sd.StopUnit(ctx, u); err != nil {
+				return fmt.Errorf("stop slot %s: %w", slot, err)
+			}
+		}
+	}
+	if err := m.killLeftovers(ctx); err != nil {
+		return fmt.Errorf("stop slot %s: %w", slot, err)
+	}
+	return nil
+}
+
+// Destroy stops the node stack (Stop), detaches every mount under the
+// node stack's state directories (pod volumes: removing through a bind
+// mount would delete the data behind it), and removes the versions, the
+// state directories and the CNI configuration Prepare wrote, verifying
+// each is gone.
 func (m *Mode) Destroy(ctx context.Context, slot string) error {
 	if !hostpaths.ValidSlot(slot) {
 		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
@@ -401,18 +435,7 @@ func (m *Mode) Destroy(ctx context.Context, slot string) error {
 		return err
 	}
 	defer sd.Close()
-	for _, u := range []string{KubeletUnit, ContainerdUnit} {
-		st, err := sd.ActiveState(ctx, u)
-		if err != nil {
-			return err
-		}
-		if st != "inactive" && st != "failed" && st != "" {
-			if err := sd.StopUnit(ctx, u); err != nil {
-				return fmt.Errorf("destroy slot %s: %w", slot, err)
-			}
-		}
-	}
-	if err := m.killLeftovers(ctx); err != nil {
+	if err := m.stop(ctx, sd, slot); err != nil {
 		return fmt.Errorf("destroy slot %s: %w", slot, err)
 	}
 	var dirs []string

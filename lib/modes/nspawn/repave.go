@@ -190,6 +190,24 @@ func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes
 	return nil
 }
 
+// Stop stops the slot's machine, bounded, and cleans the host networking
+// it left (see Repave, steps 2 and 3); the slot's files stay.
+func (m *Mode) Stop(ctx context.Context, slot string) error {
+	if !hostpaths.ValidSlot(slot) {
+		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
+	}
+	sd, err := m.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	if err := m.stopMachine(ctx, sd, slot); err != nil {
+		return fmt.Errorf("stop slot %s: %w", slot, err)
+	}
+	m.cleanNetwork(ctx, slot)
+	return nil
+}
+
 // stopMachine stops the slot's machine (see Repave, step 2), bounded.
 func (m *Mode) stopMachine(ctx context.Context, sd modes.Systemd, slot string) error {
 	st, err := sd.ActiveState(ctx, Unit(slot))
