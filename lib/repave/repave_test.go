@@ -43,6 +43,9 @@ func TestMain(m *testing.M) {
 		w := &bootstraptest.World{Root: root}
 		w.P.Root = root
 		r := newRepave(w, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+		if os.Getenv(isolationEnv) != "" {
+			asIsolation(r)
+		}
 		err := r.Run(context.Background())
 		if errors.Is(err, repave.ErrNothingToDo) {
 			os.Exit(0)
@@ -172,9 +175,11 @@ func newRepave(w *bootstraptest.World, log *slog.Logger) *repave.Repave {
 		},
 		Systemd: b.Systemd,
 		Cluster: func(_ *config.Config, o repave.Options) (repave.Cluster, error) { return cluster{w, o}, nil },
-		Healthy: func(_ context.Context, _ *config.Config, slot string, _ modes.Mode) error {
-			if w.UnitState("systemd-nspawn@"+slot+".service") != "active" {
-				return errors.New("machine not running")
+		Healthy: func(_ context.Context, _ *config.Config, slot string, m modes.Mode) error {
+			for _, u := range unitnames.Supervising(m.Name(), slot) {
+				if w.UnitState(u) != "active" {
+					return errors.New(u + " not running")
+				}
 			}
 			if exists(fake(w, "unhealthy-"+slot)) {
 				return fmt.Errorf("node not up within 1s; still missing: Node %s Ready", bootstraptest.Machine)

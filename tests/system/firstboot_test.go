@@ -86,6 +86,9 @@ type firstBootOptions struct {
 	// serve are more loopback servers the host reaches at the same
 	// address (nodestack.FirstBootOptions.Serve).
 	serve []string
+	// alsoNone: a host of mode nspawn that can also run mode none
+	// (nodestack.FirstBootOptions.AlsoNone), for isolation changes.
+	alsoNone bool
 }
 
 func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
@@ -123,7 +126,7 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 	h := nodestack.NewFirstBootHost(t, nodestack.FirstBootOptions{
 		Env: env.Env, Stage: s, Name: f.name, Mode: o.mode,
 		RegistryHost: f.reg.Host, MirrorURL: f.mirror.URL, Pause: f.pause, NodeRef: f.nodeRef,
-		Offline: o.offline, Extra: o.extra, NodeIP: o.nodeIP, Joined: f.joined, Serve: o.serve,
+		Offline: o.offline, Extra: o.extra, NodeIP: o.nodeIP, Joined: f.joined, Serve: o.serve, AlsoNone: o.alsoNone,
 	})
 	f.fwd = h.Forward
 	f.m = h.Machine(t, 8*time.Minute, o.nspawnArgs...)

@@ -113,6 +113,10 @@ type FirstBootOptions struct {
 	Name string
 	// Mode is agent.toml's isolation mode: "nspawn" or "none".
 	Mode string
+	// AlsoNone gives a host of another mode what a host of mode none has
+	// (below), so that an isolation change can move its node to mode
+	// none.
+	AlsoNone bool
 	// RegistryHost and MirrorURL are the loopback registry's host and the
 	// artifact mirror's URL.
 	RegistryHost, MirrorURL string
@@ -182,8 +186,9 @@ type FirstBootHost struct {
 	// server unreachable, or present another certificate, to the host.
 	Forward *Forwarder
 
-	mode  string
-	stage *Stage
+	mode     string
+	alsoNone bool
+	stage    *Stage
 }
 
 // NewFirstBootHost creates the host's bootstrap token and starts the
@@ -276,7 +281,7 @@ cni-plugins-version = %q
 		"--system-call-filter=@keyring bpf",
 		"--bind=" + slots + ":" + hostpaths.HostRootHost + "/slots",
 	}, fwd.NspawnArgs()...)
-	if o.Mode == "none" {
+	if o.Mode == "none" || o.AlsoNone {
 		files = append(files,
 			harness.File{Path: "/etc/systemd/system/ubt-cgroup-rw.service", Data: []byte(cgroupRWUnit), Mode: 0o644},
 			harness.File{Path: "/etc/systemd/system/sysinit.target.d/ubt-cgroup-rw.conf", Data: []byte("[Unit]\nWants=ubt-cgroup-rw.service\n"), Mode: 0o644},
@@ -290,6 +295,7 @@ cni-plugins-version = %q
 		Env:        []string{"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=0", "SYSTEMD_NSPAWN_API_VFS_WRITABLE=1"},
 		Forward:    fwd,
 		mode:       o.Mode,
+		alsoNone:   o.AlsoNone,
 		stage:      s,
 	}
 }
@@ -300,7 +306,7 @@ cni-plugins-version = %q
 func (h *FirstBootHost) Machine(t testing.TB, bootTimeout time.Duration, extraArgs ...string) *harness.Machine {
 	t.Helper()
 	m := harness.New(t, h.Options(bootTimeout, extraArgs...))
-	if h.mode == "none" {
+	if h.mode == "none" || h.alsoNone {
 		if out, err := exec.Command("cp", "-a", filepath.Join(h.stage.Dir, "layers", "iptables")+"/.", m.Root()+"/").CombinedOutput(); err != nil {
 			t.Fatalf("iptables into the test host: %v\n%s", err, out)
 		}

@@ -1,0 +1,204 @@
+package repave_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"unbounded-cloud.io/agent/lib/bootstrap/bootstraptest"
+	"unbounded-cloud.io/agent/lib/config"
+	"unbounded-cloud.io/agent/lib/crashpoint"
+	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/repave"
+	"unbounded-cloud.io/agent/lib/request"
+	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
+)
+
+// isolationEnv makes the test binary's child run an isolation change.
+const isolationEnv = "REPAVE_TEST_CHILD_ISOLATION"
+
+// asIsolation makes r an isolation change whose bootstrap token the
+// fake API server accepts unless fake/token-rejected exists.
+func asIsolation(r *repave.Repave) {
+	r.Isolation = true
+	r.ReviewToken = func(context.Context, *config.Config) error {
+		if exists(fakeOf(r, "token-rejected")) {
+			return repave.ErrTokenRejected
+		}
+		return nil
+	}
+}
+
+func fakeOf(r *repave.Repave, name string) string { return r.Paths.Join("/fake/" + name) }
+
+// toNone makes agent.toml's mode none: an isolation change's input.
+func toNone(t *testing.T, w *bootstraptest.World) {
+	t.Helper()
+	if err := w.Write("/etc/unbounded/agent.toml", strings.Replace(bootstraptest.Config, `mode = "nspawn"`, `mode = "none"`, 1)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantMode asserts one record, of mode in slot, no journal and no lock,
+// and the node's units of that mode only.
+func wantMode(t *testing.T, w *bootstraptest.World, mode, slot string) {
+	t.Helper()
+	a, err := state.ReadActive(w.P)
+	if err != nil || a == nil || a.Slot != slot || a.Mode != mode {
+		t.Fatalf("active applied config %+v (%v), want mode %s in slot %s", a, err, mode, slot)
+	}
+	if exists(w.P.AppliedConfig(otherSlot(slot))) || exists(w.P.MachineDir(otherSlot(slot))) {
+		t.Errorf("slot %s is left (record or files)", otherSlot(slot))
+	}
+	for _, p := range []string{w.P.Journal(repave.IsolationOperation), w.P.Ownership()} {
+		if exists(p) {
+			t.Errorf("%s left behind", w.P.Rel(p))
+		}
+	}
+	running := unitnames.Supervising(mode, slot)
+	for _, m := range []string{"nspawn", "none"} {
+		for _, s := range []string{"kube1", "kube2"} {
+			for _, u := range unitnames.Supervising(m, s) {
+				if want := slices.Contains(running, u); (w.UnitState(u) == "active") != want {
+					t.Errorf("%s is %s; want running=%v", u, w.UnitState(u), want)
+				}
+			}
+		}
+	}
+}
+
+func otherSlot(s string) string {
+	if s == "kube1" {
+		return "kube2"
+	}
+	return "kube1"
+}
+
+func TestIsolationChangeBuildsTheNewModeBesideDrainsSwitchesAndRetiresTheOldMode(t *testing.T) {
+	w := bootstrapped(t)
+	toNone(t, w)
+	if err := run(t, w, asIsolation); err != nil {
+		t.Fatalf("isolation change: %v", err)
+	}
+	order(t, w.Calls(), "prepare kube2", "cluster unschedulable=true", "cluster drain", "stop kube1",
+		"cluster delete-node", "start "+unitnames.Containerd+"(owned)", "start "+unitnames.Kubelet+"(owned)",
+		"destroy kube1", "start "+unitnames.NodeTarget, "enqueue "+unitnames.Daemon)
+	wantMode(t, w, "none", "kube2")
+	// Asked again: the desired mode runs, nothing to do.
+	w.ClearCalls()
+	if err := run(t, w, asIsolation); !errors.Is(err, repave.ErrNothingToDo) {
+		t.Fatalf("second change: %v, want nothing to do", err)
+	}
+	if slices.ContainsFunc(w.Calls(), func(c string) bool { return strings.HasPrefix(c, "cluster") || strings.HasPrefix(c, "prepare") }) {
+		t.Errorf("nothing to do, but: %q", w.Calls())
+	}
+	// And back to nspawn, into slot kube1.
+	if err := w.Write("/etc/unbounded/agent.toml", bootstraptest.Config); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t, w, asIsolation); err != nil {
+		t.Fatalf("isolation change back: %v", err)
+	}
+	wantMode(t, w, "nspawn", "kube1")
+}
+
+// The daemon's request carries the Machine's spec: its isolation.mode is
+// the desired mode, whatever agent.toml says.
+func TestIsolationChangeFollowsTheMachinesSpecInTheDaemonsRequest(t *testing.T) {
+	w := bootstrapped(t)
+	if err := request.Write(w.P, repave.IsolationConcern, &request.Request{UID: "isolation:none:2", Type: "IsolationChange",
+		Machine: bootstraptest.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t, w, asIsolation); err != nil {
+		t.Fatalf("isolation change: %v", err)
+	}
+	wantMode(t, w, "none", "kube2")
+	if !request.Taken(w.P, repave.IsolationConcern, "isolation:none:2") {
+		t.Error("the request is not marked carried out")
+	}
+}
+
+// A bootstrap token the API server refuses stops the change before
+// anything is touched: the new mode's kubelet could not join.
+func TestIsolationChangeWithARejectedTokenTouchesNothing(t *testing.T) {
+	w := bootstrapped(t)
+	toNone(t, w)
+	if err := os.WriteFile(fake(w, "token-rejected"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := run(t, w, asIsolation)
+	if !errors.Is(err, repave.ErrTokenRejected) || exitcode.For(err) != exitcode.Failed {
+		t.Fatalf("isolation change with a rejected token: %v (exit %d), want ErrTokenRejected, exit 1", err, exitcode.For(err))
+	}
+	if slices.ContainsFunc(w.Calls(), func(c string) bool {
+		return strings.HasPrefix(c, "cluster") || strings.HasPrefix(c, "prepare") || strings.HasPrefix(c, "stop")
+	}) {
+		t.Errorf("a refused change touched the node: %q", w.Calls())
+	}
+	wantMode(t, w, "nspawn", "kube1")
+}
+
+// A new mode whose node never gets healthy is rolled back: the old
+// mode's node runs again, the new slot is gone, the Node uncordoned.
+func TestIsolationChangeRollsBackToTheOldModeWhenTheNewNodeIsNotHealthy(t *testing.T) {
+	w := bootstrapped(t)
+	toNone(t, w)
+	if err := os.WriteFile(fake(w, "unhealthy-kube2"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := run(t, w, asIsolation)
+	if !errors.Is(err, modes.ErrRolledBack) {
+		t.Fatalf("isolation change to a node never healthy: %v, want ErrRolledBack", err)
+	}
+	wantMode(t, w, "nspawn", "kube1")
+	if exists(fake(w, "unschedulable")) {
+		t.Error("the Node is left cordoned")
+	}
+}
+
+// The pairs this build does not change between, and a reprovision, are
+// refused with the node as it was.
+func TestIsolationChangeRefusesWhatThisBuildDoesNotCarryOut(t *testing.T) {
+	w := bootstrapped(t)
+	if err := request.Write(w.P, repave.IsolationConcern, &request.Request{UID: "isolation:none:3", Type: "IsolationChange",
+		Machine: bootstraptest.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`), Parameters: map[string]string{repave.ParamMethod: modes.MethodReprovision}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(t, w, asIsolation); err == nil || !strings.Contains(err.Error(), "reprovision") {
+		t.Fatalf("a forced reprovision: %v, want a refusal that says so", err)
+	}
+	wantMode(t, w, "nspawn", "kube1")
+}
+
+// isolationCrashPoints are the points an isolation change of the fake
+// modes passes.
+func isolationCrashPoints() []string { return repave.IsolationCrashPoints }
+
+func TestIsolationChangeCrashAtEveryPointThenRerunConverges(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a child process per crash point; skipped with -short")
+	}
+	for _, point := range isolationCrashPoints() {
+		t.Run(strings.ReplaceAll(point, "/", "_"), func(t *testing.T) {
+			w := bootstrapped(t)
+			toNone(t, w)
+			code, out := bootstraptest.RunChild(t, childEnv+"="+w.Root, isolationEnv+"=1", crashpoint.Env+"="+point)
+			if code != crashpoint.ExitCode || !strings.Contains(out, "crash point "+point) {
+				t.Fatalf("crash at %s: exit %d, want %d there\n%s", point, code, crashpoint.ExitCode, out)
+			}
+			if code, out := bootstraptest.RunChild(t, childEnv+"="+w.Root, isolationEnv+"=1", crashpoint.Env+"="); code != 0 {
+				t.Fatalf("rerun after the crash at %s: exit %d\n%s", point, code, out)
+			}
+			wantMode(t, w, "none", "kube2")
+			if !exists(fake(w, "node")) || exists(fake(w, "unschedulable")) {
+				t.Errorf("the Node is not back schedulable")
+			}
+		})
+	}
+}
