@@ -155,10 +155,14 @@ type Legacy struct {
 
 // Journal is one operation's journal.
 type Journal struct {
-	Operation string    `json:"operation"`
-	Step      string    `json:"step,omitempty"`
-	Updated   time.Time `json:"updated,omitzero"`
-	Error     string    `json:"error,omitempty"`
+	Operation string `json:"operation"`
+	Step      string `json:"step,omitempty"`
+	// Change is an isolation change's: the modes, the method and the
+	// slot whose node runs ("nspawn -> none in place, running slot
+	// kube1").
+	Change  string    `json:"change,omitempty"`
+	Updated time.Time `json:"updated,omitzero"`
+	Error   string    `json:"error,omitempty"`
 }
 
 // Gather builds the report for the host under p.
@@ -279,6 +283,12 @@ func readJournals(p hostpaths.Paths) []Journal {
 				err = fmt.Errorf("not a JSON object: %v", derr)
 			} else if s, ok := rec["step"].(string); ok {
 				j.Step = s
+				if from, ok := rec["from-mode"].(string); ok {
+					to, _ := rec["mode"].(string)
+					method, _ := rec["method"].(string)
+					rs, _ := rec["running-slot"].(string)
+					j.Change = fmt.Sprintf("%s -> %s %s, running slot %s", from, to, method, rs)
+				}
 			} else if rs, ok := rec["running-slot"].(string); ok {
 				// The in-place isolation journal records the running slot.
 				j.Step = "running-slot " + rs
@@ -382,6 +392,8 @@ func (r Report) Text(out io.Writer) error {
 		switch {
 		case j.Error != "":
 			row("journal", "%s: unreadable: %s", j.Operation, j.Error)
+		case j.Change != "":
+			row("journal", "%s: %s; step %s, updated %s", j.Operation, j.Change, orNone(j.Step), j.Updated.Format(time.RFC3339))
 		default:
 			row("journal", "%s: step %s, updated %s", j.Operation, orNone(j.Step), j.Updated.Format(time.RFC3339))
 		}

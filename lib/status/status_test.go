@@ -182,3 +182,19 @@ func TestStatusSaysTheLegacyRootIsDetectedThenAdopted(t *testing.T) {
 		t.Errorf("JSON legacy: %s", data)
 	}
 }
+
+// An isolation change under way is shown with its modes, method, step and
+// the slot whose node runs (the journal lib/repave writes for it).
+func TestStatusShowsAnIsolationChangeInProgress(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	j := map[string]any{"from": "kube1", "to": "kube2", "mode": "none", "from-mode": "nspawn", "method": "InPlace",
+		"running-slot": "kube1", "step": "drain", "config": map[string]any{}}
+	if err := state.WriteJournal(p, "isolation", j); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	Gather(p).Text(&out)
+	if want := "isolation: nspawn -> none InPlace, running slot kube1; step drain"; !strings.Contains(out.String(), want) {
+		t.Errorf("status does not say %q:\n%s", want, out.String())
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -68,14 +69,13 @@ func TestIsolationChangeInPlaceNspawnToNoneAndBack(t *testing.T) {
 	}
 
 	// 2. nspawn -> none: the node moves into slot kube2 on the host.
-	uid := f.nodeUID(t)
-	watch := f.watchReadyAgain(t, uid)
+	watch := f.watchDowntime(t)
 	took, p := f.changeIsolation(t)
 	if p["Result"] != "success" {
 		t.Fatalf("isolation change nspawn -> none: %v\n%s", p, f.lastRunJournal(t, p))
 	}
 	down := watch(t)
-	t.Logf("isolation change nspawn -> none: %v, Node not Ready for %v", took, down)
+	t.Logf("isolation change nspawn -> none: %v, Node not Ready or absent for %v", took, down)
 	f.wantMode(t, "none", "kube2")
 	pod = f.waitPodRunningAgain(t, ns, pod)
 	if t.Failed() {
@@ -84,15 +84,56 @@ func TestIsolationChangeInPlaceNspawnToNoneAndBack(t *testing.T) {
 
 	// 3. none -> nspawn: back into slot kube1, in a machine.
 	f.setMode(t, "nspawn")
-	watch = f.watchReadyAgain(t, f.nodeUID(t))
+	watch = f.watchDowntime(t)
 	took, p = f.changeIsolation(t)
 	if p["Result"] != "success" {
 		t.Fatalf("isolation change none -> nspawn: %v\n%s", p, f.lastRunJournal(t, p))
 	}
 	down = watch(t)
-	t.Logf("isolation change none -> nspawn: %v, Node not Ready for %v", took, down)
+	t.Logf("isolation change none -> nspawn: %v, Node not Ready or absent for %v", took, down)
 	f.wantMode(t, "nspawn", "kube1")
 	f.waitPodRunningAgain(t, ns, pod)
+}
+
+// watchDowntime follows the Node while an operation runs; the function
+// it returns ends the watch and gives the downtime as the cluster sees
+// it: from the first look at a Node not Ready or absent to the first look
+// at it Ready again (looks every 100 ms). Unlike watchReadyAgain, which
+// starts at mode none's kubelet stop, it needs no unit of either mode.
+func (f *firstBoot) watchDowntime(t *testing.T) func(*testing.T) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan time.Duration, 1)
+	go func() {
+		var down time.Time
+		defer func() {
+			if down.IsZero() {
+				done <- 0
+			}
+		}()
+		for ctx.Err() == nil {
+			ready, _ := f.nodeReady(ctx)
+			switch {
+			case !ready && down.IsZero() && ctx.Err() == nil:
+				down = time.Now()
+			case ready && !down.IsZero():
+				done <- time.Since(down).Round(time.Millisecond)
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	return func(t *testing.T) time.Duration {
+		t.Helper()
+		waitUntil(t, 3*time.Minute, "the watch saw the Node down and Ready again", func(context.Context) (bool, error) {
+			return len(done) > 0, nil
+		})
+		cancel()
+		return <-done
+	}
 }
 
 // setMode makes the host's config name mode (an operator's drop-in).
@@ -181,4 +222,56 @@ func (f *firstBoot) wantMode(t *testing.T, mode, slot string) {
 		iso := f.machine(t).Status.Isolation
 		return iso != nil && string(iso.Mode) == mode, nil
 	})
+}
+
+// TestIsolationChangePowerCutsConverge: the host loses power at three
+// points of in-place isolation changes and boots the same state: the
+// generator resumes unbounded-isolation.service (its ownership record
+// names it), and nothing else of the node, and the change finishes. Each
+// time the host ends in exactly one mode, with its node Ready and the
+// Deployment's pod Running; never two node stacks.
+//
+//   - nspawn -> none, cut with the new mode built beside the running node;
+//   - none -> nspawn, cut with the old node stopped and no node running;
+//   - nspawn -> none, cut with both records written (the journal's
+//     running-slot names the new one).
+func TestIsolationChangePowerCutsConverge(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{alsoNone: true})
+	t.Cleanup(func() {
+		if t.Failed() {
+			f.diagnoseNone(t)
+			t.Logf("isolation change's journal:\n%s", f.m.Journal(isolationUnit))
+		}
+	})
+	ns := f.bootNode(t)
+	if t.Failed() {
+		return
+	}
+	pod := f.waitPodRunning(t, ns, time.Minute).Name
+	f.isolationDropIns(t, "")
+	for _, c := range []struct{ mode, point, slot string }{
+		{"none", "isolation/after-build", "kube2"},
+		{"nspawn", modes.CrashChangeOldStopped, "kube1"},
+		{"none", "isolation/after-record", "kube2"},
+	} {
+		f.setMode(t, c.mode)
+		f.isolationDropIns(t, c.point)
+		_, p := f.changeIsolation(t)
+		wantCrashedAt(t, f, isolationUnit, c.point, p)
+		setCrashPoint(t, f, isolationUnit, "")
+		begin := time.Now()
+		f.m.PowerCut()
+		f.m.Start()
+		p = waitUnitDone(t, f, isolationUnit, "", 10*time.Minute)
+		if p["Result"] != "success" {
+			t.Fatalf("the isolation change resumed at boot after a power cut at %s: %v\n%s", c.point, p, f.m.Journal(isolationUnit))
+		}
+		f.wantMode(t, c.mode, c.slot)
+		t.Logf("power cut at %s: the change to %s finished %v after the boot", c.point, c.mode, time.Since(begin).Round(time.Millisecond))
+		pod = f.waitPodRunningAgain(t, ns, pod)
+		if t.Failed() {
+			return
+		}
+	}
 }
