@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 
 # BENCH_ONLY="PART ..." runs only those parts: sizes, lint, nspawn (first
 # boot and repave in mode nspawn), none (the same in mode none), upgrade
-# (the agent upgrade's scenario), benchmarks. Unset: all of them.
+# (the agent upgrade's scenario), isolation (the in-place isolation
+# change's scenario), benchmarks. Unset: all of them.
 part() { [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" $1 "* ]]; }
 
 mb() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%-60s %8.2f MiB\n", n, s / 1048576 }'; }
@@ -255,14 +256,18 @@ part none && firstboot none
 # issued -> the new process active, the upgrade's journal), and the
 # rollback of a package whose daemon never comes up (creation -> Failed,
 # two waits the test bounds at 20 s; production waits 60 s).
-upgrade() {
-	echo "== agent upgrade (tests/system, one booted nspawn host) =="
+# scenario TITLE TEST AWK: runs the system scenario TEST (tests/system)
+# alone with its fixtures (the scripts the test tiers use, cached) and
+# prints the figures AWK reads from its own lines.
+scenario() {
+	local title=$1 test=$2 prog=$3
+	echo "== $title =="
 	if [ "$(id -u)" != 0 ]; then
 		echo "skipped: needs root (systemd-nspawn)"
 		return 0
 	fi
 	local d rc=0
-	d=$(mktemp -d /tmp/unbounded-bench-upgrade.XXXXXX)
+	d=$(mktemp -d /tmp/unbounded-bench-scenario.XXXXXX)
 	make -s packages bin/unbounded >"$d/packages.log" 2>&1 || rc=1
 	export UNBOUNDED_TEST_DEB=$(ls -t "$PWD"/dist/unbounded-agent_*.deb 2>/dev/null | head -1)
 	export UNBOUNDED_TEST_ROOTFS=$(tests/system/rootfs.sh 2>"$d/rootfs.log" | tail -1) || rc=1
@@ -273,11 +278,11 @@ upgrade() {
 		echo "FAILED: its fixtures (logs in $d)"
 		return 0
 	fi
-	if ! tests/kube/with-env.sh go test -count=1 -v -timeout 20m -run '^TestAgentUpgradeByOperation' ./tests/system >"$d/test.log" 2>&1; then
+	if ! tests/kube/with-env.sh go test -count=1 -v -timeout 20m -run "^$test\$" ./tests/system >"$d/test.log" 2>&1; then
 		echo "FAILED: the scenario failed (its output: $d/test.log)"
 		return 0
 	fi
-	if ! grep -q -- '--- PASS: TestAgentUpgradeByOperation' "$d/test.log"; then
+	if ! grep -q -- "--- PASS: $test" "$d/test.log"; then
 		echo "skipped: the scenario did not run (its output: $d/test.log):"
 		grep -A3 -- '--- SKIP' "$d/test.log" | head -8
 		return 0
@@ -285,15 +290,33 @@ upgrade() {
 	awk '
 	function secs(s) { return s ~ /ms$/ ? substr(s, 1, length(s) - 2) / 1000 : s ~ /m[0-9.]+s$/ ? (substr(s, 1, index(s, "m") - 1) * 60 + substr(s, index(s, "m") + 1, length(s) - index(s, "m") - 1)) : substr(s, 1, length(s) - 1) }
 	function line(n, v) { printf "%-60s %8.2f s\n", n, v }
+	'"$prog" "$d/test.log"
+	rm -rf "$d"
+}
+
+# Agent upgrade (issue 19's figures), on real systemd with a real node:
+# an AgentUpgrade operation's creation -> Complete (fetch, keep the
+# previous package, install, restart the daemon and wait its settle
+# window), the daemon's downtime in it (its restart issued -> the new
+# process active, the upgrade's journal), and the rollback of a package
+# whose daemon never comes up (creation -> Failed, two waits the test
+# bounds at 20 s; production waits 60 s).
+part upgrade && scenario "agent upgrade (tests/system, one booted nspawn host)" TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp '
 	/AgentUpgrade to 9\.9\.9-up1: Complete/ { for (i = 1; i <= NF; i++) if ($i == "after") line("AgentUpgrade operation: created -> Complete", secs($(i + 1))) }
 	/daemon restarted on the installed package/ && !down { for (i = 1; i <= NF; i++) { if ($i ~ /^down=/) down = secs(substr($i, 6)); if ($i ~ /^took=/) took = secs(substr($i, 6)) } ; line("  daemon down (restart issued -> new process active)", down); line("  activation (restart + settle window)", took) }
 	/AgentUpgrade to the broken .*: Failed/ { line("rollback: operation created -> Failed (20 s waits)", secs($NF)) }
 	/power cut at upgrade\/after-install: operation/ { for (i = 1; i <= NF; i++) if ($i == "after") line("power cut after the install: boot -> operation Complete", secs($(i - 1))) }
 	/power cut mid-rollback/ { for (i = 1; i <= NF; i++) if ($i == "after") line("power cut mid-rollback: boot -> rolled back and reported", secs($(i - 1))) }
-	' "$d/test.log"
-	rm -rf "$d"
-}
-part upgrade && upgrade
+	'
+
+# Isolation change in place (issue 20's figures), on real systemd with a
+# real node: nspawn -> none and none -> nspawn on one host, each change's
+# whole run (unit start -> end: build, drain, switch, wait Ready, retire)
+# and its downtime as the cluster sees it (Node not Ready or absent ->
+# Ready), beside the nspawn repave's downtime of the nspawn part above.
+part isolation && scenario "isolation change in place (tests/system, one booted host)" TestIsolationChangeInPlaceNspawnToNoneAndBack '
+	/isolation change [a-z]+ -> [a-z]+: [0-9]/ { for (i = 1; i <= NF; i++) if ($i == "change") { from = $(i + 1); to = $(i + 3); took = $(i + 4); break } ; sub(/:$/, "", to); sub(/,$/, "", took); line("isolation change " from " -> " to ": whole run", secs(took)); line("  downtime (Node not Ready or absent -> Ready)", secs($NF)) }
+	'
 
 part benchmarks || exit 0
 
