@@ -53,6 +53,7 @@ var byName = map[string]string{
 var kubectlVerbs = map[string]string{
 	"apply": "kubectl's own: applies what it is given",
 	"get":   "kubectl's own: reads the cluster",
+	"patch": "kubectl's own: changes an object's fields (a Machine's spec)",
 }
 
 // systemctlVerbs are the systemctl verbs a document may show; those in

@@ -260,10 +260,15 @@ func TestIsolationChangePowerCutsConverge(t *testing.T) {
 		_, p := f.changeIsolation(t)
 		wantCrashedAt(t, f, isolationUnit, c.point, p)
 		setCrashPoint(t, f, isolationUnit, "")
+		// The journal is persistent: the resumed run's end is read after
+		// this cursor (a oneshot that succeeded and nothing references
+		// any more, once the generator stopped pulling it in, is
+		// unloaded at once).
+		cursor := journalCursor(t, f)
 		begin := time.Now()
 		f.m.PowerCut()
 		f.m.Start()
-		p = waitUnitDone(t, f, isolationUnit, "", 10*time.Minute)
+		p = waitUnitDone(t, f, isolationUnit, cursor, 10*time.Minute)
 		if p["Result"] != "success" {
 			t.Fatalf("the isolation change resumed at boot after a power cut at %s: %v\n%s", c.point, p, f.m.Journal(isolationUnit))
 		}
