@@ -18,6 +18,9 @@
 #                            measure the floor (tests/bench.sh says which)
 #   UNBOUNDED_DEMO_MODE=M    the host's isolation mode: nspawn (default) or
 #                            none (tests/bench.sh says what its floor is)
+#   UNBOUNDED_DEMO_ISOLATION=M  end with an isolation change into mode M
+#                            (the other one): the Machine's spec is patched,
+#                            the daemon moves the node in place
 set -uo pipefail
 # The patched Go toolchain of the Makefile (tests/lint checks they agree).
 export GOTOOLCHAIN=go1.27.3

@@ -121,6 +121,13 @@ func TestDemo(t *testing.T) {
 	default:
 		t.Fatalf("UNBOUNDED_DEMO_MODE=%q: want nspawn or none", mode)
 	}
+	// With UNBOUNDED_DEMO_ISOLATION=MODE (the other mode) the demo ends
+	// with an isolation change: the Machine's spec.isolation.mode set to
+	// MODE, the node moved in place (the host can run both modes).
+	changeTo := os.Getenv("UNBOUNDED_DEMO_ISOLATION")
+	if changeTo != "" && (changeTo == mode || (changeTo != "nspawn" && changeTo != "none")) {
+		t.Fatalf("UNBOUNDED_DEMO_ISOLATION=%q: want the other mode than the host's %s (nspawn or none)", changeTo, mode)
+	}
 	// Registered first, so it runs last: every other cleanup is done.
 	t.Cleanup(func() {
 		o.say("cleaned up: host powered off, its overlay, cgroups and sockets removed, cluster objects deleted")
@@ -166,7 +173,7 @@ func TestDemo(t *testing.T) {
 	pause := reg.Push(t, "pause:3.10", s.PauseImage(t))
 	app := reg.Push(t, "busybox:1.35", s.BusyboxImage(t))
 	nodeRef, pushed := "", "pause, busybox"
-	if mode == "nspawn" {
+	if mode == "nspawn" || changeTo == "nspawn" {
 		nodeRef, pushed = reg.Push(t, "unbounded/node:bookworm", s.NodeImage(t)), "node image, pause, busybox"
 	}
 	o.say("registry %s: %s pushed in %s", reg.Host, pushed, took(time.Since(begin)))
@@ -190,6 +197,7 @@ func TestDemo(t *testing.T) {
 	h := nodestack.NewFirstBootHost(t, nodestack.FirstBootOptions{
 		Env: env, Stage: s, Name: name, Mode: mode,
 		RegistryHost: reg.Host, MirrorURL: mirror.URL, Pause: pause, NodeRef: nodeRef,
+		AlsoNone: changeTo == "none",
 	})
 	begin = time.Now()
 	m := h.Machine(t, 10*time.Minute)
@@ -217,10 +225,8 @@ func TestDemo(t *testing.T) {
 			}
 		}
 		o.say("stopping the node (systemctl stop unbounded-node.target in the host)")
-		stop := []string{"stop", "unbounded-daemon.service", "unbounded-node.target", "systemd-nspawn@kube1.service", "systemd-nspawn@kube2.service"}
-		if mode == "none" {
-			stop = []string{"stop", "unbounded-daemon.service", "unbounded-kubelet.service", "unbounded-containerd.service"}
-		}
+		stop := []string{"stop", "unbounded-daemon.service", "unbounded-node.target", "systemd-nspawn@kube1.service", "systemd-nspawn@kube2.service",
+			"unbounded-kubelet.service", "unbounded-containerd.service"}
 		if out, err := m.Systemctl(stop...); err != nil {
 			o.say("stopping the node: %v\n%s", err, out)
 		}
@@ -328,6 +334,10 @@ func TestDemo(t *testing.T) {
 	} else {
 		d.runNone(t, ctx)
 	}
+	if changeTo != "" {
+		interrupted()
+		d.isolationChange(t, ctx, machines, mode, changeTo)
+	}
 	interrupted()
 	if bench.path != "" {
 		o.step("bench: unbounded reset --yes, then the floor in the reset host")
@@ -415,6 +425,9 @@ func TestDemo(t *testing.T) {
 		what += ", repaved blue/green into its other slot"
 	} else {
 		what += ", repaved in place to another Kubernetes version"
+	}
+	if changeTo != "" {
+		what += ", then moved into mode " + changeTo + " by its Machine's spec"
 	}
 	o.step("done: %s, %s since make demo started; cleaning up", what, took(time.Since(o.begin)))
 }
