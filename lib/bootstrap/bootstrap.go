@@ -184,6 +184,10 @@ type Probe struct {
 // but Paths is the real host; tests replace them.
 type Bootstrap struct {
 	Paths hostpaths.Paths
+	// Config is the config to bootstrap; nil: the config on disk
+	// (config.Load). A reprovision bootstraps its handoff's target
+	// config, whose mode the config on disk may not name.
+	Config func() (*config.Config, error)
 	// Mode returns the isolation mode named by the config; nil: the real
 	// nspawn or none mode.
 	Mode func(name string) (modes.Mode, error)
@@ -359,7 +363,11 @@ func (b *Bootstrap) resumeOwner(ctx context.Context) {
 // the Running report.
 func (b *Bootstrap) load(ctx context.Context) (*config.Config, *Journal, Reporter, error) {
 	b.status("phase %s: loading %s", PhaseConfig, b.Paths.ConfigFile())
-	cfg, err := config.Load(b.Paths)
+	load := b.Config
+	if load == nil {
+		load = func() (*config.Config, error) { return config.Load(b.Paths) }
+	}
+	cfg, err := load()
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -17,6 +17,7 @@ package config
 
 import (
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -213,6 +214,27 @@ const maxFileSize = 1 << 20
 // /etc/unbounded/agent.toml.d/*.toml, under p's root. See LoadFile.
 func Load(p hostpaths.Paths) (*Config, error) {
 	return LoadFile(p, p.ConfigFile())
+}
+
+// ErrRecorded: a config recorded as JSON does not decode.
+var ErrRecorded = errors.New("the recorded config does not decode")
+
+// LoadEffective is a config recorded as JSON (an applied record's, a
+// repave's or a reprovision's journal: the effective config, Files left
+// out) bound to the host under p: the config on disk is loaded for the
+// root its paths resolve under and the files it came from, then the
+// recorded config laid over it, whatever the files say by now.
+func LoadEffective(p hostpaths.Paths, raw []byte) (*Config, error) {
+	cfg, err := Load(p)
+	if err != nil {
+		return nil, err
+	}
+	files := cfg.Files
+	if err := json.Unmarshal(raw, cfg); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrRecorded, err)
+	}
+	cfg.Files = files
+	return cfg, nil
 }
 
 // LoadFile reads the configuration file at file (a path on disk, used as

@@ -734,19 +734,15 @@ func sameConfig(want, applied json.RawMessage) (bool, error) {
 }
 
 // journalConfig is the journaled desired config, bound to this host's
-// root (paths in it resolve under r.Paths).
+// root (config.LoadEffective).
 func (r *Repave) journalConfig(j *Journal) (*config.Config, error) {
-	// Loaded for the root its paths resolve under; the journal's
-	// config is what is applied, whatever the files say by now.
-	cfg, err := config.Load(r.Paths)
+	cfg, err := config.LoadEffective(r.Paths, j.Config)
+	if errors.Is(err, config.ErrRecorded) {
+		return nil, fmt.Errorf("%w: %s journal: config: %v", state.ErrCorrupt, r.op(), err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("resuming the %s: %w", r.op(), err)
 	}
-	files := cfg.Files
-	if err := json.Unmarshal(j.Config, cfg); err != nil {
-		return nil, fmt.Errorf("%w: %s journal: config: %v", state.ErrCorrupt, r.op(), err)
-	}
-	cfg.Files = files
 	return cfg, nil
 }
 
