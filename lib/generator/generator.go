@@ -119,6 +119,11 @@ type Input struct {
 	// where no installation owns the host and there is no applied config
 	// of this agent's.
 	Legacy []string
+	// Handoff says a reprovision handoff is in progress (its journal
+	// says so: state.HandoffLive); HandoffErr that its journal cannot be
+	// trusted.
+	Handoff    bool
+	HandoffErr error
 }
 
 // unitPath is where a shipped unit (or template) is installed; every link
@@ -148,6 +153,20 @@ func requires(target, unit string) Link {
 // precedence).
 func Decide(in Input) Plan {
 	var p Plan
+	// 0. A reprovision handoff in progress: its unit alone runs. It
+	// resets the host and bootstraps the target mode itself (and takes
+	// over the lock records its own reset or bootstrap left): a resumed
+	// bootstrap would build the mode the config on disk names, a node
+	// started now would be reset under its feet.
+	if in.HandoffErr != nil {
+		p.Problem = fmt.Sprintf("reprovision handoff journal not trusted, nothing of the node started, recovery pulled in: %v", in.HandoffErr)
+		p.Links = append(p.Links, wants("multi-user.target", unitnames.RecoverGenerator))
+		return p
+	}
+	if in.Handoff {
+		p.Links = append(p.Links, wants("multi-user.target", unitnames.Reprovision))
+		return p
+	}
 	// 1. An installation owns the host: it alone decides what runs. A node
 	// or daemon started now would race a half-installed slot.
 	upgrading := upgradeOwns(in)
@@ -344,6 +363,9 @@ func (h Host) Read(p hostpaths.Paths) Input {
 		stat = os.Stat
 	}
 	var in Input
+	if in.Handoff, in.HandoffErr = state.HandoffLive(p); in.Handoff || in.HandoffErr != nil {
+		return in
+	}
 	in.Ownership, in.OwnershipErr = readOwn(p)
 	if in.Ownership != nil && !upgradeOwns(in) {
 		// Nothing else matters while an installation owns the host.
@@ -561,6 +583,9 @@ func Explain(p hostpaths.Paths, in Input, plan Plan) NextBoot {
 	switch {
 	case has(unitnames.RecoverGenerator):
 		nb.Action, nb.Reason = ActionSafeState, "safe state: "+plan.Problem
+	case in.Handoff:
+		nb.Action = ActionResume
+		nb.Reason = fmt.Sprintf("a reprovision handoff is in progress (%s): %s resets the host and bootstraps the target mode, nothing else starts", hostpaths.ReprovisionDirHost, unitnames.Reprovision)
 	case upgradeOwns(in) && has(unitnames.NodeTarget) && in.Active != nil:
 		nb.Action = ActionStartNode
 		nb.Reason = fmt.Sprintf("start the node: mode %s in slot %s, behind the allocation fence; the agent's upgrade is resumed and starts the daemon", in.Active.Mode, in.Active.Slot)

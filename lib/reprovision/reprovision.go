@@ -70,7 +70,7 @@ const (
 
 // States of a handoff.
 const (
-	StateInProgress = "InProgress"
+	StateInProgress = state.HandoffInProgress
 	StateSucceeded  = "Succeeded"
 	StateFailed     = "Failed"
 )
@@ -121,7 +121,7 @@ func Dir(p hostpaths.Paths) string { return p.ReprovisionDir() }
 // ReadJournal reads the handoff's journal; a missing one wraps
 // os.ErrNotExist. It only reads (the generator calls it).
 func ReadJournal(p hostpaths.Paths) (*Journal, error) {
-	file := filepath.Join(Dir(p), JournalFile)
+	file := state.HandoffJournal(p)
 	data, err := state.ReadVerified(file)
 	if err != nil {
 		return nil, err
@@ -138,7 +138,7 @@ func writeJournal(p hostpaths.Paths, j *Journal) error {
 	if err != nil {
 		return err
 	}
-	return state.WriteVerified(filepath.Join(Dir(p), JournalFile), append(data, '\n'), 0o600)
+	return state.WriteVerified(state.HandoffJournal(p), append(data, '\n'), 0o600)
 }
 
 // Stage writes a handoff: the target configuration (the effective config

@@ -14,6 +14,7 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/reprovision"
+	"unbounded-cloud.io/agent/lib/state"
 )
 
 // fixture is a host with agent.toml and a staged handoff nspawn -> none,
@@ -105,6 +106,9 @@ func TestStageWritesTheHandoffPrivatelyAndOnlyOnce(t *testing.T) {
 
 func TestRunResetsThenBootstrapsTheTargetModeAndRemovesTheStagedFiles(t *testing.T) {
 	f := newFixture(t)
+	if live, err := state.HandoffLive(f.p); !live || err != nil {
+		t.Errorf("staged handoff: live %v (%v), want live for the generator", live, err)
+	}
 	if err := f.run(); err != nil {
 		t.Fatal(err)
 	}
@@ -116,6 +120,9 @@ func TestRunResetsThenBootstrapsTheTargetModeAndRemovesTheStagedFiles(t *testing
 		t.Errorf("journal %+v", j)
 	}
 	f.wantStagedGone(t)
+	if live, err := state.HandoffLive(f.p); live || err != nil {
+		t.Errorf("ended handoff: live %v (%v)", live, err)
+	}
 	if err := f.run(); !errors.Is(err, reprovision.ErrNoHandoff) {
 		t.Errorf("a run after the end: %v, want ErrNoHandoff", err)
 	}

@@ -16,8 +16,10 @@ const (
 	Restart    = "unbounded-restart.service"
 	Reset      = "unbounded-reset.service"
 	Isolation  = "unbounded-isolation.service"
-	Upgrade    = "unbounded-upgrade.service"
-	Health     = "unbounded-health.service"
+	// Reprovision runs the reprovision handoff (lib/reprovision).
+	Reprovision = "unbounded-reprovision.service"
+	Upgrade     = "unbounded-upgrade.service"
+	Health      = "unbounded-health.service"
 	// UpgradePath starts Upgrade when a package is staged (while the
 	// node is up: the preset hangs it on the node target).
 	UpgradePath = "unbounded-upgrade.path"
