@@ -14,7 +14,7 @@ import (
 func TestEveryUnitNameOfTheTableIsShipped(t *testing.T) {
 	notYet := map[string]bool{}
 	names := []string{unitnames.NodeTarget, unitnames.Daemon, unitnames.Bootstrap, unitnames.Fence, unitnames.Lifecycle,
-		unitnames.Repave, unitnames.Restart, unitnames.Reset, unitnames.Isolation, unitnames.Upgrade, unitnames.Health,
+		unitnames.Repave, unitnames.Restart, unitnames.Reset, unitnames.Isolation, unitnames.Reprovision, unitnames.Upgrade, unitnames.Health,
 		unitnames.HealthTimer, unitnames.UpgradePath, unitnames.Containerd, unitnames.Kubelet, "unbounded-recover@.service"}
 	for _, m := range []string{"nspawn", "container", "none"} {
 		names = append(names, unitnames.ModeTarget(m))

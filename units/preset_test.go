@@ -89,6 +89,7 @@ var presetStubs = []stubUnit{
 	{"unbounded-reset.service", "multi-user.target", false},
 	{"unbounded-repave.service", "multi-user.target", false},
 	{unitnames.Isolation, "multi-user.target", false},
+	{unitnames.Reprovision, "multi-user.target", false},
 	{"unbounded-health.timer", unitnames.NodeTarget, true},
 	{"unbounded-upgrade.path", unitnames.NodeTarget, true},
 }

@@ -37,6 +37,8 @@ type cli struct {
 	Force           bool          `help:"Go on when the drain times out or the cluster cannot be asked (not past pods without a controller: --delete-unmanaged)."`
 	DeleteUnmanaged bool          `help:"Let the drain evict the pods without a controller (nothing creates them again: they are lost)."`
 	ReadyTimeout    time.Duration `help:"How long to wait for the node in the new mode to be Ready before rolling back to the old mode." default:"10m"`
+	Method          string        `help:"The method: InPlace or Reprovision (reset, then bootstrap in the new mode, from a handoff that survives the reset); empty: the one the modes allow (the request's method parameter wins)." enum:",InPlace,Reprovision" default:""`
+	GiveUpAfter     time.Duration `help:"How long after the handoff began a reprovision gives up and reports Failed." default:"90m"`
 }
 
 // Main runs isolation with args (without the program name) and returns
@@ -52,10 +54,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	log := logging.New(stderr, slog.LevelInfo)
-	r := &repave.Repave{Paths: paths, Isolation: true, Force: c.Force, DrainTimeout: c.DrainTimeout, DeleteUnmanaged: c.DeleteUnmanaged, ReadyTimeout: c.ReadyTimeout, Log: log}
+	r := &repave.Repave{Paths: paths, Isolation: true, Force: c.Force, DrainTimeout: c.DrainTimeout, DeleteUnmanaged: c.DeleteUnmanaged,
+		ReadyTimeout: c.ReadyTimeout, Method: c.Method, GiveUpAfter: c.GiveUpAfter, Log: log}
 	err := r.Run(ctx)
-	if errors.Is(err, repave.ErrNothingToDo) {
+	switch {
+	case errors.Is(err, repave.ErrNothingToDo):
 		log.Info("isolation: the desired isolation mode is the running one: nothing to change")
+		return exitcode.OK
+	case errors.Is(err, repave.ErrHandedOff):
+		log.Info("isolation: handed off to unbounded-reprovision.service, which resets the host and bootstraps the new mode; the change is in progress")
 		return exitcode.OK
 	}
 	code = exitcode.For(err)

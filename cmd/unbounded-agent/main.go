@@ -28,6 +28,7 @@ import (
 	"unbounded-cloud.io/agent/cmd/lifecycle"
 	"unbounded-cloud.io/agent/cmd/recover"
 	"unbounded-cloud.io/agent/cmd/repave"
+	"unbounded-cloud.io/agent/cmd/reprovision"
 	"unbounded-cloud.io/agent/cmd/reset"
 	"unbounded-cloud.io/agent/cmd/upgrade"
 	"unbounded-cloud.io/agent/lib/version"
@@ -39,15 +40,16 @@ var concerns = map[string]struct {
 	main func(args []string) int
 	help string
 }{
-	"bootstrap": {bootstrap.Main, "first boot: turn this host into a Ready node of the cluster (unbounded-bootstrap.service)"},
-	"daemon":    {daemon.Main, "watch this host's Machine and operations and carry them out (unbounded-daemon.service)"},
-	"fence":     {fence.Main, "check with the cluster that the node may start (unbounded-fence.service)"},
-	"isolation": {isolation.Main, "change the node's isolation mode in place, rolling back to the old mode on failure (unbounded-isolation.service)"},
-	"lifecycle": {lifecycle.Main, "before the daemon: resume an interrupted installation, repave or isolation change, keep the running node's hooks current (unbounded-lifecycle.service)"},
-	"recover":   {recover.Main, "report a failed agent unit on the Machine and repair the daemon (unbounded-recover@.service)"},
-	"repave":    {repave.Main, "replace the node stack from the desired config, blue/green or in place, rolling back on failure (unbounded-repave.service)"},
-	"reset":     {reset.Main, "remove the node and the agent's state from this host; /etc/unbounded stays (unbounded-reset.service)"},
-	"upgrade":   {upgrade.Main, "upgrade the agent through the package manager, rolling back on failure; the node keeps running (unbounded-upgrade.service)"},
+	"bootstrap":   {bootstrap.Main, "first boot: turn this host into a Ready node of the cluster (unbounded-bootstrap.service)"},
+	"daemon":      {daemon.Main, "watch this host's Machine and operations and carry them out (unbounded-daemon.service)"},
+	"fence":       {fence.Main, "check with the cluster that the node may start (unbounded-fence.service)"},
+	"isolation":   {isolation.Main, "change the node's isolation mode, in place (rolling back on failure) or by a reprovision handoff (unbounded-isolation.service)"},
+	"lifecycle":   {lifecycle.Main, "before the daemon: resume an interrupted installation, repave or isolation change, keep the running node's hooks current (unbounded-lifecycle.service)"},
+	"recover":     {recover.Main, "report a failed agent unit on the Machine and repair the daemon (unbounded-recover@.service)"},
+	"repave":      {repave.Main, "replace the node stack from the desired config, blue/green or in place, rolling back on failure (unbounded-repave.service)"},
+	"reprovision": {reprovision.Main, "continue an isolation change's reprovision handoff: reset keeping the handoff, bootstrap the target mode (unbounded-reprovision.service)"},
+	"reset":       {reset.Main, "remove the node and the agent's state from this host; /etc/unbounded stays (unbounded-reset.service)"},
+	"upgrade":     {upgrade.Main, "upgrade the agent through the package manager, rolling back on failure; the node keeps running (unbounded-upgrade.service)"},
 }
 
 func main() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/repave"
+	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -162,18 +164,46 @@ func TestIsolationChangeRollsBackToTheOldModeWhenTheNewNodeIsNotHealthy(t *testi
 	}
 }
 
-// The pairs this build does not change between, and a reprovision, are
-// refused with the node as it was.
-func TestIsolationChangeRefusesWhatThisBuildDoesNotCarryOut(t *testing.T) {
+// A reprovision (forced by the request's method parameter) stages the
+// handoff and starts its unit: the node is not touched by the isolation
+// unit, the lock is released, the request taken; a second start finds the
+// live handoff and only starts its unit again.
+func TestIsolationChangeByReprovisionStagesTheHandoffAndStartsItsUnit(t *testing.T) {
 	w := bootstrapped(t)
 	if err := request.Write(w.P, repave.IsolationConcern, &request.Request{UID: "isolation:none:3", Type: "IsolationChange",
 		Machine: bootstraptest.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`), Parameters: map[string]string{repave.ParamMethod: modes.MethodReprovision}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := run(t, w, asIsolation); err == nil || !strings.Contains(err.Error(), "reprovision") {
-		t.Fatalf("a forced reprovision: %v, want a refusal that says so", err)
+	self := filepath.Join(t.TempDir(), "unbounded-agent")
+	os.WriteFile(self, []byte("#!/bin/sh\n"), 0o755)
+	withSelf := func(r *repave.Repave) { asIsolation(r); r.Self = self }
+	if err := run(t, w, withSelf); !errors.Is(err, repave.ErrHandedOff) {
+		t.Fatalf("a forced reprovision: %v, want ErrHandedOff", err)
 	}
-	wantMode(t, w, "nspawn", "kube1")
+	if slices.ContainsFunc(w.Calls(), func(c string) bool {
+		return strings.HasPrefix(c, "cluster") || strings.HasPrefix(c, "prepare") || strings.HasPrefix(c, "stop")
+	}) {
+		t.Errorf("the isolation unit touched the node: %q", w.Calls())
+	}
+	if !slices.Contains(w.Calls(), "enqueue "+unitnames.Reprovision) {
+		t.Errorf("%s not started: %q", unitnames.Reprovision, w.Calls())
+	}
+	h, err := reprovision.ReadJournal(w.P)
+	if err != nil || !h.Live() || h.FromMode != "nspawn" || h.ToMode != "none" || h.Request != "isolation:none:3" ||
+		h.Deadline.Sub(h.StartedAt) != reprovision.DefaultGiveUpAfter {
+		t.Fatalf("handoff journal %+v (%v)", h, err)
+	}
+	if exists(w.P.Ownership()) || !request.Taken(w.P, repave.IsolationConcern, "isolation:none:3") {
+		t.Error("the lock is held or the request not taken after the handoff")
+	}
+	cfg, err := os.ReadFile(filepath.Join(reprovision.Dir(w.P), reprovision.ConfigFile))
+	if err != nil || !strings.Contains(string(cfg), `"none"`) {
+		t.Errorf("the staged target config: %v\n%s", err, cfg)
+	}
+	w.ClearCalls()
+	if err := run(t, w, withSelf); !errors.Is(err, repave.ErrHandedOff) || !slices.Contains(w.Calls(), "enqueue "+unitnames.Reprovision) {
+		t.Errorf("a second start with the handoff live: %v, calls %q", err, w.Calls())
+	}
 }
 
 // isolationCrashPoints are the points an isolation change of the fake

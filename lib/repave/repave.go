@@ -89,6 +89,7 @@ import (
 	"unbounded-cloud.io/agent/lib/modes/all"
 	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/readiness"
+	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
@@ -287,6 +288,16 @@ type Repave struct {
 	// other mode (modes.Change). A desired config in the running mode is
 	// nothing to do.
 	Isolation bool
+	// Method forces an isolation change's method (modes.MethodInPlace,
+	// modes.MethodReprovision; the request's "method" parameter wins);
+	// "": the table's (modes.ChangeMethod).
+	Method string
+	// GiveUpAfter is how long after the handoff began a reprovision
+	// gives up; 0: reprovision.DefaultGiveUpAfter.
+	GiveUpAfter time.Duration
+	// Self is the executable a reprovision handoff copies; "": this
+	// process's (os.Executable).
+	Self string
 	// ReviewToken asks the API server whether cfg's bootstrap token
 	// authenticates (an isolation change asks before it touches the
 	// host); nil: a TokenReview with the token itself.
@@ -379,6 +390,17 @@ func (r *Repave) Run(ctx context.Context) error {
 	if err := ad.Run(ctx); err != nil {
 		return err
 	}
+	if r.Isolation {
+		// A handoff staged by an earlier run (cut before it started the
+		// reprovision): the change is the handoff's now.
+		if live, err := state.HandoffLive(r.Paths); err != nil || live {
+			if err != nil {
+				return fmt.Errorf("the reprovision handoff: %w", err)
+			}
+			r.status("a reprovision handoff is in progress (%s): starting %s", reprovision.Dir(r.Paths), unitnames.Reprovision)
+			return r.startHandoff(ctx, "the target mode")
+		}
+	}
 	r.status("taking the ownership lock")
 	lock, err := state.AcquireOwnership(r.Paths, r.op(), r.unit())
 	if err != nil {
@@ -401,6 +423,9 @@ func (r *Repave) Run(ctx context.Context) error {
 			return err
 		}
 		return ErrNothingToDo
+	}
+	if j.Method == modes.MethodReprovision {
+		return r.handOff(ctx, lock, j, cfg)
 	}
 	err = r.steps(ctx, j, cfg, m)
 	if err != nil {
@@ -547,6 +572,9 @@ func (r *Repave) planChange(ctx context.Context, j *Journal, active *state.Appli
 	if err != nil {
 		return fmt.Errorf("%w (%s); the node was left as it is", err, strings.Join(cfg.Files, ", "))
 	}
+	if r.Method != "" {
+		method = r.Method
+	}
 	if req != nil {
 		if v, ok := req.Parameters[ParamMethod]; ok {
 			if v != modes.MethodInPlace && v != modes.MethodReprovision {
@@ -555,8 +583,8 @@ func (r *Repave) planChange(ctx context.Context, j *Journal, active *state.Appli
 			method = v
 		}
 	}
-	if method != modes.MethodInPlace {
-		return fmt.Errorf("isolation change from %s to %s by %s: the reprovision handoff (unbounded-reprovision.service) is not in this build; the node was left as it is", active.Mode, cfg.Mode, method)
+	if method != modes.MethodInPlace && method != modes.MethodReprovision {
+		return fmt.Errorf("isolation change from %s to %s: method %q: want %s or %s; the node was left as it is", active.Mode, cfg.Mode, method, modes.MethodInPlace, modes.MethodReprovision)
 	}
 	r.status("step %s: asking the API server whether it accepts the bootstrap token (the new mode's kubelet joins with it)", StepPlan)
 	if err := r.reviewToken(ctx, cfg); err != nil {
@@ -567,6 +595,66 @@ func (r *Repave) planChange(ctx context.Context, j *Journal, active *state.Appli
 	j.Mode = cfg.Mode
 	r.log().Info("isolation change planned", "from_mode", active.Mode, "to_mode", cfg.Mode, "method", method, "from", j.From, "to", j.To)
 	return nil
+}
+
+// ErrHandedOff: an isolation change staged a reprovision handoff and
+// started unbounded-reprovision.service, which resets the host and
+// bootstraps the target mode; the change is still in progress (exit 0).
+var ErrHandedOff = errors.New("handed off to the reprovision")
+
+// handOff stages the reprovision handoff of j (lib/reprovision), releases
+// the lock and starts unbounded-reprovision.service. Nothing of the node
+// was touched before: the reprovision's reset is its first change.
+func (r *Repave) handOff(ctx context.Context, lock *state.Lock, j *Journal, cfg *config.Config) error {
+	self := r.Self
+	if self == "" {
+		var err error
+		if self, err = os.Executable(); err != nil {
+			lock.Release()
+			return err
+		}
+	}
+	giveUp := r.GiveUpAfter
+	if giveUp <= 0 {
+		giveUp = reprovision.DefaultGiveUpAfter
+	}
+	now := r.now().UTC()
+	h := reprovision.Journal{FromMode: j.FromMode, ToMode: j.Mode, Machine: cfg.Machine, Request: j.Request, StartedAt: now, Deadline: now.Add(giveUp)}
+	// The lock goes first: the handoff's reset and bootstrap take it
+	// themselves, and a handoff staged under a lock a crash left would
+	// find the host owned. A crash before the staging leaves the host as
+	// it was.
+	if err := request.MarkTaken(r.Paths, r.concern(), j.Request); err != nil {
+		lock.Release()
+		return err
+	}
+	if err := lock.Release(); err != nil {
+		return err
+	}
+	r.status("staging the reprovision handoff %s -> %s in %s (gives up at %s)", j.FromMode, j.Mode, reprovision.Dir(r.Paths), h.Deadline.Format(time.RFC3339))
+	if err := reprovision.Stage(r.Paths, h, j.Config, self); err != nil {
+		return err
+	}
+	r.crash(IsolationOperation + "/after-handoff-staged")
+	return r.startHandoff(ctx, j.Mode)
+}
+
+// startHandoff starts unbounded-reprovision.service on the staged
+// handoff (after a daemon-reload: the generator then names it too).
+func (r *Repave) startHandoff(ctx context.Context, to string) error {
+	sd, err := r.systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	if err := sd.Reload(ctx); err != nil {
+		return err
+	}
+	if err := sd.EnqueueStart(ctx, unitnames.Reprovision); err != nil {
+		return err
+	}
+	r.status("handed off: %s resets the host and bootstraps mode %s", unitnames.Reprovision, to)
+	return ErrHandedOff
 }
 
 // reviewToken says whether the API server accepts cfg's bootstrap token:

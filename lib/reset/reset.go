@@ -169,7 +169,14 @@ func (r *Reset) Run(ctx context.Context) error {
 	defer sd.Close()
 
 	r.status("stopping %s and the units that act on the node", unitnames.Daemon)
-	for _, u := range stoppedFirst {
+	first := stoppedFirst
+	if !r.KeepHandoff {
+		// An operator's reset removes the handoff too: a reprovision
+		// that runs would reset and bootstrap the host again. (The
+		// handoff's own reset keeps it, and runs inside that unit.)
+		first = append(slices.Clone(first), unitnames.Reprovision)
+	}
+	for _, u := range first {
 		if err := stop(ctx, sd, u); err != nil {
 			return err
 		}

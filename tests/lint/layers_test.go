@@ -29,8 +29,9 @@ var layers = [][]string{
 	// Configuration, and what every command shares.
 	{"lib/config", "lib/concern", "lib/concern/small"},
 	// The adoption of an older agent's host, and the cluster client, the
-	// artifacts, the mode interface.
-	{"lib/adopt", "lib/artifacts", "lib/kube", "lib/modes"},
+	// artifacts, the mode interface, the reprovision handoff (its
+	// reset and bootstrap are given to it by cmd/reprovision).
+	{"lib/adopt", "lib/artifacts", "lib/kube", "lib/modes", "lib/reprovision"},
 	{"lib/upgrade"},
 	{"lib/modes/nodestack", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest", "lib/status",
 		"lib/fleet"},
@@ -45,7 +46,7 @@ var layers = [][]string{
 	// bootstrap, never above them: bootstrap's own tests use it.
 	{"lib/reset", "lib/repave", "lib/bootstrap/bootstraptest"},
 	// The commands: one per concern, the CLI, the generator.
-	{"cmd/bootstrap", "cmd/daemon", "cmd/fence", "cmd/health", "cmd/lifecycle", "cmd/recover", "cmd/repave", "cmd/reset",
+	{"cmd/bootstrap", "cmd/daemon", "cmd/fence", "cmd/health", "cmd/lifecycle", "cmd/recover", "cmd/repave", "cmd/reset", "cmd/isolation", "cmd/reprovision",
 		"cmd/restart", "cmd/unbounded", "generators/unbounded-generator", "cmd/kubectl-unbounded", "cmd/upgrade"},
 	// The multicall executable dispatches to the concerns' commands.
 	{"cmd/unbounded-agent"},
