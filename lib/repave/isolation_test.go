@@ -91,6 +91,7 @@ func TestIsolationChangeBuildsTheNewModeBesideDrainsSwitchesAndRetiresTheOldMode
 		"cluster delete-node", "start "+unitnames.Containerd+"(owned)", "start "+unitnames.Kubelet+"(owned)",
 		"destroy kube1", "start "+unitnames.NodeTarget, "enqueue "+unitnames.Daemon)
 	wantMode(t, w, "none", "kube2")
+	wantOutcome(t, w, "Succeeded", "nspawn", "none")
 	// Asked again: the desired mode runs, nothing to do.
 	w.ClearCalls()
 	if err := run(t, w, asIsolation); !errors.Is(err, repave.ErrNothingToDo) {
@@ -144,6 +145,7 @@ func TestIsolationChangeWithARejectedTokenTouchesNothing(t *testing.T) {
 		t.Errorf("a refused change touched the node: %q", w.Calls())
 	}
 	wantMode(t, w, "nspawn", "kube1")
+	wantOutcome(t, w, "Failed", "nspawn", "none", "bootstrap token")
 }
 
 // A new mode whose node never gets healthy is rolled back: the old
@@ -162,6 +164,7 @@ func TestIsolationChangeRollsBackToTheOldModeWhenTheNewNodeIsNotHealthy(t *testi
 	if exists(fake(w, "unschedulable")) {
 		t.Error("the Node is left cordoned")
 	}
+	wantOutcome(t, w, "Failed", "nspawn", "none", "rolled back")
 }
 
 // A reprovision (forced by the request's method parameter) stages the
@@ -187,6 +190,9 @@ func TestIsolationChangeByReprovisionStagesTheHandoffAndStartsItsUnit(t *testing
 	}
 	if !slices.Contains(w.Calls(), "enqueue "+unitnames.Reprovision) {
 		t.Errorf("%s not started: %q", unitnames.Reprovision, w.Calls())
+	}
+	if o, err := state.ReadIsolationOutcome(w.P); o != nil || err != nil {
+		t.Errorf("a handoff recorded an outcome %+v (%v): the reprovision reports itself", o, err)
 	}
 	h, err := reprovision.ReadJournal(w.P)
 	if err != nil || !h.Live() || h.FromMode != "nspawn" || h.ToMode != "none" || h.Request != "isolation:none:3" ||
@@ -230,5 +236,19 @@ func TestIsolationChangeCrashAtEveryPointThenRerunConverges(t *testing.T) {
 				t.Errorf("the Node is not back schedulable")
 			}
 		})
+	}
+}
+
+// wantOutcome asserts the outcome the change left for the daemon.
+func wantOutcome(t *testing.T, w *bootstraptest.World, st, from, to string, words ...string) {
+	t.Helper()
+	o, err := state.ReadIsolationOutcome(w.P)
+	if err != nil || o == nil || o.State != st || o.From != from || o.To != to || o.Method != modes.MethodInPlace || o.EndedAt.IsZero() {
+		t.Fatalf("isolation outcome %+v (%v), want %s %s -> %s in place", o, err, st, from, to)
+	}
+	for _, word := range words {
+		if !strings.Contains(o.Message, word) {
+			t.Errorf("the outcome's message does not say %q: %s", word, o.Message)
+		}
 	}
 }

@@ -309,6 +309,9 @@ type Repave struct {
 	Log        *slog.Logger
 
 	early *earlyFence
+	// change is the isolation change this run carries out, once planned
+	// or resumed (its outcome is recorded for the daemon).
+	change *state.IsolationOutcome
 }
 
 // op is the lock's owner and the journal's name; unit the unit that
@@ -384,6 +387,39 @@ var ErrNothingToDo = errors.New("the desired config is the applied one: nothing 
 // to the exit code with exitcode.For (ErrNothingToDo is a success: the
 // caller says so and exits 0).
 func (r *Repave) Run(ctx context.Context) error {
+	err := r.run(ctx)
+	if r.Isolation {
+		r.recordOutcome(ctx, err)
+	}
+	return err
+}
+
+// recordOutcome leaves an isolation change's end on the host for the
+// daemon (state.IsolationOutcome), which reports it on the Machine: a
+// change carried out, or one that failed (rolled back, refused before it
+// touched the host, or stopped with its journal left for the next run).
+// Nothing to do, a handoff (the reprovision reports itself), another
+// installation's lock and a stop by SIGTERM (the journal resumes) are no
+// outcome.
+func (r *Repave) recordOutcome(ctx context.Context, err error) {
+	if r.change == nil || errors.Is(err, ErrNothingToDo) || errors.Is(err, ErrHandedOff) || errors.Is(err, state.ErrOwned) || ctx.Err() != nil {
+		return
+	}
+	o := *r.change
+	o.EndedAt = r.now().UTC()
+	if err == nil {
+		o.State = "Succeeded"
+		o.Message = fmt.Sprintf("the node runs in mode %s (isolation changed %s from %s)", o.To, o.Method, o.From)
+	} else {
+		o.State = "Failed"
+		o.Message = err.Error()
+	}
+	if werr := state.WriteIsolationOutcome(r.Paths, o); werr != nil {
+		r.log().Error("the isolation change's outcome was not recorded for the daemon", "error", werr.Error())
+	}
+}
+
+func (r *Repave) run(ctx context.Context) error {
 	// A host the older agent installed is adopted first (lib/adopt): the
 	// repave then replaces the adopted node as any other.
 	ad := &adopt.Adopt{Paths: r.Paths, Systemd: r.Systemd, Notify: r.Notify, CrashPoint: r.CrashPoint, Log: r.log()}
@@ -484,6 +520,9 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 			return nil, nil, nil, err
 		}
 		r.status("resuming the %s of slot %s (mode %s) into %s (mode %s) from step %q", r.op(), j.From, j.fromMode(), j.To, j.Mode, j.Step)
+		if r.Isolation {
+			r.change = &state.IsolationOutcome{From: j.fromMode(), To: j.Mode, Method: j.Method, StartedAt: j.StartedAt}
+		}
 		return &j, cfg, m, nil
 	}
 	active, err := state.ReadActive(r.Paths)
@@ -568,6 +607,7 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 // token checked with the API server, all before anything on the host is
 // touched.
 func (r *Repave) planChange(ctx context.Context, j *Journal, active *state.AppliedConfig, cfg *config.Config, req *request.Request) error {
+	r.change = &state.IsolationOutcome{From: active.Mode, To: cfg.Mode, StartedAt: j.StartedAt}
 	method, err := modes.ChangeMethod(active.Mode, cfg.Mode)
 	if err != nil {
 		return fmt.Errorf("%w (%s); the node was left as it is", err, strings.Join(cfg.Files, ", "))
@@ -583,6 +623,7 @@ func (r *Repave) planChange(ctx context.Context, j *Journal, active *state.Appli
 			method = v
 		}
 	}
+	r.change.Method = method
 	if method != modes.MethodInPlace && method != modes.MethodReprovision {
 		return fmt.Errorf("isolation change from %s to %s: method %q: want %s or %s; the node was left as it is", active.Mode, cfg.Mode, method, modes.MethodInPlace, modes.MethodReprovision)
 	}

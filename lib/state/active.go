@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 )
@@ -16,6 +17,12 @@ import (
 // breaks the tie.
 type InPlaceJournal struct {
 	RunningSlot string `json:"running-slot"`
+	// The change it carries out (lib/repave's isolation journal), for
+	// the daemon's report while it runs.
+	FromMode  string    `json:"from-mode,omitempty"`
+	Mode      string    `json:"mode,omitempty"`
+	Method    string    `json:"method,omitempty"`
+	StartedAt time.Time `json:"started-at,omitzero"`
 }
 
 // ReadInPlaceJournal reads the in-place journal; a missing journal wraps
