@@ -382,8 +382,9 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 			// The unit may have changed the applied config (a repave
 			// switches the slot): the Machine's status says so now.
 			d.refreshActive(ctx)
-			// An upgrade's outcome is on the host now (lib/upgrade).
-			if r.job.typ == v1alpha3.OperationAgentUpgrade {
+			// An upgrade's (lib/upgrade) or an isolation change's
+			// outcome is on the host now.
+			if r.job.typ == v1alpha3.OperationAgentUpgrade || r.job.typ == OperationIsolationChange {
 				d.reportMachine(ctx)
 			}
 			if r.err != nil {
@@ -671,7 +672,11 @@ func (d *daemon) step(ctx context.Context) error {
 		op := oldest(pending)
 		j = &job{op: op, uid: string(op.UID), typ: op.Spec.Operation}
 	default:
-		j = d.agentUpgradeJob()
+		// The agent first: a change of mode runs on the agent the
+		// spec asks for.
+		if j = d.agentUpgradeJob(); j == nil {
+			j = d.isolationJob()
+		}
 	}
 	gone := d.nodeGone
 	d.nodeGone = false
@@ -765,23 +770,31 @@ func (d *daemon) reportMachine(ctx context.Context) {
 	if d.nodeSeen != "" && !d.tokenOnly {
 		want.Status.NodeName = d.nodeSeen
 	}
-	var upgradeSignal func()
+	var signals []func()
 	if !d.tokenOnly {
-		upgradeSignal = d.upgradeOutcome(ctx, want)
+		for _, s := range []func() func(){
+			func() func() { return d.upgradeOutcome(ctx, want) },
+			func() func() { return d.isolationReport(ctx, want) },
+		} {
+			if f := s(); f != nil {
+				signals = append(signals, f)
+			}
+		}
+	}
+	reported := func() {
+		for _, f := range signals {
+			f()
+		}
 	}
 	if equality.Semantic.DeepEqual(want.Status, d.machineObj.Status) {
-		if upgradeSignal != nil {
-			upgradeSignal()
-		}
+		reported()
 		return
 	}
 	updated, err := d.cluster.machines.UpdateStatus(ctx, want)
 	switch {
 	case err == nil:
 		d.machineObj = updated
-		if upgradeSignal != nil {
-			upgradeSignal()
-		}
+		reported()
 	case apierrors.IsConflict(err), apierrors.IsNotFound(err):
 		// The watch brings the newer object (or the deletion) and the
 		// report runs again.

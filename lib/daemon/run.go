@@ -47,6 +47,7 @@ var targets = map[v1alpha3.OperationType]target{
 	v1alpha3.OperationRestart:      {"restart", unitnames.Restart},
 	v1alpha3.OperationAgentUpgrade: {"upgrade", unitnames.Upgrade},
 	v1alpha3.OperationReboot:       {"reboot", ""},
+	OperationIsolationChange:       {"isolation", unitnames.Isolation},
 }
 
 // errOperationGone: the MachineOperation was deleted while the daemon
@@ -124,7 +125,7 @@ func (d *daemon) dispatch(ctx context.Context, j *job, t target, desired json.Ra
 	} else if j.params != nil {
 		req.Parameters = j.params
 	}
-	if j.typ == v1alpha3.OperationRepave {
+	if j.typ == v1alpha3.OperationRepave || j.typ == OperationIsolationChange {
 		req.Desired = desired
 	}
 	if id, err := d.host.bootID(); err == nil {
@@ -354,6 +355,9 @@ func (d *daemon) describe(j *job) string {
 	if j.op == nil && j.typ == v1alpha3.OperationAgentUpgrade {
 		return "upgrade to spec.agent " + j.params["version"]
 	}
+	if j.typ == OperationIsolationChange {
+		return "isolation change from " + j.params["from"] + " to spec.isolation.mode " + j.params["to"]
+	}
 	if j.op == nil {
 		return "repave of vanished Node " + d.node
 	}
@@ -395,9 +399,10 @@ func (d *daemon) finishAt(ctx context.Context, j *job, r *result, at time.Time, 
 			d.log.Warn("final status written, its owed record stays", "uid", j.uid, "error", serr)
 		}
 	}
-	if err == nil {
+	if err == nil && j.typ != OperationIsolationChange {
 		// Once: a refused write is tried again (resume), and its Event
-		// with it.
+		// with it. An isolation change's Events are its status's
+		// transitions (isolationReport).
 		d.recordEvent(ctx, evType, "Operation"+string(s), d.describe(j)+": "+msg)
 	}
 	return err
