@@ -8,8 +8,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/none"
@@ -85,17 +88,59 @@ func TestIsolationChangeInPlaceNspawnToNoneAndBack(t *testing.T) {
 		return
 	}
 
-	// 3. none -> nspawn: back into slot kube1, in a machine.
-	f.setMode(t, "nspawn")
+	// 3. none -> nspawn by the Machine's spec, as a fleet operator does:
+	// the daemon starts the change (the spec laid over the config on
+	// disk, which still says none) and reports it in
+	// status.isolationChange, each transition an Event.
 	watch = f.watchDowntime(t)
-	took, p = f.changeIsolation(t)
-	if p["Result"] != "success" {
-		t.Fatalf("isolation change none -> nspawn: %v\n%s", p, f.lastRunJournal(t, p))
-	}
+	begin := time.Now()
+	f.setIsolationSpec(t, "nspawn")
+	var seen []v1alpha3.IsolationChangeState
+	waitUntil(t, 10*time.Minute, "the Machine reports the isolation change to nspawn Succeeded", func(context.Context) (bool, error) {
+		ch := f.machine(t).Status.IsolationChange
+		if ch == nil || ch.To != "nspawn" {
+			return false, nil
+		}
+		if len(seen) == 0 || seen[len(seen)-1] != ch.State {
+			seen = append(seen, ch.State)
+		}
+		if ch.State == v1alpha3.IsolationChangeFailed {
+			t.Fatalf("the isolation change failed: %s\n%s", ch.Message, f.m.Journal(isolationUnit))
+		}
+		return ch.State == v1alpha3.IsolationChangeSucceeded, nil
+	})
+	took = time.Since(begin).Round(time.Millisecond)
 	down = watch(t)
-	t.Logf("isolation change none -> nspawn: %v, Node not Ready or absent for %v", took, down)
+	t.Logf("isolation change none -> nspawn: %v, Node not Ready or absent for %v (by the Machine's spec; states seen %v)", took, down, seen)
+	m := f.machine(t)
+	if ch := m.Status.IsolationChange; ch.From != "none" || ch.Method != v1alpha3.IsolationChangeInPlace || ch.StartTime == nil {
+		t.Errorf("status.isolationChange %+v", ch)
+	}
+	if c := meta.FindStatusCondition(m.Status.Conditions, v1alpha3.ConditionIsolationChanged); c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != m.Generation {
+		t.Errorf("IsolationChanged %+v, want True at generation %d", c, m.Generation)
+	}
+	waitUntil(t, time.Minute, "the change's Events", func(ctx context.Context) (bool, error) {
+		l, err := f.env.kube.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + f.name})
+		if err != nil {
+			return false, nil
+		}
+		got := map[string]bool{}
+		for _, e := range l.Items {
+			got[e.Reason] = true
+		}
+		return got["IsolationChangeInProgress"] && got["IsolationChangeSucceeded"], nil
+	})
 	f.wantMode(t, "nspawn", "kube1")
 	f.waitPodRunningAgain(t, ns, pod)
+}
+
+// setIsolationSpec sets the Machine's spec.isolation.mode.
+func (f *firstBoot) setIsolationSpec(t *testing.T, mode string) {
+	t.Helper()
+	patch := []byte(`{"spec":{"isolation":{"mode":"` + mode + `"}}}`)
+	if err := f.env.api.Patch(types.MergePatchType).Resource(v1alpha3.ResourceMachines).Name(f.name).Body(patch).Do(context.Background()).Error(); err != nil {
+		t.Fatalf("Machine %s spec.isolation.mode = %s: %v", f.name, mode, err)
+	}
 }
 
 // watchDowntime follows the Node while an operation runs; the function
