@@ -739,6 +739,11 @@ func (b *Bootstrap) handOver(ctx context.Context, lock *state.Lock) error {
 	return b.start(ctx)
 }
 
+// HandOver hands the recorded node over to systemd, as the end of a
+// bootstrap does: a reprovision does it again once its handoff has ended,
+// since the generator wires no node while a handoff is in progress.
+func (b *Bootstrap) HandOver(ctx context.Context) error { return b.start(ctx) }
+
 // start hands the recorded node over to systemd: reload (the generator
 // wires the node target), start the node target without waiting (it is
 // ordered after this unit), and start the daemon.

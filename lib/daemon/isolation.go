@@ -102,6 +102,10 @@ func (d *daemon) isolationReport(ctx context.Context, want *v1alpha3.Machine) fu
 		ch = &v1alpha3.IsolationChangeStatus{From: v1alpha3.IsolationMode(h.FromMode), To: v1alpha3.IsolationMode(h.ToMode),
 			Method: v1alpha3.IsolationChangeReprovision, State: v1alpha3.IsolationChangeState(h.State), StartTime: start(h.StartedAt), Message: h.Message}
 		if h.Live() {
+			// Looked at again: the handoff's end is its journal's.
+			if d.statusRetry == nil {
+				d.statusRetry = time.After(5 * time.Second)
+			}
 			ch.Message = fmt.Sprintf("attempt %d; gives up at %s", h.Attempts, h.Deadline.UTC().Format(time.RFC3339))
 			if h.LastError != "" {
 				ch.Message += "; last error: " + h.LastError

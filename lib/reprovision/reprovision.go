@@ -186,6 +186,10 @@ type Reprovision struct {
 	Reset func(ctx context.Context) error
 	// Bootstrap bootstraps the target configuration.
 	Bootstrap func(ctx context.Context, cfg *config.Config) error
+	// HandOver hands the new node to systemd once the handoff has ended
+	// (the generator wires no node while a handoff is in progress, so
+	// the bootstrap's own hand-over found nothing wired); nil: none.
+	HandOver func(ctx context.Context) error
 	// FirstDelay and MaxDelay bound the delay between attempts; 0: the
 	// defaults.
 	FirstDelay, MaxDelay time.Duration
@@ -302,6 +306,11 @@ func (r *Reprovision) Run(ctx context.Context) error {
 	}
 	if err := writeJournal(r.Paths, j); err != nil {
 		return err
+	}
+	if r.HandOver != nil {
+		if err := r.HandOver(ctx); err != nil {
+			return fmt.Errorf("%s; the hand-over of the node to systemd failed (the next boot does it): %w", j.Message, err)
+		}
 	}
 	r.status("%s", j.Message)
 	return nil

@@ -3,6 +3,7 @@ package system_test
 import (
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,8 +17,10 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/none"
+	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
+	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
 
 // Isolation change in place (ARCHITECTURE sections 2 and 6,
@@ -358,4 +361,94 @@ func (f *firstBoot) waitPodStartedSince(t *testing.T, ns string, since time.Time
 		}
 		return false, nil
 	})
+}
+
+// TestIsolationChangeByReprovisionRetriesWhileTheAPIServerIsUnreachable:
+// nspawn -> none by the reprovision method (forced: both modes could
+// share the host). The isolation unit checks the token, stages the
+// handoff and hands over (exit 0); then the API server becomes
+// unreachable: the handoff's reset goes on (it talks to no server), its
+// bootstrap fails, and the unit is started again after the handoff's
+// growing delay, until the API server is back and the bootstrap of mode
+// none succeeds. The node ends Ready under the same name in mode none,
+// nothing of nspawn left, and the daemon reports the change Succeeded by
+// reprovision and removes the handoff.
+func TestIsolationChangeByReprovisionRetriesWhileTheAPIServerIsUnreachable(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{alsoNone: true})
+	t.Cleanup(func() {
+		if t.Failed() {
+			f.diagnoseNone(t)
+			t.Logf("isolation change's journal:\n%s", f.m.Journal(isolationUnit))
+			t.Logf("reprovision's journal:\n%s", f.m.Journal(unitnames.Reprovision))
+		}
+	})
+	ns := f.bootNode(t)
+	if t.Failed() {
+		return
+	}
+	f.waitPodRunning(t, ns, time.Minute)
+	// The test's bounds: the method forced, the delays short.
+	f.m.WriteFile("/etc/systemd/system/"+isolationUnit+".d/50-test-method.conf",
+		[]byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/isolation --method=Reprovision\n"), 0o644)
+	f.m.WriteFile("/etc/systemd/system/"+unitnames.Reprovision+".d/50-test-delays.conf",
+		[]byte("[Service]\nExecStart=\nExecStart=/var/lib/unbounded-agent-reprovision/unbounded-agent reprovision --first-delay=5s --max-delay=20s --ready-timeout=3m\nRestartSec=1s\n"), 0o644)
+	if out, err := f.m.Systemctl("daemon-reload"); err != nil {
+		t.Fatalf("daemon-reload: %v\n%s", err, out)
+	}
+	f.setMode(t, "none")
+	begin := time.Now()
+	_, p := f.changeIsolation(t)
+	if p["Result"] != "success" {
+		t.Fatalf("the isolation unit did not hand off: %v\n%s", p, f.lastRunJournal(t, p))
+	}
+	f.fwd.SetFault(f.env.Host(), nodestack.ForwardFault{Down: true})
+	lifted := false
+	lift := func() {
+		if !lifted {
+			lifted = true
+			f.fwd.SetFault(f.env.Host(), nodestack.ForwardFault{})
+		}
+	}
+	t.Cleanup(lift)
+	var h *reprovision.Journal
+	waitUntil(t, 8*time.Minute, "an attempt of the reprovision failed with the API server unreachable", func(context.Context) (bool, error) {
+		j, err := reprovision.ReadJournal(f.paths)
+		if err == nil {
+			h = j
+		}
+		return err == nil && j.LastError != "", nil
+	})
+	t.Logf("attempt %d failed %v after the handoff (API server unreachable): %s; next at %s", h.Attempts, time.Since(begin).Round(time.Millisecond), h.LastError, h.NextAttempt.Format(time.RFC3339))
+	if !slices.Contains(h.Done, reprovision.StepReset) {
+		t.Errorf("the reset, which needs no server, is not done: %+v", h)
+	}
+	lift()
+	waitUntil(t, 10*time.Minute, "the reprovision Succeeded", func(context.Context) (bool, error) {
+		j, err := reprovision.ReadJournal(f.paths)
+		if err == nil {
+			h = j
+		}
+		// The daemon removes the handoff once it reported it.
+		return (err == nil && j.State == reprovision.StateSucceeded) || (os.IsNotExist(err) && h.State == reprovision.StateSucceeded), nil
+	})
+	t.Logf("reprovision nspawn -> none: Succeeded %v after the handoff, %d attempts: %s", time.Since(begin).Round(time.Millisecond), h.Attempts, h.Message)
+	if h.Attempts < 2 {
+		t.Errorf("%d attempts, want a retry after the failed one", h.Attempts)
+	}
+	if n := showProps(t, f.m, unitnames.Reprovision, "NRestarts")["NRestarts"]; n == "0" || n == "" {
+		t.Errorf("%s NRestarts %q: systemd did not start it again", unitnames.Reprovision, n)
+	}
+	f.waitAgentCertificate(t)
+	waitUntil(t, 2*time.Minute, "the Machine reports the reprovision Succeeded", func(context.Context) (bool, error) {
+		ch := f.machine(t).Status.IsolationChange
+		return ch != nil && ch.State == v1alpha3.IsolationChangeSucceeded && ch.Method == v1alpha3.IsolationChangeReprovision && ch.To == "none", nil
+	})
+	waitUntil(t, time.Minute, "the handoff removed once reported", func(context.Context) (bool, error) {
+		_, err := os.Stat(f.paths.ReprovisionDir())
+		return os.IsNotExist(err), nil
+	})
+	f.wantMode(t, "none", "kube1")
+	f.waitPodStartedSince(t, ns, begin)
+	f.drainAndPowerOff(t, ns)
 }
