@@ -27,8 +27,9 @@ const OperationIsolationChange v1alpha3.OperationType = "IsolationChange"
 // asks for (a mode other than the running one), or nil. It is asked once
 // per generation of the Machine: not while a change runs (its journal,
 // a live handoff) or its outcome is still to be reported, nor after a
-// change for this generation failed (IsolationChanged=False observed at
-// it): a failed change is not looped on until the spec changes. A pair of
+// change was reported at this generation (IsolationChanged observed at
+// it): a failed change is not looped on, and a change made by hand is
+// not undone, until the spec changes. A pair of
 // modes this build does not change between is reported Failed without a
 // unit.
 func (d *daemon) isolationJob() *job {
@@ -44,8 +45,11 @@ func (d *daemon) isolationJob() *job {
 	if d.handled[uid] {
 		return nil
 	}
-	if c := meta.FindStatusCondition(m.Status.Conditions, v1alpha3.ConditionIsolationChanged); c != nil &&
-		c.Status == metav1.ConditionFalse && c.ObservedGeneration == m.Generation {
+	if c := meta.FindStatusCondition(m.Status.Conditions, v1alpha3.ConditionIsolationChanged); c != nil && c.ObservedGeneration >= m.Generation {
+		// A change was reported at this generation of the spec: one that
+		// failed is not tried again, and one made by hand (the config on
+		// disk, unbounded-isolation.service started by an operator) is
+		// not undone, until the spec changes.
 		return nil
 	}
 	if live, err := state.HandoffLive(d.p); err != nil || live {

@@ -70,6 +70,10 @@ func TestSpecIsolationAsksForOneChangePerGeneration(t *testing.T) {
 	if j := isolationDaemon(t, "none", failed).isolationJob(); j == nil {
 		t.Error("after a failed change of an earlier generation: no job")
 	}
+	byHand := metav1.Condition{Type: v1alpha3.ConditionIsolationChanged, Status: metav1.ConditionTrue, Reason: "Succeeded", ObservedGeneration: 7}
+	if j := isolationDaemon(t, "none", byHand).isolationJob(); j != nil {
+		t.Errorf("after a change reported at this generation (made by hand, the spec unchanged since): %+v", j)
+	}
 
 	d = isolationDaemon(t, "container")
 	if j := d.isolationJob(); j != nil || !d.handled["isolation:container:7"] {
