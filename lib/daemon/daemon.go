@@ -850,7 +850,7 @@ func (d *daemon) upgradeOutcome(ctx context.Context, want *v1alpha3.Machine) fun
 			return
 		}
 		d.log.Info("reported the agent upgrade's outcome", "status", cond.Status, "reason", cond.Reason, "message", msg)
-		go d.recordEvent(ctx, evType, "AgentUpgrade"+cond.Reason, msg)
+		go d.recordEvent(context.WithoutCancel(ctx), evType, "AgentUpgrade"+cond.Reason, msg) // after reportMachine returned and cancelled its ctx
 	}
 }
 

@@ -158,7 +158,7 @@ func (d *daemon) isolationReport(ctx context.Context, want *v1alpha3.Machine) fu
 			}
 			msg := fmt.Sprintf("isolation change %s -> %s (%s) %s: %s", ch.From, ch.To, ch.Method, ch.State, ch.Message)
 			d.log.Info("reported the isolation change", "from", ch.From, "to", ch.To, "method", ch.Method, "state", ch.State)
-			go d.recordEvent(ctx, evType, "IsolationChange"+string(ch.State), msg)
+			go d.recordEvent(context.WithoutCancel(ctx), evType, "IsolationChange"+string(ch.State), msg) // after reportMachine returned and cancelled its ctx
 		}
 		if remove != nil {
 			if err := remove(); err != nil {
