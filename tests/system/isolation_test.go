@@ -3,6 +3,7 @@ package system_test
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -402,7 +403,7 @@ func TestIsolationChangeByReprovisionRetriesWhileTheAPIServerIsUnreachable(t *te
 	f.m.WriteFile("/etc/systemd/system/"+isolationUnit+".d/50-test-method.conf",
 		[]byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/isolation --method=Reprovision\n"), 0o644)
 	f.m.WriteFile("/etc/systemd/system/"+unitnames.Reprovision+".d/50-test-delays.conf",
-		[]byte("[Service]\nExecStart=\nExecStart=/var/lib/unbounded-agent-reprovision/unbounded-agent reprovision --first-delay=5s --max-delay=20s --ready-timeout=3m\nRestartSec=1s\n"), 0o644)
+		[]byte("[Service]\nExecStart=\nExecStart=/var/lib/unbounded-agent-reprovision/unbounded-agent reprovision --first-delay=5s --max-delay=20s --ready-timeout=1m\nRestartSec=1s\n"), 0o644)
 	if out, err := f.m.Systemctl("daemon-reload"); err != nil {
 		t.Fatalf("daemon-reload: %v\n%s", err, out)
 	}
@@ -459,6 +460,101 @@ func TestIsolationChangeByReprovisionRetriesWhileTheAPIServerIsUnreachable(t *te
 		return os.IsNotExist(err), nil
 	})
 	f.wantMode(t, "none", "kube1")
+	f.waitPodStartedSince(t, ns, begin)
+	f.drainAndPowerOff(t, ns)
+}
+
+// TestIsolationChangeByReprovisionThatCannotSucceedGivesUpAtItsDeadline:
+// none -> nspawn by reprovision with a node image the registry does not
+// have. Every attempt fails after the host's reset; at the deadline (the
+// test's 90 s; production's 90 min) the handoff gives up: its journal
+// says Failed with the reason, the staged executable and configuration
+// are gone, the unit no longer runs and is not pulled in at boot, and no
+// copy of the bootstrap token is left anywhere on the host but the
+// operator's own file. The operator puts the mode back; the next boot
+// bootstraps the host again in mode none, and its daemon reports the
+// change Failed on the Machine and removes the handoff.
+func TestIsolationChangeByReprovisionThatCannotSucceedGivesUpAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{mode: "none"})
+	t.Cleanup(func() {
+		if t.Failed() {
+			f.diagnoseNone(t)
+			t.Logf("reprovision's journal:\n%s", f.m.Journal(unitnames.Reprovision))
+		}
+	})
+	ns := f.bootNode(t)
+	if t.Failed() {
+		return
+	}
+	f.m.WriteFile("/etc/systemd/system/"+isolationUnit+".d/50-test-method.conf",
+		[]byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/isolation --method=Reprovision --give-up-after=90s\n"), 0o644)
+	f.m.WriteFile("/etc/systemd/system/"+unitnames.Reprovision+".d/50-test-delays.conf",
+		[]byte("[Service]\nExecStart=\nExecStart=/var/lib/unbounded-agent-reprovision/unbounded-agent reprovision --first-delay=5s --max-delay=20s\nRestartSec=1s\n"), 0o644)
+	if out, err := f.m.Systemctl("daemon-reload"); err != nil {
+		t.Fatalf("daemon-reload: %v\n%s", err, out)
+	}
+	missing := f.reg.Host + "/unbounded/node:missing"
+	f.m.WriteFile(modeDropIn, []byte("mode = \"nspawn\"\n\n[nspawn]\nimage = \""+missing+"\"\n"), 0o644)
+	begin := time.Now()
+	_, p := f.changeIsolation(t)
+	if p["Result"] != "success" {
+		t.Fatalf("the isolation unit did not hand off: %v\n%s", p, f.lastRunJournal(t, p))
+	}
+	var h *reprovision.Journal
+	waitUntil(t, 6*time.Minute, "the reprovision gave up", func(context.Context) (bool, error) {
+		j, err := reprovision.ReadJournal(f.paths)
+		if err == nil {
+			h = j
+		}
+		return err == nil && j.State == reprovision.StateFailed, nil
+	})
+	t.Logf("reprovision given up %v after the handoff, %d attempts: %s", time.Since(begin).Round(time.Millisecond), h.Attempts, h.Message)
+	if h.Attempts < 2 || !strings.Contains(h.Message, "missing") {
+		t.Errorf("given up after %d attempts, saying %q; want retries and the image's name", h.Attempts, h.Message)
+	}
+	for _, n := range []string{reprovision.ConfigFile, reprovision.Executable} {
+		if _, err := os.Stat(filepath.Join(f.paths.ReprovisionDir(), n)); !os.IsNotExist(err) {
+			t.Errorf("%s is left in the handoff (%v)", n, err)
+		}
+	}
+	waitUntil(t, time.Minute, unitnames.Reprovision+" ended", func(context.Context) (bool, error) {
+		s := isActive(f.m, unitnames.Reprovision)
+		return s == "inactive", nil
+	})
+	// No copy of the token: only the operator's file holds its bytes.
+	token, err := f.m.ReadFile("/etc/unbounded/bootstrap-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := strings.TrimSpace(string(token))
+	out, _ := f.m.Run("grep", "-rlsF", "--exclude-dir=proc", "--exclude-dir=sys", "--exclude-dir=dev", "--exclude-dir=run", tok, "/etc", "/var", "/usr", "/root", "/tmp")
+	for _, l := range strings.Fields(out) {
+		if l != "/etc/unbounded/bootstrap-token" {
+			t.Errorf("the bootstrap token is in %s after the handoff gave up", l)
+		}
+	}
+
+	// The operator puts the mode back; the next boot bootstraps none and
+	// its daemon reports the change that gave up.
+	if err := os.Remove(filepath.Join(f.m.Root(), modeDropIn)); err != nil {
+		t.Fatal(err)
+	}
+	f.m.Reboot()
+	waitUntil(t, 8*time.Minute, "bootstrapped again in mode none", func(context.Context) (bool, error) {
+		a, err := state.ReadActive(f.paths)
+		return err == nil && a != nil && a.Mode == "none", nil
+	})
+	f.waitAgentCertificate(t)
+	waitUntil(t, 2*time.Minute, "the Machine reports the reprovision Failed", func(context.Context) (bool, error) {
+		ch := f.machine(t).Status.IsolationChange
+		return ch != nil && ch.State == v1alpha3.IsolationChangeFailed && ch.Method == v1alpha3.IsolationChangeReprovision && strings.Contains(ch.Message, "given up"), nil
+	})
+	waitUntil(t, time.Minute, "the handoff removed once reported", func(context.Context) (bool, error) {
+		_, err := os.Stat(f.paths.ReprovisionDir())
+		return os.IsNotExist(err), nil
+	})
+	waitUntil(t, 2*time.Minute, "Node Ready in mode none", f.nodeReady)
 	f.waitPodStartedSince(t, ns, begin)
 	f.drainAndPowerOff(t, ns)
 }
