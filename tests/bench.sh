@@ -315,7 +315,7 @@ part upgrade && scenario "agent upgrade (tests/system, one booted nspawn host)" 
 # and its downtime as the cluster sees it (Node not Ready or absent ->
 # Ready), beside the nspawn repave's downtime of the nspawn part above.
 part isolation && scenario "isolation change in place (tests/system, one booted host)" TestIsolationChangeInPlaceNspawnToNoneAndBack '
-	/isolation change [a-z]+ -> [a-z]+: [0-9]/ { for (i = 1; i <= NF; i++) if ($i == "change") { from = $(i + 1); to = $(i + 3); took = $(i + 4); break } ; sub(/:$/, "", to); sub(/,$/, "", took); line("isolation change " from " -> " to ": whole run", secs(took)); line("  downtime (Node not Ready or absent -> Ready)", secs($NF)) }
+	/isolation change [a-z]+ -> [a-z]+: [0-9]/ { for (i = 1; i <= NF; i++) if ($i == "change") { from = $(i + 1); to = $(i + 3); took = $(i + 4); break } ; sub(/:$/, "", to); sub(/,$/, "", took); for (i = 1; i < NF; i++) if ($i == "absent" && $(i + 1) == "for") down = $(i + 2); line("isolation change " from " -> " to ": whole run", secs(took)); line("  downtime (Node not Ready or absent -> Ready)", secs(down)) }
 	'
 
 part benchmarks || exit 0
