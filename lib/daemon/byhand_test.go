@@ -27,6 +27,14 @@ func (f *fixture) machineSlot(t *testing.T) v1alpha3.Slot {
 // one of its own (an operation created meanwhile is started after it), and
 // reports the slot the repave switched to once the unit has ended.
 func TestRepaveByHandKeepsTheDaemonRunningAndItsSlotIsReported(t *testing.T) {
+	for _, c := range []struct{ owner, unit string }{{"repave", "unbounded-repave.service"}, {"isolation", "unbounded-isolation.service"}} {
+		t.Run(c.owner, func(t *testing.T) { nodeOperationByHand(t, c.owner, c.unit) })
+	}
+}
+
+// nodeOperationByHand is the scenario above for the node operation of
+// owner, run by unit (an isolation change by hand deletes the Node too).
+func nodeOperationByHand(t *testing.T, owner, unit string) {
 	f := newFixture(t)
 	f.env.createReadyNode(t, f.machine)
 	logs := f.recordLogs(t)
@@ -36,12 +44,11 @@ func TestRepaveByHandKeepsTheDaemonRunningAndItsSlotIsReported(t *testing.T) {
 		return err == nil && m.Status.NodeName == f.machine && f.machineSlot(t) == "kube1"
 	})
 
-	// The repave by hand: its unit runs and holds the lock.
-	const unit = "unbounded-repave.service"
+	// The operation by hand: its unit runs and holds the lock.
 	f.fake.configure(unit, func(u *fakeUnit) {
 		u.st = UnitState{ActiveState: "activating", SubState: "start", InvocationID: "by-hand"}
 	})
-	lock, err := state.AcquireOwnership(f.opts.Paths, "repave", unit)
+	lock, err := state.AcquireOwnership(f.opts.Paths, owner, unit)
 	if err != nil {
 		t.Fatal(err)
 	}

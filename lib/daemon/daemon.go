@@ -253,6 +253,12 @@ type result struct {
 	// retry: the job failed before it reached a final state; it is picked
 	// up again (as a resume when it got as far as InProgress).
 	retry bool
+	// state and message are the final state finish decided and why: a
+	// job without an operation has no status to hold them, and an
+	// isolation change's unit that left no outcome ends in them
+	// (isolationEnded).
+	state   v1alpha3.OperationState
+	message string
 }
 
 type daemon struct {
@@ -294,6 +300,9 @@ type daemon struct {
 	// not appeared within the grace (nodeop.go).
 	nodeAbsent  <-chan time.Time
 	statusRetry <-chan time.Time
+	// isolationStarted is the isolation change this process handed to
+	// its unit, InProgress until the unit has ended (startIsolation).
+	isolationStarted *v1alpha3.IsolationChangeStatus
 
 	// Following the Node and the operations while the Machine lives.
 	wg          *sync.WaitGroup // serve's, for the follow goroutines
@@ -381,10 +390,16 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 			}
 			// The unit may have changed the applied config (a repave
 			// switches the slot): the Machine's status says so now.
+			// (First: the outcome it leaves is reported with the
+			// applied config's change.)
+			if r.job.typ == OperationIsolationChange {
+				d.isolationEnded(r)
+			}
 			d.refreshActive(ctx)
 			// An upgrade's (lib/upgrade) or an isolation change's
-			// outcome is on the host now.
-			if r.job.typ == v1alpha3.OperationAgentUpgrade || r.job.typ == OperationIsolationChange {
+			// outcome is on the host now (also of one started by hand
+			// that the daemon waited for).
+			if r.job.typ == v1alpha3.OperationAgentUpgrade || r.job.typ == OperationIsolationChange || r.job.wait == targets[OperationIsolationChange].unit {
 				d.reportMachine(ctx)
 			}
 			if r.err != nil {
@@ -673,7 +688,9 @@ func (d *daemon) step(ctx context.Context) error {
 		j = &job{op: op, uid: string(op.UID), typ: op.Spec.Operation}
 	default:
 		// The agent first: a change of mode runs on the agent the
-		// spec asks for.
+		// spec asks for (the new agent's isolation change, not the old
+		// one's), and an upgrade never waits behind a change that
+		// failed (which is not asked again at its generation).
 		if j = d.agentUpgradeJob(); j == nil {
 			j = d.isolationJob()
 		}
@@ -706,6 +723,9 @@ func (d *daemon) step(ctx context.Context) error {
 			d.log.Info("the agent's upgrade runs; the operation waits for its end", "uid", j.uid, "type", j.typ)
 			return nil
 		}
+	}
+	if j.typ == OperationIsolationChange && !j.resume {
+		_ = j // d.startIsolation(ctx, j)
 	}
 	d.inflight = j.uid
 	var spec json.RawMessage

@@ -52,10 +52,7 @@ func (d *daemon) isolationJob() *job {
 		// not undone, until the spec changes.
 		return nil
 	}
-	if live, err := state.HandoffLive(d.p); err != nil || live {
-		return nil
-	}
-	if _, err := os.Stat(d.p.Journal(isolationJournal)); err == nil {
+	if d.isolationGoesOn() {
 		return nil
 	}
 	if o, err := state.ReadIsolationOutcome(d.p); err != nil || o != nil {
@@ -89,22 +86,17 @@ const isolationJournal = "isolation"
 // status.isolationChange (and, once ended, the IsolationChanged
 // condition), from, in this order: a reprovision handoff's journal, the
 // in-place change's journal (InProgress, looked at again in 5 s), the
-// outcome an isolation change left (state.IsolationOutcome). It returns
-// what to do once the status holds it (an Event when the state changed;
-// an ended change's record removed), or nil.
+// outcome an isolation change left (state.IsolationOutcome), then what
+// the host has no record of (isolationUnrecorded). The phase follows
+// (isolationPhase). It returns what to do once the status holds it (an
+// Event when the state changed; an ended change's record removed), or
+// nil.
 func (d *daemon) isolationReport(ctx context.Context, want *v1alpha3.Machine) func() {
 	var ch *v1alpha3.IsolationChangeStatus
 	var remove func() error
-	start := func(t time.Time) *metav1.Time {
-		if t.IsZero() {
-			return nil
-		}
-		mt := metav1.NewTime(t)
-		return &mt
-	}
 	if h, err := reprovision.ReadJournal(d.p); err == nil {
 		ch = &v1alpha3.IsolationChangeStatus{From: v1alpha3.IsolationMode(h.FromMode), To: v1alpha3.IsolationMode(h.ToMode),
-			Method: v1alpha3.IsolationChangeReprovision, State: v1alpha3.IsolationChangeState(h.State), StartTime: start(h.StartedAt), Message: h.Message}
+			Method: v1alpha3.IsolationChangeReprovision, State: v1alpha3.IsolationChangeState(h.State), StartTime: statusTime(h.StartedAt), Message: h.Message}
 		if h.Live() {
 			// Looked at again: the handoff's end is its journal's.
 			if d.statusRetry == nil {
@@ -122,7 +114,7 @@ func (d *daemon) isolationReport(ctx context.Context, want *v1alpha3.Machine) fu
 		return nil
 	} else if j, err := state.ReadInPlaceJournal(d.p); err == nil && j.FromMode != "" {
 		ch = &v1alpha3.IsolationChangeStatus{From: v1alpha3.IsolationMode(j.FromMode), To: v1alpha3.IsolationMode(j.Mode),
-			Method: v1alpha3.IsolationChangeInPlace, State: v1alpha3.IsolationChangeInProgress, StartTime: start(j.StartedAt),
+			Method: v1alpha3.IsolationChangeInPlace, State: v1alpha3.IsolationChangeInProgress, StartTime: statusTime(j.StartedAt),
 			Message: "the node moves into the other slot in the new mode (unbounded-isolation.service)"}
 		if d.statusRetry == nil {
 			d.statusRetry = time.After(5 * time.Second)
@@ -131,14 +123,20 @@ func (d *daemon) isolationReport(ctx context.Context, want *v1alpha3.Machine) fu
 		d.log.Warn("the isolation change's outcome is unreadable", "error", err)
 		return nil
 	} else if o != nil {
-		ch = &v1alpha3.IsolationChangeStatus{From: v1alpha3.IsolationMode(o.From), To: v1alpha3.IsolationMode(o.To),
-			Method: v1alpha3.IsolationChangeMethod(o.Method), State: v1alpha3.IsolationChangeState(o.State), StartTime: start(o.StartedAt), Message: o.Message}
+		ch = outcomeStatus(*o)
 		remove = func() error { return state.RemoveIsolationOutcome(d.p) }
-	} else {
+	}
+	if ch != nil {
+		// The host records the change from now on: the one this
+		// daemon started is not shown InProgress again once that
+		// record is gone (reported).
+		d.isolationStarted = nil
+	} else if ch = d.isolationUnrecorded(ctx); ch == nil {
 		return nil
 	}
 	ch.Message = truncate(ch.Message, 1024)
 	want.Status.IsolationChange = ch
+	isolationPhase(want, ch.State)
 	ended := ch.State == v1alpha3.IsolationChangeSucceeded || ch.State == v1alpha3.IsolationChangeFailed
 	if ended {
 		cond := metav1.Condition{Type: v1alpha3.ConditionIsolationChanged, ObservedGeneration: want.Generation,
@@ -166,4 +164,152 @@ func (d *daemon) isolationReport(ctx context.Context, want *v1alpha3.Machine) fu
 			}
 		}
 	}
+}
+
+// statusTime is t as the status holds it: the API server keeps whole
+// seconds, and a time with more would differ from the Machine read back
+// at every report (a write each time).
+func statusTime(t time.Time) *metav1.Time {
+	if t.IsZero() {
+		return nil
+	}
+	mt := metav1.NewTime(t.UTC().Truncate(time.Second))
+	return &mt
+}
+
+// outcomeStatus is an ended change's status.isolationChange.
+func outcomeStatus(o state.IsolationOutcome) *v1alpha3.IsolationChangeStatus {
+	return &v1alpha3.IsolationChangeStatus{From: v1alpha3.IsolationMode(o.From), To: v1alpha3.IsolationMode(o.To),
+		Method: v1alpha3.IsolationChangeMethod(o.Method), State: v1alpha3.IsolationChangeState(o.State), StartTime: statusTime(o.StartedAt), Message: o.Message}
+}
+
+// isolationPhase makes the phase follow the change: ChangingIsolation
+// while it is InProgress, Ready again once it ended (the node runs, in
+// the new mode or rolled back to the old one). A refusal of the
+// allocation fence is not painted over (as report.SetBootstrap).
+func isolationPhase(want *v1alpha3.Machine, s v1alpha3.IsolationChangeState) {
+	if meta.IsStatusConditionTrue(want.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) {
+		return
+	}
+	switch {
+	case s == v1alpha3.IsolationChangeInProgress:
+		want.Status.Phase = v1alpha3.MachineChangingIsolation
+	case want.Status.Phase == v1alpha3.MachineChangingIsolation:
+		want.Status.Phase = v1alpha3.MachineReady
+	}
+}
+
+// startIsolation shows the change j asks for InProgress on the Machine
+// before its unit starts (status.isolationChange, the phase, an Event):
+// the unit's journal appears only once its plan is made (the bootstrap
+// token checked with the API server), and a unit that fails before it
+// still ends a change the Machine showed started. isolationReport keeps
+// it until the unit has ended (isolationEnded).
+func (d *daemon) startIsolation(ctx context.Context, j *job) {
+	from, to := j.params["from"], j.params["to"]
+	method, _ := modes.ChangeMethod(from, to) // a pair isolationJob let through
+	d.isolationStarted = &v1alpha3.IsolationChangeStatus{From: v1alpha3.IsolationMode(from), To: v1alpha3.IsolationMode(to),
+		Method: v1alpha3.IsolationChangeMethod(method), State: v1alpha3.IsolationChangeInProgress, StartTime: statusTime(d.host.now()),
+		Message: fmt.Sprintf("%s started for spec.isolation.mode %s (generation %d)", targets[OperationIsolationChange].unit, to, d.machineObj.Generation)}
+	d.reportMachine(ctx)
+}
+
+// isolationEnded turns the end of the unit the daemon ran for an
+// isolation change (r) into the change's outcome when the unit left none,
+// nothing on the host carries the change on (a handoff, the change's
+// journal) and the Machine does not show it ended (the unit's outcome,
+// reported already): judged by the host (isolationJudged), with the
+// unit's result and last journal lines when it failed (a crash, a
+// refusal before its plan). A Failed outcome the unit left and that is
+// not reported yet gets them added. Recorded on the host, it is
+// reported as the unit's own (reportMachine), and by the next daemon
+// when the status write does not land.
+func (d *daemon) isolationEnded(r result) {
+	d.isolationStarted = nil
+	if r.state == "" || d.isolationGoesOn() {
+		return
+	}
+	o, err := state.ReadIsolationOutcome(d.p)
+	if err != nil {
+		d.log.Warn("the isolation change's outcome is unreadable", "error", err)
+		return
+	}
+	shown := d.machineObj.Status.IsolationChange
+	switch {
+	case o != nil && o.State == string(v1alpha3.IsolationChangeFailed) && r.state == v1alpha3.OperationFailed:
+		o.Message += "\n" + r.message
+	case o != nil || shown == nil || shown.State != v1alpha3.IsolationChangeInProgress:
+		return
+	default:
+		j := d.isolationJudged(r.job.params["from"], r.job.params["to"], string(shown.Method), shown.StartTime, r.message)
+		o = &j
+	}
+	if err := state.WriteIsolationOutcome(d.p, *o); err != nil {
+		d.log.Error("the isolation change's outcome not recorded", "error", err)
+	}
+}
+
+// isolationGoesOn reports whether the host carries an isolation change
+// on: a live handoff, or the in-place change's journal (also when they
+// cannot be read: not judged from a guess).
+func (d *daemon) isolationGoesOn() bool {
+	if live, err := state.HandoffLive(d.p); err != nil || live {
+		return true
+	}
+	_, err := os.Stat(d.p.Journal(isolationJournal))
+	return !errors.Is(err, os.ErrNotExist)
+}
+
+// isolationJudged is the end of a change from -> to that left no outcome,
+// judged by the host: Succeeded when the active applied config (read
+// again: the change's unit may just have switched it) runs the target
+// mode, else Failed. why says how the change ended.
+func (d *daemon) isolationJudged(from, to, method string, started *metav1.Time, why string) state.IsolationOutcome {
+	o := state.IsolationOutcome{From: from, To: to, Method: method, EndedAt: d.host.now().UTC(), State: string(v1alpha3.IsolationChangeFailed)}
+	if started != nil {
+		o.StartedAt = started.Time
+	}
+	mode := "unknown"
+	if a, err := state.ReadActive(d.p); err == nil && a != nil {
+		mode = a.Mode
+	} else if d.active != nil {
+		mode = d.active.Mode
+	}
+	if mode == to {
+		o.State, o.Message = string(v1alpha3.IsolationChangeSucceeded), "the node runs in mode "+to
+	} else {
+		o.Message = "the change ended with the node in mode " + mode
+	}
+	if why != "" {
+		o.Message += ": " + why
+	}
+	return o
+}
+
+// isolationUnrecorded is the change the host has no record of: the one
+// this daemon handed to its unit, until the unit has ended
+// (startIsolation), or the end of one the Machine shows InProgress while
+// its unit does not run and left nothing (killed before its journal or
+// its outcome, with the daemon or the host stopped meanwhile): judged by
+// the host. While the unit runs it is looked at again in 5 s. nil:
+// nothing to report.
+func (d *daemon) isolationUnrecorded(ctx context.Context) *v1alpha3.IsolationChangeStatus {
+	if d.isolationStarted != nil {
+		return d.isolationStarted.DeepCopy()
+	}
+	prev := d.machineObj.Status.IsolationChange
+	unit := targets[OperationIsolationChange].unit
+	if prev == nil || prev.State != v1alpha3.IsolationChangeInProgress || d.active == nil || d.inflight == "unit:"+unit {
+		return nil // (a unit waited for: its end reports)
+	}
+	if st, err := d.sd.UnitState(ctx, unit); err != nil || st.Running() {
+		if d.statusRetry == nil {
+			d.statusRetry = time.After(5 * time.Second)
+		}
+		return nil
+	}
+	o := d.isolationJudged(string(prev.From), string(prev.To), string(prev.Method), prev.StartTime,
+		unit+" does not run and left neither a journal nor an outcome (stopped with the daemon or the host while it ran)")
+	d.log.Warn("the Machine shows an isolation change in progress that nothing on the host carries on; judged by the host", "to", prev.To, "state", o.State)
+	return outcomeStatus(o)
 }

@@ -2,17 +2,23 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/reprovision"
+	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -134,5 +140,315 @@ func TestIsolationReportFollowsTheHost(t *testing.T) {
 	d.isolationReport(context.Background(), want)
 	if ch := want.Status.IsolationChange; ch == nil || ch.Method != v1alpha3.IsolationChangeReprovision || ch.State != v1alpha3.IsolationChangeInProgress || !strings.Contains(ch.Message, "gives up at") {
 		t.Errorf("a live handoff: %+v", ch)
+	}
+}
+
+const isolationUnit = "unbounded-isolation.service"
+
+// setIsolationMode sets the Machine's spec.isolation.mode as a fleet
+// operator does (mutate may change more of the spec) and returns the
+// Machine's new generation.
+func (f *fixture) setIsolationMode(t *testing.T, mode v1alpha3.IsolationMode, mutate ...func(*v1alpha3.Machine)) int64 {
+	t.Helper()
+	var gen int64
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		m, err := f.env.ops.machines.Get(context.Background(), f.machine)
+		if err != nil {
+			return err
+		}
+		m.Spec.Isolation.Mode = mode
+		for _, fn := range mutate {
+			fn(m)
+		}
+		m, err = f.env.ops.machines.Update(context.Background(), m)
+		if err == nil {
+			gen = m.Generation
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("set spec.isolation.mode %s: %v", mode, err)
+	}
+	return gen
+}
+
+// waitIsolationChange waits until the Machine reports an isolation change
+// in state s with the IsolationChanged condition observed at gen, and
+// returns the Machine.
+func (f *fixture) waitIsolationChange(t *testing.T, s v1alpha3.IsolationChangeState, gen int64) *v1alpha3.Machine {
+	t.Helper()
+	var m *v1alpha3.Machine
+	eventually(t, opTimeout, fmt.Sprintf("isolation change %s at generation %d", s, gen), func() bool {
+		var err error
+		m, err = f.env.ops.machines.Get(context.Background(), f.machine)
+		if err != nil || m.Status.IsolationChange == nil || m.Status.IsolationChange.State != s {
+			return false
+		}
+		c := meta.FindStatusCondition(m.Status.Conditions, v1alpha3.ConditionIsolationChanged)
+		return c != nil && c.ObservedGeneration == gen
+	})
+	return m
+}
+
+// waitEvents waits until the Machine has an Event of each reason.
+func (f *fixture) waitEvents(t *testing.T, reasons ...string) {
+	t.Helper()
+	eventually(t, opTimeout, "Events "+strings.Join(reasons, ", "), func() bool {
+		got := f.machineEvents(t)
+		for _, r := range reasons {
+			if !slices.Contains(got, r) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// changedToNone is the host after an isolation change to mode none: the new
+// mode's record in slot kube2, the old one's gone.
+func changedToNone(t *testing.T, p hostpaths.Paths, machine string) {
+	t.Helper()
+	if err := state.WriteApplied(p, &state.AppliedConfig{Slot: "kube2", Mode: "none", Machine: machine}); err != nil {
+		t.Fatal(err)
+	}
+	if err := state.RemoveApplied(p, "kube1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The Machine's spec.isolation.mode, unchanged, asks for nothing; changed,
+// its change is shown InProgress (status, phase) before
+// unbounded-isolation.service starts with the daemon's request (concern
+// isolation, the Machine's spec as the desired config, no operation), and
+// its outcome is reported: Succeeded, IsolationChanged at the generation,
+// the phase Ready again, the new mode in status.isolation, an Event for
+// each state. The change is made once.
+func TestIsolationChangeBySpecIsDispatchedAndReported(t *testing.T) {
+	f := newFixture(t)
+	type atStart struct {
+		req *request.Request
+		m   *v1alpha3.Machine
+	}
+	seen := make(chan atStart, 4)
+	f.fake.onStart = func(unit string) {
+		if unit != isolationUnit {
+			return
+		}
+		req, err := request.Read(f.opts.Paths, "isolation")
+		if err != nil {
+			t.Errorf("no request when %s was started: %v", unit, err)
+		}
+		m, err := f.env.ops.machines.Get(context.Background(), f.machine)
+		if err != nil {
+			t.Error(err)
+		}
+		seen <- atStart{req, m}
+		// The unit's work (lib/repave): the node runs in mode none, its
+		// outcome left for the daemon.
+		changedToNone(t, f.opts.Paths, f.machine)
+		if err := state.WriteIsolationOutcome(f.opts.Paths, state.IsolationOutcome{From: "nspawn", To: "none", Method: "InPlace", State: "Succeeded",
+			StartedAt: time.Now(), EndedAt: time.Now(), Message: "the node runs in mode none (isolation changed InPlace from nspawn)"}); err != nil {
+			t.Error(err)
+		}
+	}
+	startDaemon(t, f.opts)
+	eventually(t, opTimeout, "Machine status.isolation nspawn", func() bool { return f.machineSlot(t) == "kube1" })
+	f.settled(t)
+	if n := f.fake.startCount(isolationUnit); n != 0 {
+		t.Fatalf("%s started %d times for the running mode", isolationUnit, n)
+	}
+
+	gen := f.setIsolationMode(t, v1alpha3.IsolationNone)
+	var s atStart
+	select {
+	case s = <-seen:
+	case <-time.After(opTimeout):
+		t.Fatalf("%s not started", isolationUnit)
+	}
+	var desired v1alpha3.MachineSpec
+	if s.req == nil || s.req.UID != fmt.Sprintf("isolation:none:%d", gen) || s.req.Type != "IsolationChange" || s.req.Operation != "" || s.req.Unit != isolationUnit ||
+		s.req.Parameters["from"] != "nspawn" || s.req.Parameters["to"] != "none" || json.Unmarshal(s.req.Desired, &desired) != nil || desired.Isolation.Mode != v1alpha3.IsolationNone {
+		t.Fatalf("request %+v, desired %s", s.req, s.req.Desired)
+	}
+	if ch := s.m.Status.IsolationChange; ch == nil || ch.State != v1alpha3.IsolationChangeInProgress || ch.From != "nspawn" || ch.To != "none" ||
+		ch.Method != v1alpha3.IsolationChangeInPlace || ch.StartTime == nil || s.m.Status.Phase != v1alpha3.MachineChangingIsolation {
+		t.Errorf("at the unit's start: isolationChange %+v, phase %s; want InProgress, ChangingIsolation", ch, s.m.Status.Phase)
+	}
+
+	m := f.waitIsolationChange(t, v1alpha3.IsolationChangeSucceeded, gen)
+	if c := meta.FindStatusCondition(m.Status.Conditions, v1alpha3.ConditionIsolationChanged); c.Status != metav1.ConditionTrue {
+		t.Errorf("IsolationChanged %+v, want True", c)
+	}
+	eventually(t, opTimeout, "phase Ready, status.isolation none", func() bool {
+		m, err := f.env.ops.machines.Get(context.Background(), f.machine)
+		return err == nil && m.Status.Phase == v1alpha3.MachineReady && m.Status.Isolation != nil && m.Status.Isolation.Mode == v1alpha3.IsolationNone && m.Status.Isolation.Slot == ""
+	})
+	f.waitEvents(t, "IsolationChangeInProgress", "IsolationChangeSucceeded")
+	eventually(t, opTimeout, "the reported outcome removed from the host", func() bool {
+		o, err := state.ReadIsolationOutcome(f.opts.Paths)
+		return o == nil && err == nil
+	})
+	if !strings.Contains(m.Status.IsolationChange.Message, "isolation changed InPlace") {
+		t.Errorf("isolationChange %+v, want the unit's outcome", m.Status.IsolationChange)
+	}
+	f.settled(t)
+	f.settled(t)
+	if n := f.fake.startCount(isolationUnit); n != 1 {
+		t.Errorf("%s started %d times, want 1", isolationUnit, n)
+	}
+}
+
+// A change that fails is reported Failed with the unit's result and last
+// journal lines (after the unit's own why, when it left one), and is not
+// tried again at the same generation of the Machine; a new generation
+// asks again.
+func TestFailedIsolationChangeIsReportedOncePerGeneration(t *testing.T) {
+	f := newFixture(t)
+	f.fake.configure(isolationUnit, func(u *fakeUnit) { u.fail = true })
+	var runs atomic.Int32
+	f.fake.onStart = func(unit string) {
+		if unit != isolationUnit || runs.Add(1) != 1 {
+			return // the second run is killed before it records anything
+		}
+		if err := state.WriteIsolationOutcome(f.opts.Paths, state.IsolationOutcome{From: "nspawn", To: "none", Method: "InPlace", State: "Failed",
+			EndedAt: time.Now(), Message: "rolled back to mode nspawn: the Node did not become Ready"}); err != nil {
+			t.Error(err)
+		}
+	}
+	startDaemon(t, f.opts)
+
+	gen := f.setIsolationMode(t, v1alpha3.IsolationNone)
+	m := f.waitIsolationChange(t, v1alpha3.IsolationChangeFailed, gen)
+	c := meta.FindStatusCondition(m.Status.Conditions, v1alpha3.ConditionIsolationChanged)
+	for _, want := range []string{"rolled back to mode nspawn", "result exit-code, exit status 1", "step 3: disk full"} {
+		if !strings.Contains(m.Status.IsolationChange.Message, want) || !strings.Contains(c.Message, want) {
+			t.Errorf("message %q (condition %q) lacks %q", m.Status.IsolationChange.Message, c.Message, want)
+		}
+	}
+	if c.Status != metav1.ConditionFalse || m.Status.Phase != v1alpha3.MachineReady {
+		t.Errorf("IsolationChanged %+v, phase %s; want False, Ready", c, m.Status.Phase)
+	}
+	f.waitEvents(t, "IsolationChangeInProgress", "IsolationChangeFailed")
+	f.settled(t)
+	f.settled(t)
+	if n := f.fake.startCount(isolationUnit); n != 1 {
+		t.Fatalf("%s started %d times at generation %d, want 1", isolationUnit, n, gen)
+	}
+
+	gen2 := f.setIsolationMode(t, v1alpha3.IsolationNone, func(m *v1alpha3.Machine) {
+		m.Spec.Kubernetes.NodeLabels = map[string]string{"example.com/try": "2"}
+	})
+	m = f.waitIsolationChange(t, v1alpha3.IsolationChangeFailed, gen2)
+	for _, want := range []string{"the change ended with the node in mode nspawn", "exit status 1", "step 3: disk full"} {
+		if !strings.Contains(m.Status.IsolationChange.Message, want) {
+			t.Errorf("message %q lacks %q", m.Status.IsolationChange.Message, want)
+		}
+	}
+	if n := f.fake.startCount(isolationUnit); n != 2 {
+		t.Errorf("%s started %d times after generation %d, want 2", isolationUnit, n, gen2)
+	}
+}
+
+// A pair of modes this build does not change between is reported Failed,
+// and no unit starts.
+func TestUnsupportedIsolationChangeIsReportedWithoutAUnit(t *testing.T) {
+	f := newFixture(t)
+	startDaemon(t, f.opts)
+	gen := f.setIsolationMode(t, v1alpha3.IsolationContainer)
+	m := f.waitIsolationChange(t, v1alpha3.IsolationChangeFailed, gen)
+	if ch := m.Status.IsolationChange; !strings.Contains(ch.Message, "not carried out by this build") || ch.To != v1alpha3.IsolationContainer {
+		t.Errorf("isolationChange %+v", ch)
+	}
+	f.waitEvents(t, "IsolationChangeFailed")
+	f.settled(t)
+	f.settled(t)
+	if n := f.fake.startCount(isolationUnit); n != 0 {
+		t.Errorf("%s started %d times", isolationUnit, n)
+	}
+}
+
+// leftChanging is what a daemon stopped in the middle of an isolation
+// change to mode none leaves on the Machine: the spec asking for it, the
+// status InProgress.
+func (f *fixture) leftChanging(t *testing.T) int64 {
+	t.Helper()
+	gen := f.setIsolationMode(t, v1alpha3.IsolationNone)
+	start := metav1.NewTime(time.Now().Add(-time.Minute).Truncate(time.Second))
+	_, err := f.env.ops.machines.MutateStatus(context.Background(), f.machine, func(m *v1alpha3.Machine) bool {
+		m.Status.IsolationChange = &v1alpha3.IsolationChangeStatus{From: "nspawn", To: "none", Method: v1alpha3.IsolationChangeInPlace,
+			State: v1alpha3.IsolationChangeInProgress, StartTime: &start, Message: isolationUnit + " started"}
+		m.Status.Phase = v1alpha3.MachineChangingIsolation
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gen
+}
+
+// A daemon that starts to a change shown InProgress that nothing on the
+// host carries on (no unit, no journal, no outcome: killed with the
+// daemon or the host) judges it by the host: the node in the new mode is
+// Succeeded, in the old one Failed, which is not tried again at this
+// generation.
+func TestIsolationChangeLeftInProgressIsJudgedByTheHost(t *testing.T) {
+	t.Run("in the new mode", func(t *testing.T) {
+		f := newFixture(t)
+		gen := f.leftChanging(t)
+		changedToNone(t, f.opts.Paths, f.machine)
+		startDaemon(t, f.opts)
+		m := f.waitIsolationChange(t, v1alpha3.IsolationChangeSucceeded, gen)
+		if !strings.Contains(m.Status.IsolationChange.Message, "the node runs in mode none") || m.Status.Phase != v1alpha3.MachineReady {
+			t.Errorf("isolationChange %+v, phase %s", m.Status.IsolationChange, m.Status.Phase)
+		}
+		f.waitEvents(t, "IsolationChangeSucceeded")
+	})
+	t.Run("in the old mode", func(t *testing.T) {
+		f := newFixture(t)
+		gen := f.leftChanging(t)
+		startDaemon(t, f.opts)
+		m := f.waitIsolationChange(t, v1alpha3.IsolationChangeFailed, gen)
+		if !strings.Contains(m.Status.IsolationChange.Message, "the change ended with the node in mode nspawn") {
+			t.Errorf("isolationChange %+v", m.Status.IsolationChange)
+		}
+		f.waitEvents(t, "IsolationChangeFailed")
+		f.settled(t)
+		f.settled(t)
+		if n := f.fake.startCount(isolationUnit); n != 0 {
+			t.Errorf("%s started %d times at the generation of the failed change", isolationUnit, n)
+		}
+	})
+}
+
+// A daemon that starts while unbounded-isolation.service runs (started by
+// the daemon before it, or by hand) waits for it instead of starting
+// anything, and reports the outcome it leaves.
+func TestIsolationChangeRunningAtStartIsWaitedForAndReported(t *testing.T) {
+	f := newFixture(t)
+	gen := f.leftChanging(t)
+	f.fake.configure(isolationUnit, func(u *fakeUnit) {
+		u.st = UnitState{ActiveState: "activating", SubState: "start", InvocationID: "earlier"}
+	})
+	logs := f.recordLogs(t)
+	startDaemon(t, f.opts)
+	waitLogged(t, logs, 1, "a node operation runs; waiting for it", isolationUnit)
+	if m, err := f.env.ops.machines.Get(context.Background(), f.machine); err != nil || m.Status.IsolationChange.State != v1alpha3.IsolationChangeInProgress {
+		t.Fatalf("judged while its unit runs: %+v (%v)", m.Status.IsolationChange, err)
+	}
+
+	changedToNone(t, f.opts.Paths, f.machine)
+	if err := state.WriteIsolationOutcome(f.opts.Paths, state.IsolationOutcome{From: "nspawn", To: "none", Method: "InPlace", State: "Succeeded",
+		EndedAt: time.Now(), Message: "the node runs in mode none (isolation changed InPlace from nspawn)"}); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.configure(isolationUnit, func(u *fakeUnit) {
+		u.st = UnitState{ActiveState: "inactive", SubState: "dead", Result: "success", InvocationID: "earlier"}
+	})
+	m := f.waitIsolationChange(t, v1alpha3.IsolationChangeSucceeded, gen)
+	if !strings.Contains(m.Status.IsolationChange.Message, "isolation changed InPlace") {
+		t.Errorf("isolationChange %+v, want the unit's outcome", m.Status.IsolationChange)
+	}
+	if n := f.fake.startCount(isolationUnit); n != 0 {
+		t.Errorf("%s started %d times by the daemon", isolationUnit, n)
 	}
 }

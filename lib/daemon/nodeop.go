@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"reflect"
+	"slices"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
@@ -18,21 +19,26 @@ import (
 // that starts while one holds the lock still defers (69): the unit starts
 // it again at its end.
 var nodeOperationOwners = map[string]bool{
-	"repave": true, // lib/repave's Operation
+	"repave":    true, // lib/repave's Operation
+	"isolation": true, // lib/repave's IsolationOperation
 }
 
 // busyUnit returns the node operation's unit that runs now without the
-// daemon having started it (a repave started by hand), or "": the unit
-// that the installation lock's record names when its owner is a node
-// operation, else unbounded-repave.service when it runs (before it took
-// the lock, or after it released it).
+// daemon having started it (a repave or an isolation change started by
+// hand, or by a daemon process before this one), or "": the unit that
+// the installation lock's record names when its owner is a node
+// operation, else unbounded-repave.service or
+// unbounded-isolation.service when it runs (before it took the lock, or
+// after it released it).
 func (d *daemon) busyUnit(ctx context.Context) (string, error) {
 	var units []string
 	if own, err := state.ReadOwnership(d.p); own != nil && err == nil && nodeOperationOwners[own.Owner] && own.Unit != "" {
 		units = append(units, own.Unit)
 	}
-	if u := targets[v1alpha3.OperationRepave].unit; len(units) == 0 || units[0] != u {
-		units = append(units, u)
+	for _, typ := range []v1alpha3.OperationType{v1alpha3.OperationRepave, OperationIsolationChange} {
+		if u := targets[typ].unit; !slices.Contains(units, u) {
+			units = append(units, u)
+		}
 	}
 	for _, u := range units {
 		st, err := d.sd.UnitState(ctx, u)
@@ -51,8 +57,8 @@ func (d *daemon) busyUnit(ctx context.Context) (string, error) {
 // daemon. When one runs it waits for that unit as its in-flight job and
 // reports true: a pending operation stays pending and is started after
 // it; the repave of a vanished Node is dropped when the unit is the
-// repave, which deleted the Node and registers it afresh, and kept for
-// later otherwise.
+// repave or the isolation change, which deleted the Node and register it
+// afresh, and kept for later otherwise.
 func (d *daemon) waitBusy(ctx context.Context, j *job) bool {
 	unit, err := d.busyUnit(ctx)
 	if err != nil {
@@ -63,7 +69,9 @@ func (d *daemon) waitBusy(ctx context.Context, j *job) bool {
 		return false
 	}
 	if j != nil && j.op == nil && j.typ == v1alpha3.OperationRepave {
-		if unit == targets[v1alpha3.OperationRepave].unit {
+		// Both delete the Node once the old kubelet is stopped and
+		// wait for the new one to register it afresh.
+		if unit == targets[v1alpha3.OperationRepave].unit || unit == targets[OperationIsolationChange].unit {
 			d.log.Info("Node deleted while "+unit+" runs; not a loss", "node", d.node)
 			d.handled[j.uid] = true
 		} else {

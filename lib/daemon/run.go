@@ -381,6 +381,7 @@ func (d *daemon) finishAt(ctx context.Context, j *job, r *result, at time.Time, 
 		evType = corev1.EventTypeWarning
 	}
 	d.log.Info("operation finished", "uid", j.uid, "type", j.typ, "state", s, "reason", reason)
+	r.state, r.message = s, msg
 	var w *owed.Write
 	if j.op != nil {
 		w = &owed.Write{
