@@ -301,7 +301,8 @@ type daemon struct {
 	nodeAbsent  <-chan time.Time
 	statusRetry <-chan time.Time
 	// isolationStarted is the isolation change this process handed to
-	// its unit, InProgress until the unit has ended (startIsolation).
+	// its unit, InProgress until the unit has ended (startIsolation,
+	// isolationEnded).
 	isolationStarted *v1alpha3.IsolationChangeStatus
 
 	// Following the Node and the operations while the Machine lives.
@@ -725,7 +726,7 @@ func (d *daemon) step(ctx context.Context) error {
 		}
 	}
 	if j.typ == OperationIsolationChange && !j.resume {
-		_ = j // d.startIsolation(ctx, j)
+		d.startIsolation(ctx, j)
 	}
 	d.inflight = j.uid
 	var spec json.RawMessage

@@ -122,15 +122,11 @@ func (d *daemon) isolationReport(ctx context.Context, want *v1alpha3.Machine) fu
 	} else if o, err := state.ReadIsolationOutcome(d.p); err != nil {
 		d.log.Warn("the isolation change's outcome is unreadable", "error", err)
 		return nil
-	} else if o != nil {
+	} else if o != nil && d.isolationStarted == nil {
+		// (The outcome of the daemon's own change waits for its unit's
+		// end: isolationEnded adds the unit's result to it.)
 		ch = outcomeStatus(*o)
 		remove = func() error { return state.RemoveIsolationOutcome(d.p) }
-	}
-	if ch != nil {
-		// The host records the change from now on: the one this
-		// daemon started is not shown InProgress again once that
-		// record is gone (reported).
-		d.isolationStarted = nil
 	} else if ch = d.isolationUnrecorded(ctx); ch == nil {
 		return nil
 	}
@@ -215,18 +211,18 @@ func (d *daemon) startIsolation(ctx context.Context, j *job) {
 }
 
 // isolationEnded turns the end of the unit the daemon ran for an
-// isolation change (r) into the change's outcome when the unit left none,
-// nothing on the host carries the change on (a handoff, the change's
-// journal) and the Machine does not show it ended (the unit's outcome,
-// reported already): judged by the host (isolationJudged), with the
-// unit's result and last journal lines when it failed (a crash, a
-// refusal before its plan). A Failed outcome the unit left and that is
-// not reported yet gets them added. Recorded on the host, it is
-// reported as the unit's own (reportMachine), and by the next daemon
-// when the status write does not land.
+// isolation change (r) into the change's outcome when the unit left none
+// and nothing on the host carries the change on (a handoff, the change's
+// journal): judged by the host (isolationJudged), with the unit's result
+// and last journal lines when it failed (a crash, a refusal before its
+// plan). A Failed outcome the unit left gets them added. Recorded on the
+// host, it is reported as the unit's own (reportMachine), and by the next
+// daemon when the status write does not land. A job that did not end
+// (retried: the daemon asks again later) only stops holding the status.
 func (d *daemon) isolationEnded(r result) {
+	started := d.isolationStarted
 	d.isolationStarted = nil
-	if r.state == "" || d.isolationGoesOn() {
+	if started == nil || r.state == "" || d.isolationGoesOn() {
 		return
 	}
 	o, err := state.ReadIsolationOutcome(d.p)
@@ -234,14 +230,13 @@ func (d *daemon) isolationEnded(r result) {
 		d.log.Warn("the isolation change's outcome is unreadable", "error", err)
 		return
 	}
-	shown := d.machineObj.Status.IsolationChange
 	switch {
 	case o != nil && o.State == string(v1alpha3.IsolationChangeFailed) && r.state == v1alpha3.OperationFailed:
 		o.Message += "\n" + r.message
-	case o != nil || shown == nil || shown.State != v1alpha3.IsolationChangeInProgress:
+	case o != nil:
 		return
 	default:
-		j := d.isolationJudged(r.job.params["from"], r.job.params["to"], string(shown.Method), shown.StartTime, r.message)
+		j := d.isolationJudged(r.job.params["from"], r.job.params["to"], string(started.Method), started.StartTime, r.message)
 		o = &j
 	}
 	if err := state.WriteIsolationOutcome(d.p, *o); err != nil {
