@@ -44,6 +44,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/config"
@@ -168,13 +169,31 @@ func Stage(p hostpaths.Paths, j Journal, target json.RawMessage, self string) er
 	return writeJournal(p, &j)
 }
 
-// Remove removes the handoff directory (the daemon, once it reported the
-// outcome).
+// Remove removes the handoff (the daemon, once it reported the outcome):
+// everything in its directory, then the directory itself unless the
+// caller may not write its parent (the daemon's sandbox makes /var/lib
+// read-only but for its own directories: the empty directory stays, as
+// no handoff).
 func Remove(p hostpaths.Paths) error {
-	if err := os.RemoveAll(Dir(p)); err != nil {
+	ents, err := os.ReadDir(Dir(p))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
 		return err
 	}
-	return state.SyncDir(filepath.Dir(Dir(p)))
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(Dir(p), e.Name())); err != nil {
+			return err
+		}
+	}
+	if err := state.SyncDir(Dir(p)); err != nil {
+		return err
+	}
+	if err := os.Remove(Dir(p)); err != nil && !errors.Is(err, syscall.EROFS) && !errors.Is(err, os.ErrPermission) {
+		return err
+	}
+	return nil
 }
 
 // Reprovision runs the handoff on one host. The zero value of each

@@ -126,6 +126,16 @@ func TestRunResetsThenBootstrapsTheTargetModeAndRemovesTheStagedFiles(t *testing
 	if err := f.run(); !errors.Is(err, reprovision.ErrNoHandoff) {
 		t.Errorf("a run after the end: %v, want ErrNoHandoff", err)
 	}
+	// Reported by the daemon, the handoff goes.
+	if err := reprovision.Remove(f.p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reprovision.ReadJournal(f.p); !os.IsNotExist(err) {
+		t.Errorf("the journal after Remove: %v", err)
+	}
+	if err := reprovision.Remove(f.p); err != nil {
+		t.Errorf("Remove again: %v", err)
+	}
 }
 
 // A failed attempt is temporary (75), the next waits a growing delay,

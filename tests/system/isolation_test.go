@@ -456,8 +456,8 @@ func TestIsolationChangeByReprovisionRetriesWhileTheAPIServerIsUnreachable(t *te
 		return ch != nil && ch.State == v1alpha3.IsolationChangeSucceeded && ch.Method == v1alpha3.IsolationChangeReprovision && ch.To == "none", nil
 	})
 	waitUntil(t, time.Minute, "the handoff removed once reported", func(context.Context) (bool, error) {
-		_, err := os.Stat(f.paths.ReprovisionDir())
-		return os.IsNotExist(err), nil
+		ents, err := os.ReadDir(f.paths.ReprovisionDir())
+		return os.IsNotExist(err) || (err == nil && len(ents) == 0), nil
 	})
 	f.wantMode(t, "none", "kube1")
 	f.waitPodStartedSince(t, ns, begin)
@@ -551,8 +551,8 @@ func TestIsolationChangeByReprovisionThatCannotSucceedGivesUpAtItsDeadline(t *te
 		return ch != nil && ch.State == v1alpha3.IsolationChangeFailed && ch.Method == v1alpha3.IsolationChangeReprovision && strings.Contains(ch.Message, "given up"), nil
 	})
 	waitUntil(t, time.Minute, "the handoff removed once reported", func(context.Context) (bool, error) {
-		_, err := os.Stat(f.paths.ReprovisionDir())
-		return os.IsNotExist(err), nil
+		ents, err := os.ReadDir(f.paths.ReprovisionDir())
+		return os.IsNotExist(err) || (err == nil && len(ents) == 0), nil
 	})
 	waitUntil(t, 2*time.Minute, "Node Ready in mode none", f.nodeReady)
 	f.waitPodStartedSince(t, ns, begin)
