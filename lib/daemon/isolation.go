@@ -71,9 +71,9 @@ func (d *daemon) isolationJob() *job {
 		return nil
 	}
 	d.log.Info("spec.isolation.mode asks for another mode: changing the isolation mode", "from", d.active.Mode, "to", to)
-	// The change's journal appears once its plan is made: the status
-	// says InProgress from then on (isolationReport looks again every
-	// 5 s while the journal exists).
+	// InProgress before the unit starts (startIsolation); its journal,
+	// once its plan is made, carries the change's own start time, and
+	// isolationReport looks again every 5 s while it exists.
 	d.statusRetry = time.After(2 * time.Second)
 	return &job{uid: uid, typ: OperationIsolationChange, params: map[string]string{"from": d.active.Mode, "to": to}}
 }

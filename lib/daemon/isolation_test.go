@@ -452,3 +452,23 @@ func TestIsolationChangeRunningAtStartIsWaitedForAndReported(t *testing.T) {
 		t.Errorf("%s started %d times by the daemon", isolationUnit, n)
 	}
 }
+
+// The phase is ChangingIsolation while a change is InProgress and Ready
+// once it ended, unless the allocation fence refused the node.
+func TestIsolationPhaseFollowsTheChange(t *testing.T) {
+	m := &v1alpha3.Machine{Status: v1alpha3.MachineStatus{Phase: v1alpha3.MachineReady}}
+	isolationPhase(m, v1alpha3.IsolationChangeInProgress)
+	if m.Status.Phase != v1alpha3.MachineChangingIsolation {
+		t.Errorf("InProgress: phase %s", m.Status.Phase)
+	}
+	isolationPhase(m, v1alpha3.IsolationChangeFailed)
+	if m.Status.Phase != v1alpha3.MachineReady {
+		t.Errorf("ended: phase %s", m.Status.Phase)
+	}
+	m.Status.Phase = v1alpha3.MachineRefused
+	meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{Type: v1alpha3.ConditionAllocationLaunchRefused, Status: metav1.ConditionTrue, Reason: "Fenced"})
+	isolationPhase(m, v1alpha3.IsolationChangeInProgress)
+	if m.Status.Phase != v1alpha3.MachineRefused {
+		t.Errorf("refused by the fence: phase %s", m.Status.Phase)
+	}
+}
