@@ -38,14 +38,7 @@ const modeDropIn = hostpaths.ConfigDropinDirHost + "/60-test-mode.toml"
 
 func TestIsolationChangeInPlaceNspawnToNoneAndBack(t *testing.T) {
 	t.Parallel()
-	f := newFirstBoot(t, firstBootOptions{alsoNone: true})
-	t.Cleanup(func() {
-		if t.Failed() {
-			f.diagnoseNone(t)
-			t.Logf("isolation change's journal:\n%s", f.m.Journal(isolationUnit))
-		}
-	})
-	ns := f.bootNode(t)
+	f, ns := isolationHost(t, firstBootOptions{alsoNone: true})
 	if t.Failed() {
 		return
 	}
@@ -198,6 +191,38 @@ func (f *firstBoot) watchDowntime(t *testing.T) func(*testing.T) time.Duration {
 	}
 }
 
+// isolationHost is a first-booted host for the isolation scenarios, its
+// node Ready with a pod of a Deployment in ns and the daemon's
+// certificate; a failed test logs the node stack's, the change's and the
+// reprovision's journals.
+func isolationHost(t *testing.T, o firstBootOptions) (*firstBoot, string) {
+	t.Helper()
+	f := newFirstBoot(t, o)
+	t.Cleanup(func() {
+		if t.Failed() {
+			f.diagnoseNone(t)
+			t.Logf("isolation change's journal:\n%s", f.m.Journal(isolationUnit))
+			t.Logf("reprovision's journal:\n%s", f.m.Journal(unitnames.Reprovision))
+		}
+	})
+	return f, f.bootNode(t)
+}
+
+// reprovisionDropIns forces the reprovision method on the isolation unit
+// (with more flags) and gives the handoff the test's short delays (its
+// unit restarted after 1 s; the handoff's own wait 5 s, doubling, at
+// most 20 s), then reloads.
+func (f *firstBoot) reprovisionDropIns(t *testing.T, isolationFlags, reprovisionFlags string) {
+	t.Helper()
+	f.m.WriteFile("/etc/systemd/system/"+isolationUnit+".d/50-test-method.conf",
+		[]byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/isolation --method=Reprovision "+isolationFlags+"\n"), 0o644)
+	f.m.WriteFile("/etc/systemd/system/"+unitnames.Reprovision+".d/50-test-delays.conf",
+		[]byte("[Service]\nExecStart=\nExecStart=/var/lib/unbounded-agent-reprovision/unbounded-agent reprovision --first-delay=5s --max-delay=20s "+reprovisionFlags+"\nRestartSec=1s\n"), 0o644)
+	if out, err := f.m.Systemctl("daemon-reload"); err != nil {
+		t.Fatalf("daemon-reload: %v\n%s", err, out)
+	}
+}
+
 // setMode makes the host's config name mode (an operator's drop-in).
 func (f *firstBoot) setMode(t *testing.T, mode string) {
 	t.Helper()
@@ -299,14 +324,7 @@ func (f *firstBoot) wantMode(t *testing.T, mode, slot string) {
 //     running-slot names the new one).
 func TestIsolationChangePowerCutsConverge(t *testing.T) {
 	t.Parallel()
-	f := newFirstBoot(t, firstBootOptions{alsoNone: true})
-	t.Cleanup(func() {
-		if t.Failed() {
-			f.diagnoseNone(t)
-			t.Logf("isolation change's journal:\n%s", f.m.Journal(isolationUnit))
-		}
-	})
-	ns := f.bootNode(t)
+	f, ns := isolationHost(t, firstBootOptions{alsoNone: true})
 	if t.Failed() {
 		return
 	}
@@ -386,27 +404,13 @@ func (f *firstBoot) waitPodStartedSince(t *testing.T, ns string, since time.Time
 // reprovision and removes the handoff.
 func TestIsolationChangeByReprovisionRetriesWhileTheAPIServerIsUnreachable(t *testing.T) {
 	t.Parallel()
-	f := newFirstBoot(t, firstBootOptions{alsoNone: true})
-	t.Cleanup(func() {
-		if t.Failed() {
-			f.diagnoseNone(t)
-			t.Logf("isolation change's journal:\n%s", f.m.Journal(isolationUnit))
-			t.Logf("reprovision's journal:\n%s", f.m.Journal(unitnames.Reprovision))
-		}
-	})
-	ns := f.bootNode(t)
+	f, ns := isolationHost(t, firstBootOptions{alsoNone: true})
 	if t.Failed() {
 		return
 	}
 	f.waitPodRunning(t, ns, time.Minute)
 	// The test's bounds: the method forced, the delays short.
-	f.m.WriteFile("/etc/systemd/system/"+isolationUnit+".d/50-test-method.conf",
-		[]byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/isolation --method=Reprovision\n"), 0o644)
-	f.m.WriteFile("/etc/systemd/system/"+unitnames.Reprovision+".d/50-test-delays.conf",
-		[]byte("[Service]\nExecStart=\nExecStart=/var/lib/unbounded-agent-reprovision/unbounded-agent reprovision --first-delay=5s --max-delay=20s --ready-timeout=1m\nRestartSec=1s\n"), 0o644)
-	if out, err := f.m.Systemctl("daemon-reload"); err != nil {
-		t.Fatalf("daemon-reload: %v\n%s", err, out)
-	}
+	f.reprovisionDropIns(t, "", "--ready-timeout=1m")
 	f.setMode(t, "none")
 	begin := time.Now()
 	_, p := f.changeIsolation(t)
@@ -476,24 +480,11 @@ func TestIsolationChangeByReprovisionRetriesWhileTheAPIServerIsUnreachable(t *te
 // change Failed on the Machine and removes the handoff.
 func TestIsolationChangeByReprovisionThatCannotSucceedGivesUpAtItsDeadline(t *testing.T) {
 	t.Parallel()
-	f := newFirstBoot(t, firstBootOptions{mode: "none"})
-	t.Cleanup(func() {
-		if t.Failed() {
-			f.diagnoseNone(t)
-			t.Logf("reprovision's journal:\n%s", f.m.Journal(unitnames.Reprovision))
-		}
-	})
-	ns := f.bootNode(t)
+	f, ns := isolationHost(t, firstBootOptions{mode: "none"})
 	if t.Failed() {
 		return
 	}
-	f.m.WriteFile("/etc/systemd/system/"+isolationUnit+".d/50-test-method.conf",
-		[]byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/isolation --method=Reprovision --give-up-after=90s\n"), 0o644)
-	f.m.WriteFile("/etc/systemd/system/"+unitnames.Reprovision+".d/50-test-delays.conf",
-		[]byte("[Service]\nExecStart=\nExecStart=/var/lib/unbounded-agent-reprovision/unbounded-agent reprovision --first-delay=5s --max-delay=20s\nRestartSec=1s\n"), 0o644)
-	if out, err := f.m.Systemctl("daemon-reload"); err != nil {
-		t.Fatalf("daemon-reload: %v\n%s", err, out)
-	}
+	f.reprovisionDropIns(t, "--give-up-after=90s", "")
 	missing := f.reg.Host + "/unbounded/node:missing"
 	f.m.WriteFile(modeDropIn, []byte("mode = \"nspawn\"\n\n[nspawn]\nimage = \""+missing+"\"\n"), 0o644)
 	begin := time.Now()
