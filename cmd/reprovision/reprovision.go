@@ -57,7 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				ReadyTimeout: c.ReadyTimeout, Backoff: -1, Log: log}
 			return b.Run(ctx)
 		},
-		HandOver: (&bootstrap.Bootstrap{Paths: paths, Log: log}).HandOver,
+		HandOver:   (&bootstrap.Bootstrap{Paths: paths, Log: log}).HandOver,
 		FirstDelay: c.FirstDelay, MaxDelay: c.MaxDelay, Log: log,
 	}
 	err := r.Run(ctx)
