@@ -28,6 +28,7 @@ import (
 	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
 	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/regfile"
+	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/upgrade"
 )
@@ -58,6 +59,10 @@ type Report struct {
 	Legacy Legacy `json:"legacy"`
 	// Journals are the multi-step operations' journals.
 	Journals []Journal `json:"journals"`
+	// Handoff is the reprovision handoff (lib/reprovision), nil when
+	// there is none; HandoffError says why it could not be read.
+	Handoff      *reprovision.Journal `json:"handoff,omitempty"`
+	HandoffError string               `json:"handoff-error,omitempty"`
 	// Config is the operator configuration: present, and valid.
 	Config Config `json:"config"`
 	// NextBoot is what the generator makes systemd start at the next boot
@@ -210,6 +215,11 @@ func Gather(p hostpaths.Paths) Report {
 	}
 
 	r.Journals = readJournals(p)
+	if h, err := reprovision.ReadJournal(p); err == nil {
+		r.Handoff = h
+	} else if !errors.Is(err, os.ErrNotExist) {
+		r.HandoffError = err.Error()
+	}
 	r.Owed = []owed.Write{}
 	if ws, err := owed.List(p); err != nil {
 		r.OwedError = err.Error()
@@ -300,6 +310,13 @@ func readJournals(p hostpaths.Paths) []Journal {
 		out = append(out, j)
 	}
 	return out
+}
+
+func lastError(e string) string {
+	if e == "" {
+		return ""
+	}
+	return "; last error: " + e
 }
 
 // Text writes the report for a terminal. It returns the first write error:
@@ -397,6 +414,20 @@ func (r Report) Text(out io.Writer) error {
 		default:
 			row("journal", "%s: step %s, updated %s", j.Operation, orNone(j.Step), j.Updated.Format(time.RFC3339))
 		}
+	}
+	switch h := r.Handoff; {
+	case r.HandoffError != "":
+		row("handoff", "unreadable: %s", r.HandoffError)
+	case h != nil && h.Live():
+		next := "now"
+		if !h.NextAttempt.IsZero() {
+			next = h.NextAttempt.UTC().Format(time.RFC3339)
+		}
+		row("handoff", "reprovision %s -> %s in progress: steps done %s, attempt %d, next attempt %s, gives up at %s (in %s)%s",
+			h.FromMode, h.ToMode, orNone(strings.Join(h.Done, ", ")), h.Attempts, next, h.Deadline.UTC().Format(time.RFC3339),
+			time.Until(h.Deadline).Round(time.Second), lastError(h.LastError))
+	case h != nil:
+		row("handoff", "reprovision %s -> %s %s at %s: %s (the daemon reports it, then removes the handoff)", h.FromMode, h.ToMode, h.State, h.EndedAt.UTC().Format(time.RFC3339), h.Message)
 	}
 	if len(r.Owed) == 0 && r.OwedError == "" {
 		row("owed", "nothing owed to the cluster")

@@ -12,6 +12,7 @@ import (
 	"unbounded-cloud.io/agent/lib/devices"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/owed"
+	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -196,5 +197,25 @@ func TestStatusShowsAnIsolationChangeInProgress(t *testing.T) {
 	Gather(p).Text(&out)
 	if want := "isolation: nspawn -> none InPlace, running slot kube1; step drain"; !strings.Contains(out.String(), want) {
 		t.Errorf("status does not say %q:\n%s", want, out.String())
+	}
+}
+
+// A reprovision handoff in progress is shown with its attempt, the next
+// one and the time until it gives up; an ended one with its outcome.
+func TestStatusShowsAReprovisionHandoff(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	exe := filepath.Join(t.TempDir(), "exe")
+	os.WriteFile(exe, []byte("x"), 0o755)
+	began := time.Now().UTC()
+	j := reprovision.Journal{FromMode: "nspawn", ToMode: "none", StartedAt: began, Deadline: began.Add(90 * time.Minute)}
+	if err := reprovision.Stage(p, j, []byte(`{}`), exe); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	Gather(p).Text(&out)
+	for _, want := range []string{"handoff:", "reprovision nspawn -> none in progress", "attempt 0", "gives up at " + j.Deadline.Format(time.RFC3339)} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status does not say %q:\n%s", want, out.String())
+		}
 	}
 }
