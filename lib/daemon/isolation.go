@@ -38,14 +38,40 @@ func (d *daemon) isolationJob() *job {
 		return nil
 	}
 	to := string(m.Spec.Isolation.Mode)
-	if to == "" || to == d.active.Mode {
+	if to == "" {
+		return nil
+	}
+	// A change of the spec, not a spec that differed before the daemon
+	// looked (state.IsolationSpecFile says why): the spec is recorded
+	// as seen at the first look, when it names the running mode, and as
+	// the daemon dispatches a change to it.
+	seen, known, err := state.ReadIsolationSpecSeen(d.p)
+	if err != nil {
+		d.log.Warn("the isolation spec the daemon last saw is unreadable; not acting on spec.isolation.mode", "error", err)
+		return nil
+	}
+	if !known || to == d.active.Mode {
+		if seen != to {
+			if err := state.WriteIsolationSpecSeen(d.p, to); err != nil {
+				d.log.Warn("the isolation spec seen not recorded", "error", err)
+			}
+			if to != d.active.Mode {
+				d.log.Warn("spec.isolation.mode differs from the running mode at the daemon's first look: not acted on (a change of the spec is)", "spec", to, "running", d.active.Mode)
+			}
+		}
+		return nil
+	}
+	cond := meta.FindStatusCondition(m.Status.Conditions, v1alpha3.ConditionIsolationChanged)
+	if seen == to && (cond == nil || cond.Status != metav1.ConditionFalse) {
+		// Asked for already: only a change that failed is asked again,
+		// at a later generation (below).
 		return nil
 	}
 	uid := fmt.Sprintf("isolation:%s:%d", to, m.Generation)
 	if d.handled[uid] {
 		return nil
 	}
-	if c := meta.FindStatusCondition(m.Status.Conditions, v1alpha3.ConditionIsolationChanged); c != nil && c.ObservedGeneration >= m.Generation {
+	if c := cond; c != nil && c.ObservedGeneration >= m.Generation {
 		// A change was reported at this generation of the spec: one that
 		// failed is not tried again, and one made by hand (the config on
 		// disk, unbounded-isolation.service started by an operator) is
@@ -60,6 +86,9 @@ func (d *daemon) isolationJob() *job {
 	}
 	if _, err := modes.ChangeMethod(d.active.Mode, to); err != nil {
 		d.handled[uid] = true
+		if err := state.WriteIsolationSpecSeen(d.p, to); err != nil {
+			d.log.Warn("the isolation spec seen not recorded", "error", err)
+		}
 		d.log.Warn("spec.isolation.mode asks for a change this build does not make", "from", d.active.Mode, "to", to, "error", err)
 		now := d.host.now().UTC()
 		o := state.IsolationOutcome{From: d.active.Mode, To: to, State: string(v1alpha3.IsolationChangeFailed), StartedAt: now, EndedAt: now,
@@ -68,6 +97,10 @@ func (d *daemon) isolationJob() *job {
 			d.log.Error("the refused isolation change's outcome not recorded", "error", werr)
 		}
 		d.statusRetry = time.After(0)
+		return nil
+	}
+	if err := state.WriteIsolationSpecSeen(d.p, to); err != nil {
+		d.log.Warn("the isolation spec seen not recorded; not changing the mode now", "error", err)
 		return nil
 	}
 	d.log.Info("spec.isolation.mode asks for another mode: changing the isolation mode", "from", d.active.Mode, "to", to)

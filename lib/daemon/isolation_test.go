@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -27,8 +28,43 @@ func isolationDaemon(t *testing.T, mode v1alpha3.IsolationMode, conds ...metav1.
 	m := &v1alpha3.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m", Generation: 7}}
 	m.Spec.Isolation.Mode = mode
 	m.Status.Conditions = conds
-	return &daemon{p: hostpaths.New(t.TempDir()), machineObj: m, handled: map[string]bool{}, log: slog.New(slog.DiscardHandler),
+	p := hostpaths.New(t.TempDir())
+	// The daemon saw the Machine's spec in step with the running mode
+	// before (see TestSpecIsolationThatDiffersAtTheFirstLookIsNotActedOn).
+	if err := state.WriteIsolationSpecSeen(p, "nspawn"); err != nil {
+		t.Fatal(err)
+	}
+	return &daemon{p: p, machineObj: m, handled: map[string]bool{}, log: slog.New(slog.DiscardHandler),
 		active: &state.AppliedConfig{Slot: "kube1", Mode: "nspawn"}}
+}
+
+// A spec that differs from the running mode when the daemon first looks
+// is not acted on: the CRD defaults an unset mode to nspawn, so a Machine
+// created without one (by an allocation controller) names nspawn for a
+// host of mode none. A later change of the spec is acted on, and a spec
+// equal to the running mode is recorded as seen.
+func TestSpecIsolationThatDiffersAtTheFirstLookIsNotActedOn(t *testing.T) {
+	d := isolationDaemon(t, "none")
+	if err := os.Remove(state.IsolationSpecFile(d.p)); err != nil {
+		t.Fatal(err)
+	}
+	if j := d.isolationJob(); j != nil {
+		t.Fatalf("a spec that differed at the first look: %+v", j)
+	}
+	if seen, ok, _ := state.ReadIsolationSpecSeen(d.p); !ok || seen != "none" {
+		t.Errorf("seen %q %v, want none recorded", seen, ok)
+	}
+	d.machineObj.Generation++ // another spec field changed: not the mode
+	if j := d.isolationJob(); j != nil {
+		t.Fatalf("the same spec mode at a later generation: %+v", j)
+	}
+	d.machineObj.Spec.Isolation.Mode = "nspawn" // in step: seen
+	d.isolationJob()
+	d.machineObj.Spec.Isolation.Mode = "none"
+	d.machineObj.Generation++
+	if j := d.isolationJob(); j == nil || j.params["to"] != "none" {
+		t.Fatalf("a change of the spec: %+v", j)
+	}
 }
 
 // spec.isolation.mode asks for one change per generation of the Machine:
