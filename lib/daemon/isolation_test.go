@@ -352,6 +352,12 @@ func TestFailedIsolationChangeIsReportedOncePerGeneration(t *testing.T) {
 		}
 	}
 	startDaemon(t, f.opts)
+	// The daemon's first look at the spec, in step with the running
+	// mode (a spec that differs then is not acted on).
+	eventually(t, opTimeout, "the daemon saw the spec", func() bool {
+		seen, ok, _ := state.ReadIsolationSpecSeen(f.opts.Paths)
+		return ok && seen == "nspawn"
+	})
 
 	gen := f.setIsolationMode(t, v1alpha3.IsolationNone)
 	m := f.waitIsolationChange(t, v1alpha3.IsolationChangeFailed, gen)
@@ -390,6 +396,12 @@ func TestFailedIsolationChangeIsReportedOncePerGeneration(t *testing.T) {
 func TestUnsupportedIsolationChangeIsReportedWithoutAUnit(t *testing.T) {
 	f := newFixture(t)
 	startDaemon(t, f.opts)
+	// The daemon's first look at the spec, in step with the running
+	// mode (a spec that differs then is not acted on).
+	eventually(t, opTimeout, "the daemon saw the spec", func() bool {
+		seen, ok, _ := state.ReadIsolationSpecSeen(f.opts.Paths)
+		return ok && seen == "nspawn"
+	})
 	gen := f.setIsolationMode(t, v1alpha3.IsolationContainer)
 	m := f.waitIsolationChange(t, v1alpha3.IsolationChangeFailed, gen)
 	if ch := m.Status.IsolationChange; !strings.Contains(ch.Message, "not carried out by this build") || ch.To != v1alpha3.IsolationContainer {
