@@ -66,6 +66,7 @@ import (
 	"unbounded-cloud.io/agent/lib/adopt"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/artifacts"
+	"unbounded-cloud.io/agent/lib/backoff"
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
@@ -460,11 +461,7 @@ func Backoff(base time.Duration, n int) time.Duration {
 	if base == 0 {
 		base = DefaultBackoff
 	}
-	d := base
-	for i := 1; i < n && d < MaxBackoff; i++ {
-		d *= 2
-	}
-	return min(d, MaxBackoff)
+	return backoff.Doubling(base, MaxBackoff, n)
 }
 
 func (b *Bootstrap) reporter(cfg *config.Config) Reporter {

@@ -47,6 +47,7 @@ import (
 	"syscall"
 	"time"
 
+	"unbounded-cloud.io/agent/lib/backoff"
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
@@ -237,28 +238,11 @@ func (r *Reprovision) sleep(ctx context.Context, d time.Duration) error {
 	if r.Sleep != nil {
 		return r.Sleep(ctx, d)
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return backoff.Sleep(ctx, d)
 }
 
 func (r *Reprovision) status(format string, args ...any) {
 	sdstatus.Show(r.log(), r.Notify, format, args...)
-}
-
-// Delay is the wait before attempt n+1 after n failed ones: first,
-// doubling, at most max.
-func Delay(n int, first, max time.Duration) time.Duration {
-	d := first
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
-	}
-	return min(d, max)
 }
 
 // ErrNoHandoff: nothing to run (no journal, or one that ended).
@@ -307,7 +291,7 @@ func (r *Reprovision) Run(ctx context.Context) error {
 	}
 	r.status("attempt %d of the reprovision %s -> %s (machine %s); gives up at %s", j.Attempts, j.FromMode, j.ToMode, j.Machine, j.Deadline.UTC().Format(time.RFC3339))
 	if err := r.attempt(ctx, j); err != nil {
-		delay := Delay(j.Attempts, first, max)
+		delay := backoff.Doubling(first, max, j.Attempts)
 		j.NextAttempt = r.now().Add(delay)
 		j.LastError = err.Error()
 		if werr := writeJournal(r.Paths, j); werr != nil {

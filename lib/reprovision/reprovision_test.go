@@ -167,15 +167,6 @@ func TestAFailedAttemptRetriesAfterAGrowingDelayFromWhereItGot(t *testing.T) {
 	}
 }
 
-func TestDelayDoublesUpToItsCap(t *testing.T) {
-	want := []time.Duration{30 * time.Second, time.Minute, 2 * time.Minute, 4 * time.Minute, 8 * time.Minute, 10 * time.Minute, 10 * time.Minute}
-	for i, w := range want {
-		if d := reprovision.Delay(i+1, 30*time.Second, 10*time.Minute); d != w {
-			t.Errorf("Delay(%d) = %v, want %v", i+1, d, w)
-		}
-	}
-}
-
 // Past the deadline the handoff gives up: Failed with the last error,
 // the staged executable and configuration gone, nothing else run.
 func TestPastItsDeadlineTheHandoffGivesUp(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 // here; test support (a package ending in "test") may import tests/.
 var layers = [][]string{
 	// Leaves: names, paths, file and protocol helpers.
-	{"lib/api/identity", "lib/api/manifests", "lib/api/v1alpha3", "lib/crashpoint", "lib/hostpaths", "lib/logging",
+	{"lib/api/identity", "lib/api/manifests", "lib/api/v1alpha3", "lib/backoff", "lib/crashpoint", "lib/hostpaths", "lib/logging",
 		"lib/regfile", "lib/regfile/regfiletest", "lib/sdstatus", "lib/unitjournal", "lib/unitnames", "lib/units", "lib/version"},
 	// State files: atomic writes, verified records, journals, the lock.
 	{"lib/state", "lib/units/unitstest"},
