@@ -304,6 +304,12 @@ type daemon struct {
 	// its unit, InProgress until the unit has ended (startIsolation,
 	// isolationEnded).
 	isolationStarted *v1alpha3.IsolationChangeStatus
+	// isolationResume is an isolation change to resume: its job was
+	// retried (D-Bus or the cluster failed it), or an earlier process
+	// handed it to its request and stopped before its unit ran
+	// (isolationUnrecorded). Like nodeRepave, it has no operation that
+	// would bring it back.
+	isolationResume *job
 
 	// Following the Node and the operations while the Machine lives.
 	wg          *sync.WaitGroup // serve's, for the follow goroutines
@@ -382,6 +388,9 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 				delete(d.resumed, r.uid)
 				if r.job.op == nil && r.job.typ == v1alpha3.OperationRepave && r.job.wait == "" && d.nodeRepave == nil && d.followStop != nil {
 					d.nodeRepave = r.job
+				}
+				if r.retry && r.job.typ == OperationIsolationChange && r.job.wait == "" {
+					d.isolationResume = r.job
 				}
 				if r.interrupted {
 					continue
@@ -684,6 +693,8 @@ func (d *daemon) step(ctx context.Context) error {
 		j = &job{op: op, uid: string(op.UID), typ: op.Spec.Operation, resume: true}
 	case d.nodeRepave != nil:
 		j, d.nodeRepave = d.nodeRepave, nil
+	case d.isolationResume != nil:
+		j, d.isolationResume = d.isolationResume, nil
 	case len(pending) > 0:
 		op := oldest(pending)
 		j = &job{op: op, uid: string(op.UID), typ: op.Spec.Operation}

@@ -14,6 +14,7 @@ import (
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/reprovision"
+	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -253,6 +254,9 @@ func (d *daemon) startIsolation(ctx context.Context, j *job) {
 // daemon when the status write does not land. A job that did not end
 // (retried: the daemon asks again later) only stops holding the status.
 func (d *daemon) isolationEnded(r result) {
+	if r.retry {
+		return // resumed (isolationResume): still InProgress
+	}
 	started := d.isolationStarted
 	d.isolationStarted = nil
 	if started == nil || r.state == "" || d.isolationGoesOn() {
@@ -319,7 +323,9 @@ func (d *daemon) isolationJudged(from, to, method string, started *metav1.Time, 
 // (startIsolation), or the end of one the Machine shows InProgress while
 // its unit does not run and left nothing (killed before its journal or
 // its outcome, with the daemon or the host stopped meanwhile): judged by
-// the host. While the unit runs it is looked at again in 5 s. nil:
+// the host, unless this boot's request for it was never carried out (the
+// daemon stopped between the request and the unit's start): that one is
+// resumed. While the unit runs it is looked at again in 5 s. nil:
 // nothing to report.
 func (d *daemon) isolationUnrecorded(ctx context.Context) *v1alpha3.IsolationChangeStatus {
 	if d.isolationStarted != nil {
@@ -335,6 +341,18 @@ func (d *daemon) isolationUnrecorded(ctx context.Context) *v1alpha3.IsolationCha
 			d.statusRetry = time.After(5 * time.Second)
 		}
 		return nil
+	}
+	// Handed to its request by an earlier process that stopped before
+	// the unit ran (or before it saw the unit's end): resumed, which
+	// starts the unit only if it has not run for the request, and
+	// otherwise reports the run it had (run.go, resume).
+	concern := targets[OperationIsolationChange].concern
+	if req, err := request.Read(d.p, concern); err == nil && req.Type == string(OperationIsolationChange) && req.Parameters["to"] == string(prev.To) &&
+		!request.Taken(d.p, concern, req.UID) && !d.handled[req.UID] {
+		d.log.Info("resuming the isolation change an earlier daemon process handed to its request", "uid", req.UID, "to", prev.To)
+		d.isolationResume = &job{uid: req.UID, typ: OperationIsolationChange, params: req.Parameters, resume: true}
+		d.isolationStarted = prev.DeepCopy()
+		return prev.DeepCopy()
 	}
 	o := d.isolationJudged(string(prev.From), string(prev.To), string(prev.Method), prev.StartTime,
 		unit+" does not run and left neither a journal nor an outcome (stopped with the daemon or the host while it ran)")

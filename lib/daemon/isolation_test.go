@@ -468,6 +468,43 @@ func TestIsolationChangeLeftInProgressIsJudgedByTheHost(t *testing.T) {
 	})
 }
 
+// A daemon that starts to a change an earlier process showed InProgress
+// and handed to its request, but stopped before it started the unit,
+// resumes it: the unit starts once, for that request, and its outcome is
+// reported. (Before, the change was judged Failed at once.)
+func TestIsolationChangeHandedToItsRequestIsResumed(t *testing.T) {
+	f := newFixture(t)
+	gen := f.leftChanging(t)
+	uid := fmt.Sprintf("isolation:none:%d", gen)
+	if err := request.Write(f.opts.Paths, "isolation", &request.Request{UID: uid, Type: string(OperationIsolationChange), Machine: f.machine,
+		Unit: isolationUnit, Parameters: map[string]string{"from": "nspawn", "to": "none"}, RequestedAt: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	f.fake.onStart = func(unit string) {
+		if unit != isolationUnit {
+			return
+		}
+		if req, err := request.Read(f.opts.Paths, "isolation"); err != nil || req.UID != uid {
+			t.Errorf("%s started for request %+v (%v), want %s", unit, req, err, uid)
+		}
+		changedToNone(t, f.opts.Paths, f.machine)
+		if err := state.WriteIsolationOutcome(f.opts.Paths, state.IsolationOutcome{From: "nspawn", To: "none", Method: "InPlace", State: "Succeeded",
+			StartedAt: time.Now(), EndedAt: time.Now(), Message: "the node runs in mode none (isolation changed InPlace from nspawn)"}); err != nil {
+			t.Error(err)
+		}
+	}
+	startDaemon(t, f.opts)
+	m := f.waitIsolationChange(t, v1alpha3.IsolationChangeSucceeded, gen)
+	if !strings.Contains(m.Status.IsolationChange.Message, "isolation changed InPlace") {
+		t.Errorf("isolationChange %+v, want the resumed unit's outcome", m.Status.IsolationChange)
+	}
+	f.settled(t)
+	f.settled(t)
+	if n := f.fake.startCount(isolationUnit); n != 1 {
+		t.Errorf("%s started %d times, want once for the request", isolationUnit, n)
+	}
+}
+
 // A daemon that starts while unbounded-isolation.service runs (started by
 // the daemon before it, or by hand) waits for it instead of starting
 // anything, and reports the outcome it leaves.
