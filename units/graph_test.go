@@ -230,6 +230,20 @@ var graphRules = []graphRule{
 			requireAll(t, u, "Unit", "After", "unbounded-recover@"+unitnames.Reset+".service")
 		},
 	},
+	{
+		name:    "an isolation change started again waits for the recovery of its last failure",
+		applies: isNamed(unitnames.Isolation),
+		check: func(t *testing.T, u *parsed) {
+			requireAll(t, u, "Unit", "After", "unbounded-recover@"+unitnames.Isolation+".service")
+		},
+	},
+	{
+		name:    "the reprovision handoff waits for the recovery of the change that staged it and of its own last failure (their writes under the host root its reset removes)",
+		applies: isNamed(unitnames.Reprovision),
+		check: func(t *testing.T, u *parsed) {
+			requireAll(t, u, "Unit", "After", "unbounded-recover@"+unitnames.Isolation+".service", "unbounded-recover@"+unitnames.Reprovision+".service")
+		},
+	},
 }
 
 const (
