@@ -394,6 +394,20 @@ func (r *Recovery) owned() (o outcome, owned, tookOver bool) {
 		o.did("Nothing repaired: %v", state.CheckAdopted(p))
 		return o, true, false
 	case own == nil:
+		// A live reprovision handoff holds no lock (its reset and
+		// bootstrap take it in turn) but owns the host all the same:
+		// the generator pulls in its unit and nothing else of the node,
+		// and the daemon comes with the node it bootstraps.
+		if live, herr := state.HandoffLive(p); herr != nil {
+			o.owned = true
+			o.cannot("the reprovision handoff %s is unreadable (%v), so the host is treated as handed off and nothing else starts; `unbounded status` shows it, `unbounded reset` removes it", p.Rel(p.ReprovisionDir()), herr)
+			return o, true, false
+		} else if live {
+			o.owned = true
+			o.did("Nothing repaired: the reprovision handoff of an isolation change owns the host (%s resets the host and bootstraps the new mode, then starts the node and the daemon; %s)",
+				unitnames.Reprovision, p.ReprovisionDir())
+			return o, true, false
+		}
 		return o, false, false
 	case err != nil:
 		o.owned = true

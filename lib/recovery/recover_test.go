@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitjournal"
 	"unbounded-cloud.io/agent/lib/units/unitstest"
@@ -200,6 +202,37 @@ func TestAHostOwnedByAnInstallationIsOnlyReported(t *testing.T) {
 	own, _ := state.ReadOwnership(h.p)
 	if own == nil || own.Owner != "bootstrap" {
 		t.Errorf("ownership now %+v, want bootstrap's untouched", own)
+	}
+}
+
+// A live reprovision handoff holds no lock, yet owns the host: the
+// generator holds the daemon back while it runs. A failure of the
+// isolation change that staged it (killed after the staging) is only
+// reported, nothing is repaired (the system scenario found this
+// recovery failing on the daemon the generator holds back).
+func TestAHostUnderAReprovisionHandoffIsOnlyReported(t *testing.T) {
+	h := newHost(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reprovision.Stage(h.p, reprovision.Journal{FromMode: "nspawn", ToMode: "none", Machine: "m1", StartedAt: h.now, Deadline: h.now.Add(time.Hour)},
+		json.RawMessage(`{}`), self); err != nil {
+		t.Fatal(err)
+	}
+	h.sd.SetStatus(DaemonUnit, UnitStatus{LoadState: "loaded", ActiveState: "inactive"})
+	err = h.run(t, Failure{Unit: "unbounded-isolation.service", Result: "signal", ExitCode: "killed", ExitStatus: "KILL"})
+	if !errors.Is(err, state.ErrOwned) {
+		t.Fatalf("Run: %v, want ErrOwned", err)
+	}
+	if h.sd.Called("start " + DaemonUnit) {
+		t.Errorf("the daemon was started under a live handoff: %v", h.sd.CallList())
+	}
+	if len(h.reports) != 1 || h.reports[0].Reason != ReasonDeferred || !strings.Contains(h.reports[0].Message, "reprovision handoff") {
+		t.Errorf("reports %+v", h.reports)
+	}
+	if _, err := os.Stat(filepath.Join(h.p.HostRoot(), "recover")); !os.IsNotExist(err) {
+		t.Errorf("recovery wrote its history under a host root the handoff's reset removes (%v)", err)
 	}
 }
 
