@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 
 # BENCH_ONLY="PART ..." runs only those parts: sizes, lint, nspawn (first
 # boot and repave in mode nspawn), none (the same in mode none), upgrade
-# (the agent upgrade's scenario), isolation (the in-place isolation
-# change's scenario), benchmarks. Unset: all of them.
+# (the agent upgrade's scenario), isolation (the isolation change's
+# scenarios: in place, and by reprovision), benchmarks. Unset: all.
 part() { [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" $1 "* ]]; }
 
 mb() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%-60s %8.2f MiB\n", n, s / 1048576 }'; }
@@ -316,6 +316,14 @@ part upgrade && scenario "agent upgrade (tests/system, one booted nspawn host)" 
 # Ready), beside the nspawn repave's downtime of the nspawn part above.
 part isolation && scenario "isolation change in place (tests/system, one booted host)" TestIsolationChangeInPlaceNspawnToNoneAndBack '
 	/isolation change [a-z]+ -> [a-z]+: [0-9]/ { for (i = 1; i <= NF; i++) if ($i == "change") { from = $(i + 1); to = $(i + 3); took = $(i + 4); break } ; sub(/:$/, "", to); sub(/,$/, "", took); for (i = 1; i < NF; i++) if ($i == "absent" && $(i + 1) == "for") down = $(i + 2); line("isolation change " from " -> " to ": whole run", secs(took)); line("  downtime (Node not Ready or absent -> Ready)", secs(down)) }
+	'
+
+# The same by reprovision (the handoff resets the host and bootstraps the
+# new mode): a clean none -> nspawn by the Machine's spec, from the spec's
+# change to the handoff's end, and its downtime, after the scenario's
+# nspawn -> none that retries while the API server is unreachable.
+part isolation && scenario "isolation change by reprovision (tests/system, one booted host)" TestIsolationChangeByReprovisionRetriesWhileTheAPIServerIsUnreachable '
+	/reprovision [a-z]+ -> [a-z]+: [0-9]/ { for (i = 1; i <= NF; i++) if ($i == "reprovision") { from = $(i + 1); to = $(i + 3); took = $(i + 4); break } ; sub(/:$/, "", to); sub(/,$/, "", took); for (i = 1; i < NF; i++) if ($i == "absent" && $(i + 1) == "for") down = $(i + 2); line("isolation change " from " -> " to " by reprovision: whole run", secs(took)); line("  downtime (Node not Ready or absent -> Ready)", secs(down)) }
 	'
 
 part benchmarks || exit 0

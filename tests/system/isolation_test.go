@@ -18,6 +18,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/none"
+	"unbounded-cloud.io/agent/lib/repave"
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -295,7 +296,9 @@ func (f *firstBoot) wantMode(t *testing.T, mode, slot string) {
 	}
 	for _, p := range gone {
 		if _, err := os.Lstat(p); !os.IsNotExist(err) {
-			t.Errorf("mode %s: %s of the old mode is left (%v)", mode, f.paths.Rel(p), err)
+			rel := f.paths.Rel(p)
+			ls, _ := f.m.Run("sh", "-c", `ls -la --full-time "$1"; find "$1" -maxdepth 3 -printf '%TT %M %u %p\n' | sort | head -40`, "sh", rel)
+			t.Errorf("mode %s: %s of the old mode is left (%v):\n%s", mode, rel, err, ls)
 		}
 	}
 	for _, u := range []string{"unbounded-node.target", "unbounded-mode-" + mode + ".target", "unbounded-daemon.service"} {
@@ -311,18 +314,22 @@ func (f *firstBoot) wantMode(t *testing.T, mode, slot string) {
 	})
 }
 
-// TestIsolationChangePowerCutsConverge: the host loses power at three
-// points of in-place isolation changes and boots the same state: the
-// generator resumes unbounded-isolation.service (its ownership record
-// names it), and nothing else of the node, and the change finishes. Each
-// time the host ends in exactly one mode, with its node Ready and the
-// Deployment's pod Running; never two node stacks.
+// TestIsolationChangeCrashAtEveryPointThenPowerCutsConverge: (1) one
+// in-place change nspawn -> none killed at every crash point in turn
+// (lib/repave's and modes.Change's inside the switch), each rerun of the
+// unit resuming the one before from its journal and going on to the next
+// point, then a run without a crash point: the host ends in mode none.
+// (2) The host loses power at three points of in-place changes and
+// boots the same state: the generator resumes unbounded-isolation.service
+// (its ownership record names it), and nothing else of the node, and the
+// change finishes. Each time the host ends in exactly one mode, with its
+// node Ready and the Deployment's pod Running; never two node stacks.
 //
-//   - nspawn -> none, cut with the new mode built beside the running node;
-//   - none -> nspawn, cut with the old node stopped and no node running;
-//   - nspawn -> none, cut with both records written (the journal's
+//   - none -> nspawn, cut with the new mode built beside the running node;
+//   - nspawn -> none, cut with the old node stopped and no node running;
+//   - none -> nspawn, cut with both records written (the journal's
 //     running-slot names the new one).
-func TestIsolationChangePowerCutsConverge(t *testing.T) {
+func TestIsolationChangeCrashAtEveryPointThenPowerCutsConverge(t *testing.T) {
 	t.Parallel()
 	f, ns := isolationHost(t, firstBootOptions{alsoNone: true})
 	if t.Failed() {
@@ -330,10 +337,31 @@ func TestIsolationChangePowerCutsConverge(t *testing.T) {
 	}
 	f.waitPodRunning(t, ns, time.Minute)
 	f.isolationDropIns(t, "")
+
+	// (1) Every crash point of one change.
+	f.setMode(t, "none")
+	begin := time.Now()
+	for _, point := range repave.IsolationCrashPoints {
+		f.isolationDropIns(t, point)
+		_, p := f.changeIsolation(t)
+		wantCrashedAt(t, f, isolationUnit, point, p)
+	}
+	f.isolationDropIns(t, "")
+	if _, p := f.changeIsolation(t); p["Result"] != "success" {
+		t.Fatalf("the isolation change after the kills: %v\n%s", p, f.lastRunJournal(t, p))
+	}
+	t.Logf("isolation change nspawn -> none killed at %d points, then a clean run: %v", len(repave.IsolationCrashPoints), time.Since(begin).Round(time.Millisecond))
+	f.wantMode(t, "none", "kube2")
+	f.waitPodStartedSince(t, ns, begin)
+	if t.Failed() {
+		return
+	}
+
+	// (2) Power cuts.
 	for _, c := range []struct{ mode, point, slot string }{
-		{"none", "isolation/after-build", "kube2"},
-		{"nspawn", modes.CrashChangeOldStopped, "kube1"},
-		{"none", "isolation/after-record", "kube2"},
+		{"nspawn", "isolation/after-build", "kube1"},
+		{"none", modes.CrashChangeOldStopped, "kube2"},
+		{"nspawn", "isolation/after-record", "kube1"},
 	} {
 		f.setMode(t, c.mode)
 		f.isolationDropIns(t, c.point)
@@ -363,9 +391,6 @@ func TestIsolationChangePowerCutsConverge(t *testing.T) {
 			return
 		}
 	}
-	// The host ends in mode none: its pod outlives the node's units by
-	// design and would hold the poweroff (drainAndPowerOff says why).
-	f.drainAndPowerOff(t, ns)
 }
 
 // waitPodStartedSince waits until a pod of the Deployment in ns runs on
