@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -432,6 +433,44 @@ func SwapDir(tmp, dst string) error {
 		return err
 	}
 	return state.SyncDir(filepath.Dir(dst))
+}
+
+// MountPoints are the mount points of a mount table in
+// /proc/self/mountinfo's format, unescaped, as the kernel names them.
+func MountPoints(mountinfo []byte) []string {
+	var out []string
+	for _, line := range strings.Split(string(mountinfo), "\n") {
+		// ID PARENT MAJ:MIN ROOT POINT ...
+		if f := strings.Fields(line); len(f) >= 5 {
+			out = append(out, UnescapeMountinfo(f[4]))
+		}
+	}
+	return out
+}
+
+// RemoveVerifiedKeepingMounts removes paths as RemoveVerified does, but
+// for those in mountPoints: a file system the operator mounted there (a
+// disk of its own for the slots, or for /var/lib/containerd) is not the
+// agent's to unmount and cannot be removed, so it is emptied and stays,
+// the mount point it was. (Unmounted and removed, it would come back at
+// the next boot, with what it held.) It returns the paths emptied.
+func RemoveVerifiedKeepingMounts(mountPoints []string, paths ...string) (emptied []string, err error) {
+	var remove []string
+	for _, p := range paths {
+		if !slices.Contains(mountPoints, p) {
+			remove = append(remove, p)
+			continue
+		}
+		entries, err := os.ReadDir(p)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			remove = append(remove, filepath.Join(p, e.Name()))
+		}
+		emptied = append(emptied, p)
+	}
+	return emptied, RemoveVerified(remove...)
 }
 
 // RemoveVerified removes each path (a file, a link or a whole tree) and

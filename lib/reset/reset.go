@@ -51,7 +51,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/adopt"
@@ -343,11 +342,8 @@ func (r *Reset) mountPoints() ([]string, error) {
 		return nil, fmt.Errorf("cannot read the mount table: %w", err)
 	}
 	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		// ID PARENT MAJ:MIN ROOT POINT ...
-		if f := strings.Fields(line); len(f) >= 5 {
-			out = append(out, r.Paths.Join(modes.UnescapeMountinfo(f[4])))
-		}
+	for _, p := range modes.MountPoints(data) {
+		out = append(out, r.Paths.Join(p))
 	}
 	return out, nil
 }
@@ -401,22 +397,11 @@ func (r *Reset) removeState(keepHandoff bool) error {
 	if err != nil {
 		return err
 	}
-	var remove []string
-	for _, p := range paths {
-		if !slices.Contains(points, p) {
-			remove = append(remove, p)
-			continue
-		}
-		entries, err := os.ReadDir(p)
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			remove = append(remove, filepath.Join(p, e.Name()))
-		}
+	emptied, err := modes.RemoveVerifiedKeepingMounts(points, paths...)
+	for _, p := range emptied {
 		r.log().Info("emptied, not removed: a file system is mounted on it", "dir", r.Paths.Rel(p))
 	}
-	if err := modes.RemoveVerified(remove...); err != nil {
+	if err != nil {
 		return err
 	}
 	// The journal directory last but one: without it a resumed run

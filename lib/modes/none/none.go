@@ -442,12 +442,17 @@ func (m *Mode) Destroy(ctx context.Context, slot string) error {
 	for _, d := range StateDirs {
 		dirs = append(dirs, m.Paths.Join(d))
 	}
-	if err := m.unmountUnder(dirs); err != nil {
+	points, err := m.unmountUnder(dirs)
+	if err != nil {
 		return fmt.Errorf("destroy slot %s: %w", slot, err)
 	}
 	remove := append([]string{m.Paths.VersionsDir(), m.Paths.Join(path.Join(Layout.CNIConfDir, nodestack.CNIConfName))}, dirs...)
-	if err := modes.RemoveVerified(remove...); err != nil {
+	emptied, err := modes.RemoveVerifiedKeepingMounts(points, remove...)
+	if err != nil {
 		return fmt.Errorf("destroy slot %s: %w", slot, err)
+	}
+	for _, d := range emptied {
+		m.log().Info("emptied, not removed: a file system is mounted on it", "dir", m.Paths.Rel(d))
 	}
 	if err := sd.Reload(ctx); err != nil {
 		return err
@@ -510,8 +515,12 @@ func (m *Mode) killLeftovers(ctx context.Context) error {
 	}
 }
 
-// unmountUnder detaches every mount at or below dirs, deepest first.
-func (m *Mode) unmountUnder(dirs []string) error {
+// unmountUnder detaches every mount below dirs (pod volumes, container
+// root file systems), deepest first, and returns the mount points of the
+// mount table: a dir that is itself one (the operator's disk for
+// /var/lib/containerd) is not the node stack's to detach, and Destroy
+// empties it instead of removing it.
+func (m *Mode) unmountUnder(dirs []string) ([]string, error) {
 	read := m.MountInfo
 	if read == nil {
 		read = func() ([]byte, error) { return os.ReadFile("/proc/self/mountinfo") }
@@ -522,17 +531,13 @@ func (m *Mode) unmountUnder(dirs []string) error {
 	}
 	data, err := read()
 	if err != nil {
-		return err
+		return nil, err
 	}
+	all := modes.MountPoints(data)
 	var points []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		p := modes.UnescapeMountinfo(f[4])
+	for _, p := range all {
 		for _, d := range dirs {
-			if p == d || strings.HasPrefix(p, d+"/") {
+			if strings.HasPrefix(p, d+"/") {
 				points = append(points, p)
 				break
 			}
@@ -551,5 +556,5 @@ func (m *Mode) unmountUnder(dirs []string) error {
 			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
 		}
 	}
-	return errors.Join(errs...)
+	return all, errors.Join(errs...)
 }

@@ -144,6 +144,49 @@ func TestPrepareRefusesAVersionThatIsNoDirectoryName(t *testing.T) {
 	}
 }
 
+// /var/lib/containerd on a file system of its own (a disk the operator
+// mounted there): Destroy unmounts what the node stack mounted below it,
+// but not it, and empties it instead of removing it. Unmounted and
+// removed, the operator's mount came back at the next boot with
+// everything the old node had stored (the system scenario of a
+// reprovision cut by a power failure after its reset).
+func TestDestroyEmptiesAStateDirectoryThatIsAMountPoint(t *testing.T) {
+	m, _, p := newMode(t)
+	ctx := context.Background()
+	if err := m.Prepare(ctx, slot(t, "1.36.3")); err != nil {
+		t.Fatal(err)
+	}
+	store := p.Join("/var/lib/containerd")
+	snap := filepath.Join(store, "io.containerd.snapshotter.v1.overlayfs/snapshots/1/fs")
+	if err := os.MkdirAll(snap, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(store, "io.containerd.metadata.v1.bolt"), []byte("db"), 0o600)
+	rootfs := p.Join("/var/lib/containerd/tmpmounts/containerd-mount1")
+	m.MountInfo = func() ([]byte, error) {
+		return []byte("1 0 8:1 / / rw - ext4 /dev/sda1 rw\n" +
+			"2 1 8:17 / " + store + " rw - ext4 /dev/sdb1 rw\n" +
+			"3 2 0:51 / " + rootfs + " rw - overlay overlay rw\n"), nil
+	}
+	var unmounted []string
+	m.Unmount = func(target string) error { unmounted = append(unmounted, target); return nil }
+	if err := m.Destroy(ctx, "kube1"); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(unmounted, []string{rootfs}) {
+		t.Errorf("unmounted %q, want only %s (below the operator's mount, not it)", unmounted, rootfs)
+	}
+	ents, err := os.ReadDir(store)
+	if err != nil || len(ents) != 0 {
+		t.Errorf("%s: %v (%v), want kept and empty", p.Rel(store), ents, err)
+	}
+	for _, gone := range []string{p.VersionsDir(), p.Join("/var/lib/kubelet"), p.Join("/run/containerd")} {
+		if _, err := os.Lstat(gone); !os.IsNotExist(err) {
+			t.Errorf("%s is still there (%v)", p.Rel(gone), err)
+		}
+	}
+}
+
 func TestDestroyKillsWhatOutlivesTheUnitsUnmountsAndRemovesEverything(t *testing.T) {
 	m, sd, p := newMode(t)
 	ctx := context.Background()
