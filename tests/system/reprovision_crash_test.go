@@ -47,24 +47,7 @@ func TestIsolationChangeByReprovisionCrashesAndPowerCutsConverge(t *testing.T) {
 	f.reprovisionDropIns(t, "", "--ready-timeout=2m")
 
 	// 1. A revoked token: nothing staged, nothing reset.
-	token, err := f.m.ReadFile("/etc/unbounded/bootstrap-token")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.m.WriteFile("/etc/unbounded/bootstrap-token", []byte("abcdef.0123456789abcdef\n"), 0o600)
-	f.setMode(t, "none")
-	_, p := f.changeIsolation(t)
-	if p["Result"] == "success" {
-		t.Fatalf("a reprovision with a revoked token was handed off: %v", p)
-	}
-	if j := f.lastRunJournal(t, p); !strings.Contains(j, "does not accept the bootstrap token") {
-		t.Errorf("the failed change does not say why:\n%s", j)
-	}
-	if _, err := os.Lstat(f.paths.ReprovisionDir()); !os.IsNotExist(err) {
-		t.Errorf("the refused change staged a handoff (%v)", err)
-	}
-	f.wantSlot(t, "kube1", "")
-	f.m.WriteFile("/etc/unbounded/bootstrap-token", token, 0o600)
+	f.wantRevokedTokenRefusesTheChange(t, "none")
 	if t.Failed() {
 		return
 	}
