@@ -72,11 +72,15 @@ func (d *daemon) isolationJob() *job {
 	if d.handled[uid] {
 		return nil
 	}
-	if c := cond; c != nil && c.ObservedGeneration >= m.Generation {
-		// A change was reported at this generation of the spec: one that
-		// failed is not tried again, and one made by hand (the config on
-		// disk, unbounded-isolation.service started by an operator) is
-		// not undone, until the spec changes.
+	if c := cond; seen == to && c != nil && c.ObservedGeneration >= m.Generation {
+		// The spec's mode was asked for already and a change was
+		// reported at this generation: one that failed is not tried
+		// again until the spec changes. (A mode the daemon has not
+		// asked for is a new spec, whatever was reported: the outcome
+		// of a change made by hand that fails while the spec changes is
+		// reported at the new generation, and held the new spec back
+		// for good; CI caught it. A change made by hand is not undone:
+		// its spec was asked for, or seen at the first look, above.)
 		return nil
 	}
 	if d.isolationGoesOn() {

@@ -104,16 +104,30 @@ func TestSpecIsolationAsksForOneChangePerGeneration(t *testing.T) {
 	if j := d.isolationJob(); j != nil {
 		t.Errorf("with an unreported outcome: %+v", j)
 	}
+	// askedFor is a daemon that asked for mode none already (its
+	// dispatch records the spec as seen).
+	askedFor := func(conds ...metav1.Condition) *daemon {
+		d := isolationDaemon(t, "none", conds...)
+		if err := state.WriteIsolationSpecSeen(d.p, "none"); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
 	failed := metav1.Condition{Type: v1alpha3.ConditionIsolationChanged, Status: metav1.ConditionFalse, Reason: "Failed", ObservedGeneration: 7}
-	if j := isolationDaemon(t, "none", failed).isolationJob(); j != nil {
+	if j := askedFor(failed).isolationJob(); j != nil {
 		t.Errorf("after a failed change of this generation: %+v", j)
 	}
-	failed.ObservedGeneration = 6
+	// A change made by hand that failed, reported once the spec had
+	// changed (at the new generation): the new spec is still asked for.
 	if j := isolationDaemon(t, "none", failed).isolationJob(); j == nil {
+		t.Error("a spec never asked for, after a change by hand reported at its generation: no job")
+	}
+	failed.ObservedGeneration = 6
+	if j := askedFor(failed).isolationJob(); j == nil {
 		t.Error("after a failed change of an earlier generation: no job")
 	}
 	byHand := metav1.Condition{Type: v1alpha3.ConditionIsolationChanged, Status: metav1.ConditionTrue, Reason: "Succeeded", ObservedGeneration: 7}
-	if j := isolationDaemon(t, "none", byHand).isolationJob(); j != nil {
+	if j := askedFor(byHand).isolationJob(); j != nil {
 		t.Errorf("after a change reported at this generation (made by hand, the spec unchanged since): %+v", j)
 	}
 
