@@ -1,7 +1,8 @@
 // Command tiersum reads `go test -json` streams, one per test tier, and
 // prints what `make test` promises: for every tier, how many tests passed,
 // failed and skipped, and why each skip happened. A tier that skipped is
-// never reported as passed. The last line is the plain
+// never reported as passed. It names each tier's slowest top-level tests
+// (where a run's time went). The last line is the plain
 // "N passed, N failed, N skipped" total.
 //
 // Usage: tiersum TIER=FILE.json [TIER=FILE.json ...]
@@ -45,6 +46,7 @@ type event struct {
 	Package string
 	Test    string
 	Output  string
+	Elapsed float64 // seconds, on a test's pass, fail or skip
 	// OutputType is "error" for the first line of a t.Error or t.Fatal
 	// message and "error-continue" for its further lines (go1.27's
 	// test2json; empty on older toolchains and for t.Log).
@@ -62,7 +64,18 @@ type tally struct {
 	passed, failed, skipped int
 	reasons                 map[string]int
 	failures                []string
+	took                    []timed // its top-level tests that ran
 }
+
+// timed is a top-level test and how long it ran.
+type timed struct {
+	name    string
+	seconds float64
+}
+
+// slowest is how many of a tier's slowest tests the summary names: where
+// a CI run's time goes, without the raw JSON.
+const slowest = 5
 
 func newTally() *tally { return &tally{reasons: map[string]int{}} }
 
@@ -178,6 +191,10 @@ func run(args []string, required map[string]bool, stdout, stderr io.Writer) int 
 		for _, r := range reasons {
 			fmt.Fprintf(stdout, "    skip x%d: %s\n", t.reasons[r], r)
 		}
+		sort.SliceStable(t.took, func(i, j int) bool { return t.took[i].seconds > t.took[j].seconds })
+		for _, tt := range t.took[:min(slowest, len(t.took))] {
+			fmt.Fprintf(stdout, "    %6.1fs %s\n", tt.seconds, tt.name)
+		}
 		p, f, s = p+t.passed, f+t.failed, s+t.skipped
 	}
 	fmt.Fprintf(stdout, "%d passed, %d failed, %d skipped\n", p, f, s)
@@ -198,6 +215,7 @@ type result struct {
 	action string
 	out    []line
 	kube   bool // it logged "kubeenv:"
+	secs   float64
 }
 
 // read tallies one go test -json stream into tier (or "kubernetes" for
@@ -254,7 +272,7 @@ func read(w io.Writer, file, tier string, get func(string) *tally) error {
 				r.kube = true
 			}
 		case "pass", "fail", "skip":
-			r.action = e.Action
+			r.action, r.secs = e.Action, e.Elapsed
 			ps.ended = append(ps.ended, r)
 		}
 	}
@@ -290,12 +308,15 @@ func read(w io.Writer, file, tier string, get func(string) *tally) error {
 		anyFailed := false
 		for _, r := range ps.ended {
 			parent := hasChild[r.test]
-			if parent && (r.action == "pass" || (r.action == "fail" && childFailed[r.test])) {
-				continue // its subtests are counted
-			}
 			t := get(tier)
 			if r.kube || ancestorKube(r.test) || (parent && childKube[r.test]) {
 				t = get(kubeTier)
+			}
+			if r.action != "skip" && !strings.Contains(r.test, "/") {
+				t.took = append(t.took, timed{r.test, r.secs})
+			}
+			if parent && (r.action == "pass" || (r.action == "fail" && childFailed[r.test])) {
+				continue // its subtests are counted
 			}
 			full := name + " " + r.test
 			switch r.action {

@@ -281,3 +281,34 @@ func TestAFailureWithoutErrorMarksShowsTheLastTestMessage(t *testing.T) {
 		t.Errorf("an earlier log line was shown as the failure:\n%s", out)
 	}
 }
+
+// A tier's summary names its slowest top-level tests, slowest first (a
+// parent with subtests by its own time, never a subtest or a skip), so
+// that a CI log says where the time went.
+func TestSummaryNamesTheSlowestTestsOfATier(t *testing.T) {
+	var s stream
+	end := func(name, action string, secs float64) {
+		s.ev("run", "p", name, "")
+		b, _ := json.Marshal(event{Action: action, Package: "p", Test: name, Elapsed: secs})
+		s.lines = append(s.lines, string(b))
+	}
+	for i := range 7 {
+		end(fmt.Sprintf("TestT%d", i), "pass", float64(10*i))
+	}
+	end("TestParent/sub", "pass", 500)
+	end("TestParent", "pass", 600)
+	end("TestSkipped", "skip", 900)
+	out, rc := summarize(t, nil, "system="+s.file(t))
+	if rc != 0 {
+		t.Fatalf("rc %d:\n%s", rc, out)
+	}
+	want := "     600.0s TestParent\n      60.0s TestT6\n      50.0s TestT5\n      40.0s TestT4\n      30.0s TestT3\n"
+	if !strings.Contains(out, want) {
+		t.Errorf("summary does not name the 5 slowest, slowest first; want\n%s\ngot:\n%s", want, out)
+	}
+	for _, no := range []string{"TestParent/sub", "TestSkipped", "TestT2"} {
+		if strings.Contains(out, no) {
+			t.Errorf("summary names %s:\n%s", no, out)
+		}
+	}
+}
