@@ -16,7 +16,9 @@ export GOTOOLCHAIN=go1.27.3
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 out=$(mktemp -d /tmp/unbounded-tiers.XXXXXX)
-trap 'rm -rf "$out"' EXIT
+# UNBOUNDED_TEST_KEEP=DIR keeps every tier's `go test -json` stream there
+# (per-test times, whole outputs) for a look after the run.
+trap '[ -n "${UNBOUNDED_TEST_KEEP:-}" ] && mkdir -p "$UNBOUNDED_TEST_KEEP" && cp "$out"/*.json "$UNBOUNDED_TEST_KEEP"/; rm -rf "$out"' EXIT
 export GOFLAGS=${GOFLAGS:-}
 # A budget in executions, not in seconds: with a duration, go1.26's fuzz
 # coordinator can report its own deadline as a failure ("context deadline
