@@ -7,6 +7,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Mode none, one host: a restart by hand restarts containerd and the
@@ -79,8 +80,14 @@ func TestRestartNoneKeepsPodsRunningAndHealthGivesUpOnAPayloadThatKeepsDying(t *
 		return strings.Contains(progLog(f.m, "health"), "gave up restarting the node stack"), nil
 	})
 	t.Logf("health gave up %v after the kubelet began dying", time.Since(killed).Round(time.Millisecond))
-	hj := f.m.Journal(healthUnit)
-	if !strings.Contains(hj, "status=1/FAILURE") {
+	// The program says it gave up before it exits and systemd logs the
+	// exit status: wait for that line, not one look (CI read the
+	// journal in between).
+	var hj string
+	if err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		hj = f.m.Journal(healthUnit)
+		return strings.Contains(hj, "status=1/FAILURE"), nil
+	}); err != nil {
 		t.Errorf("the give-up did not fail unbounded-health.service (exit 1), which is what recovery reports:\n%s", hj)
 	}
 	restarts := strings.Count(progLog(f.m, "restart"), "restarting the node stack") - restartsBefore
