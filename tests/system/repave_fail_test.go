@@ -263,7 +263,7 @@ func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 	// (2) Forced onto a node that never gets healthy: rollback.
 	bad := f.reg.Push(t, "unbounded/node:never-healthy", nodestack.NeverHealthyNodeImage(t, f.stage.NodeImage(t)))
 	f.setImageRef(t, bad)
-	f.repaveFlags(t, "--force", "--delete-unmanaged", "--drain-timeout=15s", "--ready-timeout=100s")
+	f.repaveFlags(t, "--force", "--delete-unmanaged", "--drain-timeout=15s", "--ready-timeout="+neverHealthyReadyTimeout)
 	recBefore := showProps(t, f.m, recoverOf(repaveService), "InvocationID")["InvocationID"]
 	p, took = f.repave(t, 10*time.Minute)
 	j = f.lastRunJournal(t, p)

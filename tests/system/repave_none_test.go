@@ -36,6 +36,13 @@ import (
 // healthy, and the default (10 min) would be the test's whole budget.
 const repaveReadyTimeout = "3m"
 
+// neverHealthyReadyTimeout bounds the wait where the new node is known
+// never to get healthy (the rollback is what is tested): all of it is
+// waiting, and the rollback is the same after 60 s as after 3 min (not
+// shorter: the rollback waits as long for the old node, and an nspawn
+// machine booting again on a loaded CI takes tens of seconds).
+const neverHealthyReadyTimeout = "60s"
+
 func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy(t *testing.T) {
 	t.Parallel()
 	f := newFirstBoot(t, firstBootOptions{mode: "none"})
@@ -62,7 +69,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	pod0 := f.waitPodRunning(t, ns, time.Minute).Name
 	v1 := f.stage.Versions["kubelet"]
 	uid1 := f.nodeUID(t)
-	f.setRepaveDropIns(t, "")
+	f.setRepaveDropIns(t, "", repaveReadyTimeout)
 
 	// 1. A version change: the repave drains, deletes the Node, installs
 	// the new version beside the running one, stops the stack, flips
@@ -98,7 +105,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	vc := bumpPatch(t, v1, 3)
 	f.stage.ServeAsVersion(t, f.mirrorDir, "kubelet", vc, f.stage.Kubelet)
 	f.setKubernetesVersion(t, v2, vc)
-	f.setRepaveDropIns(t, "repave/after-flipped")
+	f.setRepaveDropIns(t, "repave/after-flipped", repaveReadyTimeout)
 	_, p = f.repaveNone(t, nil)
 	if p["ExecMainCode"] != "2" || p["ExecMainStatus"] != "9" {
 		t.Fatalf("the repave was not killed at its crash point: %v\n%s", p, f.m.Journal(repaveUnit))
@@ -106,7 +113,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	if target, _ := f.m.Readlink(none.Current); target != vc || isActive(f.m, none.KubeletUnit) == "active" {
 		t.Errorf("killed after the flip: current -> %s, kubelet %s; want %s and stopped", target, isActive(f.m, none.KubeletUnit), vc)
 	}
-	f.setRepaveDropIns(t, "")
+	f.setRepaveDropIns(t, "", repaveReadyTimeout)
 	took, p = f.repaveNone(t, nil)
 	if p["Result"] != "success" || p["ExecMainStatus"] != "0" {
 		t.Fatalf("the repave run again after the crash: %v\n%s", p, f.m.Journal(repaveUnit))
@@ -129,6 +136,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	if err := os.WriteFile(broken, []byte("#!/bin/sh\necho 'kubelet of a broken release: exiting' >&2\nexit 1\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	f.setRepaveDropIns(t, "", neverHealthyReadyTimeout)
 	f.stage.ServeAsVersion(t, f.mirrorDir, "kubelet", v3, broken)
 	f.setKubernetesVersion(t, v2, v3)
 	envBefore, err := f.m.ReadFile(hostpaths.VersionsDirHost + "/" + v2 + "/etc/kubelet/kubelet.env")
@@ -301,13 +309,13 @@ func (f *firstBoot) repaveNone(t *testing.T, during func()) (time.Duration, map[
 }
 
 // setRepaveDropIns writes the test's drop-ins on the repave's unit: its
-// ready wait bounded by repaveReadyTimeout, and the crash point (none
-// when ""); then daemon-reload.
-func (f *firstBoot) setRepaveDropIns(t *testing.T, crash string) {
+// ready wait bounded by ready, and the crash point (none when ""); then
+// daemon-reload.
+func (f *firstBoot) setRepaveDropIns(t *testing.T, crash, ready string) {
 	t.Helper()
 	setCrashPoint(t, f, repaveUnit, crash)
 	f.m.WriteFile("/etc/systemd/system/"+repaveUnit+".d/50-test-ready-timeout.conf",
-		[]byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/repave --ready-timeout="+repaveReadyTimeout+"\n"), 0o644)
+		[]byte("[Service]\nExecStart=\nExecStart=/usr/libexec/unbounded/repave --ready-timeout="+ready+"\n"), 0o644)
 	if out, err := f.m.Systemctl("daemon-reload"); err != nil {
 		t.Fatalf("daemon-reload: %v\n%s", err, out)
 	}

@@ -131,7 +131,7 @@ func TestRollingRepaveOneHostAtATimeStopsAtAFailureAndResumes(t *testing.T) {
 	// (2) The first host onto a node that never gets healthy: the roll
 	// stops there, the second host is not touched.
 	first, second := hosts[0], hosts[1]
-	first.repaveFlags(t, "--ready-timeout=60s")
+	first.repaveFlags(t, "--ready-timeout="+neverHealthyReadyTimeout)
 	first.setImageRef(t, first.reg.Push(t, "unbounded/node:never-healthy", nodestack.NeverHealthyNodeImage(t, first.stage.NodeImage(t))))
 	good := second.setNodeImage(t, "roll-3")
 	secondUID := second.nodeObject(t).UID
