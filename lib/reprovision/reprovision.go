@@ -171,7 +171,7 @@ func Stage(p hostpaths.Paths, j Journal, target json.RawMessage, self string) er
 }
 
 // Remove removes the handoff (the daemon, once it reported the outcome):
-// everything in its directory, then the directory itself unless the
+// its journal (state.RemoveVerified), then everything else in its directory, then the directory itself unless the
 // caller may not write its parent (the daemon's sandbox makes /var/lib
 // read-only but for its own directories: the empty directory stays, as
 // no handoff).
@@ -181,6 +181,13 @@ func Remove(p hostpaths.Paths) error {
 		return nil
 	}
 	if err != nil {
+		return err
+	}
+	// The journal first, and as a verified record: the generator (any
+	// unit's daemon-reload) may read it at any moment of this, and a
+	// journal gone with its sidecar left reads as corrupt: nothing of the
+	// node wired at the next reload (CI, after a handoff that ended).
+	if err := state.RemoveVerified(state.HandoffJournal(p)); err != nil {
 		return err
 	}
 	for _, e := range ents {

@@ -238,16 +238,34 @@ func FinishPending(file string) error {
 	return SyncDir(filepath.Dir(file))
 }
 
-// RemoveVerified removes a state file with its sidecar and any staged pair.
-// The record goes first: a sidecar without a record reads as corrupt, a
-// record without its sidecar too, so the window is reported, not hidden.
+// RemoveVerified removes a state file with its sidecar and any staged
+// pair, in an order that leaves a reader at every moment of it (the
+// generator run by another unit's daemon-reload, the next boot after a
+// power cut) either the whole record or none, never "missing but its
+// checksum sidecar exists", which reads as corrupt and puts the host into
+// its safe state: a staged pair is finished first (FinishPending), then
+// the sidecar moves to the staged sidecar's name (the record still reads
+// through it, as after a crash between a write's two renames), then the
+// record goes, then that sidecar. The same rules as FinishPending's apply
+// to the caller.
 func RemoveVerified(file string) error {
-	for _, f := range []string{pending(file), hostpaths.Checksum(pending(file)), file, hostpaths.Checksum(file)} {
+	if err := FinishPending(file); err != nil {
+		return err
+	}
+	dir := filepath.Dir(file)
+	nextSide := hostpaths.Checksum(pending(file))
+	if err := os.Rename(hostpaths.Checksum(file), nextSide); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	if err := SyncDir(dir); err != nil {
+		return err
+	}
+	for _, f := range []string{file, nextSide} {
 		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
 			return err
 		}
 	}
-	return SyncDir(filepath.Dir(file))
+	return SyncDir(dir)
 }
 
 // ReadApplied reads the applied config of slot. A missing record is an

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"strings"
@@ -354,3 +355,95 @@ func TestReadLegacyAppliedChecksTheBareDigestAndToleratesNoSidecar(t *testing.T)
 		t.Fatalf("mismatch: %v", err)
 	}
 }
+
+// RemoveVerified interrupted (a power cut) or watched (the generator on
+// another unit's daemon-reload) after each of its steps: a reader finds
+// the whole record or none, never a corrupt one (which puts the host into
+// its safe state), and a RemoveVerified run again finishes the job. CI
+// saw the generator read a handoff journal between the removal of the
+// record and of its sidecar, the order before.
+func TestRemoveVerifiedLeavesNoCorruptStateAtAnyStep(t *testing.T) {
+	data := []byte(`{"slot":"kube1","mode":"nspawn","kubernetes-version":"1.36.3"}` + "\n")
+	name := "kube1-applied-config.json"
+	steps := []struct {
+		name    string
+		present bool // the record still reads whole
+		set     func(f string)
+	}{
+		{"not begun, a complete staged pair beside", true, func(f string) {
+			os.WriteFile(f+".next", data, 0o600)
+			os.WriteFile(f+".next.sha256", ChecksumLine(data, name), 0o600)
+		}},
+		{"sidecar moved to the staged name", true, func(f string) {
+			os.Rename(f+".sha256", f+".next.sha256")
+		}},
+		{"record removed", false, func(f string) {
+			os.Rename(f+".sha256", f+".next.sha256")
+			os.Remove(f)
+		}},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			p := hostpaths.New(t.TempDir())
+			f := p.AppliedConfig("kube1")
+			os.MkdirAll(filepath.Dir(f), 0o755)
+			os.WriteFile(f, data, 0o600)
+			os.WriteFile(f+".sha256", ChecksumLine(data, name), 0o600)
+			s.set(f)
+			got, err := ReadApplied(p, "kube1")
+			switch {
+			case s.present && (err != nil || got.KubernetesVersion != "1.36.3"):
+				t.Fatalf("read: %+v %v, want the whole record", got, err)
+			case !s.present && !errors.Is(err, os.ErrNotExist):
+				t.Fatalf("read: %+v %v, want no record (not corrupt)", got, err)
+			}
+			if err := RemoveVerified(f); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ReadApplied(p, "kube1"); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("after RemoveVerified: %v, want no record", err)
+			}
+			left, _ := filepath.Glob(f + "*")
+			if len(left) > 0 {
+				t.Errorf("left behind: %v", left)
+			}
+		})
+	}
+}
+
+// A removal that fails part way (the sidecar cannot be moved: immutable
+// here) leaves the record whole and readable, not a record gone with its
+// sidecar left, which reads as corrupt.
+func TestRemoveVerifiedThatFailsLeavesTheRecordWhole(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	if err := WriteApplied(p, rec("kube1", "none")); err != nil {
+		t.Fatal(err)
+	}
+	f := p.AppliedConfig("kube1")
+	fd, err := unix.Open(f+".sha256", unix.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
+	if err == nil {
+		err = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags|fsImmutableFL))
+	}
+	if err != nil {
+		unix.Close(fd)
+		t.Skipf("cannot make the sidecar immutable on this file system or as this user: %v", err)
+	}
+	// Before TempDir's removal (cleanups run last first).
+	t.Cleanup(func() {
+		unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags))
+		unix.Close(fd)
+	})
+	if err := RemoveVerified(f); err == nil {
+		t.Fatal("RemoveVerified of a record whose sidecar is immutable succeeded")
+	}
+	if got, err := ReadApplied(p, "kube1"); err != nil || got.Mode != "none" {
+		t.Fatalf("after the failed removal: %+v %v, want the record whole", got, err)
+	}
+}
+
+// fsImmutableFL is FS_IMMUTABLE_FL of linux/fs.h (x/sys/unix lacks it).
+const fsImmutableFL = 0x10
