@@ -108,38 +108,12 @@ else
 	echo "unbounded manifests failed: $(head -3 "$out/manifests.err")"
 fi
 
-system_tier() {
-	# Every booted test host and node machine runs its own systemd, which
-	# takes inotify instances from the one per-user pool of the VM
-	# (fs.inotify.max_user_instances, 128 on Debian): with a few first
-	# boots at once, a node's containerd once started without its CRI
-	# plugin ("failed to create fsnotify watcher: too many open files").
-	# Raised (never lowered) for the run, as a host running several
-	# nested machines needs.
-	if [ "$(id -u)" = 0 ] && [ "$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null || echo 0)" -lt 1024 ]; then
-		echo "fs.inotify.max_user_instances: $(cat /proc/sys/fs/inotify/max_user_instances) -> 1024"
-		sysctl -q -w fs.inotify.max_user_instances=1024 || echo "could not raise fs.inotify.max_user_instances"
-	fi
-	# The scenarios wait on systemd, kubelets and the control plane far
-	# more than they compute: four at a time on two cores (the first
-	# boots together take about 3 minutes instead of about 6).
-	go test -count=1 -json -parallel 4 -timeout 30m ./tests/system/... >"$out/system.json" 2>"$out/system.err"
-	echo "system $?" >>"$out/status"
-}
 # Every tier runs with one real API server up (started once per run).
 # Each go test's exit status goes to $out/status ("TIER STATUS" lines):
 # the summary must agree with it. inner itself exits 0 once every tier has
 # run, so a non-zero status from with-env.sh is with-env.sh's own failure.
 inner() {
 	local pkgs
-	# The system tier runs beside the others, from the start: its
-	# scenarios wait on systemd, kubelets and the control plane far more
-	# than they compute, and the other tiers (compiling, analysing,
-	# fuzzing) use the CPU they leave idle. One after the other, the
-	# others' 8 minutes came before the system tier's 23.
-	log "tier 5 (system: real systemd in nspawn), beside the tiers below"
-	system_tier &
-	local system_pid=$!
 	pkgs=$(go list ./... | grep -v -e '/tests/system' -e '/tests/packages' -e '/tests/lint' -e '/units$')
 	log "tier 1 (unit) and tier 4 (kubernetes)"
 	go test -count=1 -json -timeout 15m $pkgs >"$out/unit.json" 2>"$out/unit.err"
@@ -162,11 +136,26 @@ inner() {
 		go test -json -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "$pkg" >>"$out/fuzz.json" 2>>"$out/fuzz.err"
 		echo "fuzz:$name $?" >>"$out/status"
 	done < <(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*(' lib cmd generators 2>/dev/null | sort -u)
-	log "waiting for tier 5 (system)"
-	wait "$system_pid"
+	log "tier 5 (system: real systemd in nspawn)"
+	# Every booted test host and node machine runs its own systemd, which
+	# takes inotify instances from the one per-user pool of the VM
+	# (fs.inotify.max_user_instances, 128 on Debian): with a few first
+	# boots at once, a node's containerd once started without its CRI
+	# plugin ("failed to create fsnotify watcher: too many open files").
+	# Raised (never lowered) for the run, as a host running several
+	# nested machines needs.
+	if [ "$(id -u)" = 0 ] && [ "$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null || echo 0)" -lt 1024 ]; then
+		echo "fs.inotify.max_user_instances: $(cat /proc/sys/fs/inotify/max_user_instances) -> 1024"
+		sysctl -q -w fs.inotify.max_user_instances=1024 || echo "could not raise fs.inotify.max_user_instances"
+	fi
+	# The scenarios wait on systemd, kubelets and the control plane far
+	# more than they compute: four at a time on two cores (the first
+	# boots together take about 3 minutes instead of about 6).
+	go test -count=1 -json -parallel 4 -timeout 30m ./tests/system/... >"$out/system.json" 2>"$out/system.err"
+	echo "system $?" >>"$out/status"
 	return 0
 }
-export -f inner system_tier log
+export -f inner log
 export out FUZZTIME
 : >"$out/status"
 if [ -x tests/kube/with-env.sh ]; then
