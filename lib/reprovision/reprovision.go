@@ -171,10 +171,10 @@ func Stage(p hostpaths.Paths, j Journal, target json.RawMessage, self string) er
 }
 
 // Remove removes the handoff (the daemon, once it reported the outcome):
-// its journal (state.RemoveVerified), then everything else in its directory, then the directory itself unless the
-// caller may not write its parent (the daemon's sandbox makes /var/lib
-// read-only but for its own directories: the empty directory stays, as
-// no handoff).
+// its journal (state.RemoveVerified), then everything else in its
+// directory, then the directory itself unless the caller may not write
+// its parent (the daemon's sandbox makes /var/lib read-only but for its
+// own directories: the empty directory stays, as no handoff).
 func Remove(p hostpaths.Paths) error {
 	ents, err := os.ReadDir(Dir(p))
 	if errors.Is(err, os.ErrNotExist) {
