@@ -86,6 +86,7 @@ var presetStubs = []stubUnit{
 	{unitnames.Fence, "multi-user.target", false},
 	{"unbounded-containerd.service", "multi-user.target", false},
 	{"unbounded-kubelet.service", "multi-user.target", false},
+	{unitnames.LocalDNS, "multi-user.target", false},
 	{"unbounded-reset.service", "multi-user.target", false},
 	{"unbounded-repave.service", "multi-user.target", false},
 	{unitnames.Isolation, "multi-user.target", false},

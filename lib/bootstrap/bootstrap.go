@@ -179,6 +179,9 @@ type Probe struct {
 	// Node reads the Node as the API server has it; nil reads it with the
 	// kubelet's own client certificate (see NodeReader).
 	Node readiness.NodeSource
+	// DNSReady answers nil when the node-local DNS cache serves; nil is
+	// readiness.LocalDNSReady. Asked only of a node that runs it.
+	DNSReady func(ctx context.Context) error
 }
 
 // Bootstrap runs the first boot on one host. The zero value of every field

@@ -33,7 +33,8 @@ func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string, 
 		return err
 	}
 	defer sd.Close()
-	chk := &readiness.Check{Units: sd, Mode: cfg.Mode, Slot: slot, Name: cfg.Machine, Healthz: probe.Healthz, Node: probe.Node}
+	chk := &readiness.Check{Units: sd, Mode: cfg.Mode, Slot: slot, Name: cfg.Machine, Healthz: probe.Healthz, Node: probe.Node,
+		LocalDNS: cfg.Node.LocalDNS, DNSReady: probe.DNSReady}
 	// The first looks come fast and back off to interval: the kubelet,
 	// told its address, registers in its first second.
 	w := readiness.Wait{Timeout: timeout, Poll: interval, FirstPoll: readiness.QuickPoll, Log: b.log(),

@@ -10,8 +10,9 @@ import (
 )
 
 // ArtifactNames are the node stack artifacts, in the order they are
-// fetched. crictl is optional (fetched only when crictl-version is set).
-var ArtifactNames = []string{"kubelet", "containerd", "runc", "cni-plugins", "crictl"}
+// fetched. crictl is optional (fetched only when crictl-version is set),
+// and so is coredns (only when node.local-dns is on).
+var ArtifactNames = []string{"kubelet", "containerd", "runc", "cni-plugins", "crictl", "coredns"}
 
 // placeholderRE finds the {placeholders} of a URL template.
 var placeholderRE = regexp.MustCompile(`\{[^{}]*\}`)
@@ -35,6 +36,8 @@ func (c *Config) ArtifactVersion(name string) string {
 		v = c.Artifacts.CNIPluginsVersion
 	case "crictl":
 		v = c.Artifacts.CrictlVersion
+	case "coredns":
+		v = c.Artifacts.CoreDNSVersion
 	}
 	return strings.TrimPrefix(v, "v")
 }
@@ -54,16 +57,19 @@ func (c *Config) ArtifactURLTemplate(name string) string {
 		return c.Artifacts.CNIPluginsPath
 	case "crictl":
 		return c.Artifacts.CrictlPath
+	case "coredns":
+		return c.Artifacts.CoreDNSPath
 	}
 	return ""
 }
 
 // ArtifactsWanted are the artifacts this config fetches: every name of
-// ArtifactNames but crictl, and crictl when crictl-version is set.
+// ArtifactNames but crictl and coredns, crictl when crictl-version is set
+// and coredns when node.local-dns is on.
 func (c *Config) ArtifactsWanted() []string {
 	var names []string
 	for _, n := range ArtifactNames {
-		if n == "crictl" && c.Artifacts.CrictlVersion == "" {
+		if n == "crictl" && c.Artifacts.CrictlVersion == "" || n == "coredns" && !c.Node.LocalDNS {
 			continue
 		}
 		names = append(names, n)
@@ -117,7 +123,7 @@ func (l *loader) validateArtifacts(c *Config) {
 		key := k("artifacts", name+"-version")
 		check(key, func() {
 			v := c.ArtifactVersion(name)
-			if v == "" && name == "crictl" {
+			if v == "" && (name == "crictl" || name == "coredns" && !c.Node.LocalDNS) {
 				return
 			}
 			if !versionRE.MatchString(v) {

@@ -16,13 +16,17 @@ func TestArtifactKeysDefaultToDebianBookwormAndTheUpstreamLayout(t *testing.T) {
 	}
 	// The versions Debian 12 packages (apt-cache policy containerd runc
 	// containernetworking-plugins): the test node stack is built from them.
-	for name, want := range map[string]string{"kubelet": "1.36.3", "containerd": "1.6.20", "runc": "1.1.5", "cni-plugins": "1.1.1", "crictl": ""} {
+	for name, want := range map[string]string{"kubelet": "1.36.3", "containerd": "1.6.20", "runc": "1.1.5", "cni-plugins": "1.1.1", "crictl": "", "coredns": "1.15.0"} {
 		if got := cfg.ArtifactVersion(name); got != want {
 			t.Errorf("%s version = %q, want %q", name, got, want)
 		}
 	}
-	if got := cfg.ArtifactsWanted(); !slices.Equal(got, []string{"kubelet", "containerd", "runc", "cni-plugins"}) {
-		t.Errorf("wanted = %v: crictl is fetched only with a version", got)
+	if got := cfg.ArtifactsWanted(); !slices.Equal(got, []string{"kubelet", "containerd", "runc", "cni-plugins", "coredns"}) {
+		t.Errorf("wanted = %v: crictl is fetched only with a version, coredns with node.local-dns (on by default)", got)
+	}
+	cfg.Node.LocalDNS = false
+	if got := cfg.ArtifactsWanted(); slices.Contains(got, "coredns") {
+		t.Errorf("wanted = %v with node.local-dns = false: coredns is fetched only for the cache", got)
 	}
 	if cfg.Artifacts.ChecksumsFile != "SHA256SUMS" {
 		t.Errorf("checksums-file = %q", cfg.Artifacts.ChecksumsFile)
@@ -32,6 +36,8 @@ func TestArtifactKeysDefaultToDebianBookwormAndTheUpstreamLayout(t *testing.T) {
 		"containerd":  "containerd/v1.6.20/containerd-1.6.20-linux-amd64.tar.gz",
 		"runc":        "runc/v1.1.5/runc.amd64",
 		"cni-plugins": "cni-plugins/v1.1.1/cni-plugins-linux-amd64-v1.1.1.tgz",
+		// CoreDNS's own release file name.
+		"coredns": "coredns/v1.15.0/coredns_1.15.0_linux_amd64.tgz",
 	} {
 		if got := ExpandArtifactURL(cfg.ArtifactURLTemplate(name), name, cfg.ArtifactVersion(name), "amd64"); got != want {
 			t.Errorf("%s expands to %q, want %q", name, got, want)
@@ -119,12 +125,29 @@ func TestArtifactKeysReportFileLineAndKey(t *testing.T) {
 func TestArtifactsPinnedOnlyConfigIsAcceptedWhenEveryArtifactIsPinned(t *testing.T) {
 	h := newHost(t)
 	h.write(dropinDir+"/10-pins.toml", "[artifacts]\nchecksums-file = \"\"\ncrictl-version = \"1.28.0\"\n[artifacts.checksums]\nkubelet = \""+testSum+"\"\ncontainerd = \""+testSum+
-		"\"\nrunc = \""+testSum+"\"\ncrictl = \""+testSum+"\"\n[artifacts.overrides.cni-plugins]\nurl = \"https://m.example/cni.tgz\"\nsha256 = \""+testSum+"\"\n", 0o644)
+		"\"\nrunc = \""+testSum+"\"\ncrictl = \""+testSum+"\"\ncoredns = \""+testSum+"\"\n[artifacts.overrides.cni-plugins]\nurl = \"https://m.example/cni.tgz\"\nsha256 = \""+testSum+"\"\n", 0o644)
 	cfg, errs := h.load()
 	if errs != nil {
 		t.Fatalf("every artifact pinned (one by its override), yet rejected:\n%v", errs)
 	}
 	if !slices.Contains(cfg.ArtifactsWanted(), "crictl") {
 		t.Errorf("crictl-version set but crictl not wanted: %v", cfg.ArtifactsWanted())
+	}
+}
+
+func TestCoreDNSVersionIsNeededOnlyForTheLocalDNSCache(t *testing.T) {
+	h := newHost(t)
+	h.write(dropinDir+"/10-dns.toml", "[node]\nlocal-dns = false\n[artifacts]\ncoredns-version = \"\"\n", 0o644)
+	if _, errs := h.load(); errs != nil {
+		t.Fatalf("no cache, no CoreDNS version: rejected:\n%v", errs)
+	}
+	h.write(dropinDir+"/10-dns.toml", "[node]\nlocal-dns = true\n[artifacts]\ncoredns-version = \"\"\n", 0o644)
+	_, errs := h.load()
+	found := false
+	for _, e := range errs {
+		found = found || e.Key == "artifacts.coredns-version" && e.Line == 4 && strings.HasSuffix(e.File, "10-dns.toml")
+	}
+	if !found {
+		t.Errorf("the cache on and no CoreDNS version: want an error at 10-dns.toml:4 naming artifacts.coredns-version, got:\n%v", errs)
 	}
 }

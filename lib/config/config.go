@@ -109,6 +109,10 @@ type Node struct {
 	// IP is the Node's address, or an IPv4 and an IPv6 address separated
 	// by a comma (dual-stack); empty: the default route's (NodeIPs).
 	IP string `toml:"ip"`
+	// LocalDNS runs a DNS cache in the node stack (CoreDNS, the coredns
+	// artifact) on link-local addresses, and points the kubelet's
+	// clusterDNS at it (lib/modes/nodestack's LocalDNS).
+	LocalDNS bool `toml:"local-dns"`
 }
 
 // The values of node.serving-cert.
@@ -149,11 +153,13 @@ type Artifacts struct {
 	RuncVersion       string              `toml:"runc-version"`
 	CNIPluginsVersion string              `toml:"cni-plugins-version"`
 	CrictlVersion     string              `toml:"crictl-version"`
+	CoreDNSVersion    string              `toml:"coredns-version"`
 	KubeletPath       string              `toml:"kubelet-path"`
 	ContainerdPath    string              `toml:"containerd-path"`
 	RuncPath          string              `toml:"runc-path"`
 	CNIPluginsPath    string              `toml:"cni-plugins-path"`
 	CrictlPath        string              `toml:"crictl-path"`
+	CoreDNSPath       string              `toml:"coredns-path"`
 	ChecksumsFile     string              `toml:"checksums-file"`
 	Checksums         map[string]string   `toml:"checksums"`
 	Overrides         map[string]Override `toml:"overrides"`

@@ -79,6 +79,9 @@ type Check struct {
 
 	Units   Units
 	Healthz func(context.Context) error
+	// DNSReady asks the node-local DNS cache (nil: readiness.LocalDNSReady),
+	// on a node that runs it.
+	DNSReady func(context.Context) error
 	// Node reads the Node; nil is the daemon's Node record under Paths,
 	// /run/unbounded/node.json (readiness.FromDaemon).
 	Node readiness.NodeSource
@@ -99,7 +102,8 @@ func (c *Check) readiness(a *state.AppliedConfig) *readiness.Check {
 	if node == nil {
 		node = readiness.FromDaemon(c.Paths, c.Units)
 	}
-	return &readiness.Check{Units: c.Units, Mode: a.Mode, Slot: a.Slot, Name: a.Machine, Healthz: c.Healthz, Node: node}
+	return &readiness.Check{Units: c.Units, Mode: a.Mode, Slot: a.Slot, Name: a.Machine, Healthz: c.Healthz, Node: node,
+		LocalDNS: a.LocalDNS(), DNSReady: c.DNSReady}
 }
 
 // Run is one check. It decides, from the state it keeps between runs:

@@ -171,16 +171,21 @@ type Artifacts struct {
 	// CNIPlugins is a .tar.gz of CNI plugins (bridge, host-local,
 	// loopback, portmap, ...), installed by base name.
 	CNIPlugins string
+	// CoreDNS is a .tar.gz holding the coredns executable (CoreDNS's
+	// release layout), the node-local DNS cache; "" when Node.LocalDNS
+	// is off.
+	CoreDNS string
 }
 
 // ArtifactsByName builds Artifacts from verified files keyed by artifact
-// name (lib/artifacts' names: kubelet, containerd, runc, cni-plugins;
-// others, such as crictl, are not installed by the modes in this
-// release). Missing one is an error naming it. It takes a map rather
+// name (lib/artifacts' names: kubelet, containerd, runc, cni-plugins, and
+// coredns when fetched; others, such as crictl, are not installed by the
+// modes in this release). Missing one of the first four is an error naming
+// it; a node with the local DNS cache and no coredns fails at prepare. It takes a map rather
 // than lib/artifacts' results so that this package, which the operator
 // CLI links, does not link an HTTP client.
 func ArtifactsByName(files map[string]string) (Artifacts, error) {
-	a := Artifacts{Kubelet: files["kubelet"], Containerd: files["containerd"], Runc: files["runc"], CNIPlugins: files["cni-plugins"]}
+	a := Artifacts{Kubelet: files["kubelet"], Containerd: files["containerd"], Runc: files["runc"], CNIPlugins: files["cni-plugins"], CoreDNS: files["coredns"]}
 	for _, n := range []string{"kubelet", "containerd", "runc", "cni-plugins"} {
 		if files[n] == "" {
 			return Artifacts{}, fmt.Errorf("artifact %s: no verified file", n)
@@ -233,6 +238,9 @@ type Node struct {
 	// 1.7 and later): containers get the devices a CDI specification in
 	// /etc/cdi describes (the node's NVIDIA GPUs: lib/devices.CDISpec).
 	CDI bool
+	// LocalDNS runs the node-local DNS cache (lib/modes/nodestack's
+	// LocalDNSFiles) and makes it the kubelet's clusterDNS.
+	LocalDNS bool
 }
 
 // Slot is what Prepare builds.
@@ -286,6 +294,8 @@ func (s Slot) Check() error {
 		return missing("the Kubernetes version")
 	case s.Node.SandboxImage == "":
 		return missing("the sandbox (pause) image")
+	case s.Node.LocalDNS && s.Artifacts.CoreDNS == "":
+		return missing("artifact coredns (node.local-dns is on)")
 	}
 	for what, p := range map[string]string{
 		"artifact kubelet": s.Artifacts.Kubelet, "artifact containerd": s.Artifacts.Containerd,
@@ -393,6 +403,7 @@ func SlotFromConfig(c *config.Config, slot string, a Artifacts) (Slot, error) {
 			SelfSignedServingCert: c.Node.ServingCert == config.ServingCertSelfSigned,
 			IPs:                   ips,
 			CDI:                   ContainerdHasCDI(c.Artifacts.ContainerdVersion),
+			LocalDNS:              c.Node.LocalDNS,
 		},
 		Artifacts:   a,
 		Image:       Image{Ref: c.Nspawn.Image},

@@ -28,6 +28,12 @@ const probeTimeout = 5 * time.Second
 // unbounded-health and unbounded-restart, which must stay under 5 MB
 // (ARCHITECTURE section 3).
 func Healthz(ctx context.Context, addr string) error {
+	return probe(ctx, addr, "/healthz", "ok")
+}
+
+// probe GETs path at addr over HTTP/1.0 and returns nil when the answer is
+// 200 with want as its whole body (spaces around it aside).
+func probe(ctx context.Context, addr, path, want string) error {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	var d net.Dialer
@@ -39,7 +45,7 @@ func Healthz(ctx context.Context, addr string) error {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}
-	if _, err := fmt.Fprintf(conn, "GET /healthz HTTP/1.0\r\nHost: %s\r\nUser-Agent: unbounded-health\r\n\r\n", addr); err != nil {
+	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: %s\r\nUser-Agent: unbounded-health\r\n\r\n", path, addr); err != nil {
 		return err
 	}
 	r := textproto.NewReader(bufio.NewReader(io.LimitReader(conn, 64<<10)))
@@ -57,7 +63,7 @@ func Healthz(ctx context.Context, addr string) error {
 	}
 	body, _ := io.ReadAll(r.R)
 	text := strings.TrimSpace(string(body))
-	if code != "200" || text != "ok" {
+	if code != "200" || text != want {
 		return fmt.Errorf("HTTP %s %q", code, truncate(text, 200))
 	}
 	return nil

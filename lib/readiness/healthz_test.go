@@ -32,3 +32,26 @@ func TestHealthzIsOKOnlyFor200AndOk(t *testing.T) {
 		t.Error("nothing listening: no error")
 	}
 }
+
+func TestLocalDNSReadyIsOKOnlyFor200AndOKAtReady(t *testing.T) {
+	for _, c := range []struct {
+		path string
+		code int
+		body string
+		ok   bool
+	}{{"/ready", 200, "OK", true}, {"/ready", 503, "forward", false}, {"/healthz", 200, "OK", false}, {"/ready", 200, "ok", false}} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != c.path {
+				http.NotFound(w, r)
+				return
+			}
+			w.WriteHeader(c.code)
+			w.Write([]byte(c.body))
+		}))
+		err := LocalDNSReady(context.Background(), strings.TrimPrefix(srv.URL, "http://"))
+		srv.Close()
+		if (err == nil) != c.ok {
+			t.Errorf("%s HTTP %d %q: %v, want ok=%v", c.path, c.code, c.body, err, c.ok)
+		}
+	}
+}

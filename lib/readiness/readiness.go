@@ -62,6 +62,11 @@ type Check struct {
 	Healthz func(ctx context.Context) error
 	// Node reads the Node. Nil fails closed: the node is never up.
 	Node NodeSource
+	// LocalDNS: the node stack runs the node-local DNS cache, whose
+	// readiness counts (LocalDNSReady); DNSReady asks it, nil is
+	// LocalDNSReady on LocalDNSReadyAddr.
+	LocalDNS bool
+	DNSReady func(ctx context.Context) error
 }
 
 // Result is one look at the node stack.
@@ -107,6 +112,15 @@ func (c *Check) Look(ctx context.Context) Result {
 	}
 	if err := healthz(ctx); err != nil {
 		r.Problems = append(r.Problems, fmt.Sprintf("kubelet healthz (%s): %v", KubeletHealthzAddr, err))
+	}
+	if c.LocalDNS {
+		ready := c.DNSReady
+		if ready == nil {
+			ready = func(ctx context.Context) error { return LocalDNSReady(ctx, LocalDNSReadyAddr) }
+		}
+		if err := ready(ctx); err != nil {
+			r.Problems = append(r.Problems, fmt.Sprintf("node-local DNS cache (%s/ready): %v", LocalDNSReadyAddr, err))
+		}
 	}
 	if p := c.node(ctx, &r); p != "" {
 		r.Problems = append(r.Problems, p)

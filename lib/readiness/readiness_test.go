@@ -311,3 +311,23 @@ func TestWaitLooksFastFirstThenEveryPoll(t *testing.T) {
 		}
 	})
 }
+
+func TestTheLocalDNSCacheCountsOnlyOnANodeThatRunsIt(t *testing.T) {
+	ctx := context.Background()
+	n := newNode()
+	c := n.check()
+	asked := 0
+	c.DNSReady = func(context.Context) error { asked++; return errors.New("connection refused") }
+	if r := c.Look(ctx); !r.Up() || asked != 0 {
+		t.Fatalf("a node without the cache: problems %q, asked %d times", r.Problems, asked)
+	}
+	c.LocalDNS = true
+	r := c.Look(ctx)
+	if r.Up() || !strings.Contains(strings.Join(r.Problems, "; "), "node-local DNS cache (169.254.10.10:8181/ready): connection refused") {
+		t.Fatalf("a cache that does not answer: problems %q", r.Problems)
+	}
+	c.DNSReady = func(context.Context) error { return nil }
+	if r := c.Look(ctx); !r.Up() {
+		t.Fatalf("a ready cache: problems %q", r.Problems)
+	}
+}

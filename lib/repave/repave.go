@@ -268,6 +268,9 @@ type Repave struct {
 	// ReadyTimeout bounds the wait for the new node; 0 is
 	// readiness.DefaultNewNodeTimeout.
 	ReadyTimeout time.Duration
+	// DNSReady asks the new node's node-local DNS cache (nil:
+	// readiness.LocalDNSReady), when its config runs one.
+	DNSReady func(context.Context) error
 	// Mode returns the isolation mode named by the config; nil: the real
 	// nspawn or none mode.
 	Mode func(name string) (modes.Mode, error)
@@ -1241,7 +1244,8 @@ func (r *Repave) healthy(ctx context.Context, cfg *config.Config, slot string, m
 	}
 	node := &kube.NodeReader{Name: cfg.Machine, Server: cfg.Cluster.APIServer, CAFile: cfg.Resolve(cfg.Cluster.CAFile),
 		CertFile: modes.KubeletCertFile(m, slot), Root: m.NodeRoot(slot)}
-	chk := &readiness.Check{Units: sd, Mode: cfg.Mode, Slot: slot, Name: cfg.Machine, Node: node.Read}
+	chk := &readiness.Check{Units: sd, Mode: cfg.Mode, Slot: slot, Name: cfg.Machine, Node: node.Read,
+		LocalDNS: cfg.Node.LocalDNS, DNSReady: r.DNSReady}
 	r.status("step %s: waiting (at most %s) for the node units, kubelet healthz and Node %s Ready", StepSwitch, timeout, cfg.Machine)
 	err = kube.NotUpExit(chk.Wait(ctx, readiness.Wait{Timeout: timeout, Poll: ReadyPoll, Log: r.log(),
 		Status: func(line string) { sdstatus.Notify(r.Notify, fmt.Sprintf("STATUS=step %s: %s", StepSwitch, line)) },

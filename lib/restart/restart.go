@@ -54,6 +54,9 @@ type Restart struct {
 	PollInterval time.Duration
 	Units        Units
 	Healthz      func(context.Context) error
+	// DNSReady asks the node-local DNS cache (nil: readiness.LocalDNSReady),
+	// on a node that runs it.
+	DNSReady func(context.Context) error
 	// Node reads the Node; nil is the daemon's Node record
 	// /run/unbounded/node.json (readiness.FromDaemon).
 	Node readiness.NodeSource
@@ -120,7 +123,8 @@ func (r *Restart) Run(ctx context.Context) error {
 	if node == nil {
 		node = readiness.FromDaemon(r.Paths, r.Units)
 	}
-	chk := &readiness.Check{Units: r.Units, Mode: active.Mode, Slot: active.Slot, Name: active.Machine, Healthz: r.Healthz, Node: node}
+	chk := &readiness.Check{Units: r.Units, Mode: active.Mode, Slot: active.Slot, Name: active.Machine, Healthz: r.Healthz, Node: node,
+		LocalDNS: active.LocalDNS(), DNSReady: r.DNSReady}
 	log = log.With("mode", active.Mode, "slot", active.Slot)
 	begin := time.Now()
 	log.Info("restarting the node stack (the host is not restarted)", "units", strings.Join(unitnames.Supervising(active.Mode, active.Slot), " "))

@@ -87,6 +87,18 @@ type AppliedConfig struct {
 	Config json.RawMessage `json:"config,omitempty"`
 }
 
+// LocalDNS says whether the recorded node runs the node-local DNS cache
+// (its config's node.local-dns; lib/config's JSON names it Node.LocalDNS).
+// A record from before the cache, or one whose config does not decode,
+// says no: its node has none to ask.
+func (a *AppliedConfig) LocalDNS() bool {
+	var c struct{ Node struct{ LocalDNS bool } }
+	if json.Unmarshal(a.Config, &c) != nil {
+		return false
+	}
+	return c.Node.LocalDNS
+}
+
 func (a *AppliedConfig) validate(slot string) error {
 	if !hostpaths.ValidSlot(a.Slot) {
 		return fmt.Errorf("slot %q is not kube1 or kube2", a.Slot)

@@ -36,6 +36,10 @@ const (
 	// inside an nspawn (or container) node machine.
 	MachineContainerd = "containerd.service"
 	MachineKubelet    = "kubelet.service"
+	// MachineLocalDNS is the node-local DNS cache inside a machine, and
+	// LocalDNS mode none's, on the host (node.local-dns).
+	MachineLocalDNS = "node-local-dns.service"
+	LocalDNS        = "unbounded-local-dns.service"
 )
 
 // The older agent's units (hostpaths' legacy root), which adoption

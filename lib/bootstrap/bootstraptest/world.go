@@ -290,6 +290,14 @@ func (w *World) Bootstrap(log *slog.Logger) *bootstrap.Bootstrap {
 					}
 					return nil
 				},
+				// The node-local DNS cache serves while the node units
+				// run (it is part of the node stack).
+				DNSReady: func(context.Context) error {
+					if !up() {
+						return errors.New("connection refused")
+					}
+					return nil
+				},
 				Node: func(context.Context) (readiness.Node, error) {
 					if !up() {
 						return readiness.Node{Known: true}, nil

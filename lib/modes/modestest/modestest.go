@@ -76,6 +76,8 @@ func Artifacts(t testing.TB) modes.Artifacts {
 		Runc:       exe("runc.amd64"),
 		Containerd: tgz(t, dir, "containerd.tar.gz", []string{"bin/containerd", "bin/containerd-shim-runc-v2", "bin/ctr"}),
 		CNIPlugins: tgz(t, dir, "cni-plugins.tgz", []string{"./bridge", "./host-local", "./loopback", "./portmap", "./LICENSE"}),
+		// CoreDNS's release archive holds the one executable.
+		CoreDNS: tgz(t, dir, "coredns.tgz", []string{"coredns"}),
 	}
 }
 

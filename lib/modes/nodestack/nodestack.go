@@ -69,6 +69,10 @@ type Layout struct {
 	// start, for binaries and libraries a plugin installs). Empty:
 	// containerd's default, /opt/containerd.
 	ContainerdOptDir string
+	// LocalDNSCorefile is the node-local DNS cache's Corefile, and
+	// PodResolvConf the resolv.conf the kubelet gives pods (in place of
+	// ResolvConf) when the cache runs (LocalDNSFiles).
+	LocalDNSCorefile, PodResolvConf string
 }
 
 // Socket is containerd's CRI endpoint.
@@ -284,7 +288,14 @@ func kubeletConfig(n modes.Node, l Layout, cg Cgroup) ([]byte, error) {
 		"healthzBindAddress": "127.0.0.1",
 		"healthzPort":        10248,
 	}
-	if n.ClusterDNS != "" {
+	switch {
+	case n.LocalDNS:
+		// The node-local DNS cache (LocalDNSFiles): pods ask it, for
+		// cluster names and others, and pods with dnsPolicy Default get
+		// its resolv.conf.
+		c["clusterDNS"] = []string{LocalDNSClusterAddr}
+		c["resolvConf"] = l.PodResolvConf
+	case n.ClusterDNS != "":
 		c["clusterDNS"] = []string{n.ClusterDNS}
 	}
 	if l.VolumePluginDir != "" {
@@ -456,6 +467,7 @@ var Binaries = map[string][]string{
 	"runc":        {"runc"},
 	"containerd":  {"containerd", "containerd-shim-runc-v2"},
 	"cni-plugins": {"bridge", "host-local", "loopback", "portmap"},
+	"coredns":     {"coredns"},
 }
 
 // InstallArtifacts installs a under root in layout l: kubelet and runc as
@@ -485,10 +497,14 @@ func InstallArtifacts(a modes.Artifacts, root string, l Layout) error {
 	if err := copyExecutable(a.Runc, filepath.Join(bin, "runc")); err != nil {
 		return fmt.Errorf("artifact runc: %w", err)
 	}
-	for _, x := range []struct{ name, archive, dir string }{
+	archives := []struct{ name, archive, dir string }{
 		{"containerd", a.Containerd, bin},
 		{"cni-plugins", a.CNIPlugins, cni},
-	} {
+	}
+	if a.CoreDNS != "" {
+		archives = append(archives, struct{ name, archive, dir string }{"coredns", a.CoreDNS, bin})
+	}
+	for _, x := range archives {
 		got, err := extractExecutables(x.archive, x.dir)
 		if err != nil {
 			return fmt.Errorf("artifact %s: %w", x.name, err)

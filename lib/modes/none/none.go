@@ -82,6 +82,10 @@ var Layout = nodestack.Layout{
 	// (ARCHITECTURE section 4): both create theirs at every start.
 	VolumePluginDir:  "/var/lib/kubelet/volumeplugins",
 	ContainerdOptDir: "/var/lib/containerd/opt",
+	// The node-local DNS cache's (unbounded-local-dns.service reads the
+	// Corefile; it starts only where the version has one).
+	LocalDNSCorefile: Current + "/etc/coredns/Corefile",
+	PodResolvConf:    Current + "/etc/kubelet/resolv.conf",
 }
 
 // resolvedUpstream is systemd-resolved's list of the upstream servers.
@@ -264,6 +268,11 @@ func (m *Mode) install(s modes.Slot, dir string) error {
 	if err != nil {
 		return err
 	}
+	upstream, err := os.ReadFile(m.Paths.Join(l.ResolvConf))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("resolv.conf: %w", err)
+	}
+	files = append(files, nodestack.LocalDNSFiles(s.Node, l, nodestack.ParseResolvConf(upstream))...)
 	env := "# Written by unbounded-agent: kubelet's flags, read by " + KubeletUnit + ".\n" +
 		"KUBELET_ARGS=" + strings.Join(nodestack.KubeletArgs(s.Node, Layout), " ") + "\n"
 	files = append(files, nodestack.File{Path: KubeletEnv, Mode: 0o644, Data: []byte(env)})

@@ -26,6 +26,8 @@ var Layout = nodestack.Layout{
 	ContainerdRoot:      machinefile.ContainerdRoot,
 	ContainerdState:     "/run/containerd",
 	ResolvConf:          "/etc/resolv.conf",
+	LocalDNSCorefile:    "/etc/coredns/Corefile",
+	PodResolvConf:       "/etc/kubernetes/resolv.conf",
 }
 
 // Units inside the machine, in its /etc/systemd/system, enabled by links
@@ -33,6 +35,8 @@ var Layout = nodestack.Layout{
 const (
 	ContainerdUnit = unitnames.MachineContainerd
 	KubeletUnit    = unitnames.MachineKubelet
+	// LocalDNSUnit exists where the node runs the node-local DNS cache.
+	LocalDNSUnit = unitnames.MachineLocalDNS
 	// CgroupRWUnit exists on a legacy hierarchy only.
 	CgroupRWUnit   = "unbounded-cgroup-rw.service"
 	cgroupRWScript = "/usr/local/libexec/unbounded/cgroup-rw"
@@ -80,11 +84,15 @@ TasksMax=infinity
 // again (--devices-of, machinefile.Refresh) before its machine starts.
 const RestartBinary = hostpaths.LibexecDirHost + "/restart"
 
-// containerdUnit runs containerd inside the machine.
-func containerdUnit(cg nodestack.Cgroup) string {
+// containerdUnit runs containerd inside the machine; localDNS: after the
+// node-local DNS cache.
+func containerdUnit(cg nodestack.Cgroup, localDNS bool) string {
 	after := "local-fs.target network.target"
 	if cg == nodestack.Legacy {
 		after += " " + CgroupRWUnit
+	}
+	if localDNS {
+		after += "\n# The node-local DNS cache serves before any pod starts (it is a Wants=:\n# pods run without it, their lookups fail until it is back).\nWants=" + LocalDNSUnit + "\nAfter=" + LocalDNSUnit
 	}
 	return fmt.Sprintf(`# Written by unbounded-agent: the node's container runtime.
 [Unit]
@@ -115,6 +123,36 @@ TasksMax=infinity
 [Install]
 WantedBy=multi-user.target
 `, after, Layout.BinDir, Layout.ContainerdConfig)
+}
+
+// localDNSUnit runs the node-local DNS cache inside the machine
+// (nodestack.LocalDNSFiles): CoreDNS on its own interface, in the network
+// namespace the machine shares with the host.
+func localDNSUnit() string {
+	return fmt.Sprintf(`# Written by unbounded-agent: the node-local DNS cache (node.local-dns).
+[Unit]
+Description=%[1]s
+Documentation=https://unbounded-cloud.io/docs/agent/modes/nspawn
+Documentation=https://coredns.io/manual/toc/
+# Started before the runtime (containerd.service Wants= it), so pods find
+# it from their first lookup; a restart of the runtime restarts it first.
+Before=%[2]s %[3]s
+PartOf=%[2]s
+
+[Service]
+# CoreDNS does not speak sd_notify: started is exec'd. Its readiness
+# (the ready plugin's endpoint) is what the node's health checks.
+Type=exec
+ExecStartPre=%[4]s/%[5]s up
+ExecStart=%[4]s/coredns -conf %[6]s
+# Also after a crash or a kill: the interface goes with the cache.
+ExecStopPost=%[4]s/%[5]s down
+Restart=always
+RestartSec=1s
+
+[Install]
+WantedBy=multi-user.target
+`, nodestack.LocalDNSUnitDescription, ContainerdUnit, KubeletUnit, Layout.BinDir, nodestack.LocalDNSLinkScript, Layout.LocalDNSCorefile)
 }
 
 // kubeletUnit runs kubelet inside the machine.

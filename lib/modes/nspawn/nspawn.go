@@ -331,11 +331,16 @@ func (m *Mode) writeNode(rootfs string, s modes.Slot, cg nodestack.Cgroup) error
 		// boot, so two slots (and every copy of one image) differ, as
 		// kubelet's machine ID and the journal expect.
 		nodestack.File{Path: "/etc/machine-id", Mode: 0o444, Data: nil},
-		nodestack.File{Path: units + "/" + ContainerdUnit, Mode: 0o644, Data: []byte(containerdUnit(cg))},
+		nodestack.File{Path: units + "/" + ContainerdUnit, Mode: 0o644, Data: []byte(containerdUnit(cg, s.Node.LocalDNS))},
 		nodestack.File{Path: units + "/" + KubeletUnit, Mode: 0o644, Data: []byte(kubeletUnit(s.Node))},
 		nodestack.File{Path: StopConf, Mode: 0o644, Data: []byte(stopConfText)},
 	)
 	enabled := []string{ContainerdUnit, KubeletUnit}
+	if s.Node.LocalDNS {
+		files = append(files, nodestack.LocalDNSFiles(s.Node, Layout, nodestack.ParseResolvConf(resolv))...)
+		files = append(files, nodestack.File{Path: units + "/" + LocalDNSUnit, Mode: 0o644, Data: []byte(localDNSUnit())})
+		enabled = append(enabled, LocalDNSUnit)
+	}
 	if cg == nodestack.Legacy {
 		files = append(files,
 			nodestack.File{Path: units + "/" + CgroupRWUnit, Mode: 0o644, Data: []byte(cgroupRWUnitText)},

@@ -230,8 +230,9 @@ base-url = %q
 containerd-version = %q
 runc-version = %q
 cni-plugins-version = %q
+coredns-version = %q
 `, o.Name, o.Mode, o.Env.Host(), s.Versions["kubelet"], o.Pause, o.MirrorURL,
-		s.Versions["containerd"], s.Versions["runc"], s.Versions["cni-plugins"])
+		s.Versions["containerd"], s.Versions["runc"], s.Versions["cni-plugins"], s.Versions["coredns"])
 	if o.NodeRef != "" {
 		cfg += fmt.Sprintf("\n[nspawn]\nimage = %q\n", o.NodeRef)
 	}

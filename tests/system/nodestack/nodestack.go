@@ -88,7 +88,7 @@ func Require(t testing.TB) *Stage {
 			s.Versions[k] = v
 		}
 	}
-	for _, k := range []string{"kubelet", "containerd", "runc", "cni-plugins"} {
+	for _, k := range Artifacts {
 		if s.Versions[k] == "" {
 			t.Fatalf("nodestack: %s/artifacts/versions names no %s version", dir, k)
 		}
@@ -104,6 +104,7 @@ var urlTemplates = map[string]string{
 	"containerd":  "containerd/v{version}/containerd-{version}-linux-{arch}.tar.gz",
 	"runc":        "runc/v{version}/runc.{arch}",
 	"cni-plugins": "cni-plugins/v{version}/cni-plugins-linux-{arch}-v{version}.tgz",
+	"coredns":     "coredns/v{version}/coredns_{version}_linux_{arch}.tgz",
 }
 
 // Path is the artifact's path in a mirror (and in an offline directory).
@@ -123,11 +124,17 @@ func (s *Stage) source(artifact string) string {
 		return filepath.Join(s.Dir, "artifacts", "runc-"+s.Versions[artifact])
 	case "cni-plugins":
 		return filepath.Join(s.Dir, "artifacts", "cni-plugins-"+s.Versions[artifact]+".tgz")
+	case "coredns":
+		return filepath.Join(s.Dir, "artifacts", "coredns_"+s.Versions[artifact]+"_linux_"+runtime.GOARCH+".tgz")
 	}
 	panic("nodestack: unknown artifact " + artifact)
 }
 
-// Mirror lays the four artifacts out in a new directory of the test as a
+// Artifacts are the staged artifacts: the node stack's, and CoreDNS for
+// the node-local DNS cache (node.local-dns, on by default).
+var Artifacts = []string{"kubelet", "containerd", "runc", "cni-plugins", "coredns"}
+
+// Mirror lays the artifacts out in a new directory of the test as a
 // mirror (or offline directory) is, with SHA256SUMS (sha256sum's format)
 // at its root, and returns it. Files are hard links to the staged ones
 // where the file system allows (copies otherwise): a test that corrupts a
@@ -136,7 +143,7 @@ func (s *Stage) Mirror(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	var sums []string
-	for _, a := range []string{"kubelet", "containerd", "runc", "cni-plugins"} {
+	for _, a := range Artifacts {
 		rel := s.Path(a)
 		dst := filepath.Join(dir, rel)
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {

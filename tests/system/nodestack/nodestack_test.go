@@ -45,7 +45,7 @@ func TestMirrorServesEveryArtifactWithItsSumAndFailsOnDemand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range []string{"kubelet", "containerd", "runc", "cni-plugins"} {
+	for _, a := range nodestack.Artifacts {
 		p := s.Path(a)
 		want, err := nodestack.FileSHA256(filepath.Join(mirror, p))
 		if err != nil {

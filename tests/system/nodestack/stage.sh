@@ -17,6 +17,9 @@
 #                                     iptables; the test rootfs has none)
 # and from the Kubernetes module in the Go module cache:
 #   bin/pause                         build/pause/linux/pause.c, gcc -static
+# and from CoreDNS's Go module (tests/coredns: the plugins the agent's
+# Corefile uses, and hosts for the tests' own resolvers):
+#   artifacts/coredns_<v>_linux_<arch>.tgz   ./coredns, as CoreDNS's releases
 #
 # The kubelet is not here: it changes with every Kubernetes bump and is
 # built by tests/kube/kubelet.sh. Package nodestack (this directory) turns
@@ -34,12 +37,15 @@ packages="containerd runc containernetworking-plugins busybox-static"
 iptables_packages="iptables libip4tc2 libip6tc2 libnetfilter-conntrack3 libnfnetlink0 libnftnl11"
 k8s_version=v1.36.3
 # Bump when the steps below change.
-recipe=3
+recipe=4
 cache=${UNBOUNDED_ROOTFS_CACHE:-/var/cache/unbounded-tests}
+coredns_dir=$(cd "$(dirname "$0")/../../coredns" && pwd)
+# The patched Go toolchain of the Makefile, as tests/kube/kubelet.sh.
+export GOTOOLCHAIN=go1.27.3
 
 log() { echo "stage.sh: $*" >&2; }
 
-hash=$(printf '%s\n' "$packages" "$iptables_packages" "$k8s_version" "$recipe" | sha256sum | cut -c1-12)
+hash=$(printf '%s\n' "$packages" "$iptables_packages" "$k8s_version" "$recipe" "$(cat "$coredns_dir/go.mod" "$coredns_dir/go.sum" "$coredns_dir/main.go")" | sha256sum | cut -c1-12)
 final="$cache/nodestack-$hash"
 if [ -f "$final/artifacts/versions" ]; then
 	echo "$final"
@@ -80,7 +86,14 @@ cp -a "$tmp"/x/containerd/usr/bin/* "$tmp/stage/containerd/bin/"
 tar -C "$tmp/stage/containerd" --owner=0 --group=0 --numeric-owner -czf "$tmp/artifacts/containerd-$cv.tar.gz" bin
 cp "$tmp/x/runc/usr/sbin/runc" "$tmp/artifacts/runc-$rv"
 tar -C "$tmp/x/containernetworking-plugins/usr/lib/cni" --owner=0 --group=0 --numeric-owner -czf "$tmp/artifacts/cni-plugins-$nv.tgz" .
-printf 'containerd=%s\nrunc=%s\ncni-plugins=%s\nkubelet=%s\n' "$cv" "$rv" "$nv" "${k8s_version#v}" >"$tmp/artifacts/versions"
+
+log "building CoreDNS from $coredns_dir"
+dv=$(cd "$coredns_dir" && go list -m -f '{{.Version}}' github.com/coredns/coredns)
+dv=${dv#v}
+mkdir -p "$tmp/x/coredns"
+(cd "$coredns_dir" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags "-s -w" -o "$tmp/x/coredns/coredns" .) >&2
+tar -C "$tmp/x/coredns" --owner=0 --group=0 --numeric-owner -czf "$tmp/artifacts/coredns_${dv}_linux_$(go env GOARCH).tgz" coredns
+printf 'containerd=%s\nrunc=%s\ncni-plugins=%s\nkubelet=%s\ncoredns=%s\n' "$cv" "$rv" "$nv" "${k8s_version#v}" "$dv" >"$tmp/artifacts/versions"
 
 cp "$tmp/x/busybox-static/bin/busybox" "$tmp/bin/busybox"
 
