@@ -179,8 +179,8 @@ func TestDemo(t *testing.T) {
 	o.say("registry %s: %s pushed in %s", reg.Host, pushed, took(time.Since(begin)))
 	mirrorDir := s.Mirror(t)
 	mirror := nodestack.ServeArtifacts(t, mirrorDir)
-	o.say("mirror %s: kubelet %s, containerd %s, runc %s, CNI plugins %s, with SHA256SUMS",
-		mirror.URL, s.Versions["kubelet"], s.Versions["containerd"], s.Versions["runc"], s.Versions["cni-plugins"])
+	o.say("mirror %s: kubelet %s, containerd %s, runc %s, CNI plugins %s, CoreDNS %s (the node-local DNS cache), with SHA256SUMS",
+		mirror.URL, s.Versions["kubelet"], s.Versions["containerd"], s.Versions["runc"], s.Versions["cni-plugins"], s.Versions["coredns"])
 	interrupted()
 
 	o.step("host: a systemd container with the .deb installed and /etc/unbounded/agent.toml (mode %s)", mode)
@@ -763,7 +763,7 @@ func installByHand(ctx context.Context, mirrorURL string, s *nodestack.Stage, di
 		}
 	}
 	var total int64
-	for _, a := range []string{"kubelet", "containerd", "runc", "cni-plugins"} {
+	for _, a := range nodestack.Artifacts {
 		rel := s.Path(a)
 		file := filepath.Join(dir, filepath.Base(rel))
 		f, err := os.OpenFile(file, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)

@@ -24,6 +24,7 @@ import (
 	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
+	stack "unbounded-cloud.io/agent/lib/modes/nodestack"
 	"unbounded-cloud.io/agent/lib/reset"
 )
 
@@ -161,6 +162,12 @@ func wantManifest(t *testing.T, f *firstBoot, before map[string]string, when str
 	t.Logf("%s, changed on the host's root but excluded (%d):\n  %s", when, len(excused), strings.Join(excused, "\n  "))
 	if len(diff) != 0 {
 		t.Errorf("%s, the host's root differs from before the first boot (%d entries):\n  %s", when, len(diff), strings.Join(diff, "\n  "))
+	} // Nor is anything of the node left in the host's network: the
+	// node-local DNS cache's interface goes with the node.
+	if f.m.Leader() != 0 {
+		if out, err := f.m.Run("ip", "-o", "link", "show", "dev", stack.LocalDNSInterface); err == nil {
+			t.Errorf("%s, the node-local DNS cache's interface is still there:\n%s", when, out)
+		}
 	}
 }
 

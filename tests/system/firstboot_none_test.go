@@ -16,7 +16,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	stack "unbounded-cloud.io/agent/lib/modes/nodestack"
 	"unbounded-cloud.io/agent/lib/modes/none"
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
 
@@ -89,7 +91,16 @@ func TestFirstBootNoneBringsUpAReadyNode(t *testing.T) {
 	} else if fi.Mode().Perm() != 0o600 {
 		t.Errorf("bootstrap kubeconfig has mode %o, want 0600 (it holds the token)", fi.Mode().Perm())
 	}
-	for unit, bin := range map[string]string{none.KubeletUnit: "kubelet", none.ContainerdUnit: "containerd"} {
+	// The node-local DNS cache (node.local-dns, on by default) runs from
+	// the version too, on its interface, before containerd.
+	if _, err := os.Stat(filepath.Join(f.m.Root(), vdir, "etc/coredns/Corefile")); err != nil {
+		t.Errorf("version directory: the cache's Corefile: %v", err)
+	}
+	if out, err := f.m.Run("ip", "-o", "addr", "show", "dev", stack.LocalDNSInterface); err != nil ||
+		!strings.Contains(out, stack.LocalDNSClusterAddr+"/32") {
+		t.Errorf("the cache's interface %s: %v\n%s", stack.LocalDNSInterface, err, out)
+	}
+	for unit, bin := range map[string]string{none.KubeletUnit: "kubelet", none.ContainerdUnit: "containerd", unitnames.LocalDNS: "coredns"} {
 		pid := showProps(t, f.m, unit, "MainPID")["MainPID"]
 		exe, err := f.m.Run("readlink", "/proc/"+pid+"/exe")
 		if want := vdir + "/bin/" + bin; err != nil || strings.TrimSpace(exe) != want {
@@ -98,6 +109,10 @@ func TestFirstBootNoneBringsUpAReadyNode(t *testing.T) {
 	}
 
 	ns := f.runPod(t)
+	pod := f.podOf(t, ns)
+	if out, err := f.execPod(t, ns, pod, "cat", "/etc/resolv.conf"); err != nil || !strings.Contains(out, "nameserver "+stack.LocalDNSClusterAddr+"\n") {
+		t.Errorf("the pod's resolv.conf does not name the node-local DNS cache (%v):\n%s", err, out)
+	}
 
 	// Nothing under /usr or /opt changed: boot, bootstrap, containerd,
 	// kubelet and a running pod included.

@@ -169,7 +169,7 @@ func (s *Stage) BusyboxImage(t testing.TB) v1.Image {
 		t.Fatal(err)
 	}
 	entries := []tarEntry{{name: "bin", mode: 0o40755}, {name: "bin/busybox", mode: 0o755, data: bin}}
-	for _, applet := range []string{"sh", "sleep", "cat", "echo", "ls", "wget", "ip", "hostname", "id", "true", "false"} {
+	for _, applet := range []string{"sh", "sleep", "cat", "echo", "ls", "wget", "ip", "hostname", "id", "true", "false", "nslookup"} {
 		entries = append(entries, tarEntry{name: "bin/" + applet, linkname: "busybox"})
 	}
 	return image(t, memLayer(t, entries), v1.Config{Cmd: []string{"/bin/sleep", "3600"}, Env: []string{"PATH=/bin"}})
