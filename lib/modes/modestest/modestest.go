@@ -35,6 +35,8 @@ func Node() modes.Node {
 		SandboxImage:      "registry.k8s.io/pause:3.10",
 		PodCIDR:           "10.244.1.0/24",
 		IPs:               []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10")},
+		// On, as node.local-dns is by default.
+		LocalDNS: true,
 	}
 }
 

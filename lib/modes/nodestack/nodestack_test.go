@@ -63,7 +63,8 @@ func TestFilesConfigureKubeletAndContainerdForTheHostsCgroupHierarchy(t *testing
 			if kc["containerRuntimeEndpoint"] != "unix:///run/containerd/containerd.sock" {
 				t.Errorf("containerRuntimeEndpoint = %v", kc["containerRuntimeEndpoint"])
 			}
-			if dns, _ := kc["clusterDNS"].([]any); len(dns) != 1 || dns[0] != n.ClusterDNS {
+			// The node-local DNS cache (on by default) is the cluster DNS.
+			if dns, _ := kc["clusterDNS"].([]any); len(dns) != 1 || dns[0] != LocalDNSClusterAddr {
 				t.Errorf("clusterDNS = %v", kc["clusterDNS"])
 			}
 			taints, _ := kc["registerWithTaints"].([]any)

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,6 +16,8 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
+	"unbounded-cloud.io/agent/lib/modes/nodestack"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 const mountsLegacy = `32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
@@ -71,8 +74,15 @@ func TestPrepareInstallsAVersionAndFlipsCurrentWithNothingUnderUsrOrOpt(t *testi
 	if cur, _ := m.CurrentVersion(); cur != "1.36.3" {
 		t.Errorf("current -> %q", cur)
 	}
-	if kc, _ := os.ReadFile(filepath.Join(v, "etc/kubelet/config.yaml")); !strings.Contains(string(kc), "resolvConf: /etc/resolv.conf") {
-		t.Errorf("kubelet's resolvConf on a host without systemd-resolved:\n%s", kc)
+	// Pods' resolv.conf names the node-local DNS cache (on by default),
+	// whose Corefile and link script are the version's.
+	if kc, _ := os.ReadFile(filepath.Join(v, "etc/kubelet/config.yaml")); !strings.Contains(string(kc), "resolvConf: "+Current+"/etc/kubelet/resolv.conf") {
+		t.Errorf("kubelet's resolvConf is not the cache's:\n%s", kc)
+	}
+	for _, f := range []string{"etc/coredns/Corefile", "etc/kubelet/resolv.conf", "bin/unbounded-dns-link", "bin/coredns"} {
+		if _, err := os.Stat(filepath.Join(v, f)); err != nil {
+			t.Errorf("the cache's files: %v", err)
+		}
 	}
 	// What kubelet and containerd create at every start, by default under
 	// /usr and /opt, is named under /var instead.
@@ -103,8 +113,8 @@ func TestPrepareInstallsAVersionAndFlipsCurrentWithNothingUnderUsrOrOpt(t *testi
 	if err := m.Prepare(ctx, slot(t, "1.36.4")); err != nil {
 		t.Fatal(err)
 	}
-	if kc, _ := os.ReadFile(filepath.Join(m.VersionDir("1.36.4"), "etc/kubelet/config.yaml")); !strings.Contains(string(kc), "resolvConf: /run/systemd/resolve/resolv.conf") {
-		t.Errorf("kubelet's resolvConf on a host with systemd-resolved:\n%s", kc)
+	if cf, _ := os.ReadFile(filepath.Join(m.VersionDir("1.36.4"), "etc/coredns/Corefile")); !strings.Contains(string(cf), "forward . 127.0.0.153\n") {
+		t.Errorf("the cache does not forward to systemd-resolved's upstream servers:\n%s", cf)
 	}
 	if cur, _ := m.CurrentVersion(); cur != "1.36.4" {
 		t.Errorf("current -> %q after the second prepare", cur)
@@ -243,5 +253,55 @@ func TestDestroyKillsWhatOutlivesTheUnitsUnmountsAndRemovesEverything(t *testing
 	}
 	if err := m.Destroy(ctx, "kube1"); err != nil {
 		t.Errorf("destroying again: %v", err)
+	}
+}
+
+func TestWithoutTheLocalDNSCacheKubeletGetsTheHostsUpstreamResolvers(t *testing.T) {
+	m, _, p := newMode(t)
+	ctx := context.Background()
+	s := slot(t, "1.36.3")
+	s.Node.LocalDNS, s.Artifacts.CoreDNS = false, ""
+	if err := m.Prepare(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	v := m.VersionDir("1.36.3")
+	if kc, _ := os.ReadFile(filepath.Join(v, "etc/kubelet/config.yaml")); !strings.Contains(string(kc), "resolvConf: /etc/resolv.conf") || !strings.Contains(string(kc), "- 10.96.0.10") {
+		t.Errorf("kubelet on a host without systemd-resolved and without the cache:\n%s", kc)
+	}
+	for _, f := range []string{"etc/coredns/Corefile", "bin/coredns"} {
+		if _, err := os.Stat(filepath.Join(v, f)); err == nil {
+			t.Errorf("%s without the cache: unbounded-local-dns.service would start", f)
+		}
+	}
+	// A host that runs systemd-resolved: kubelet gets its upstream list,
+	// not the stub 127.0.0.53, which is of no use in a pod.
+	os.MkdirAll(p.Join("/run/systemd/resolve"), 0o755)
+	os.WriteFile(p.Join("/run/systemd/resolve/resolv.conf"), []byte("nameserver 127.0.0.153\n"), 0o644)
+	if err := m.Prepare(ctx, func() modes.Slot { s := s; s.Node.KubernetesVersion = "1.36.4"; return s }()); err != nil {
+		t.Fatal(err)
+	}
+	if kc, _ := os.ReadFile(filepath.Join(m.VersionDir("1.36.4"), "etc/kubelet/config.yaml")); !strings.Contains(string(kc), "resolvConf: /run/systemd/resolve/resolv.conf") {
+		t.Errorf("kubelet's resolvConf on a host with systemd-resolved:\n%s", kc)
+	}
+}
+
+// The shipped unbounded-local-dns.service runs what Prepare installs,
+// where Layout puts it: its paths cannot drift from the version's.
+func TestTheShippedLocalDNSUnitRunsTheVersionsCache(t *testing.T) {
+	data, err := os.ReadFile("../../../units/" + unitnames.LocalDNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := path.Join(Layout.BinDir, nodestack.LocalDNSLinkScript)
+	for _, want := range []string{
+		"\nConditionPathExists=" + Layout.LocalDNSCorefile + "\n",
+		"\nExecStartPre=" + link + " up\n",
+		"\nExecStart=" + path.Join(Layout.BinDir, "coredns") + " -conf " + Layout.LocalDNSCorefile + "\n",
+		"\nExecStopPost=" + link + " down\n",
+		"\nPartOf=" + ContainerdUnit + "\n",
+	} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("%s lacks %q", unitnames.LocalDNS, want)
+		}
 	}
 }

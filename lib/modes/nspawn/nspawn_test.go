@@ -237,7 +237,26 @@ func (f *fixture) checkTree(t *testing.T, cg string) {
 		t.Errorf("var/lib/dbus/machine-id -> %q (%v)", l, err)
 	}
 	// Units, enabled.
-	wants := []string{"containerd.service", "kubelet.service"}
+	wants := []string{"containerd.service", "kubelet.service", "node-local-dns.service"}
+	// The node-local DNS cache: its unit before containerd, which wants
+	// it, running the artifact with the Corefile, its interface made
+	// before and removed after by the script beside it.
+	dns := read("etc/systemd/system/node-local-dns.service")
+	for _, want := range []string{"\nExecStartPre=/usr/local/bin/unbounded-dns-link up\n", "\nExecStart=/usr/local/bin/coredns -conf /etc/coredns/Corefile\n",
+		"\nExecStopPost=/usr/local/bin/unbounded-dns-link down\n", "\nBefore=containerd.service kubelet.service\n", "\nRestart=always\n"} {
+		if !strings.Contains(dns, want) {
+			t.Errorf("node-local-dns.service lacks %q:\n%s", want, dns)
+		}
+	}
+	if c := read("etc/systemd/system/containerd.service"); !strings.Contains(c, "\nWants=node-local-dns.service\nAfter=node-local-dns.service\n") {
+		t.Errorf("containerd.service does not start after the cache:\n%s", c)
+	}
+	if m := mode("usr/local/bin/coredns"); m.Perm() != 0o755 {
+		t.Errorf("coredns artifact: %v", m)
+	}
+	if !strings.Contains(read("etc/coredns/Corefile"), "forward . 127.0.0.153") {
+		t.Errorf("the cache does not forward to the host's resolver:\n%s", read("etc/coredns/Corefile"))
+	}
 	if cg == "legacy" {
 		wants = append(wants, "unbounded-cgroup-rw.service")
 		if m := mode("usr/local/libexec/unbounded/cgroup-rw"); m.Perm() != 0o755 {
