@@ -18,6 +18,9 @@
 #                            measure the floor (tests/bench.sh says which)
 #   UNBOUNDED_DEMO_MODE=M    the host's isolation mode: nspawn (default) or
 #                            none (tests/bench.sh says what its floor is)
+#   UNBOUNDED_DEMO_LOCAL_DNS=false  the node without the node-local DNS
+#                            cache (node.local-dns; tests/bench.sh compares
+#                            first boots with BENCH_LOCAL_DNS=false)
 #   UNBOUNDED_DEMO_ISOLATION=M  end with an isolation change into mode M
 #                            (the other one): the Machine's spec is patched,
 #                            the daemon moves the node in place

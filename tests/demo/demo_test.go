@@ -202,6 +202,14 @@ func TestDemo(t *testing.T) {
 	begin = time.Now()
 	m := h.Machine(t, 10*time.Minute)
 	host.Store(m)
+	switch v := os.Getenv("UNBOUNDED_DEMO_LOCAL_DNS"); v {
+	case "":
+	case "true", "false":
+		m.WriteFile("/etc/unbounded/agent.toml.d/50-local-dns.toml", []byte("[node]\nlocal-dns = "+v+"\n"), 0o644)
+		o.say("node.local-dns = %s (a drop-in)", v)
+	default:
+		t.Fatalf("UNBOUNDED_DEMO_LOCAL_DNS=%q: want true or false", v)
+	}
 	// Runs before the harness powers the host off: the node stack is
 	// stopped first, in the order systemd stops it on a poweroff, so the
 	// demo can say how long it takes.

@@ -37,6 +37,12 @@ const (
 	externalName = "mirror.unbounded.test"
 	externalAddr = "192.0.2.80"
 	resolversTTL = 2 * time.Second
+	// benchNames are how many more names the upstream answers
+	// (benchName), for the benchmark's lookups of names never asked.
+	benchNames = 2 * benchLookups
+	benchName  = "b%d.bench.unbounded.test"
+	// benchLookups is each set's count of lookups (make bench).
+	benchLookups = 1000
 	// resolversUnit runs both.
 	resolversUnit = "ubt-resolvers.service"
 )
@@ -64,16 +70,23 @@ func (f *firstBoot) withResolvers(t *testing.T, clusterHosts string) {
     }
 }
 .:53 {
-    bind %s
+    bind %s %s
     hosts /etc/ubt-dns/external.hosts {
         ttl %[2]d
     }
 }
-`, testClusterDNS, ttl, testUpstreamDNS)), 0o644)
+`, testClusterDNS, ttl, testUpstreamDNS, nodestack.NodeIP)), 0o644)
 	f.m.WriteFile("/etc/ubt-dns/cluster.hosts", []byte(clusterHosts), 0o644)
-	f.m.WriteFile("/etc/ubt-dns/external.hosts", []byte(externalAddr+" "+externalName+"\n"), 0o644)
+	external := externalAddr + " " + externalName + "\n"
+	for i := range benchNames {
+		external += externalAddr + " " + fmt.Sprintf(benchName, i) + "\n"
+	}
+	f.m.WriteFile("/etc/ubt-dns/external.hosts", []byte(external), 0o644)
 	f.m.WriteFile("/etc/systemd/system/"+resolversUnit, []byte(`[Unit]
 Description=The test's resolvers (tests/system): cluster DNS stand-in and upstream
+# The upstream also listens on the host's address (the benchmark's pods
+# ask it there without the cache), which the host has from network.target.
+After=network.target
 Before=unbounded-bootstrap.service
 [Service]
 ExecStart=/var/lib/ubt-dns/coredns -conf /etc/ubt-dns/Corefile
@@ -191,6 +204,9 @@ func TestLocalDNSCacheServesPodsThroughAnOutageARestartAndARepave(t *testing.T) 
 	if out, err := f.m.Run("ps", "-C", "coredns", "-o", "rss=,args="); err == nil {
 		t.Logf("coredns processes (RSS KiB, command):\n%s", out)
 	}
+	if os.Getenv(benchEnv) != "" {
+		f.benchDNS(t, ns)
+	}
 
 	// Both resolvers behind the cache down, past the answers' TTL: the
 	// names asked before are served stale; a name never asked is not.
@@ -246,5 +262,52 @@ func TestLocalDNSCacheServesPodsThroughAnOutageARestartAndARepave(t *testing.T) 
 	}
 	if out, err := f.m.Run("ip", "-o", "link", "show", "dev", stack.LocalDNSInterface); err == nil {
 		t.Errorf("local-dns = false: the interface %s is still there:\n%s", stack.LocalDNSInterface, out)
+	}
+}
+
+// benchEnv, set by tests/bench.sh (its part "dns"), has the scenario also
+// time lookups from a pod (benchDNS); make test leaves it unset.
+const benchEnv = "UNBOUNDED_BENCH_DNS"
+
+// benchDNS times benchLookups lookups from a pod of the node, of one name
+// again and again and of names never asked, with the node-local DNS cache
+// (its cluster address) and without it (the upstream resolver itself, at
+// the host's address), and logs dnsbench's lines, which tests/bench.sh
+// reads. Nothing is asserted on the times: make bench reports them.
+func (f *firstBoot) benchDNS(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	c := f.env.kube
+	img := f.reg.Push(t, "dnsbench:1", nodestack.DNSBenchImage(t))
+	for i, run := range []struct{ label, server string }{
+		{"with-cache", stack.LocalDNSClusterAddr + ":53"},
+		{"without-cache", nodestack.NodeIP + ":53"},
+	} {
+		name := fmt.Sprintf("dnsbench-%d", i)
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.PodSpec{
+				NodeName: f.name, RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "dnsbench", Image: img, Args: []string{
+					"-server", run.server, "-label", run.label, "-name", externalName,
+					"-uncached", benchName, "-from", fmt.Sprint(i * benchLookups), "-n", fmt.Sprint(benchLookups)}}},
+			},
+		}
+		if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, 5*time.Minute, "pod "+name+" Succeeded", func(ctx context.Context) (bool, error) {
+			p, err := c.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err == nil && p.Status.Phase == corev1.PodFailed {
+				return false, fmt.Errorf("pod %s failed: %+v", name, p.Status)
+			}
+			return err == nil && p.Status.Phase == corev1.PodSucceeded, nil
+		})
+		logs, err := c.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		if err != nil {
+			t.Fatalf("dnsbench's log: %v", err)
+		}
+		t.Logf("%s", strings.TrimSpace(string(logs)))
+		c.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{})
 	}
 }

@@ -150,6 +150,24 @@ func memLayer(t testing.TB, entries []tarEntry) v1.Layer {
 	return l
 }
 
+// DNSBenchImage is the image of the node-local DNS cache's benchmark:
+// ./dnsbench (this package's dnsbench command) built static, its
+// entrypoint.
+func DNSBenchImage(t testing.TB) v1.Image {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "dnsbench")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, "unbounded-cloud.io/agent/tests/system/nodestack/dnsbench")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nodestack: build dnsbench: %v\n%s", err, b)
+	}
+	bin, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return image(t, memLayer(t, []tarEntry{{name: "dnsbench", mode: 0o755, data: bin}}), v1.Config{Entrypoint: []string{"/dnsbench"}})
+}
+
 // PauseImage is the pod sandbox image: Kubernetes' own pause.c, static.
 func (s *Stage) PauseImage(t testing.TB) v1.Image {
 	t.Helper()
