@@ -35,39 +35,34 @@ const (
 // mode.
 const LocalDNSUnitDescription = "node-local DNS cache (unbounded node stack)"
 
-// LocalDNSLinkScript is the script that creates (up) and removes (down)
-// the cache's interface, a file of the node stack's BinDir; the cache's
-// unit runs it before CoreDNS starts and after it stops.
+// LocalDNSLinkScript is the script that creates the cache's interface, a
+// file of the node stack's BinDir; the cache's unit runs it before
+// CoreDNS starts, and LocalDNSLinkDown after it stops.
 const LocalDNSLinkScript = "unbounded-dns-link"
+
+// LocalDNSLinkDown is the cache's unit's ExecStopPost=: the interface
+// removed after every end of the cache (a stop, a crash, a kill), by the
+// host's ip, not by a file of the node stack's version: in mode none a
+// repave may have flipped the version (to one without the cache) by the
+// time the old cache stops. "-": there may be none to remove.
+const LocalDNSLinkDown = "-ip link del " + LocalDNSInterface
 
 // localDNSLinkScript uses iproute2's ip, which the node's OS has (the
 // host's in mode none, the node image's in nspawn).
 const localDNSLinkScript = `#!/bin/sh
-# Written by unbounded-agent: the interface of the node-local DNS cache.
-#   up    (before the cache starts) a new interface holding its addresses;
-#   down  (after it stops, whatever its end) the interface removed.
-# "up" removes a leftover first (a machine killed before its "down").
+# Written by unbounded-agent: the interface of the node-local DNS cache,
+# made anew before the cache starts, holding its two addresses. A leftover
+# (a machine killed before its unit's stop removed it) is removed first.
 set -eu
 dev=` + LocalDNSInterface + `
-case "${1:-}" in
-up)
-	ip link del "$dev" 2>/dev/null || true
-	# A dummy interface; a kernel built without the dummy driver gets an
-	# empty bridge, which holds local addresses alike (no port, no traffic
-	# of its own).
-	ip link add "$dev" type dummy 2>/dev/null || ip link add "$dev" type bridge
-	ip addr add ` + LocalDNSHostAddr + `/32 dev "$dev"
-	ip addr add ` + LocalDNSClusterAddr + `/32 dev "$dev"
-	ip link set "$dev" up
-	;;
-down)
-	ip link del "$dev" 2>/dev/null || true
-	;;
-*)
-	echo "usage: $0 up|down" >&2
-	exit 2
-	;;
-esac
+ip link del "$dev" 2>/dev/null || true
+# A dummy interface; a kernel built without the dummy driver gets an empty
+# bridge, which holds local addresses alike (no port, no traffic of its
+# own).
+ip link add "$dev" type dummy 2>/dev/null || ip link add "$dev" type bridge
+ip addr add ` + LocalDNSHostAddr + `/32 dev "$dev"
+ip addr add ` + LocalDNSClusterAddr + `/32 dev "$dev"
+ip link set "$dev" up
 `
 
 // LocalDNSCacheTTL caps how long an answer is kept (CoreDNS's cache

@@ -395,8 +395,14 @@ func (m *Mode) Restart(ctx context.Context, slot string) error {
 // killWait bounds how long Destroy waits for killed pod processes to go.
 const killWait = 10 * time.Second
 
-// Stop stops kubelet and containerd and kills what they leave running
-// (containerd's shims outlive it by design, and pods live in the kubepods
+// stopOrder is the node stack's units in the order they are stopped:
+// kubelet, containerd, then the node-local DNS cache (PartOf= stops it
+// with containerd, but not when containerd has stopped already: failed,
+// say).
+var stopOrder = []string{KubeletUnit, ContainerdUnit, unitnames.LocalDNS}
+
+// Stop stops the node stack's units (stopOrder) and kills what they leave
+// running (containerd's shims outlive it by design, and pods live in the kubepods
 // cgroups: left, they would keep the host's pod network and ports from
 // another mode's node); the versions and state stay, so that Start runs
 // the node again (its pods are started again by the kubelet).
@@ -413,7 +419,7 @@ func (m *Mode) Stop(ctx context.Context, slot string) error {
 }
 
 func (m *Mode) stop(ctx context.Context, sd modes.Systemd, slot string) error {
-	for _, u := range []string{KubeletUnit, ContainerdUnit} {
+	for _, u := range stopOrder {
 		st, err := sd.ActiveState(ctx, u)
 		if err != nil {
 			return err

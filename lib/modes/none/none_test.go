@@ -295,9 +295,9 @@ func TestTheShippedLocalDNSUnitRunsTheVersionsCache(t *testing.T) {
 	link := path.Join(Layout.BinDir, nodestack.LocalDNSLinkScript)
 	for _, want := range []string{
 		"\nConditionPathExists=" + Layout.LocalDNSCorefile + "\n",
-		"\nExecStartPre=" + link + " up\n",
+		"\nExecStartPre=" + link + "\n",
 		"\nExecStart=" + path.Join(Layout.BinDir, "coredns") + " -conf " + Layout.LocalDNSCorefile + "\n",
-		"\nExecStopPost=" + link + " down\n",
+		"\nExecStopPost=" + nodestack.LocalDNSLinkDown + "\n",
 		"\nPartOf=" + ContainerdUnit + "\n",
 	} {
 		if !strings.Contains(string(data), want) {

@@ -463,8 +463,8 @@ func (m *Mode) stopStack(ctx context.Context) error {
 	return m.cleanNetwork(ctx)
 }
 
-// stopUnits stops kubelet, then containerd, and kills what outlives them
-// (pods, shims).
+// stopUnits stops the node stack's units (stopOrder) and kills what
+// outlives them (pods, shims).
 func (m *Mode) stopUnits(ctx context.Context) error {
 	sd, err := m.systemd(ctx)
 	if err != nil {
@@ -473,7 +473,7 @@ func (m *Mode) stopUnits(ctx context.Context) error {
 	defer sd.Close()
 	begin := time.Now()
 	took := []any{"mode", "none"}
-	for _, u := range []string{KubeletUnit, ContainerdUnit} {
+	for _, u := range stopOrder {
 		// A stop of a unit that is not running is no error; one in its
 		// Restart= delay (a kubelet that exits at once) is stopped too.
 		if err := sd.StopUnit(ctx, u); err != nil {

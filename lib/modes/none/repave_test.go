@@ -14,6 +14,7 @@ import (
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // repaveHost is a host whose node stack runs version 1.36.3 as slot
@@ -127,7 +128,7 @@ func TestRepaveInstallsBesideStopsFlipsStartsAndKeepsTheOldVersionUntilRemoveSup
 	if err, _ := h.repave(s); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence",
+	want := []string{"stop " + KubeletUnit, "stop " + ContainerdUnit, "stop " + unitnames.LocalDNS, "clean network", "fence",
 		"reset-failed " + ContainerdUnit, "reset-failed " + KubeletUnit,
 		"reload", "start " + ContainerdUnit, "start " + KubeletUnit, "healthy kube2"}
 	if !slices.Equal(h.sd.Calls, want) {
@@ -225,9 +226,9 @@ func TestRepaveThatNeverBecomesHealthyFlipsBackAndStartsTheOldVersionWithItsConf
 		}
 	}
 	rf := []string{"reset-failed " + ContainerdUnit, "reset-failed " + KubeletUnit}
-	want := slices.Concat([]string{"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence"}, rf,
+	want := slices.Concat([]string{"stop " + KubeletUnit, "stop " + ContainerdUnit, "stop " + unitnames.LocalDNS, "clean network", "fence"}, rf,
 		[]string{"reload", "start " + ContainerdUnit, "start " + KubeletUnit, "healthy kube2",
-			"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence"}, rf,
+			"stop " + KubeletUnit, "stop " + ContainerdUnit, "stop " + unitnames.LocalDNS, "clean network", "fence"}, rf,
 		[]string{"reload", "start " + ContainerdUnit, "start " + KubeletUnit, "healthy kube1"})
 	if !slices.Equal(h.sd.Calls, want) {
 		t.Errorf("repave did\n %q\nwant\n %q", h.sd.Calls, want)
@@ -260,8 +261,8 @@ func TestRepaveRefusedByTheFenceStartsNothing(t *testing.T) {
 	if err == nil || errors.Is(err, modes.ErrRolledBack) || !strings.Contains(err.Error(), "Machine is fenced") || !strings.Contains(err.Error(), "rollback to version 1.36.3 failed") {
 		t.Fatalf("repave: %v, want a failed rollback naming the refusal", err)
 	}
-	want := []string{"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence",
-		"stop " + KubeletUnit, "stop " + ContainerdUnit, "clean network", "fence"}
+	want := []string{"stop " + KubeletUnit, "stop " + ContainerdUnit, "stop " + unitnames.LocalDNS, "clean network", "fence",
+		"stop " + KubeletUnit, "stop " + ContainerdUnit, "stop " + unitnames.LocalDNS, "clean network", "fence"}
 	if !slices.Equal(h.sd.Calls, want) {
 		t.Errorf("a refused repave did\n %q\nwant\n %q", h.sd.Calls, want)
 	}

@@ -143,16 +143,16 @@ PartOf=%[2]s
 # CoreDNS does not speak sd_notify: started is exec'd. Its readiness
 # (the ready plugin's endpoint) is what the node's health checks.
 Type=exec
-ExecStartPre=%[4]s/%[5]s up
+ExecStartPre=%[4]s/%[5]s
 ExecStart=%[4]s/coredns -conf %[6]s
 # Also after a crash or a kill: the interface goes with the cache.
-ExecStopPost=%[4]s/%[5]s down
+ExecStopPost=%[7]s
 Restart=always
 RestartSec=1s
 
 [Install]
 WantedBy=multi-user.target
-`, nodestack.LocalDNSUnitDescription, ContainerdUnit, KubeletUnit, Layout.BinDir, nodestack.LocalDNSLinkScript, Layout.LocalDNSCorefile)
+`, nodestack.LocalDNSUnitDescription, ContainerdUnit, KubeletUnit, Layout.BinDir, nodestack.LocalDNSLinkScript, Layout.LocalDNSCorefile, nodestack.LocalDNSLinkDown)
 }
 
 // kubeletUnit runs kubelet inside the machine.
