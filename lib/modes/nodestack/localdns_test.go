@@ -9,6 +9,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
 )
 
@@ -114,14 +115,7 @@ func TestLocalDNSFilesForwardClusterNamesToTheClusterDNSAndTheRestToTheHostsReso
 
 	// The kubelet's cluster DNS is the cache, pods with dnsPolicy Default
 	// get its resolv.conf.
-	files, err := Files(n, dnsLayout, Legacy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var kc map[string]any
-	if err := yaml.Unmarshal(byPath(t, files)[dnsLayout.KubeletConfig].Data, &kc); err != nil {
-		t.Fatal(err)
-	}
+	kc := kubeletConfigOf(t, n, dnsLayout)
 	if fmt.Sprint(kc["clusterDNS"]) != "[169.254.10.11]" || kc["resolvConf"] != dnsLayout.PodResolvConf {
 		t.Errorf("kubelet: clusterDNS %v, resolvConf %v", kc["clusterDNS"], kc["resolvConf"])
 	}
@@ -147,15 +141,22 @@ func TestWithoutLocalDNSTheKubeletAsksTheClusterDNS(t *testing.T) {
 	if f := LocalDNSFiles(n, dnsLayout, Upstream{}); f != nil {
 		t.Errorf("files without the cache: %v", f)
 	}
-	files, err := Files(n, dnsLayout, Legacy)
+	kc := kubeletConfigOf(t, n, dnsLayout)
+	if fmt.Sprint(kc["clusterDNS"]) != "[10.96.0.10]" || kc["resolvConf"] != dnsLayout.ResolvConf {
+		t.Errorf("kubelet: clusterDNS %v, resolvConf %v", kc["clusterDNS"], kc["resolvConf"])
+	}
+}
+
+// kubeletConfigOf is the KubeletConfiguration Files writes for n in l.
+func kubeletConfigOf(t *testing.T, n modes.Node, l Layout) map[string]any {
+	t.Helper()
+	files, err := Files(n, l, Legacy)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var kc map[string]any
-	if err := yaml.Unmarshal(byPath(t, files)[dnsLayout.KubeletConfig].Data, &kc); err != nil {
+	if err := yaml.Unmarshal(byPath(t, files)[l.KubeletConfig].Data, &kc); err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(kc["clusterDNS"]) != "[10.96.0.10]" || kc["resolvConf"] != dnsLayout.ResolvConf {
-		t.Errorf("kubelet: clusterDNS %v, resolvConf %v", kc["clusterDNS"], kc["resolvConf"])
-	}
+	return kc
 }
