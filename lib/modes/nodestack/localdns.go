@@ -167,18 +167,18 @@ func corefile(n modes.Node, up Upstream) []byte {
 # %[2]s: the host's resolvers, as its resolv.conf named them at prepare.
 .:53 {
     bind %[1]s %[2]s
-    errors
 `, LocalDNSHostAddr, LocalDNSClusterAddr)
 	if len(up.Servers) > 0 {
 		servers := make([]string, len(up.Servers))
 		for i, a := range up.Servers {
 			servers[i] = a.String()
 		}
-		b.WriteString(cache)
+		b.WriteString("    errors\n" + cache)
 		fmt.Fprintf(&b, "    forward . %s\n", strings.Join(servers, " "))
 		b.WriteString("    # A resolver that forwards back here would loop: CoreDNS stops (and\n    # systemd restarts it) instead.\n    loop\n")
 	} else {
-		b.WriteString("    # The host named no resolver at prepare: these names get no answer.\n")
+		// No errors plugin: it would log every such lookup.
+		b.WriteString("    # The host named no resolver at prepare: these names get SERVFAIL.\n")
 	}
 	fmt.Fprintf(&b, `    # 200 "OK" once every server block serves: the node's health checks it.
     ready %s
