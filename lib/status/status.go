@@ -81,6 +81,10 @@ type Report struct {
 	// (lib/devices' record, found at its last prepare or restart); null
 	// where the mode gives none (none: the node is the host).
 	Devices *Devices `json:"devices"`
+	// LocalDNS says whether the active slot's node runs the node-local
+	// DNS cache (its applied config's node.local-dns); null when no slot
+	// is active.
+	LocalDNS *bool `json:"local-dns"`
 }
 
 // Upgrade is what the self-upgrade left for the daemon to report, and
@@ -230,6 +234,10 @@ func Gather(p hostpaths.Paths) Report {
 
 	r.Upgrade = readUpgrade(p)
 
+	if active != nil {
+		on := active.LocalDNS()
+		r.LocalDNS = &on
+	}
 	if active != nil && active.Mode == "nspawn" {
 		rec, err := devices.ReadRecord(p, active.Slot)
 		switch {
@@ -453,6 +461,13 @@ func (r Report) Text(out io.Writer) error {
 		}
 		if u.Error != "" {
 			row("upgrade", "unreadable: %s", u.Error)
+		}
+	}
+	if r.LocalDNS != nil {
+		if *r.LocalDNS {
+			row("local DNS", "on: the node stack runs the node-local DNS cache, the pods' cluster DNS")
+		} else {
+			row("local DNS", "off: pods ask the cluster DNS (cluster.cluster-dns) itself")
 		}
 	}
 	if d := r.Devices; d != nil {

@@ -219,3 +219,29 @@ func TestStatusShowsAReprovisionHandoff(t *testing.T) {
 		}
 	}
 }
+
+func TestStatusSaysWhetherTheNodeRunsTheLocalDNSCache(t *testing.T) {
+	p := hostpaths.New(t.TempDir())
+	if r := Gather(p); r.LocalDNS != nil {
+		t.Errorf("not bootstrapped: local-dns %v, want null", *r.LocalDNS)
+	}
+	for _, c := range []struct {
+		config, want string
+		on           bool
+	}{
+		{`{"Node":{"LocalDNS":true}}`, "local DNS:   on:", true},
+		{`{"Node":{"LocalDNS":false}}`, "local DNS:   off:", false},
+	} {
+		if err := state.WriteApplied(p, &state.AppliedConfig{Slot: "kube1", Mode: "nspawn", AppliedAt: time.Now(), Config: json.RawMessage(c.config)}); err != nil {
+			t.Fatal(err)
+		}
+		r := Gather(p)
+		var out strings.Builder
+		if err := r.Text(&out); err != nil {
+			t.Fatal(err)
+		}
+		if r.LocalDNS == nil || *r.LocalDNS != c.on || !strings.Contains(out.String(), c.want) {
+			t.Errorf("%s: local-dns %v, text:\n%s", c.config, r.LocalDNS, out.String())
+		}
+	}
+}
