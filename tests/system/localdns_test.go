@@ -43,6 +43,11 @@ const (
 	benchName  = "b%d.bench.unbounded.test"
 	// benchLookups is each set's count of lookups (make bench).
 	benchLookups = 1000
+	// benchSlowZone is answered by the upstream benchUpstreamDelay late:
+	// a resolver some way off (a cluster DNS across the network, a site's
+	// resolver), where the one above answers from the same host.
+	benchSlowZone      = "slow.unbounded.test"
+	benchUpstreamDelay = "2ms"
 	// resolversUnit runs both.
 	resolversUnit = "ubt-resolvers.service"
 )
@@ -75,7 +80,15 @@ func (f *firstBoot) withResolvers(t *testing.T, clusterHosts string) {
         ttl %[2]d
     }
 }
-`, testClusterDNS, ttl, testUpstreamDNS, nodestack.NodeIP)), 0o644)
+# A resolver some way off, for the benchmark: every answer (192.0.2.53,
+# whatever the name) %[5]s late.
+%[6]s:53 {
+    bind %[3]s %[4]s
+    erratic {
+        delay 1 %[5]s
+    }
+}
+`, testClusterDNS, ttl, testUpstreamDNS, nodestack.NodeIP, benchUpstreamDelay, benchSlowZone)), 0o644)
 	f.m.WriteFile("/etc/ubt-dns/cluster.hosts", []byte(clusterHosts), 0o644)
 	external := externalAddr + " " + externalName + "\n"
 	for i := range benchNames {
@@ -272,25 +285,33 @@ const benchEnv = "UNBOUNDED_BENCH_DNS"
 // benchDNS times benchLookups lookups from a pod of the node, of one name
 // again and again and of names never asked, with the node-local DNS cache
 // (its cluster address) and without it (the upstream resolver itself, at
-// the host's address), and logs dnsbench's lines, which tests/bench.sh
-// reads. Nothing is asserted on the times: make bench reports them.
+// the host's address), against an upstream on the same host and against
+// one benchUpstreamDelay away, and logs dnsbench's lines, which
+// tests/bench.sh reads. Nothing is asserted on the times: make bench
+// reports them.
 func (f *firstBoot) benchDNS(t *testing.T, ns string) {
 	t.Helper()
 	ctx := context.Background()
 	c := f.env.kube
 	img := f.reg.Push(t, "dnsbench:1", nodestack.DNSBenchImage(t))
-	for i, run := range []struct{ label, server string }{
-		{"with-cache", stack.LocalDNSClusterAddr + ":53"},
-		{"without-cache", nodestack.NodeIP + ":53"},
+	for i, run := range []struct{ label, server, zone string }{
+		{"with-cache", stack.LocalDNSClusterAddr + ":53", "unbounded.test"},
+		{"without-cache", nodestack.NodeIP + ":53", "unbounded.test"},
+		{"with-cache-upstream-" + benchUpstreamDelay, stack.LocalDNSClusterAddr + ":53", benchSlowZone},
+		{"without-cache-upstream-" + benchUpstreamDelay, nodestack.NodeIP + ":53", benchSlowZone},
 	} {
+		cached, uncached := externalName, benchName
+		if run.zone == benchSlowZone {
+			cached, uncached = "cached."+benchSlowZone, "b%d."+benchSlowZone
+		}
 		name := fmt.Sprintf("dnsbench-%d", i)
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: corev1.PodSpec{
 				NodeName: f.name, RestartPolicy: corev1.RestartPolicyNever,
 				Containers: []corev1.Container{{Name: "dnsbench", Image: img, Args: []string{
-					"-server", run.server, "-label", run.label, "-name", externalName,
-					"-uncached", benchName, "-from", fmt.Sprint(i * benchLookups), "-n", fmt.Sprint(benchLookups)}}},
+					"-server", run.server, "-label", run.label, "-name", cached,
+					"-uncached", uncached, "-from", fmt.Sprint(i * benchLookups), "-n", fmt.Sprint(benchLookups)}}},
 			},
 		}
 		if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
