@@ -11,6 +11,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
+	"unbounded-cloud.io/agent/lib/readiness"
 )
 
 var dnsLayout = func() Layout {
@@ -18,6 +19,13 @@ var dnsLayout = func() Layout {
 	l.LocalDNSCorefile, l.PodResolvConf = "/etc/coredns/Corefile", "/etc/kubernetes/resolv.conf"
 	return l
 }()
+
+// The ready endpoint readiness asks is on the cache's own address.
+func TestTheReadyEndpointIsOnTheCachesHostAddress(t *testing.T) {
+	if !strings.HasPrefix(readiness.LocalDNSReadyAddr, LocalDNSHostAddr+":") {
+		t.Errorf("readiness asks %s, the cache listens on %s", readiness.LocalDNSReadyAddr, LocalDNSHostAddr)
+	}
+}
 
 func TestParseResolvConfKeepsServersAndWhatPodsInherit(t *testing.T) {
 	u := ParseResolvConf([]byte(`# from DHCP

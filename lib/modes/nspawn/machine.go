@@ -91,8 +91,13 @@ func containerdUnit(cg nodestack.Cgroup, localDNS bool) string {
 	if cg == nodestack.Legacy {
 		after += " " + CgroupRWUnit
 	}
+	dns := ""
 	if localDNS {
-		after += "\n# The node-local DNS cache serves before any pod starts (it is a Wants=:\n# pods run without it, their lookups fail until it is back).\nWants=" + LocalDNSUnit + "\nAfter=" + LocalDNSUnit
+		dns = `# The node-local DNS cache serves before any pod starts (a Wants=: pods
+# run without it, their lookups fail until it is back).
+Wants=` + LocalDNSUnit + `
+After=` + LocalDNSUnit + `
+`
 	}
 	return fmt.Sprintf(`# Written by unbounded-agent: the node's container runtime.
 [Unit]
@@ -102,7 +107,7 @@ Documentation=https://containerd.io
 # On a legacy cgroup hierarchy the controllers must be writable before
 # containerd creates a container's cgroups.
 After=%[1]s
-
+%[4]s
 [Service]
 ExecStart=%[2]s/containerd --config %[3]s
 # containerd reports READY=1 once its socket serves.
@@ -122,7 +127,7 @@ TasksMax=infinity
 
 [Install]
 WantedBy=multi-user.target
-`, after, Layout.BinDir, Layout.ContainerdConfig)
+`, after, Layout.BinDir, Layout.ContainerdConfig, dns)
 }
 
 // localDNSUnit runs the node-local DNS cache inside the machine
