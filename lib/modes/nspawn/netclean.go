@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,34 +42,42 @@ var ownedChainPrefixes = []string{"KUBE-", "CNI-"}
 // chrooted in the slot's rootfs, or the other slot's when that one is
 // gone; with neither the chains are left and a line says so.
 func (m *Mode) cleanNetwork(ctx context.Context, slot string) {
-	if m.CleanNetwork != nil {
-		m.CleanNetwork(ctx, slot)
+	if m.NetworkCleaner != nil {
+		m.NetworkCleaner(ctx, slot)
 		return
 	}
+	CleanHostNetwork(ctx, m.log(), m.Paths.MachineDir, slot)
+}
+
+// CleanHostNetwork is the cleaning of cleanNetwork for any mode whose
+// node stack runs in a rootfs of its own per slot in the host's network
+// namespace (nspawn, container): rootOf gives a slot's rootfs on the host,
+// whose iptables tools it runs.
+func CleanHostNetwork(ctx context.Context, log *slog.Logger, rootOf func(slot string) string, slot string) {
 	start := time.Now()
 	removed, tried := 0, false
 	for _, fam := range []string{"iptables", "ip6tables"} {
-		n, err := m.cleanFamily(ctx, slot, fam)
+		n, err := cleanFamily(ctx, rootOf, slot, fam)
 		if errors.Is(err, errNoTools) {
 			continue
 		}
 		tried = true
 		removed += n
 		if err != nil {
-			m.log().Warn("host networking: chains not cleaned", "tool", fam, "error", err.Error())
+			log.Warn("host networking: chains not cleaned", "tool", fam, "error", err.Error())
 		}
 	}
 	if !tried {
-		m.log().Warn("host networking: no iptables-save and iptables-restore in either slot's rootfs; the node stack's iptables chains are left to the next node stack", "slot", slot)
+		log.Warn("host networking: no iptables-save and iptables-restore in either slot's rootfs; the node stack's iptables chains are left to the next node stack", "slot", slot)
 	}
 	bridge := "absent"
 	if err := deleteBridge(CNIBridge); err == nil {
 		bridge = "removed"
 	} else if !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.ENXIO) {
 		bridge = "left: " + err.Error()
-		m.log().Warn("host networking: CNI bridge not removed", "bridge", CNIBridge, "error", err.Error())
+		log.Warn("host networking: CNI bridge not removed", "bridge", CNIBridge, "error", err.Error())
 	}
-	m.log().Info("host networking of the stopped node cleaned", "slot", slot, "chains_removed", removed,
+	log.Info("host networking of the stopped node cleaned", "slot", slot, "chains_removed", removed,
 		"bridge_"+CNIBridge, bridge, "took", time.Since(start).Round(time.Millisecond).String())
 }
 
@@ -131,9 +140,9 @@ var errNoTools = errors.New("no iptables tools")
 // The tools are tried under their plain names first (the backend the
 // node image selected, the one its kubelet used), then as the legacy
 // ones; a link that leads nowhere inside the rootfs is skipped.
-func (m *Mode) cleanFamily(ctx context.Context, slot, family string) (int, error) {
+func cleanFamily(ctx context.Context, rootOf func(slot string) string, slot, family string) (int, error) {
 	for _, s := range []string{slot, hostpaths.OtherSlot(slot)} {
-		root := m.Paths.MachineDir(s)
+		root := rootOf(s)
 		if _, err := os.Stat(filepath.Join(root, "usr")); err != nil {
 			continue
 		}

@@ -49,9 +49,9 @@ type Mode struct {
 	// stub 127.0.0.53 is of no use to pods), else the host's
 	// /etc/resolv.conf.
 	ResolvConf string
-	// CleanNetwork cleans what a stopped node stack left in the host's
+	// NetworkCleaner cleans what a stopped node stack left in the host's
 	// network namespace (Repave); nil is the real host (netclean.go).
-	CleanNetwork func(ctx context.Context, slot string)
+	NetworkCleaner func(ctx context.Context, slot string)
 	// Modprobe loads kernel modules (Slot.RDMAModules); nil runs
 	// modprobe(8).
 	Modprobe func(ctx context.Context, modules ...string) error
@@ -187,15 +187,6 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	if err := removeLeftovers(machines, s.Name); err != nil {
 		return err
 	}
-	if s.RDMAModules {
-		if err := m.loadRDMAModules(ctx); err != nil {
-			return fmt.Errorf("prepare slot %s: %w", s.Name, err)
-		}
-	}
-	img, src, err := m.resolveImage(ctx, s.Image)
-	if err != nil {
-		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
-	}
 	tmp, err := os.MkdirTemp(machines, "."+s.Name+".tmp-")
 	if err != nil {
 		return err
@@ -206,64 +197,10 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 			os.RemoveAll(tmp)
 		}
 	}()
-	// The artifacts are installed into a tree of their own while the
-	// image is unpacked (both are mostly decompression and writes: a
-	// core each), then moved into the rootfs by renames. Named like tmp,
-	// so that an interrupted Prepare's leftovers include it.
-	stage, err := os.MkdirTemp(machines, "."+s.Name+".tmp-artifacts-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(stage)
 	begin := time.Now()
-	installed := make(chan error, 1)
-	var artifactsTook time.Duration
-	go func() {
-		err := nodestack.InstallArtifacts(s.Artifacts, stage, Layout)
-		artifactsTook = time.Since(begin)
-		installed <- err
-	}()
-	stats, err := Unpack(img, tmp)
-	unpackTook := time.Since(begin)
-	ierr := <-installed // also on an unpack error: stage is removed after
+	found, err := m.BuildTree(ctx, s, cg, tmp, machines, "."+s.Name+".tmp-artifacts-")
 	if err != nil {
-		return fmt.Errorf("prepare slot %s: node image %s: %w", s.Name, src, classify(err))
-	}
-	// A machine's / is 0755, whatever MkdirTemp made and whatever the
-	// image's "./" entry says: an image built from a 0700 directory
-	// (tar -C DIR .) would otherwise lock every user but root out of the
-	// machine's tree, and its dbus-daemon (user messagebus) fails, so the
-	// machine never reports ready.
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return err
-	}
-	// nspawn refuses a directory without /usr ("doesn't look like it has
-	// an OS tree"): say so now, naming the image.
-	if fi, err := os.Stat(filepath.Join(tmp, "usr")); err != nil || !fi.IsDir() {
-		return fmt.Errorf("prepare slot %s: node image %s has no /usr directory: not an OS tree a machine can boot", s.Name, src)
-	}
-	m.log().Info("node image unpacked", "slot", s.Name, "image", src, "took", unpackTook.Round(time.Millisecond).String(),
-		"artifactsTook", artifactsTook.Round(time.Millisecond).String(), "files", stats.Files,
-		"bytes", stats.Bytes, "skipped_devices", stats.Devices)
-	if ierr != nil {
-		return fmt.Errorf("prepare slot %s: %w", s.Name, ierr)
-	}
-	if err := nodestack.MoveArtifacts(stage, tmp, Layout); err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
-	}
-	if err := m.writeNode(tmp, s, cg); err != nil {
-		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
-	}
-	if err := m.writePodImages(tmp, s); err != nil {
-		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
-	}
-	found, err := machinefile.Discover(m.Paths, tmp, s.Devices)
-	if err != nil {
-		return fmt.Errorf("prepare slot %s: host devices: %w", s.Name, err)
-	}
-	if len(found.Devices) > 0 {
-		m.log().Info("host devices given to the node", "slot", s.Name, "devices", strings.Join(found.Paths(), " "),
-			"driverFiles", len(found.DriverFiles))
 	}
 	written := time.Now()
 	if err := modes.SwapDir(tmp, m.Paths.MachineDir(s.Name)); err != nil {
@@ -291,9 +228,88 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 		return err
 	}
 	m.log().Info("slot prepared", "slot", s.Name, "mode", "nspawn", "cgroup", string(cg),
-		"took", time.Since(begin).Round(time.Millisecond).String(), "nodeFilesTook", written.Sub(begin.Add(max(unpackTook, artifactsTook))).Round(time.Millisecond).String(),
-		"syncAndSwapTook", time.Since(written).Round(time.Millisecond).String())
+		"took", time.Since(begin).Round(time.Millisecond).String(), "syncAndSwapTook", time.Since(written).Round(time.Millisecond).String())
 	return nil
+}
+
+// BuildTree builds the node's rootfs for slot s into dir, an empty
+// directory the caller made beside where the tree goes (and swaps into
+// place, or removes on an error): steps 1-4 of Prepare after the checks.
+// The artifacts are staged in a directory made in stageParent named
+// stagePrefix* (removed before it returns; an interrupted build's is the
+// caller's leftover to remove). It returns the host devices found for the
+// node (machinefile.Discover). The container mode builds its bundle's
+// rootfs with it: a node booted by systemd-nspawn either way.
+func (m *Mode) BuildTree(ctx context.Context, s modes.Slot, cg nodestack.Cgroup, dir, stageParent, stagePrefix string) (devices.Found, error) {
+	if s.RDMAModules {
+		if err := m.loadRDMAModules(ctx); err != nil {
+			return devices.Found{}, err
+		}
+	}
+	img, src, err := m.resolveImage(ctx, s.Image)
+	if err != nil {
+		return devices.Found{}, err
+	}
+	// The artifacts are installed into a tree of their own while the
+	// image is unpacked (both are mostly decompression and writes: a
+	// core each), then moved into the rootfs by renames. Named like tmp,
+	// so that an interrupted Prepare's leftovers include it.
+	stage, err := os.MkdirTemp(stageParent, stagePrefix)
+	if err != nil {
+		return devices.Found{}, err
+	}
+	defer os.RemoveAll(stage)
+	begin := time.Now()
+	installed := make(chan error, 1)
+	var artifactsTook time.Duration
+	go func() {
+		err := nodestack.InstallArtifacts(s.Artifacts, stage, Layout)
+		artifactsTook = time.Since(begin)
+		installed <- err
+	}()
+	stats, err := Unpack(img, dir)
+	unpackTook := time.Since(begin)
+	ierr := <-installed // also on an unpack error: stage is removed after
+	if err != nil {
+		return devices.Found{}, fmt.Errorf("node image %s: %w", src, classify(err))
+	}
+	// A machine's / is 0755, whatever MkdirTemp made and whatever the
+	// image's "./" entry says: an image built from a 0700 directory
+	// (tar -C DIR .) would otherwise lock every user but root out of the
+	// machine's tree, and its dbus-daemon (user messagebus) fails, so the
+	// machine never reports ready.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return devices.Found{}, err
+	}
+	// nspawn refuses a directory without /usr ("doesn't look like it has
+	// an OS tree"): say so now, naming the image.
+	if fi, err := os.Stat(filepath.Join(dir, "usr")); err != nil || !fi.IsDir() {
+		return devices.Found{}, fmt.Errorf("node image %s has no /usr directory: not an OS tree a node can boot", src)
+	}
+	m.log().Info("node image unpacked", "slot", s.Name, "image", src, "took", unpackTook.Round(time.Millisecond).String(),
+		"artifactsTook", artifactsTook.Round(time.Millisecond).String(), "files", stats.Files,
+		"bytes", stats.Bytes, "skipped_devices", stats.Devices)
+	if ierr != nil {
+		return devices.Found{}, ierr
+	}
+	if err := nodestack.MoveArtifacts(stage, dir, Layout); err != nil {
+		return devices.Found{}, err
+	}
+	if err := m.writeNode(dir, s, cg); err != nil {
+		return devices.Found{}, err
+	}
+	if err := m.writePodImages(dir, s); err != nil {
+		return devices.Found{}, err
+	}
+	found, err := machinefile.Discover(m.Paths, dir, s.Devices)
+	if err != nil {
+		return devices.Found{}, fmt.Errorf("host devices: %w", err)
+	}
+	if len(found.Devices) > 0 {
+		m.log().Info("host devices given to the node", "slot", s.Name, "devices", strings.Join(found.Paths(), " "),
+			"driverFiles", len(found.DriverFiles))
+	}
+	return found, nil
 }
 
 // StopConf bounds how long the machine's stop waits for what its units

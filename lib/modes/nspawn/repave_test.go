@@ -26,7 +26,7 @@ func repaveFixture(t *testing.T) (*fixture, modes.Slot, *[]string) {
 		t.Fatal(err)
 	}
 	var cleaned []string
-	f.m.CleanNetwork = func(_ context.Context, slot string) { cleaned = append(cleaned, slot) }
+	f.m.NetworkCleaner = func(_ context.Context, slot string) { cleaned = append(cleaned, slot) }
 	f.sd.Calls = nil
 	s := f.slot
 	s.Name = "kube2"
