@@ -57,7 +57,7 @@ type Support struct {
 	// (container).
 	Experimental bool `json:"experimental,omitempty"`
 	// Cgroup is the hierarchy the node stack would get: "unified" or
-	// "legacy" (nspawn only).
+	// "legacy" (nspawn and container).
 	Cgroup string `json:"cgroup,omitempty"`
 	// Missing lists every unmet requirement; empty means supported.
 	Missing []string `json:"missing,omitempty"`
@@ -84,8 +84,9 @@ const systemdBooted = "/run/systemd/system"
 //   - nspawn needs systemd-nspawn, systemd as init (it runs as
 //     systemd-nspawn@<slot>.service) and a cgroup hierarchy carrying the
 //     kubelet's controllers;
-//   - container (experimental) needs an OCI runtime (runc or crun) and
-//     systemd (unbounded-container@<slot>.service);
+//   - container (experimental) needs what nspawn needs: its runtime is
+//     systemd-nspawn's OCI runtime (--oci-bundle), run as
+//     unbounded-container@<slot>.service;
 //   - none needs systemd (unbounded-kubelet.service and friends).
 //
 // An unknown mode is reported as missing too, never as supported.
@@ -97,7 +98,8 @@ func (h Host) Check(mode string) Support {
 		}
 	}
 	switch mode {
-	case "nspawn":
+	case "nspawn", "container":
+		s.Experimental = mode == "container"
 		if _, err := h.lookPath("systemd-nspawn"); err != nil {
 			s.Missing = append(s.Missing, "systemd-nspawn is not installed (Debian/Ubuntu: package systemd-container)")
 		}
@@ -107,14 +109,6 @@ func (h Host) Check(mode string) Support {
 			s.Missing = append(s.Missing, err.Error())
 		}
 		s.Cgroup = cg
-	case "container":
-		s.Experimental = true
-		if _, err := h.lookPath("runc"); err != nil {
-			if _, err := h.lookPath("crun"); err != nil {
-				s.Missing = append(s.Missing, "no OCI runtime: neither runc nor crun is installed")
-			}
-		}
-		needSystemd()
 	case "none":
 		needSystemd()
 	default:

@@ -79,9 +79,12 @@ func TestCheckSaysWhichModesAHostCanRunAndWhyNot(t *testing.T) {
 		{"nspawn with cgroup2 lacking memory", fakeHost{[]string{"systemd-nspawn"}, booted(files(mountsUnified, "sys/fs/cgroup/cgroup.controllers", "cpu pids\n"))}, "nspawn", []string{"cgroup2 lacks the memory controller"}, ""},
 		{"nspawn with controllers split between v1 and v2", fakeHost{[]string{"systemd-nspawn"}, booted(files(mountsSplit))}, "nspawn", []string{"controllers split between v1 (cpu) and v2"}, ""},
 		{"nspawn without any cgroup mount, no binary, no systemd", fakeHost{nil, files(mountsNone)}, "nspawn", []string{"systemd-nspawn is not installed", "systemd is not the init system", "no usable cgroup hierarchy"}, ""},
-		{"container with runc", fakeHost{[]string{"runc"}, booted(files(mountsHybrid))}, "container", nil, ""},
-		{"container with crun", fakeHost{[]string{"crun"}, booted(files(mountsHybrid))}, "container", nil, ""},
-		{"container without a runtime", fakeHost{nil, booted(files(mountsHybrid))}, "container", []string{"neither runc nor crun"}, ""},
+		{"container on a systemd host with v1 controllers", fakeHost{[]string{"systemd-nspawn"}, booted(files(mountsHybrid))}, "container", nil, "legacy"},
+		{"container on a systemd host with cgroup2 controllers", fakeHost{[]string{"systemd-nspawn"}, booted(files(mountsUnified, "sys/fs/cgroup/cgroup.controllers", controllers))}, "container", nil, "unified"},
+		// runc alone is not the runtime: the bundle is run by
+		// systemd-nspawn's OCI runtime.
+		{"container with runc but without systemd-nspawn", fakeHost{[]string{"runc"}, booted(files(mountsHybrid))}, "container", []string{"systemd-nspawn is not installed"}, "legacy"},
+		{"container without systemd as init", fakeHost{[]string{"systemd-nspawn"}, files(mountsHybrid)}, "container", []string{"systemd is not the init system"}, "legacy"},
 		{"none with systemd", fakeHost{nil, booted(files(mountsNone))}, "none", nil, ""},
 		{"none without systemd", fakeHost{nil, files(mountsNone)}, "none", []string{"systemd is not the init system"}, ""},
 		{"unknown mode", fakeHost{[]string{"systemd-nspawn"}, booted(files(mountsHybrid))}, "vm", []string{`unknown isolation mode "vm"`}, ""},

@@ -8,6 +8,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/container"
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
 )
@@ -17,6 +18,7 @@ var table = []struct {
 	new  func(p hostpaths.Paths, log *slog.Logger) modes.Mode
 }{
 	{"nspawn", func(p hostpaths.Paths, log *slog.Logger) modes.Mode { return &nspawn.Mode{Paths: p, Log: log} }},
+	{"container", func(p hostpaths.Paths, log *slog.Logger) modes.Mode { return &container.Mode{Paths: p, Log: log} }},
 	{"none", func(p hostpaths.Paths, log *slog.Logger) modes.Mode { return &none.Mode{Paths: p, Log: log} }},
 }
 

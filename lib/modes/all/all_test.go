@@ -2,6 +2,7 @@ package all
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -16,8 +17,8 @@ func TestEveryModeIsFoundByItsOwnNameAndAnUnknownOneIsRefusedByName(t *testing.T
 			t.Errorf("For(%q): %v, %v", name, m, err)
 		}
 	}
-	if _, err := For("container", p, nil); err == nil || !strings.Contains(err.Error(), `"container"`) {
-		t.Errorf("For(container): %v, want a refusal naming it", err)
+	if _, err := For("vm", p, nil); err == nil || !strings.Contains(err.Error(), `"vm"`) {
+		t.Errorf("For(vm): %v, want a refusal naming it", err)
 	}
 }
 
@@ -27,6 +28,9 @@ func TestInstalledIsEachModesOwnFiles(t *testing.T) {
 	own := map[string]func(p hostpaths.Paths) string{
 		"nspawn": func(p hostpaths.Paths) string { return p.NspawnConfig("kube2") },
 		"none":   func(p hostpaths.Paths) string { return p.VersionsDir() },
+		"container": func(p hostpaths.Paths) string {
+			return filepath.Join(p.SlotDir("kube1"), "bundle")
+		},
 	}
 	for _, name := range Names() {
 		p := hostpaths.New(t.TempDir())
