@@ -50,11 +50,11 @@ func Spec(name, init string, caps []string, containerdDir string, f devices.Foun
 			},
 		},
 		Annotations: map[string]string{
-			annotationPrefix + "process": "the node image's systemd runs as the container's PID 1 and starts the node-local DNS cache, containerd and the kubelet as units, as in the nspawn mode's machine; its READY=1 ends the unit's start job",
+			annotationPrefix + "process":      "the node image's systemd runs as the container's PID 1 and starts the node-local DNS cache, containerd and the kubelet as units, as in the nspawn mode's machine; its READY=1 ends the unit's start job",
 			annotationPrefix + "capabilities": "every capability of the host's bounding set (nspawn's Capability=all): containerd and runc need CAP_SYS_ADMIN, CAP_NET_ADMIN and more, and give each pod's container its own smaller set",
-			annotationPrefix + "namespaces": "pid, mount, ipc, uts and cgroup of its own; the host's network (the kubelet's ports and the CNI bridge are the host's) and the host's users (runc creates cgroups, mounts and namespaces for pods, which a mapped root may not)",
-			annotationPrefix + "mounts": "/dev/kmsg for the kubelet's OOM watcher; /var/lib/containerd on the slot's own host directory (runc's overlay mounts fail on a rootfs that is itself an overlay); the host devices the node is given ([devices])",
-			annotationPrefix + "cgroup": "the hierarchy is chosen at prepare from the host's and given to nspawn in nspawn.env beside this file",
+			annotationPrefix + "namespaces":   "pid, mount, ipc, uts and cgroup of its own; the host's network (the kubelet's ports and the CNI bridge are the host's) and the host's users (runc creates cgroups, mounts and namespaces for pods, which a mapped root may not)",
+			annotationPrefix + "mounts":       "/dev/kmsg for the kubelet's OOM watcher; /var/lib/containerd on the slot's own host directory (runc's overlay mounts fail on a rootfs that is itself an overlay); the host devices the node is given ([devices])",
+			annotationPrefix + "cgroup":       "the hierarchy is chosen at prepare from the host's and given to nspawn in nspawn.env beside this file",
 		},
 	}
 	for _, d := range f.Devices {
