@@ -66,8 +66,10 @@ type Mode struct {
 	// Modprobe loads kernel modules (Slot.RDMAModules); nil runs
 	// modprobe(8).
 	Modprobe func(ctx context.Context, modules ...string) error
-	// BoundingSet reads the capabilities this process may give (its
-	// bounding set); nil reads /proc/self/status.
+	// BoundingSet reads the capabilities the container may get; nil
+	// reads the service manager's bounding set (/proc/1/status): the one
+	// unbounded-container@.service's nspawn runs with, not this
+	// process's, which its own unit narrows (CapabilityBoundingSet=).
 	BoundingSet func() ([]string, error)
 	// Log receives progress lines; nil is slog.Default().
 	Log *slog.Logger
@@ -406,15 +408,17 @@ func (m *Mode) Destroy(ctx context.Context, slot string) error {
 	return nil
 }
 
-// capabilities are the names of the capabilities the container gets:
-// this process's whole bounding set, what nspawn's Capability=all gives
-// the nspawn mode's machine (a capability the host's bounding set lacks
-// cannot be given, and nspawn refuses a set that names one).
+// capabilities are the names of the capabilities the container gets: the
+// service manager's whole bounding set, which the container's unit (no
+// CapabilityBoundingSet=) gives its nspawn, what nspawn's Capability=all
+// gives the nspawn mode's machine (a capability outside it cannot be
+// given, and nspawn refuses a set that names one). Not this process's:
+// bootstrap's and repave's units narrow theirs.
 func (m *Mode) capabilities() ([]string, error) {
 	if m.BoundingSet != nil {
 		return m.BoundingSet()
 	}
-	data, err := os.ReadFile("/proc/self/status")
+	data, err := os.ReadFile("/proc/1/status")
 	if err != nil {
 		return nil, err
 	}
@@ -423,7 +427,7 @@ func (m *Mode) capabilities() ([]string, error) {
 			return CapabilityNames(strings.TrimSpace(v))
 		}
 	}
-	return nil, errors.New("/proc/self/status has no CapBnd line")
+	return nil, errors.New("/proc/1/status has no CapBnd line")
 }
 
 // capNames are the kernel's capabilities by number (linux/capability.h).
