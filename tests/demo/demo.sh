@@ -16,8 +16,9 @@
 #   UNBOUNDED_DEMO_BENCH=F   tests/bench.sh: write the measurements to F
 #                            ("NAME SECONDS" lines), reset the host, and
 #                            measure the floor (tests/bench.sh says which)
-#   UNBOUNDED_DEMO_MODE=M    the host's isolation mode: nspawn (default) or
-#                            none (tests/bench.sh says what its floor is)
+#   UNBOUNDED_DEMO_MODE=M    the host's isolation mode: nspawn (default),
+#                            container or none (tests/bench.sh says what
+#                            each one's floor is)
 #   UNBOUNDED_DEMO_LOCAL_DNS=false  the node without the node-local DNS
 #                            cache (node.local-dns; tests/bench.sh compares
 #                            first boots with BENCH_LOCAL_DNS=false)

@@ -52,6 +52,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/tests/kubeenv"
 	"unbounded-cloud.io/agent/tests/system/harness"
 	"unbounded-cloud.io/agent/tests/system/nodestack"
@@ -117,9 +118,9 @@ func TestDemo(t *testing.T) {
 	switch mode {
 	case "":
 		mode = "nspawn"
-	case "nspawn", "none":
+	case "nspawn", "container", "none":
 	default:
-		t.Fatalf("UNBOUNDED_DEMO_MODE=%q: want nspawn or none", mode)
+		t.Fatalf("UNBOUNDED_DEMO_MODE=%q: want nspawn, container or none", mode)
 	}
 	// With UNBOUNDED_DEMO_ISOLATION=MODE (the other mode) the demo ends
 	// with an isolation change: the Machine's spec.isolation.mode set to
@@ -173,7 +174,7 @@ func TestDemo(t *testing.T) {
 	pause := reg.Push(t, "pause:3.10", s.PauseImage(t))
 	app := reg.Push(t, "busybox:1.35", s.BusyboxImage(t))
 	nodeRef, pushed := "", "pause, busybox"
-	if mode == "nspawn" || changeTo == "nspawn" {
+	if mode != "none" || changeTo == "nspawn" {
 		nodeRef, pushed = reg.Push(t, "unbounded/node:bookworm", s.NodeImage(t)), "node image, pause, busybox"
 	}
 	o.say("registry %s: %s pushed in %s", reg.Host, pushed, took(time.Since(begin)))
@@ -234,7 +235,7 @@ func TestDemo(t *testing.T) {
 		}
 		o.say("stopping the node (systemctl stop unbounded-node.target in the host)")
 		stop := []string{"stop", "unbounded-daemon.service", "unbounded-node.target", "systemd-nspawn@kube1.service", "systemd-nspawn@kube2.service",
-			"unbounded-kubelet.service", "unbounded-containerd.service"}
+			"unbounded-container@kube1.service", "unbounded-container@kube2.service", "unbounded-kubelet.service", "unbounded-containerd.service"}
 		if out, err := m.Systemctl(stop...); err != nil {
 			o.say("stopping the node: %v\n%s", err, out)
 		}
@@ -331,13 +332,25 @@ func TestDemo(t *testing.T) {
 		return false, nil
 	})
 	o.say("pod %s Running on %s with IP %s, %s after the Deployment was created", pod.Name, pod.Spec.NodeName, pod.Status.PodIP, took(time.Since(begin)))
+	if mode != "none" {
+		// The memory of the node's supervisor on the host (nspawn's
+		// machine or the container's runtime: systemd-nspawn either
+		// way), the node running a pod.
+		sup := unitnames.KubeletHost(mode, "kube1")
+		if pid, err := m.Systemctl("show", "-p", "MainPID", "--value", sup); err == nil {
+			if rss, err := m.Run("ps", "-o", "rss=", "-p", strings.TrimSpace(pid)); err == nil {
+				o.say("%s's supervisor (systemd-nspawn, PID %s): %s KiB resident", sup, strings.TrimSpace(pid), strings.TrimSpace(rss))
+				bench.lines = append(bench.lines, "supervisor.rss-kib "+strings.TrimSpace(rss))
+			}
+		}
+	}
 
 	o.step("$ kubectl get nodes,pods -o wide -n %s   (the API server's own table, as kubectl prints it)", ns)
 	if err := printTables(ctx, kube, ns); err != nil {
 		t.Fatal(err)
 	}
 	d := &repaveDemo{o: o, m: m, env: env, kube: kube, reg: reg, stage: s, mirrorDir: mirrorDir, name: name, ns: ns, bench: bench}
-	if mode == "nspawn" {
+	if mode != "none" {
 		d.run(t, ctx)
 	} else {
 		d.runNone(t, ctx)
@@ -365,7 +378,7 @@ func TestDemo(t *testing.T) {
 		// it: measured beside the running node, its kubelet, containerd
 		// and pod on the same two cores, the unpack took twice the
 		// first boot's own (10.3 s against 6.4 s).
-		if mode == "nspawn" {
+		if mode != "none" {
 			// The slot's floor is its payload put in place by hand: the
 			// node image pulled and unpacked, and the node stack's
 			// artifacts (kubelet, containerd, runc, CNI plugins)
@@ -429,7 +442,7 @@ func TestDemo(t *testing.T) {
 		}
 	}
 	what := "a host with a config file became a Ready node running a pod"
-	if mode == "nspawn" {
+	if mode != "none" {
 		what += ", repaved blue/green into its other slot"
 	} else {
 		what += ", repaved in place to another Kubernetes version"

@@ -20,6 +20,7 @@ import (
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/fleet"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/all"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
 	"unbounded-cloud.io/agent/tests/kubeenv"
 	"unbounded-cloud.io/agent/tests/system/harness"
@@ -40,6 +41,8 @@ import (
 // cluster side: a bootstrap token of its own, no Machine yet (bootstrap
 // registers it).
 type firstBoot struct {
+	// mode is agent.toml's isolation mode.
+	mode   string
 	env    *kubeEnv
 	stage  *nodestack.Stage
 	name   string // the Machine's and the Node's name
@@ -102,7 +105,7 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 		env = requireKube(t)
 	}
 	harness.Require(t, true)
-	f := &firstBoot{env: env, stage: s}
+	f := &firstBoot{mode: o.mode, env: env, stage: s}
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
 	f.name = "fb-" + hex.EncodeToString(rnd[:])
@@ -115,7 +118,7 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 	f.reg = nodestack.StartRegistry(t)
 	f.pause = f.reg.Push(t, "pause:3.10", s.PauseImage(t))
 	f.app = f.reg.Push(t, "busybox:1.35", s.BusyboxImage(t))
-	if o.mode == "nspawn" {
+	if o.mode != "none" {
 		f.nodeRef = f.reg.Push(t, "unbounded/node:bookworm", s.NodeImage(t))
 	}
 	f.mirrorDir = s.Mirror(t)
@@ -146,10 +149,21 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 		// machine stops its kubelet, containerd and pods first.
 		begin := time.Now()
 		out, err := f.m.Systemctl("stop", "unbounded-daemon.service", "unbounded-node.target", "systemd-nspawn@kube1.service",
-			"unbounded-kubelet.service", "unbounded-containerd.service")
+			"unbounded-container@kube1.service", "unbounded-container@kube2.service", "unbounded-kubelet.service", "unbounded-containerd.service")
 		t.Logf("node stack stopped in %v (%v)%s", time.Since(begin).Round(time.Millisecond), err, out)
 	})
 	return f
+}
+
+// nodeRootOnHost is where the host finds the root of the node stack of
+// mode in slot, as the mode says (modes.Mode.NodeRoot on the real host's
+// paths).
+func nodeRootOnHost(mode, slot string) string {
+	m, err := all.For(mode, hostpaths.Paths{}, nil)
+	if err != nil {
+		panic(err)
+	}
+	return m.NodeRoot(slot)
 }
 
 // nodeIP is the address the Node must have: node.ip when the test sets
@@ -300,7 +314,7 @@ func (f *firstBoot) wantBootstrapped(t *testing.T, mode, supervisor string) {
 	}
 	// Given, not found by the kubelet itself (which would look the name
 	// up first, and wait on the resolver).
-	machine := hostpaths.MachinesDirHost + "/kube1"
+	machine := nodeRootOnHost(mode, "kube1")
 	kubeletArgs := machine + "/etc/systemd/system/" + nspawn.KubeletUnit
 	if mode == "none" {
 		kubeletArgs = hostpaths.VersionsDirHost + "/current/etc/kubelet/kubelet.env"
@@ -308,7 +322,7 @@ func (f *firstBoot) wantBootstrapped(t *testing.T, mode, supervisor string) {
 	if data, err := m.ReadFile(kubeletArgs); err != nil || !strings.Contains(string(data), "--node-ip="+f.nodeIP()) {
 		t.Errorf("the kubelet is not given --node-ip=%s (%v):\n%s", f.nodeIP(), err, data)
 	}
-	if mode == "nspawn" {
+	if mode != "none" {
 		if h, err := m.ReadFile(machine + "/etc/hosts"); err != nil || !strings.Contains(string(h), f.nodeIP()+"\t"+f.name+"\n") {
 			t.Errorf("the node machine's /etc/hosts does not name %s at %s (%v):\n%s", f.name, f.nodeIP(), err, h)
 		}

@@ -3,6 +3,7 @@ package system_test
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -18,7 +19,9 @@ import (
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/lib/modes/container"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 const repaveService = "unbounded-repave.service"
@@ -145,20 +148,29 @@ func (f *firstBoot) setImageRef(t *testing.T, ref string) {
 // applied config naming ref, its machine running, the node target active.
 func (f *firstBoot) wantSlot(t *testing.T, slot, ref string) {
 	t.Helper()
+	a, err := state.ReadActive(f.paths)
+	if err != nil || a == nil || a.Slot != slot {
+		t.Fatalf("active applied config: %+v, %v; want slot %s", a, err, slot)
+	}
+	// The mode the host runs now (an isolation change may have changed
+	// it since the first boot).
+	mode := a.Mode
 	for _, s := range hostpaths.Slots {
 		_, errApplied := os.Stat(f.paths.AppliedConfig(s))
-		_, errMachine := os.Lstat(f.paths.MachineDir(s))
-		_, errNspawn := os.Stat(f.paths.NspawnConfig(s))
+		// Through the running host: the container mode's slots are on a
+		// directory bound into it (nodestack.FirstBootHost).
+		_, errMachine := f.m.Lstat(nodeRootOnHost(mode, s))
+		settings := hostpaths.New("/").NspawnConfig(s)
+		if mode == "container" {
+			settings = filepath.Join(container.BundleDir(hostpaths.New("/"), s), container.ConfigFile)
+		}
+		_, errSettings := f.m.Lstat(settings)
 		want := s == slot
-		for what, err := range map[string]error{"applied config": errApplied, "machine directory": errMachine, "nspawn settings": errNspawn} {
+		for what, err := range map[string]error{"applied config": errApplied, "node root": errMachine, "settings": errSettings} {
 			if (err == nil) != want {
 				t.Errorf("slot %s %s: %v, want present=%v", s, what, err, want)
 			}
 		}
-	}
-	a, err := state.ReadActive(f.paths)
-	if err != nil || a == nil || a.Slot != slot {
-		t.Fatalf("active applied config: %+v, %v; want slot %s", a, err, slot)
 	}
 	if ref != "" && !strings.Contains(string(a.Config), ref) {
 		t.Errorf("the applied config of %s does not name image %s", slot, ref)
@@ -168,10 +180,10 @@ func (f *firstBoot) wantSlot(t *testing.T, slot, ref string) {
 			t.Errorf("repave left %s (%v)", f.paths.Rel(p), err)
 		}
 	}
-	for _, u := range []string{"unbounded-node.target", "systemd-nspawn@" + slot + ".service", "unbounded-daemon.service", "unbounded-lifecycle.service"} {
+	for _, u := range []string{"unbounded-node.target", unitnames.KubeletHost(mode, slot), "unbounded-daemon.service", "unbounded-lifecycle.service"} {
 		waitUntil(t, time.Minute, u+" active", func(context.Context) (bool, error) { return isActive(f.m, u) == "active", nil })
 	}
-	other := "systemd-nspawn@" + hostpaths.OtherSlot(slot) + ".service"
+	other := unitnames.KubeletHost(mode, hostpaths.OtherSlot(slot))
 	if s := isActive(f.m, other); s == "active" || s == "activating" {
 		t.Errorf("%s is %s after the repave", other, s)
 	}

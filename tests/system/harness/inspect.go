@@ -81,6 +81,18 @@ func (m *Machine) fsRoot() string {
 	return m.Root()
 }
 
+// Lstat is os.Lstat of a path inside the machine, as the machine sees it
+// while it runs (its mounts included: a directory bound in from the VM
+// is not under Root()).
+func (m *Machine) Lstat(name string) (fs.FileInfo, error) {
+	r, err := os.OpenRoot(m.fsRoot())
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return r.Lstat(relName(name))
+}
+
 // WriteFile writes a file inside the machine, creating parent directories,
 // with exactly mode (not masked by the umask). Symlinks that leave the
 // machine's root are refused.

@@ -1,0 +1,168 @@
+package system_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"unbounded-cloud.io/agent/lib/modes/container"
+	"unbounded-cloud.io/agent/tests/system/nodestack"
+)
+
+// TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset: the
+// container isolation mode end to end on one test host (real systemd,
+// the real kubelet, containerd, runc and CNI in the container, the real
+// control plane), each step from the state the last left, as an operator
+// meets them:
+//
+//  1. first boot in mode container: a Ready Node running a Deployment's
+//     pod, its node stack in the OCI bundle of slot kube1, run by
+//     unbounded-container@kube1.service (systemd-nspawn --oci-bundle);
+//  2. a restart (unbounded-restart.service) reboots only the container;
+//  3. a repave by hand kube1 -> kube2, the pod back on the new node;
+//  4. a forced repave onto a node image that never gets healthy rolls
+//     back to kube2;
+//  5. a reboot of the host brings the node back behind the fence, no
+//     second bootstrap;
+//  6. `unbounded reset --yes` leaves the host's root as it was before
+//     the first boot.
+func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{mode: "container"})
+	logJournalsOnFailure(t, f)
+	before := rootManifest(t, f.m.Root())
+	config, err := f.m.ReadFile("/etc/unbounded/agent.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// 1. First boot.
+	ns := f.bootNode(t)
+	f.wantBootstrapped(t, "container", container.Unit("kube1"))
+	wantFencedUnit(t, f.m, "unbounded-mode-container.target", container.Unit("kube1"))
+	pod := f.waitPodRunning(t, ns, 2*time.Minute)
+	if out, err := f.m.Run("unbounded", "supports-isolation", "container"); err != nil {
+		t.Errorf("unbounded supports-isolation container: %v\n%s", err, out)
+	}
+	// The node is the bundle's container: nspawn runs config.json, and the
+	// machine registered under the slot's name is the container.
+	if out, err := f.m.Run("machinectl", "show", "kube1", "-p", "Unit", "--value"); err != nil || strings.TrimSpace(out) != container.Unit("kube1") {
+		t.Errorf("machine kube1's unit: %q (%v), want %s", out, err, container.Unit("kube1"))
+	}
+	if s := isActive(f.m, "systemd-nspawn@kube1.service"); s == "active" {
+		t.Errorf("systemd-nspawn@kube1.service is %s in mode container", s)
+	}
+	data, err := f.m.ReadFile(f.paths.Rel(filepath.Join(container.BundleDir(f.paths, "kube1"), container.ConfigFile)))
+	var spec specs.Spec
+	if err != nil || json.Unmarshal(data, &spec) != nil || spec.Hostname != f.name {
+		t.Errorf("the bundle's config.json (%v): hostname %q, want %s", err, spec.Hostname, f.name)
+	}
+	if out, err := f.m.Run("systemd-run", "-M", "kube1", "--wait", "--pipe", "-q", "systemctl", "is-active", "containerd.service", "kubelet.service", "node-local-dns.service"); err != nil {
+		t.Errorf("the node's units in the container: %v\n%s", err, out)
+	}
+	if pid := mainPID(t, f.m, container.Unit("kube1")); pid != "0" {
+		if rss, err := f.m.Run("ps", "-o", "rss=", "-p", pid); err == nil {
+			t.Logf("supervisor (systemd-nspawn --oci-bundle) RSS: %s KiB", strings.TrimSpace(rss))
+		}
+	}
+	if t.Failed() {
+		return
+	}
+
+	// 2. Restart: the container powers off cleanly and boots again (the
+	// unit's stop is the node's poweroff: its units stopped, a clean
+	// exit), the host does not.
+	host := hostIdentityOf(t, f.m)
+	pid0 := mainPID(t, f.m, container.Unit("kube1"))
+	begin := time.Now()
+	if out, err := f.m.Systemctl("start", restartUnit); err != nil {
+		t.Fatalf("systemctl start %s: %v\n%s\n%s", restartUnit, err, out, f.m.Journal(restartUnit))
+	}
+	t.Logf("restart (container stop, boot, kubelet healthy): %v", time.Since(begin).Round(time.Millisecond))
+	if pid1 := mainPID(t, f.m, container.Unit("kube1")); pid1 == pid0 || pid1 == "0" {
+		t.Errorf("%s main pid %s -> %s: want a new, running container", container.Unit("kube1"), pid0, pid1)
+	}
+	wantSameHost(t, f.m, host)
+	waitUntil(t, 2*time.Minute, "Node Ready after the restart", f.nodeReady)
+	f.waitPodRunning(t, ns, 3*time.Minute)
+	if t.Failed() {
+		return
+	}
+
+	// 3. Repave by hand to kube2.
+	ref := f.setNodeImage(t, "bookworm-2")
+	p, took := f.repave(t, 10*time.Minute)
+	if p["ExecMainStatus"] != "0" {
+		t.Fatalf("repave kube1 -> kube2: %v\n%s", p, f.lastRunJournal(t, p))
+	}
+	t.Logf("repave kube1 -> kube2 by hand: %v", took.Round(time.Millisecond))
+	f.wantSlot(t, "kube2", ref)
+	waitUntil(t, 3*time.Minute, "Node Ready after the repave", f.nodeReady)
+	if again := f.waitPodRunning(t, ns, 3*time.Minute); again.UID == pod.UID {
+		t.Errorf("the pod %s was not rescheduled by the repave", pod.Name)
+	}
+	if t.Failed() {
+		return
+	}
+
+	// 4. A node image that never gets healthy: rolled back to kube2.
+	bad := f.reg.Push(t, "unbounded/node:never-healthy", nodestack.NeverHealthyNodeImage(t, f.stage.NodeImage(t)))
+	f.setImageRef(t, bad)
+	f.repaveFlags(t, "--force", "--delete-unmanaged", "--drain-timeout=15s", "--ready-timeout="+neverHealthyReadyTimeout)
+	p, took = f.repave(t, 10*time.Minute)
+	j := f.lastRunJournal(t, p)
+	if p["ExecMainStatus"] != "1" {
+		t.Fatalf("repave onto a node that never gets healthy: %v, want exit 1\n%s", p, j)
+	}
+	t.Logf("repave onto a node that never gets healthy rolled back after %v", took.Round(time.Millisecond))
+	for _, words := range []string{"did not become healthy", "rolled back", "stopped and removed", "kube2 started again"} {
+		if !strings.Contains(j, words) {
+			t.Errorf("the repave's journal does not say %q:\n%s", words, j)
+		}
+	}
+	f.setImageRef(t, ref)
+	f.repaveFlags(t)
+	f.wantSlot(t, "kube2", "")
+	waitUntil(t, 3*time.Minute, "Node Ready after the rollback", f.nodeReady)
+	f.waitPodRunning(t, ns, 3*time.Minute)
+	if t.Failed() {
+		return
+	}
+
+	// 5. Reboot of the host: the node comes back behind the fence.
+	rebooted := time.Now()
+	f.m.Reboot()
+	t.Logf("reboot (poweroff with the node running, then boot): %v", time.Since(rebooted).Round(time.Millisecond))
+	if p := showProps(t, f.m, bootstrapUnit, "InvocationID"); p["InvocationID"] != "" {
+		t.Errorf("bootstrap ran again at the reboot:\n%s", f.m.Journal(bootstrapUnit))
+	}
+	wantFencedUnit(t, f.m, "unbounded-mode-container.target", container.Unit("kube2"))
+	for _, u := range []string{nodeTarget, container.Unit("kube2"), daemonUnit} {
+		waitUntil(t, 2*time.Minute, u+" active after the reboot", func(context.Context) (bool, error) {
+			return isActive(f.m, u) == "active", nil
+		})
+	}
+	waitUntil(t, 3*time.Minute, "Node Ready after the reboot", f.nodeReady)
+	f.waitPodRunning(t, ns, 3*time.Minute)
+	if t.Failed() {
+		return
+	}
+
+	// 6. Reset. The test's own changes to agent.toml undone first: reset
+	// leaves the operator's configuration as it is.
+	f.m.WriteFile("/etc/unbounded/agent.toml", config, 0o644)
+	resetAt := time.Now()
+	out, err := f.m.Run("unbounded", "reset", "--yes")
+	if err != nil {
+		t.Fatalf("unbounded reset --yes: %v\n%s", err, out)
+	}
+	t.Logf("unbounded reset --yes: %v", time.Since(resetAt).Round(time.Millisecond))
+	wantNothingOfOursRunning(t, f)
+	wantManifest(t, f, before, fmt.Sprintf("after `unbounded reset --yes` in mode %s", f.mode))
+}
