@@ -33,11 +33,14 @@ var layers = [][]string{
 	// reset and bootstrap are given to it by cmd/reprovision).
 	{"lib/adopt", "lib/artifacts", "lib/kube", "lib/modes", "lib/reprovision"},
 	{"lib/upgrade"},
-	{"lib/modes/nodestack", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest", "lib/status",
+	{"lib/modes/nodestack", "lib/modes/bluegreen", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest", "lib/status",
 		"lib/fleet"},
 	// The modes, and the concerns that need no installation.
 	{"lib/modes/none", "lib/modes/nspawn", "lib/restart", "lib/daemon", "lib/recovery", "lib/cli",
 		"lib/kubectlplugin"},
+	// A mode whose node is built by another's slot builder: the
+	// container mode's rootfs is the nspawn machine's.
+	{"lib/modes/container"},
 	// The table of the modes this build carries.
 	{"lib/modes/all"},
 	// The installations.
