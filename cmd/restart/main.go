@@ -16,10 +16,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 
 	"unbounded-cloud.io/agent/lib/concern/small"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/container/bundle"
 	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
 	"unbounded-cloud.io/agent/lib/restart"
 	"unbounded-cloud.io/agent/lib/units"
@@ -31,7 +33,7 @@ func run(args []string) int {
 	cmd := small.New("restart", "Soft reboot of the node stack in the active mode; never the host (unbounded-restart.service).")
 	timeout := cmd.Flags.Duration("timeout", restart.DefaultTimeout, "how long to wait for the node to be healthy after the restart")
 	settle := cmd.Flags.Duration("settle", restart.DefaultSettle, "how long the node must stay healthy, on every check, before the restart counts as done")
-	devicesOf := cmd.Flags.String("devices-of", "", "find the host devices of slot `SLOT`'s node again under its rules and rewrite its machine's settings file when they changed, then exit (systemd-nspawn@SLOT.service runs it before every start)")
+	devicesOf := cmd.Flags.String("devices-of", "", "find the host devices of slot `SLOT`'s node again under its rules and rewrite its machine's settings file (or its container's config.json) when they changed, then exit (systemd-nspawn@SLOT.service and unbounded-container@SLOT.service run it before every start)")
 	if code, done := cmd.Parse(args); done {
 		return code
 	}
@@ -40,7 +42,13 @@ func run(args []string) int {
 			return cmd.Usage(fmt.Sprintf("--devices-of: slot %q: must be one of %v", *devicesOf, hostpaths.Slots))
 		}
 		return cmd.Run("it reads /dev and rewrites the machine's settings file", func(_ context.Context, _ units.Manager, log *slog.Logger) int {
-			if err := machinefile.Refresh(cmd.Paths(), *devicesOf, log); err != nil {
+			// The slot's node is an nspawn machine, or a container
+			// where the slot holds a bundle.
+			refresh := machinefile.Refresh
+			if _, err := os.Stat(filepath.Join(bundle.Dir(cmd.Paths(), *devicesOf), bundle.ConfigFile)); err == nil {
+				refresh = bundle.Refresh
+			}
+			if err := refresh(cmd.Paths(), *devicesOf, log); err != nil {
 				log.Error("restart: the host devices of slot " + *devicesOf + ": " + err.Error())
 				return exitcode.Failed
 			}

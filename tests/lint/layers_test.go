@@ -26,6 +26,9 @@ var layers = [][]string{
 	{"lib/exitcode", "lib/hostprep", "lib/noderecord", "lib/owed", "lib/request", "lib/fence/record", "lib/generator", "lib/steps",
 		"lib/devices"},
 	{"lib/privilege", "lib/modes/softreboot", "lib/readiness", "lib/modes/nspawn/machinefile"},
+	// The container mode's bundle on the host (unbounded-restart
+	// refreshes its devices).
+	{"lib/modes/container/bundle"},
 	// Configuration, and what every command shares.
 	{"lib/config", "lib/concern", "lib/concern/small"},
 	// The adoption of an older agent's host, and the cluster client, the

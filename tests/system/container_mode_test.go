@@ -12,6 +12,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"unbounded-cloud.io/agent/lib/modes/container"
+	"unbounded-cloud.io/agent/lib/modes/container/bundle"
 	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
 
@@ -24,7 +25,8 @@ import (
 //  1. first boot in mode container: a Ready Node running a Deployment's
 //     pod, its node stack in the OCI bundle of slot kube1, run by
 //     unbounded-container@kube1.service (systemd-nspawn --oci-bundle);
-//  2. a restart (unbounded-restart.service) reboots only the container;
+//  2. a restart (unbounded-restart.service) reboots only the container,
+//     which gets the device that appeared on the host meanwhile;
 //  3. a repave by hand kube1 -> kube2, the pod back on the new node;
 //  4. a forced repave onto a node image that never gets healthy rolls
 //     back to kube2;
@@ -58,7 +60,7 @@ func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T)
 	if s := isActive(f.m, "systemd-nspawn@kube1.service"); s == "active" {
 		t.Errorf("systemd-nspawn@kube1.service is %s in mode container", s)
 	}
-	data, err := f.m.ReadFile(f.paths.Rel(filepath.Join(container.BundleDir(f.paths, "kube1"), container.ConfigFile)))
+	data, err := f.m.ReadFile(f.paths.Rel(filepath.Join(bundle.Dir(f.paths, "kube1"), bundle.ConfigFile)))
 	var spec specs.Spec
 	if err != nil || json.Unmarshal(data, &spec) != nil || spec.Hostname != f.name {
 		t.Errorf("the bundle's config.json (%v): hostname %q, want %s", err, spec.Hostname, f.name)
@@ -78,6 +80,11 @@ func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T)
 	// 2. Restart: the container powers off cleanly and boots again (the
 	// unit's stop is the node's poweroff: its units stopped, a clean
 	// exit), the host does not.
+	// A device appears on the host: the restart gives it to the node
+	// (config.json rewritten before the container starts).
+	if out, err := f.m.Run("mknod", "-m", "0600", "/dev/vhost-net", "c", "10", "238"); err != nil {
+		t.Fatalf("mknod /dev/vhost-net on the test host: %v\n%s", err, out)
+	}
 	host := hostIdentityOf(t, f.m)
 	pid0 := mainPID(t, f.m, container.Unit("kube1"))
 	begin := time.Now()
@@ -89,6 +96,9 @@ func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T)
 		t.Errorf("%s main pid %s -> %s: want a new, running container", container.Unit("kube1"), pid0, pid1)
 	}
 	wantSameHost(t, f.m, host)
+	if out, err := f.m.Run("systemd-run", "-M", "kube1", "--wait", "--pipe", "-q", "test", "-c", "/dev/vhost-net"); err != nil {
+		t.Errorf("/dev/vhost-net, made on the host before the restart, is not in the node after it: %v\n%s", err, out)
+	}
 	waitUntil(t, 2*time.Minute, "Node Ready after the restart", f.nodeReady)
 	f.waitPodRunning(t, ns, 3*time.Minute)
 	if t.Failed() {

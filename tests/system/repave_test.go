@@ -19,7 +19,7 @@ import (
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
-	"unbounded-cloud.io/agent/lib/modes/container"
+	"unbounded-cloud.io/agent/lib/modes/container/bundle"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
@@ -162,7 +162,7 @@ func (f *firstBoot) wantSlot(t *testing.T, slot, ref string) {
 		_, errMachine := f.m.Lstat(nodeRootOnHost(mode, s))
 		settings := hostpaths.New("/").NspawnConfig(s)
 		if mode == "container" {
-			settings = filepath.Join(container.BundleDir(hostpaths.New("/"), s), container.ConfigFile)
+			settings = filepath.Join(bundle.Dir(hostpaths.New("/"), s), bundle.ConfigFile)
 		}
 		_, errSettings := f.m.Lstat(settings)
 		want := s == slot

@@ -18,7 +18,6 @@ package container
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,6 +33,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/bluegreen"
+	"unbounded-cloud.io/agent/lib/modes/container/bundle"
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
 	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
@@ -85,32 +85,15 @@ func Unit(slot string) string { return bluegreen.Unit(Name, slot) }
 // Name is "container".
 func (m *Mode) Name() string { return Name }
 
-// BundleDir is the slot's OCI bundle on the host.
-func BundleDir(p hostpaths.Paths, slot string) string {
-	return filepath.Join(p.SlotDir(slot), "bundle")
-}
-
-// Bundle files, relative to the bundle directory.
-const (
-	// ConfigFile is the OCI runtime configuration.
-	ConfigFile = "config.json"
-	// RootfsDir is the container's root (config.json's root.path).
-	RootfsDir = "rootfs"
-	// EnvFile is the environment of the slot's systemd-nspawn, read by
-	// unbounded-container@.service (EnvironmentFile=): what the OCI
-	// configuration cannot say (the cgroup hierarchy).
-	EnvFile = "nspawn.env"
-)
-
 // NodeRoot is the container's rootfs.
 func (m *Mode) NodeRoot(slot string) string {
-	return filepath.Join(BundleDir(m.Paths, slot), RootfsDir)
+	return filepath.Join(bundle.Dir(m.Paths, slot), bundle.RootfsDir)
 }
 
 // Installed: a slot's bundle or state directory exists.
 func (m *Mode) Installed() bool {
 	for _, s := range hostpaths.Slots {
-		if _, err := os.Lstat(BundleDir(m.Paths, s)); err == nil {
+		if _, err := os.Lstat(bundle.Dir(m.Paths, s)); err == nil {
 			return true
 		}
 	}
@@ -197,7 +180,7 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 		}
 	}()
 	begin := time.Now()
-	rootfs := filepath.Join(tmp, RootfsDir)
+	rootfs := filepath.Join(tmp, bundle.RootfsDir)
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		return err
 	}
@@ -210,18 +193,18 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
 	containerd := machinefile.ContainerdDir(m.Paths, s.Name)
-	spec, err := json.MarshalIndent(Spec(s.Node.Name, init, caps, m.Paths.Rel(containerd), found), "", "\t")
+	spec, err := bundle.Marshal(bundle.Spec(s.Node.Name, init, caps, m.Paths.Rel(containerd), found))
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(tmp, ConfigFile), append(spec, '\n'), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, bundle.ConfigFile), spec, 0o600); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(tmp, EnvFile), []byte(envFile(cg)), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, bundle.EnvFile), []byte(envFile(cg)), 0o600); err != nil {
 		return err
 	}
 	written := time.Now()
-	if err := modes.SwapDir(tmp, BundleDir(m.Paths, s.Name)); err != nil {
+	if err := modes.SwapDir(tmp, bundle.Dir(m.Paths, s.Name)); err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
 	done = true
@@ -296,7 +279,7 @@ func (m *Mode) Start(ctx context.Context, slot string) error {
 	if !hostpaths.ValidSlot(slot) {
 		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
 	}
-	if _, err := os.Stat(filepath.Join(BundleDir(m.Paths, slot), ConfigFile)); err != nil {
+	if _, err := os.Stat(filepath.Join(bundle.Dir(m.Paths, slot), bundle.ConfigFile)); err != nil {
 		return fmt.Errorf("start slot %s: no bundle: %w", slot, err)
 	}
 	sd, err := m.systemd(ctx)
@@ -366,7 +349,7 @@ func (m *Mode) EnsureHooks(ctx context.Context, slot string) error {
 	if !hostpaths.ValidSlot(slot) {
 		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
 	}
-	if _, err := os.Stat(filepath.Join(BundleDir(m.Paths, slot), ConfigFile)); err != nil {
+	if _, err := os.Stat(filepath.Join(bundle.Dir(m.Paths, slot), bundle.ConfigFile)); err != nil {
 		return fmt.Errorf("lifecycle hooks of slot %s: %w", slot, err)
 	}
 	m.log().Info("lifecycle hooks current", "slot", slot, "mode", Name)
@@ -377,7 +360,7 @@ func (m *Mode) EnsureHooks(ctx context.Context, slot string) error {
 // Destroy, and for a reset's manifest check): the slot's directory holds
 // the bundle, the containerd store, the devices record and the stamp.
 func (m *Mode) SlotPaths(slot string) []string {
-	return []string{BundleDir(m.Paths, slot), m.Paths.SlotDir(slot)}
+	return []string{bundle.Dir(m.Paths, slot), m.Paths.SlotDir(slot)}
 }
 
 // Destroy stops the container, removes the slot's directory (bundle,

@@ -23,6 +23,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/container/bundle"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
 )
@@ -117,7 +118,7 @@ func newFixture(t *testing.T, withInit bool) *fixture {
 
 func readSpec(t *testing.T, p hostpaths.Paths, slot string) specs.Spec {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(BundleDir(p, slot), ConfigFile))
+	data, err := os.ReadFile(filepath.Join(bundle.Dir(p, slot), bundle.ConfigFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ func TestPrepareBuildsABundleThatRunsTheNodesSystemd(t *testing.T) {
 	if s.Process == nil || !slices.Equal(s.Process.Args, []string{"/usr/lib/systemd/systemd"}) {
 		t.Errorf("process %+v, want the image's systemd", s.Process)
 	}
-	if s.Root == nil || s.Root.Path != RootfsDir || s.Root.Readonly {
+	if s.Root == nil || s.Root.Path != bundle.RootfsDir || s.Root.Readonly {
 		t.Errorf("root %+v", s.Root)
 	}
 	if s.Hostname != f.slot.Node.Name {
@@ -189,11 +190,11 @@ func TestPrepareBuildsABundleThatRunsTheNodesSystemd(t *testing.T) {
 	if _, err := os.Stat(f.p.Join("/var/lib/unbounded/slots/kube1/containerd")); err != nil {
 		t.Errorf("the containerd store: %v", err)
 	}
-	if env, err := os.ReadFile(filepath.Join(BundleDir(f.p, "kube1"), EnvFile)); err != nil || !strings.Contains(string(env), "\nSYSTEMD_NSPAWN_UNIFIED_HIERARCHY=0\n") {
+	if env, err := os.ReadFile(filepath.Join(bundle.Dir(f.p, "kube1"), bundle.EnvFile)); err != nil || !strings.Contains(string(env), "\nSYSTEMD_NSPAWN_UNIFIED_HIERARCHY=0\n") {
 		t.Errorf("nspawn.env on a legacy host: %v\n%s", err, env)
 	}
-	for _, p := range []string{ConfigFile, EnvFile} {
-		if fi, err := os.Stat(filepath.Join(BundleDir(f.p, "kube1"), p)); err != nil || fi.Mode().Perm() != 0o600 {
+	for _, p := range []string{bundle.ConfigFile, bundle.EnvFile} {
+		if fi, err := os.Stat(filepath.Join(bundle.Dir(f.p, "kube1"), p)); err != nil || fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s: %v %v, want 0600 (it names the node's settings)", p, fi, err)
 		}
 	}
@@ -236,7 +237,7 @@ func TestPrepareRefusesAnImageWithoutSystemd(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no systemd") {
 		t.Fatalf("Prepare: %v, want an error saying the image has no systemd", err)
 	}
-	if _, err := os.Lstat(BundleDir(f.p, "kube1")); !os.IsNotExist(err) {
+	if _, err := os.Lstat(bundle.Dir(f.p, "kube1")); !os.IsNotExist(err) {
 		t.Errorf("bundle after a failed prepare: %v", err)
 	}
 	if l, _ := leftovers(f.p.SlotDir("kube1")); len(l) > 0 {

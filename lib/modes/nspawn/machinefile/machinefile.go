@@ -176,17 +176,17 @@ func WriteCDISpec(rootfs string, f devices.Found) error {
 	return r.Rename(tmp, rel)
 }
 
-// Refresh discovers slot's devices again under the rules of its record
-// and, when they differ from what the settings file binds, rewrites the
-// file and the CDI specification: the machine's start that runs it binds
-// what the host has now. A device allowed by name that
-// is gone is left out with a warning (it is the configuration's error at
-// the next prepare, not a reason to keep the node down). A slot without a
-// record (prepared by a release without device discovery) is left alone.
-func Refresh(p hostpaths.Paths, slot string, log *slog.Logger) error {
+// Rediscover finds slot's devices again under the rules of its record
+// (what the node was given at its prepare, lib/devices): what its next
+// start should bind. A device allowed by name that is gone is left out
+// with a warning (it is the configuration's error at the next prepare,
+// not a reason to keep the node down). A slot without a record (prepared
+// by a release without device discovery) gives a nil record. The
+// container mode's bundle is refreshed from it too.
+func Rediscover(p hostpaths.Paths, slot string, log *slog.Logger) (*devices.Record, devices.Found, error) {
 	rec, err := devices.ReadRecord(p, slot)
 	if err != nil || rec == nil {
-		return err
+		return nil, devices.Found{}, err
 	}
 	o := rec.Options
 	host := devices.Host{Root: p.Join("/")}
@@ -199,6 +199,21 @@ func Refresh(p hostpaths.Paths, slot string, log *slog.Logger) error {
 	})
 	f, err := host.Discover(o)
 	if err != nil {
+		return nil, devices.Found{}, err
+	}
+	return rec, f, nil
+}
+
+// Refresh discovers slot's devices again under the rules of its record
+// and, when they differ from what the settings file binds, rewrites the
+// file and the CDI specification: the machine's start that runs it binds
+// what the host has now. A device allowed by name that
+// is gone is left out with a warning (it is the configuration's error at
+// the next prepare, not a reason to keep the node down). A slot without a
+// record (prepared by a release without device discovery) is left alone.
+func Refresh(p hostpaths.Paths, slot string, log *slog.Logger) error {
+	rec, f, err := Rediscover(p, slot, log)
+	if err != nil || rec == nil {
 		return err
 	}
 	text := File(slot, p.Rel(ContainerdDir(p, slot)), f)

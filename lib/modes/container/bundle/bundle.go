@@ -1,10 +1,43 @@
-package container
+// Package bundle is the container mode's OCI bundle on the host
+// (/var/lib/unbounded/slots/<slot>/bundle: config.json, rootfs, and the
+// runtime's environment): its configuration (Spec) and the refresh of its
+// host devices before every start of the container (Refresh). A leaf, so
+// that unbounded-restart, which runs the refresh, stays small (no image
+// code).
+package bundle
 
 import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"unbounded-cloud.io/agent/lib/devices"
+	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
+	"unbounded-cloud.io/agent/lib/state"
+)
+
+// Dir is the slot's OCI bundle on the host.
+func Dir(p hostpaths.Paths, slot string) string {
+	return filepath.Join(p.SlotDir(slot), "bundle")
+}
+
+// Bundle files, relative to the bundle directory.
+const (
+	// ConfigFile is the OCI runtime configuration.
+	ConfigFile = "config.json"
+	// RootfsDir is the container's root (config.json's root.path).
+	RootfsDir = "rootfs"
+	// EnvFile is the environment of the slot's systemd-nspawn, read by
+	// unbounded-container@.service (EnvironmentFile=): what the OCI
+	// configuration cannot say (the cgroup hierarchy).
+	EnvFile = "nspawn.env"
 )
 
 // OCIVersion is the runtime-spec version the bundle says: systemd-nspawn
@@ -57,6 +90,17 @@ func Spec(name, init string, caps []string, containerdDir string, f devices.Foun
 			annotationPrefix + "cgroup":       "the hierarchy is chosen at prepare from the host's and given to nspawn in nspawn.env beside this file",
 		},
 	}
+	setDevices(s, f)
+	return s
+}
+
+// fixedMounts are Spec's mounts before the devices'.
+const fixedMounts = 2
+
+// setDevices makes s bind the host devices f (after the fixed mounts).
+func setDevices(s *specs.Spec, f devices.Found) {
+	s.Mounts = s.Mounts[:min(len(s.Mounts), fixedMounts)]
+	s.Linux.ReadonlyPaths = nil
 	for _, d := range f.Devices {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: d.Path, Type: "bind", Source: d.Path})
 	}
@@ -66,5 +110,74 @@ func Spec(name, init string, caps []string, containerdDir string, f devices.Foun
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: p, Type: "bind", Source: p})
 		s.Linux.ReadonlyPaths = append(s.Linux.ReadonlyPaths, p)
 	}
-	return s
+}
+
+// Marshal is the text of config.json for s.
+func Marshal(s *specs.Spec) ([]byte, error) {
+	data, err := json.MarshalIndent(s, "", "\t")
+	if err != nil {
+		return nil, err
+	}
+	return append(data, '\n'), nil
+}
+
+// Read reads the slot's config.json.
+func Read(p hostpaths.Paths, slot string) (*specs.Spec, error) {
+	data, err := os.ReadFile(filepath.Join(Dir(p, slot), ConfigFile))
+	if err != nil {
+		return nil, err
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", p.Rel(filepath.Join(Dir(p, slot), ConfigFile)), err)
+	}
+	if s.Linux == nil {
+		s.Linux = &specs.Linux{}
+	}
+	return &s, nil
+}
+
+// Refresh finds the host devices of slot's node again under the rules of
+// its record (machinefile.Rediscover) and, when they differ from what
+// config.json binds, rewrites it (and the CDI specification in the
+// rootfs): unbounded-container@<slot>.service runs it before every start
+// (unbounded-restart --devices-of), so a restart, a reboot or a repave's
+// switch binds what the host has now, as in mode nspawn. A slot without a
+// bundle or a record is left alone.
+func Refresh(p hostpaths.Paths, slot string, log *slog.Logger) error {
+	s, err := Read(p, slot)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	rec, f, err := machinefile.Rediscover(p, slot, log)
+	if err != nil || rec == nil {
+		return err
+	}
+	cur, err := Marshal(s)
+	if err != nil {
+		return err
+	}
+	setDevices(s, f)
+	text, err := Marshal(s)
+	if err != nil {
+		return err
+	}
+	if string(cur) == string(text) {
+		return nil
+	}
+	if err := machinefile.WriteCDISpec(filepath.Join(Dir(p, slot), RootfsDir), f); err != nil {
+		return err
+	}
+	if err := state.WriteFileAtomic(filepath.Join(Dir(p, slot), ConfigFile), text, 0o600); err != nil {
+		return err
+	}
+	if err := devices.WriteRecord(p, slot, devices.Record{Options: rec.Options, Found: f, At: time.Now().UTC()}); err != nil {
+		return err
+	}
+	log.Info("the node's devices changed; its next start binds them", "slot", slot,
+		"before", strings.Join(rec.Found.Paths(), " "), "now", strings.Join(f.Paths(), " "))
+	return nil
 }
