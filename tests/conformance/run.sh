@@ -9,7 +9,7 @@
 #   2. runs tests/system's TestConformance with every [NodeConformance]
 #      spec (UNBOUNDED_TEST_CONFORMANCE_FOCUS=all, or the focus given):
 #      a control plane of its own, a test host that becomes a Node through
-#      the agent's first boot (mode nspawn, offline: the e2e images are
+#      the agent's first boot (mode nspawn or CONFORMANCE_MODES, offline: the e2e images are
 #      built here from source and loaded under their upstream names), then
 #      e2e.test through `ginkgo -p` (12 processes), skipping skips.yaml's
 #      specs;
@@ -21,6 +21,9 @@
 # entry in skips.yaml, or something could not be built or started.
 #
 # Environment: CONFORMANCE_FOCUS ("all", "ci" or a Ginkgo regexp),
+# CONFORMANCE_MODES (the isolation modes, each a node and a control plane
+# of its own: default nspawn; "nspawn container" for both, each report
+# in a directory named after its mode),
 # CONFORMANCE_PROCS (parallel e2e processes, default 12), CONFORMANCE_SEED
 # (Ginkgo's order), CONFORMANCE_REPORT.
 set -euo pipefail
@@ -54,6 +57,7 @@ export UNBOUNDED_TEST_DEB UNBOUNDED_TEST_ROOTFS UNBOUNDED_TEST_KUBELET UNBOUNDED
 export UNBOUNDED_TEST_MANIFESTS=$manifests
 export UNBOUNDED_TEST_CONFORMANCE=$bin
 export UNBOUNDED_TEST_CONFORMANCE_FOCUS=${CONFORMANCE_FOCUS:-all}
+export UNBOUNDED_TEST_CONFORMANCE_MODES=${CONFORMANCE_MODES:-nspawn}
 # Twelve processes on two cores: the specs wait (probes, back-offs,
 # timeouts) far more than they compute; 190 minutes of specs ran in 28.
 export UNBOUNDED_TEST_CONFORMANCE_PROCS=${CONFORMANCE_PROCS:-12}
@@ -73,9 +77,10 @@ rc=0
 tests/kube/with-env.sh go test -count=1 -v -timeout 180m -run '^(TestConformanceSkipListIsCurrent|TestConformance)$' ./tests/system/ \
 	| tee "$report/go-test.log" | grep -E '^(=== RUN|--- |\s+conformance_test.go|ok|FAIL|PASS)' || rc=$?
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-if [ -f "$report/report.md" ]; then
-	log "report: $report/report.md"
-	sed -n '1,/^## Skipped, with reasons/p' "$report/report.md" | sed '$d'
-fi
+for r in "$report"/report.md "$report"/*/report.md; do
+	[ -f "$r" ] || continue
+	log "report: $r"
+	sed -n '1,/^## Skipped, with reasons/p' "$r" | sed '$d'
+done
 echo "conformance: preparation ${prep}s, total $(($(date +%s) - start))s, exit $rc" >&2
 exit "$rc"

@@ -16,7 +16,9 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/tests/kubeenv"
 	"unbounded-cloud.io/agent/tests/system/nodestack"
 	"unbounded-cloud.io/agent/tests/tiers"
@@ -25,15 +27,21 @@ import (
 // Upstream conformance of the node the agent makes: Kubernetes' own
 // end-to-end binary (e2e.test, built from the test control plane's module
 // by tests/conformance/build.sh) runs [NodeConformance] specs against a
-// node that the agent's first boot (mode nspawn, offline: artifacts, node
-// image and the e2e images from the offline directory) made in a control
-// plane of its own (the specs schedule pods on any Node and want every
+// node that the agent's first boot (offline: artifacts, node image and
+// the e2e images from the offline directory) made in a control plane of
+// its own (the specs schedule pods on any Node and want every
 // Node Ready; other tests' Nodes come and go).
 //
 // What runs (UNBOUNDED_TEST_CONFORMANCE_FOCUS):
 //   - unset or "ci": the pinned CI subset, tests/conformance/ci-subset.txt;
 //   - "all": every [NodeConformance] spec (`make conformance`);
 //   - anything else: a Ginkgo focus regexp.
+//
+// On which modes (UNBOUNDED_TEST_CONFORMANCE_MODES, a list): the CI
+// subset on a node of mode nspawn and one of mode container, each with a
+// control plane of its own, side by side; any other focus on nspawn. A
+// run of several modes writes each report in a directory named after its
+// mode.
 //
 // Either way the specs of tests/conformance/skips.yaml are skipped, each
 // with its reason, and the test fails if a spec failed, or if a spec was
@@ -47,6 +55,7 @@ const (
 	envConformanceReport = "UNBOUNDED_TEST_CONFORMANCE_REPORT"
 	envConformanceProcs  = "UNBOUNDED_TEST_CONFORMANCE_PROCS"
 	envConformanceSeed   = "UNBOUNDED_TEST_CONFORMANCE_SEED"
+	envConformanceModes  = "UNBOUNDED_TEST_CONFORMANCE_MODES"
 )
 
 const (
@@ -290,14 +299,56 @@ func TestConformance(t *testing.T) {
 		t.Fatalf("e2e.test --list-images: %v", err)
 	}
 	refs := strings.Fields(string(out))
-
-	begin := time.Now()
 	manifests := os.Getenv("UNBOUNDED_TEST_MANIFESTS")
 	if manifests == "" {
 		tiers.Skip(t, tiers.System, "conformance: UNBOUNDED_TEST_MANIFESTS is not set (run under tests/run-tiers.sh or /work/dev.sh)")
 	}
-	env := kubeEnvOf(t, kubeenv.StartPrivate(t, manifests))
-	f := newFirstBoot(t, firstBootOptions{offline: true, env: env})
+	if p, err := strconv.Atoi(os.Getenv(envConformanceProcs)); err == nil && p > 0 {
+		procs = p
+	}
+	report := os.Getenv(envConformanceReport)
+	if report == "" {
+		report = t.TempDir()
+	}
+	// Each mode's node in a cluster of its own, side by side: the CI
+	// subset on both blue/green modes; a whole run (hours of specs) on
+	// nspawn unless asked.
+	modes := strings.Fields(strings.ReplaceAll(os.Getenv(envConformanceModes), ",", " "))
+	if len(modes) == 0 {
+		modes = []string{"nspawn"}
+		if os.Getenv(envConformanceFocus) == "" || os.Getenv(envConformanceFocus) == "ci" {
+			modes = append(modes, "container")
+		}
+	}
+	for _, mode := range modes {
+		c := conformanceRun{mode: mode, bin: bin, refs: refs, manifests: manifests, focus: focus, skip: skip,
+			skips: skips, reason: reason, procs: procs, timeout: timeout, report: report}
+		if len(modes) > 1 {
+			c.report = filepath.Join(report, mode)
+		}
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			c.run(t)
+		})
+	}
+}
+
+// conformanceRun is one mode's run of the specs on a node of its own.
+type conformanceRun struct {
+	mode, bin, manifests, focus, skip, timeout, report string
+	refs                                               []string
+	skips                                              []skipEntry
+	reason                                             map[string]string
+	procs                                              int
+}
+
+// run boots an offline first-boot host of c.mode into a private control
+// plane, runs e2e.test against it and writes the report.
+func (c conformanceRun) run(t *testing.T) {
+	bin, refs, focus, skip, skips, reason, procs, timeout, report := c.bin, c.refs, c.focus, c.skip, c.skips, c.reason, c.procs, c.timeout, c.report
+	begin := time.Now()
+	env := kubeEnvOf(t, kubeenv.StartPrivate(t, c.manifests))
+	f := newFirstBoot(t, firstBootOptions{offline: true, env: env, mode: c.mode})
 	f.mirror.Close()
 	offline := filepath.Join(f.m.Root(), hostpaths.HostRootHost, "offline")
 	if err := os.MkdirAll(offline, 0o755); err != nil {
@@ -320,21 +371,14 @@ func TestConformance(t *testing.T) {
 
 	begin = time.Now()
 	f.m.Start()
-	f.wantBootstrapped(t, "nspawn", "systemd-nspawn@kube1.service")
+	f.wantBootstrapped(t, c.mode, unitnames.KubeletHost(c.mode, bootstrap.FirstSlot))
 	if t.Failed() {
 		return
 	}
-	t.Logf("node %s Ready %v after the boot began", f.name, time.Since(begin).Round(time.Millisecond))
+	t.Logf("node %s (mode %s) Ready %v after the boot began", f.name, c.mode, time.Since(begin).Round(time.Millisecond))
 
 	// e2e.test, in parallel processes (ginkgo -p): the specs wait far more
 	// than they compute. [Serial] specs run alone at the end.
-	if p, err := strconv.Atoi(os.Getenv(envConformanceProcs)); err == nil && p > 0 {
-		procs = p
-	}
-	report := os.Getenv(envConformanceReport)
-	if report == "" {
-		report = t.TempDir()
-	}
 	if err := os.MkdirAll(report, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -388,8 +432,8 @@ func TestConformance(t *testing.T) {
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Node conformance report\n\nNode %s made by the agent's first boot (mode nspawn, offline), e2e.test %s, %d processes.\n\n",
-		f.name, "from tests/conformance (k8s.io/kubernetes of tests/kube)", procs)
+	fmt.Fprintf(&b, "# Node conformance report\n\nNode %s made by the agent's first boot (mode %s, offline), e2e.test %s, %d processes.\n\n",
+		f.name, c.mode, "from tests/conformance (k8s.io/kubernetes of tests/kube)", procs)
 	fmt.Fprintf(&b, "Passed: %d  Failed: %d  Skipped (listed in tests/conformance/skips.yaml): %d  Skipped by upstream, unlisted: %d  Time: %v (%s on %d CPUs)\n\n",
 		len(passed), len(failed), len(skippedListed), len(skippedUnlisted), took, runtime.GOOS, runtime.NumCPU())
 	if len(failed) > 0 {

@@ -10,7 +10,11 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
 
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/modes/container"
 	"unbounded-cloud.io/agent/lib/modes/container/bundle"
 	"unbounded-cloud.io/agent/tests/system/nodestack"
@@ -22,31 +26,41 @@ import (
 // control plane), each step from the state the last left, as an operator
 // meets them:
 //
-//  1. first boot in mode container: a Ready Node running a Deployment's
-//     pod, its node stack in the OCI bundle of slot kube1, run by
-//     unbounded-container@kube1.service (systemd-nspawn --oci-bundle);
+//  1. first boot in mode container, bootstrap killed at each of its crash
+//     points in turn (one resumed by a reboot), then converging: a Ready
+//     Node running a Deployment's pod, its node stack in the OCI bundle of
+//     slot kube1, run by unbounded-container@kube1.service
+//     (systemd-nspawn --oci-bundle);
 //  2. a restart (unbounded-restart.service) reboots only the container,
 //     which gets the device that appeared on the host meanwhile;
-//  3. a repave by hand kube1 -> kube2, the pod back on the new node;
+//  3. a repave kube1 -> kube2 killed at each of its crash points in turn,
+//     then converging, the pod back on the new node;
 //  4. a forced repave onto a node image that never gets healthy rolls
 //     back to kube2;
-//  5. a reboot of the host brings the node back behind the fence, no
-//     second bootstrap;
+//  5. a reboot of the host while the cluster fences the allocation: the
+//     fence refuses (77) and no container starts; unfenced, the node
+//     comes back behind the fence, no second bootstrap;
 //  6. `unbounded reset --yes` leaves the host's root as it was before
 //     the first boot.
 func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T) {
 	t.Parallel()
-	f := newFirstBoot(t, firstBootOptions{mode: "container"})
+	uid := string(uuid.NewUUID())
+	f := newFirstBoot(t, firstBootOptions{mode: "container", extra: fmt.Sprintf("\n[allocation]\nuid = %q\n", uid)})
 	logJournalsOnFailure(t, f)
 	before := rootManifest(t, f.m.Root())
 	config, err := f.m.ReadFile("/etc/unbounded/agent.toml")
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The cluster's side of the allocation, not fenced yet.
+	setAllocationFenced(t, f, uid, false)
 
-	// 1. First boot.
-	ns := f.bootNode(t)
+	// 1. First boot, killed at every crash point on the way.
+	crashBootstrapAtEveryPoint(t, f)
+	f.waitAgentCertificate(t)
+	ns := f.runPod(t)
 	f.wantBootstrapped(t, "container", container.Unit("kube1"))
+	wantOneSlot(t, f)
 	wantFencedUnit(t, f.m, "unbounded-mode-container.target", container.Unit("kube1"))
 	pod := f.waitPodRunning(t, ns, 2*time.Minute)
 	if out, err := f.m.Run("unbounded", "supports-isolation", "container"); err != nil {
@@ -105,13 +119,9 @@ func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T)
 		return
 	}
 
-	// 3. Repave by hand to kube2.
+	// 3. Repave to kube2, killed at every crash point on the way.
 	ref := f.setNodeImage(t, "bookworm-2")
-	p, took := f.repave(t, 10*time.Minute)
-	if p["ExecMainStatus"] != "0" {
-		t.Fatalf("repave kube1 -> kube2: %v\n%s", p, f.lastRunJournal(t, p))
-	}
-	t.Logf("repave kube1 -> kube2 by hand: %v", took.Round(time.Millisecond))
+	crashRepaveAtEveryPoint(t, f)
 	f.wantSlot(t, "kube2", ref)
 	waitUntil(t, 3*time.Minute, "Node Ready after the repave", f.nodeReady)
 	if again := f.waitPodRunning(t, ns, 3*time.Minute); again.UID == pod.UID {
@@ -125,7 +135,7 @@ func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T)
 	bad := f.reg.Push(t, "unbounded/node:never-healthy", nodestack.NeverHealthyNodeImage(t, f.stage.NodeImage(t)))
 	f.setImageRef(t, bad)
 	f.repaveFlags(t, "--force", "--delete-unmanaged", "--drain-timeout=15s", "--ready-timeout="+neverHealthyReadyTimeout)
-	p, took = f.repave(t, 10*time.Minute)
+	p, took := f.repave(t, 10*time.Minute)
 	j := f.lastRunJournal(t, p)
 	if p["ExecMainStatus"] != "1" {
 		t.Fatalf("repave onto a node that never gets healthy: %v, want exit 1\n%s", p, j)
@@ -145,14 +155,33 @@ func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T)
 		return
 	}
 
-	// 5. Reboot of the host: the node comes back behind the fence.
+	// 5. Reboot of the host while the cluster fences the allocation: the
+	// fence refuses and the container is not started (no node runs on a
+	// fenced allocation). Unfenced, the operator starts the node; it
+	// comes back behind the fence, with no second bootstrap.
+	setAllocationFenced(t, f, uid, true)
 	rebooted := time.Now()
 	f.m.Reboot()
 	t.Logf("reboot (poweroff with the node running, then boot): %v", time.Since(rebooted).Round(time.Millisecond))
+	wantFencedUnit(t, f.m, "unbounded-mode-container.target", container.Unit("kube2"))
+	waitUntil(t, 2*time.Minute, fenceUnit+" refused", func(context.Context) (bool, error) {
+		p := showProps(t, f.m, fenceUnit, "ActiveState", "ExecMainStatus")
+		return p["ActiveState"] == "failed" && p["ExecMainStatus"] == "77", nil
+	})
+	if s := f.m.UnitState(container.Unit("kube2")); s.ActiveState != "inactive" {
+		t.Errorf("%s = %s with the allocation fenced; want never started", container.Unit("kube2"), s)
+	}
+	wantNodeDown(t, f.m, "unbounded-mode-container.target")
+	if cond := machineCondition(t, f.env, f.name); cond == nil || cond.Status != metav1.ConditionTrue || cond.Reason != v1alpha3.ReasonAllocationFenced {
+		t.Errorf("AllocationLaunchRefused after the fenced boot = %+v, want True/AllocationFenced", cond)
+	}
+	setAllocationFenced(t, f, uid, false)
+	if out, err := f.m.Systemctl("start", nodeTarget); err != nil {
+		t.Fatalf("systemctl start %s after unfencing: %v\n%s\n%s", nodeTarget, err, out, f.m.Journal(fenceUnit))
+	}
 	if p := showProps(t, f.m, bootstrapUnit, "InvocationID"); p["InvocationID"] != "" {
 		t.Errorf("bootstrap ran again at the reboot:\n%s", f.m.Journal(bootstrapUnit))
 	}
-	wantFencedUnit(t, f.m, "unbounded-mode-container.target", container.Unit("kube2"))
 	for _, u := range []string{nodeTarget, container.Unit("kube2"), daemonUnit} {
 		waitUntil(t, 2*time.Minute, u+" active after the reboot", func(context.Context) (bool, error) {
 			return isActive(f.m, u) == "active", nil
@@ -175,4 +204,26 @@ func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T)
 	t.Logf("unbounded reset --yes: %v", time.Since(resetAt).Round(time.Millisecond))
 	wantNothingOfOursRunning(t, f)
 	wantManifest(t, f, before, fmt.Sprintf("after `unbounded reset --yes` in mode %s", f.mode))
+}
+
+// setAllocationFenced makes the cluster's side of f's allocation uid:
+// the Machine's spec.allocation, fenced or not (the Machine created when
+// it is not there yet).
+func setAllocationFenced(t *testing.T, f *firstBoot, uid string, fenced bool) {
+	t.Helper()
+	ctx := context.Background()
+	alloc := &v1alpha3.AllocationRef{Name: "alloc-" + f.name, UID: uid, Fenced: fenced}
+	cur := &v1alpha3.Machine{}
+	err := f.env.api.Get().Resource(v1alpha3.ResourceMachines).Name(f.name).Do(ctx).Into(cur)
+	switch {
+	case apierrors.IsNotFound(err):
+		in := &v1alpha3.Machine{ObjectMeta: metav1.ObjectMeta{Name: f.name}, Spec: v1alpha3.MachineSpec{Allocation: alloc}}
+		err = f.env.api.Post().Resource(v1alpha3.ResourceMachines).Body(in).Do(ctx).Error()
+	case err == nil:
+		cur.Spec.Allocation = alloc
+		err = f.env.api.Put().Resource(v1alpha3.ResourceMachines).Name(f.name).Body(cur).Do(ctx).Error()
+	}
+	if err != nil {
+		t.Fatalf("Machine %s's allocation fenced=%t: %v", f.name, fenced, err)
+	}
 }

@@ -24,6 +24,7 @@ import (
 	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
+	"unbounded-cloud.io/agent/lib/modes/container/bundle"
 	stack "unbounded-cloud.io/agent/lib/modes/nodestack"
 	"unbounded-cloud.io/agent/lib/reset"
 )
@@ -421,31 +422,39 @@ func (f *firstBoot) waitReadySince(t *testing.T, t0 time.Time, timeout time.Dura
 }
 
 // wantOneSlot: the converged host has exactly slot kube1, with its one
-// applied config.
+// applied config and its node's tree, and nothing an interrupted build
+// left beside it (machines of mode nspawn, the bundle's temporary and
+// old trees of mode container).
 func wantOneSlot(t *testing.T, f *firstBoot) {
 	t.Helper()
-	for _, s := range hostpaths.Slots {
-		_, errApplied := os.Stat(f.paths.AppliedConfig(s))
-		_, errNspawn := os.Stat(f.paths.NspawnConfig(s))
-		_, errMachine := os.Lstat(f.paths.MachineDir(s))
-		want := s == bootstrap.FirstSlot
-		for what, err := range map[string]error{"applied config": errApplied, "nspawn settings": errNspawn, "machine directory": errMachine} {
-			if (err == nil) != want {
-				t.Errorf("slot %s %s: %v, want present=%v", s, what, err, want)
+	f.wantSlot(t, bootstrap.FirstSlot, "")
+	wantOnly := func(dir string, want ...string) {
+		t.Helper()
+		out, err := f.m.Run("ls", "-A", dir)
+		if err != nil {
+			t.Fatalf("ls -A %s: %v\n%s", dir, err, out)
+		}
+		var names []string
+		for _, n := range strings.Fields(out) {
+			// systemd-nspawn's lock of the image it runs.
+			if !strings.HasPrefix(n, ".#") {
+				names = append(names, n)
 			}
 		}
-	}
-	ents, _ := os.ReadDir(filepath.Join(f.m.Root(), hostpaths.MachinesDirHost))
-	var names []string
-	for _, e := range ents {
-		// systemd-nspawn's lock of the image it runs.
-		if !strings.HasPrefix(e.Name(), ".#") {
-			names = append(names, e.Name())
+		if !slices.Equal(names, want) {
+			t.Errorf("%s holds %v, want only %v", dir, names, want)
 		}
 	}
-	if len(names) != 1 || names[0] != bootstrap.FirstSlot {
-		t.Errorf("/var/lib/machines holds %v, want only %s", names, bootstrap.FirstSlot)
+	if f.mode != "container" {
+		wantOnly(hostpaths.MachinesDirHost, bootstrap.FirstSlot)
+		return
 	}
+	// Through the running host: the slots are on a directory bound into
+	// it (nodestack.FirstBootHost). The slot's containerd store lives
+	// beside its bundle.
+	slot := hostpaths.New("/").SlotDir(bootstrap.FirstSlot)
+	wantOnly(filepath.Dir(slot), bootstrap.FirstSlot)
+	wantOnly(slot, filepath.Base(bundle.Dir(hostpaths.New("/"), bootstrap.FirstSlot)), "containerd")
 }
 
 // TestResetThenBootstrapAgainUnderTheSameName: a Ready Node with a pod is
@@ -522,19 +531,16 @@ func TestResetThenBootstrapAgainUnderTheSameName(t *testing.T) {
 	}
 }
 
-// TestBootstrapAndResetCrashAtEveryPointConverge chains, on one host, a
-// bootstrap killed at each of its crash points in run order (the host
+// crashBootstrapAtEveryPoint boots the fresh host f with bootstrap
+// killed at each of its crash points in run order (the host
 // preparation's inside it), each run resuming what the last left, one of
 // them resumed by a reboot (the generator sees the ownership record naming
-// the bootstrap unit); then a run without a crash point converges to what
-// an uninterrupted first boot gives. The same for reset, ending in the
-// host as it was before its first boot.
-func TestBootstrapAndResetCrashAtEveryPointConverge(t *testing.T) {
-	t.Parallel()
-	f := newFirstBoot(t, firstBootOptions{})
-	before := rootManifest(t, f.m.Root())
+// the bootstrap unit); then a run without a crash point, which must
+// succeed. The mode's own steps are inside the phases (its Prepare in the
+// slot phase, its Start in the start phase), so the chain is every mode's.
+func crashBootstrapAtEveryPoint(t *testing.T, f *firstBoot) {
+	t.Helper()
 	chain := time.Now()
-
 	var points []string
 	for _, p := range bootstrap.CrashPoints {
 		points = append(points, p)
@@ -563,6 +569,20 @@ func TestBootstrapAndResetCrashAtEveryPointConverge(t *testing.T) {
 	}
 	runToSuccess(t, f, bootstrapUnit, 8*time.Minute)
 	t.Logf("bootstrap chain of %d crash points and a reboot, converged: %v", len(points), time.Since(chain).Round(time.Millisecond))
+}
+
+// TestBootstrapAndResetCrashAtEveryPointConverge chains, on one host, a
+// bootstrap killed at each of its crash points in run order (the host
+// preparation's inside it), each run resuming what the last left, one of
+// them resumed by a reboot (the generator sees the ownership record naming
+// the bootstrap unit); then a run without a crash point converges to what
+// an uninterrupted first boot gives. The same for reset, ending in the
+// host as it was before its first boot.
+func TestBootstrapAndResetCrashAtEveryPointConverge(t *testing.T) {
+	t.Parallel()
+	f := newFirstBoot(t, firstBootOptions{})
+	before := rootManifest(t, f.m.Root())
+	crashBootstrapAtEveryPoint(t, f)
 	f.wantBootstrapped(t, "nspawn", "systemd-nspawn@kube1.service")
 	wantOneSlot(t, f)
 	rec := hostPrepRecord(t, f)

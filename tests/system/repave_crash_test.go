@@ -9,9 +9,9 @@ import (
 	"unbounded-cloud.io/agent/lib/repave"
 )
 
-// repaveChain is every crash point a repave of the nspawn mode passes, in
-// the order it reaches them: lib/repave's, with the mode's and the Fence
-// hook's inside the switch.
+// repaveChain is every crash point a blue/green repave (modes nspawn and
+// container: lib/modes/bluegreen) passes, in the order it reaches them:
+// lib/repave's, with the mode's and the Fence hook's inside the switch.
 func repaveChain() []string {
 	var out []string
 	for _, p := range repave.CrashPoints {
@@ -49,6 +49,20 @@ func crashRepave(t *testing.T, f *firstBoot, point string) {
 	t.Logf("%s crashed at %s after %v", repaveService, point, time.Since(begin).Round(time.Millisecond))
 }
 
+// crashRepaveAtEveryPoint runs one blue/green repave of f killed at
+// every crash point in turn, each start resuming the one before from its
+// journal and going on to the next point, then a start without a crash
+// point, which must succeed.
+func crashRepaveAtEveryPoint(t *testing.T, f *firstBoot) {
+	t.Helper()
+	begin := time.Now()
+	for _, point := range repaveChain() {
+		crashRepave(t, f, point)
+	}
+	runToSuccess(t, f, repaveService, 8*time.Minute)
+	t.Logf("repave crashed at %d points then a clean run: %v", len(repaveChain()), time.Since(begin).Round(time.Millisecond))
+}
+
 // TestRepaveCrashAtEveryPointThenPowerCutsConverge: (1) one repave
 // (kube1 -> kube2) killed at every crash point in turn, each start
 // resuming the one before from its journal and going on to the next
@@ -66,12 +80,7 @@ func TestRepaveCrashAtEveryPointThenPowerCutsConverge(t *testing.T) {
 
 	// (1) Every crash point of one repave.
 	ref2 := f.setNodeImage(t, "bookworm-2")
-	begin := time.Now()
-	for _, point := range repaveChain() {
-		crashRepave(t, f, point)
-	}
-	runToSuccess(t, f, repaveService, 8*time.Minute)
-	t.Logf("crash at %d points then a clean run: %v", len(repaveChain()), time.Since(begin).Round(time.Millisecond))
+	crashRepaveAtEveryPoint(t, f)
 	f.wantSlot(t, "kube2", ref2)
 	waitUntil(t, 3*time.Minute, "Node Ready", f.nodeReady)
 	f.waitPodRunning(t, ns, 3*time.Minute)
