@@ -378,7 +378,7 @@ func (b *Bootstrap) load(ctx context.Context) (*config.Config, *Journal, Reporte
 	// lib/config accepts an empty image (it is only needed by this mode);
 	// say so now, before the host is changed, not after host preparation
 	// and downloads when the slot is built.
-	if (cfg.Mode == "nspawn" || cfg.Mode == "container") && cfg.Nspawn.Image == "" {
+	if state.NodeFromImage(cfg.Mode) && cfg.Nspawn.Image == "" {
 		return nil, nil, nil, fmt.Errorf("%w: %s: [nspawn] image is not set; mode %s builds the node from that image",
 			exitcode.ErrConfigInvalid, strings.Join(cfg.Files, ", "), cfg.Mode)
 	}

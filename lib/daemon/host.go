@@ -10,6 +10,7 @@ import (
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
 
+	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/unitjournal"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
@@ -89,6 +90,18 @@ type Host struct {
 	// BootID identifies the current boot; nil reads
 	// /proc/sys/kernel/random/boot_id.
 	BootID func() (string, error)
+	// ChangeMethod says how this build changes the isolation mode from
+	// one mode to another, or that it does not; nil is
+	// modes.ChangeMethod, the build's table (which has every pair of
+	// today's modes: tests give a build that lacks one).
+	ChangeMethod func(from, to string) (string, error)
+}
+
+func (h Host) changeMethod(from, to string) (string, error) {
+	if h.ChangeMethod != nil {
+		return h.ChangeMethod(from, to)
+	}
+	return modes.ChangeMethod(from, to)
 }
 
 func (h Host) systemd(ctx context.Context) (Systemd, error) {

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
-	"unbounded-cloud.io/agent/lib/modes"
+
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
@@ -89,7 +89,7 @@ func (d *daemon) isolationJob() *job {
 	if o, err := state.ReadIsolationOutcome(d.p); err != nil || o != nil {
 		return nil // reported first (reportMachine), then judged
 	}
-	if _, err := modes.ChangeMethod(d.active.Mode, to); err != nil {
+	if _, err := d.host.changeMethod(d.active.Mode, to); err != nil {
 		d.handled[uid] = true
 		if err := state.WriteIsolationSpecSeen(d.p, to); err != nil {
 			d.log.Warn("the isolation spec seen not recorded", "error", err)
@@ -241,7 +241,7 @@ func isolationPhase(want *v1alpha3.Machine, s v1alpha3.IsolationChangeState) {
 // it until the unit has ended (isolationEnded).
 func (d *daemon) startIsolation(ctx context.Context, j *job) {
 	from, to := j.params["from"], j.params["to"]
-	method, _ := modes.ChangeMethod(from, to) // a pair isolationJob let through
+	method, _ := d.host.changeMethod(from, to) // a pair isolationJob let through
 	d.isolationStarted = &v1alpha3.IsolationChangeStatus{From: v1alpha3.IsolationMode(from), To: v1alpha3.IsolationMode(to),
 		Method: v1alpha3.IsolationChangeMethod(method), State: v1alpha3.IsolationChangeInProgress, StartTime: statusTime(d.host.now()),
 		Message: fmt.Sprintf("%s started for spec.isolation.mode %s (generation %d)", targets[OperationIsolationChange].unit, to, d.machineObj.Generation)}

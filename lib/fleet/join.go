@@ -156,14 +156,14 @@ func Join(ctx context.Context, kube kubernetes.Interface, o JoinOptions) (*Joine
 	if err := identity.ValidateMachineName(o.Machine); err != nil {
 		return nil, err
 	}
-	switch o.Mode {
-	case "nspawn":
+	switch {
+	case state.NodeFromImage(o.Mode):
 		if o.Image == "" {
-			return nil, errors.New("mode nspawn needs the node image (--image REF): the host builds its node from it")
+			return nil, fmt.Errorf("mode %s needs the node image (--image REF): the host builds its node from it", o.Mode)
 		}
-	case "none":
+	case o.Mode == "none":
 	default:
-		return nil, fmt.Errorf("mode %q: one of nspawn, none", o.Mode)
+		return nil, fmt.Errorf("mode %q: one of %s", o.Mode, strings.Join(state.Modes, ", "))
 	}
 	if o.TTL < time.Minute || o.TTL > 365*24*time.Hour {
 		return nil, fmt.Errorf("ttl %s: between 1m and 8760h", o.TTL)
@@ -214,7 +214,7 @@ func agentTOML(o JoinOptions) []byte {
 	if o.ArtifactsURL != "" {
 		fmt.Fprintf(&b, "\n[artifacts]\nbase-url = %q\n", o.ArtifactsURL)
 	}
-	if o.Mode == "nspawn" {
+	if state.NodeFromImage(o.Mode) {
 		fmt.Fprintf(&b, "\n[nspawn]\nimage = %q\n", o.Image)
 	}
 	return []byte(b.String())

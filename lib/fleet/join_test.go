@@ -82,6 +82,40 @@ func TestJoinCreatesTheTokenAndFilesTheAgentAccepts(t *testing.T) {
 	}
 }
 
+// A host of mode container gets the node image too: its bundle's rootfs
+// is built from it (the same [nspawn] image as mode nspawn); a host of
+// mode none gets none.
+func TestJoinWritesTheNodeImageForTheModesThatBuildFromIt(t *testing.T) {
+	for mode, want := range map[string]string{"container": joinOptions(t).Image, "none": ""} {
+		o := joinOptions(t)
+		o.Mode = mode
+		if mode == "none" {
+			o.Image = ""
+		}
+		j, err := Join(context.Background(), fake.NewClientset(), o)
+		if err != nil {
+			t.Fatalf("mode %s: %v", mode, err)
+		}
+		root := t.TempDir()
+		for _, f := range j.Files() {
+			os.MkdirAll(filepath.Join(root, filepath.Dir(f.Host)), 0o755)
+			os.WriteFile(filepath.Join(root, f.Host), f.Data, f.Mode)
+		}
+		cfg, err := config.Load(hostpaths.New(root))
+		if err != nil {
+			t.Fatalf("mode %s: the agent refuses the files join wrote: %v\n%s", mode, err, j.AgentTOML)
+		}
+		if cfg.Mode != mode || cfg.Nspawn.Image != want {
+			t.Errorf("mode %s: config mode %q, image %q; want image %q", mode, cfg.Mode, cfg.Nspawn.Image, want)
+		}
+	}
+	o := joinOptions(t)
+	o.Mode, o.Image = "container", ""
+	if _, err := Join(context.Background(), fake.NewClientset(), o); err == nil || !strings.Contains(err.Error(), "mode container needs the node image") {
+		t.Errorf("mode container without an image: %v", err)
+	}
+}
+
 // Bad input is refused before anything is created.
 func TestJoinRefusesBadInputAndCreatesNothing(t *testing.T) {
 	for name, mutate := range map[string]func(*JoinOptions){

@@ -93,8 +93,8 @@ func (g *globals) env() (*env, error) {
 type joinCmd struct {
 	Machine      string        `arg:"" optional:"" help:"The machine's name (a DNS label: also its Node's name)."`
 	TTL          time.Duration `default:"24h" help:"How long the token joins; the cluster's token cleaner deletes it after."`
-	Mode         string        `default:"nspawn" enum:"nspawn,none" help:"The host's isolation mode."`
-	Image        string        `help:"The node image (mode nspawn)."`
+	Mode         string        `default:"nspawn" enum:"nspawn,container,none" help:"The host's isolation mode."`
+	Image        string        `help:"The node image (modes nspawn and container)."`
 	APIServer    string        `name:"api-server" help:"The API server's URL as the host reaches it (default: the kubeconfig's)."`
 	CAFile       string        `name:"ca-file" type:"existingfile" help:"The cluster CA (default: the kubeconfig's)."`
 	Kubernetes   string        `help:"The kubelet's version (default: the API server's)."`

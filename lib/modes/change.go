@@ -26,11 +26,20 @@ const (
 )
 
 // changeMethods is the table of isolation changes this build carries
-// out: from mode, to mode, method. A mode that joins (container) adds its
-// rows here; a pair without a row is refused (ChangeMethod's error).
+// out: from mode, to mode, method. A mode that joins adds its rows here;
+// a pair without a row is refused (ChangeMethod's error). Every pair of
+// today's modes can share the host, so every change is in place by
+// default: the two blue/green modes' nodes are in different slots and
+// trees (a machine /var/lib/machines/<slot>, a bundle
+// /var/lib/unbounded/slots/<slot>/bundle), and mode none's stack is on
+// the host beside either.
 var changeMethods = map[[2]string]string{
-	{"nspawn", "none"}: MethodInPlace,
-	{"none", "nspawn"}: MethodInPlace,
+	{"nspawn", "none"}:      MethodInPlace,
+	{"none", "nspawn"}:      MethodInPlace,
+	{"nspawn", "container"}: MethodInPlace,
+	{"container", "nspawn"}: MethodInPlace,
+	{"container", "none"}:   MethodInPlace,
+	{"none", "container"}:   MethodInPlace,
 }
 
 // ChangeMethod returns how a change of isolation mode from one mode to

@@ -187,8 +187,12 @@ func TestChangeMethodIsTheTables(t *testing.T) {
 	for _, c := range []struct{ from, to, want string }{
 		{"nspawn", "none", modes.MethodInPlace},
 		{"none", "nspawn", modes.MethodInPlace},
-		{"nspawn", "container", ""},
+		{"nspawn", "container", modes.MethodInPlace},
+		{"container", "nspawn", modes.MethodInPlace},
+		{"container", "none", modes.MethodInPlace},
+		{"none", "container", modes.MethodInPlace},
 		{"none", "none", ""},
+		{"nspawn", "docker", ""},
 	} {
 		got, err := modes.ChangeMethod(c.from, c.to)
 		if got != c.want || (err == nil) != (c.want != "") {

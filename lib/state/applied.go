@@ -72,6 +72,13 @@ func ValidMode(m string) bool {
 	return false
 }
 
+// NodeFromImage reports whether mode m builds its node from the node
+// image (agent.toml's [nspawn] image): the blue/green modes, nspawn and
+// container (whose bundle's rootfs is the nspawn machine's tree).
+func NodeFromImage(m string) bool {
+	return m == "nspawn" || m == "container"
+}
+
 // AppliedConfig is the record of what was applied to one slot. It is
 // written only once the node it describes is healthy, so its presence means
 // "this slot ran, with this config".

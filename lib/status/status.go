@@ -238,7 +238,9 @@ func Gather(p hostpaths.Paths) Report {
 		on := active.LocalDNS()
 		r.LocalDNS = &on
 	}
-	if active != nil && active.Mode == "nspawn" {
+	// The modes that give the node host devices record what they found
+	// (mode none's node sees the host's /dev: no record).
+	if active != nil {
 		rec, err := devices.ReadRecord(p, active.Slot)
 		switch {
 		case err != nil:

@@ -450,11 +450,20 @@ func wantOneSlot(t *testing.T, f *firstBoot) {
 		return
 	}
 	// Through the running host: the slots are on a directory bound into
-	// it (nodestack.FirstBootHost). The slot's containerd store lives
-	// beside its bundle.
+	// it (nodestack.FirstBootHost). Beside the bundle, the slot's
+	// containerd store and devices record, and no tree an interrupted
+	// build left (".bundle.tmp-*", ".bundle.old-*").
 	slot := hostpaths.New("/").SlotDir(bootstrap.FirstSlot)
 	wantOnly(filepath.Dir(slot), bootstrap.FirstSlot)
-	wantOnly(slot, filepath.Base(bundle.Dir(hostpaths.New("/"), bootstrap.FirstSlot)), "containerd")
+	out, err := f.m.Run("ls", "-A", slot)
+	if err != nil || !slices.Contains(strings.Fields(out), filepath.Base(bundle.Dir(hostpaths.New("/"), bootstrap.FirstSlot))) {
+		t.Errorf("%s holds %q (%v), want the bundle", slot, out, err)
+	}
+	for _, n := range strings.Fields(out) {
+		if strings.HasPrefix(n, ".bundle.") {
+			t.Errorf("%s/%s is left of an interrupted build", slot, n)
+		}
+	}
 }
 
 // TestResetThenBootstrapAgainUnderTheSameName: a Ready Node with a pod is

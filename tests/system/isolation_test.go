@@ -18,6 +18,7 @@ import (
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/container/bundle"
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/lib/repave"
 	"unbounded-cloud.io/agent/lib/reprovision"
@@ -307,9 +308,12 @@ func (f *firstBoot) wantMode(t *testing.T, mode, slot string) {
 		for _, s := range hostpaths.Slots {
 			gone = append(gone, f.paths.MachineDir(s), f.paths.NspawnConfig(s), f.paths.NspawnDropInDir(s))
 		}
-	case "nspawn":
-		wantFencedUnit(t, f.m, "unbounded-mode-nspawn.target", "systemd-nspawn@"+slot+".service")
+	case "nspawn", "container":
+		wantFencedUnit(t, f.m, "unbounded-mode-"+mode+".target", unitnames.KubeletHost(mode, slot))
 		gone = append(gone, f.paths.MachineDir(hostpaths.OtherSlot(slot)), f.paths.NspawnConfig(hostpaths.OtherSlot(slot)), f.paths.VersionsDir())
+		if mode == "container" {
+			gone = append(gone, f.paths.MachineDir(slot), f.paths.NspawnConfig(slot), f.paths.NspawnDropInDir(slot))
+		}
 		for _, d := range none.StateDirs {
 			gone = append(gone, f.paths.Join(d))
 		}
@@ -321,6 +325,15 @@ func (f *firstBoot) wantMode(t *testing.T, mode, slot string) {
 			if s := isActive(f.m, u); s == "active" || s == "activating" {
 				t.Errorf("%s is %s in mode nspawn", u, s)
 			}
+		}
+	}
+	// The container mode's bundles, through the running host (the slots
+	// are on a directory bound into it): only the running slot's, in
+	// mode container.
+	for _, s := range hostpaths.Slots {
+		b := bundle.Dir(hostpaths.New("/"), s)
+		if _, err := f.m.Lstat(b); (err == nil) != (mode == "container" && s == slot) {
+			t.Errorf("mode %s in slot %s: bundle %s: %v", mode, slot, b, err)
 		}
 	}
 	for _, p := range gone {
@@ -344,6 +357,60 @@ func (f *firstBoot) wantMode(t *testing.T, mode, slot string) {
 		iso := f.machine(t).Status.Isolation
 		return iso != nil && string(iso.Mode) == mode, nil
 	})
+}
+
+// TestIsolationChangeInPlaceBetweenContainerAndTheOtherModes: the
+// container mode's four changes, in place, on one first-booted host of
+// mode nspawn that can also run mode none: nspawn -> container by the
+// Machine's spec, then by hand container -> none, none -> container and
+// container -> nspawn. Each time the Node is Ready under the same name in
+// the new mode, in the other slot, nothing of the old mode left, and the
+// Deployment's pod running again.
+func TestIsolationChangeInPlaceBetweenContainerAndTheOtherModes(t *testing.T) {
+	t.Parallel()
+	f, ns := isolationHost(t, firstBootOptions{alsoNone: true})
+	if t.Failed() {
+		return
+	}
+	pod := f.waitPodRunning(t, ns, time.Minute).Name
+	f.isolationDropIns(t, "")
+
+	// nspawn -> container by the Machine's spec.
+	watch := f.watchDowntime(t)
+	begin := time.Now()
+	f.setIsolationSpec(t, "container")
+	waitUntil(t, 10*time.Minute, "the Machine reports the isolation change to container Succeeded", func(context.Context) (bool, error) {
+		ch := f.machine(t).Status.IsolationChange
+		if ch != nil && ch.To == "container" && ch.State == v1alpha3.IsolationChangeFailed {
+			t.Fatalf("the isolation change failed: %s\n%s", ch.Message, f.m.Journal(isolationUnit))
+		}
+		return ch != nil && ch.To == "container" && ch.Method == v1alpha3.IsolationChangeInPlace && ch.State == v1alpha3.IsolationChangeSucceeded, nil
+	})
+	took := time.Since(begin).Round(time.Millisecond)
+	t.Logf("isolation change nspawn -> container: %v, Node not Ready or absent for %v (by the Machine's spec)", took, watch(t))
+	f.wantMode(t, "container", "kube2")
+	pod = f.waitPodRunningAgain(t, ns, pod)
+	if t.Failed() {
+		return
+	}
+
+	// Then by hand, through the other modes and back to nspawn.
+	slot := "kube2"
+	for _, c := range []struct{ from, to string }{{"container", "none"}, {"none", "container"}, {"container", "nspawn"}} {
+		f.setMode(t, c.to)
+		watch := f.watchDowntime(t)
+		took, p := f.changeIsolation(t)
+		if p["Result"] != "success" {
+			t.Fatalf("isolation change %s -> %s: %v\n%s", c.from, c.to, p, f.lastRunJournal(t, p))
+		}
+		t.Logf("isolation change %s -> %s: %v, Node not Ready or absent for %v (by hand)", c.from, c.to, took, watch(t))
+		slot = hostpaths.OtherSlot(slot)
+		f.wantMode(t, c.to, slot)
+		pod = f.waitPodRunningAgain(t, ns, pod)
+		if t.Failed() {
+			return
+		}
+	}
 }
 
 // TestIsolationChangeCrashAtEveryPointThenPowerCutsConverge: (1) one
