@@ -186,6 +186,10 @@ firstboot() { # MODE: nspawn, container or none
 		if (v["phase.ready"] > 100 || v["floor.kubelet"] > 100)
 			print "  note: a kubelet above waited for its CSINode initialization retry (2 min: its Node registered after\n  the first 18 s of retries); the ratio then compares unlike runs: run again"
 		line(p "unbounded-bootstrap.service, start to exit", v["firstboot.unit"])
+		if ("restart.unit" in v) {
+			line(p "restart: unbounded-restart.service, start to exit", v["restart.unit"])
+			line(p "restart: its start -> Node Ready (API)", v["restart.ready"])
+		}
 		if ("supervisor.rss-kib" in v) printf "%-60s %8d KiB\n", p "node supervisor (systemd-nspawn) resident, a pod running", v["supervisor.rss-kib"]
 		line(p "reset: unbounded reset --yes (a pod running)", v["reset"], v["reset.failed"] ? "  (FAILED: the demo output says why)" : "")
 		if ("firstboot.loop.runs" in v) {

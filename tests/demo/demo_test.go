@@ -345,6 +345,24 @@ func TestDemo(t *testing.T) {
 		}
 	}
 
+	if bench.path != "" {
+		// A restart of the node stack (the node only, never the host): the
+		// unit's run holds the stop, the start and the wait for a healthy
+		// kubelet; then the Node Ready as the cluster sees it.
+		o.step("bench: $ systemctl start unbounded-restart.service")
+		begin := time.Now()
+		if out, err := m.Systemctl("start", "unbounded-restart.service"); err != nil {
+			t.Fatalf("systemctl start unbounded-restart.service: %v\n%s\n%s", err, out, m.Journal("unbounded-restart.service"))
+		}
+		unit := time.Since(begin)
+		waitUntil(t, ctx, 3*time.Minute, "Node Ready after the restart", func(ctx context.Context) (bool, error) {
+			return nodestack.NodeReady(ctx, kube, name)
+		})
+		bench.add("restart.unit", unit)
+		bench.add("restart.ready", time.Since(begin))
+		o.say("restart: the unit's run %s, Node Ready %s after its start", took(unit), took(time.Since(begin)))
+	}
+
 	o.step("$ kubectl get nodes,pods -o wide -n %s   (the API server's own table, as kubectl prints it)", ns)
 	if err := printTables(ctx, kube, ns); err != nil {
 		t.Fatal(err)
