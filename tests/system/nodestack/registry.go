@@ -3,7 +3,9 @@ package nodestack
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	"io"
+	"io/fs"
 	"log"
 	"net"
 	"net/http"
@@ -214,9 +216,16 @@ func (s *Stage) NodeImage(t testing.TB) v1.Image {
 			os.Remove(tmp)
 			t.Fatalf("nodestack: layer of %s: %v\n%s", rootfs, err, out)
 		}
-		if err := os.Rename(tmp, layerFile); err != nil {
+		// The first build in place wins, and the file is never replaced:
+		// tests (of this process and others) that built it at the same
+		// time read it by path, and two builds differ (tar's pax headers
+		// hold access times), so a rename over it changed a layer under
+		// a push that had its digest (a cold CI run's parallel tests).
+		if err := os.Link(tmp, layerFile); err != nil && !errors.Is(err, fs.ErrExist) {
+			os.Remove(tmp)
 			t.Fatal(err)
 		}
+		os.Remove(tmp)
 		t.Logf("nodestack: built the node layer of %s in %v", rootfs, time.Since(start).Round(time.Millisecond))
 	}
 	l, err := tarball.LayerFromFile(layerFile, tarball.WithMediaType(types.OCILayer))
