@@ -160,11 +160,13 @@ func (e *kubeEnv) createOp(t *testing.T, machine string, typ v1alpha3.OperationT
 
 func (e *kubeEnv) waitOp(t *testing.T, m *harness.Machine, name string) *v1alpha3.MachineOperation {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	begin := time.Now()
+	deadline := begin.Add(60 * time.Second)
 	for {
 		op := &v1alpha3.MachineOperation{}
 		err := e.api.Get().Resource(v1alpha3.ResourceMachineOperations).Name(name).Do(context.Background()).Into(op)
 		if err == nil && op.Status.State.Finished() {
+			logWait(t, begin, "operation "+name+" finished")
 			return op
 		}
 		if time.Now().After(deadline) {

@@ -276,8 +276,21 @@ func (f *firstBoot) waitPodRunning(t *testing.T, ns string, timeout time.Duratio
 
 func waitUntil(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {
 	t.Helper()
-	if err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, cond); err != nil {
+	begin := time.Now()
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, cond)
+	logWait(t, begin, what)
+	if err != nil {
 		t.Fatalf("%s: not within %v: %v", what, timeout, err)
+	}
+}
+
+// logWait tells the tier summary (tests/tiersum) how long a scenario
+// waited on a condition (the cluster's or the host's state) since begin;
+// waits under a second are not worth a line.
+func logWait(t *testing.T, begin time.Time, what string) {
+	t.Helper()
+	if d := time.Since(begin); d >= time.Second {
+		t.Logf("timing: wait %.2fs (%s)", d.Seconds(), what)
 	}
 }
 

@@ -13,9 +13,21 @@
 // subtests (a parent whose subtests all skipped is so many skips, not a
 // pass), plus itself if it failed or skipped on its own.
 //
-// A test that used the shared Kubernetes test environment logs a line
-// starting "kubeenv:"; such tests are counted in the "kubernetes" tier
-// whatever package they live in.
+// A test of the unit step that used the shared Kubernetes test environment
+// logs a line starting "kubeenv:"; such tests are counted in the
+// "kubernetes" tier whatever package they live in. Every other step's
+// tests stay under the step that ran them (the system scenarios all use
+// the API server and are counted under "system").
+//
+// What a tier's counts mean: tests and subtests that ended, a test with
+// subtests counted as its subtests; the line also says how many top-level
+// tests (for the system tier: scenarios) ran, and how long the tier's
+// step took from its first event to its last (the kubernetes tier runs
+// inside the unit step: its tests' own time is given).
+//
+// The system tier's scenarios log "timing: KIND SECONDS" lines
+// (tests/system/harness: boot and first-boot; tests/system: wait);
+// the summary lists every scenario with its wall time and those sums.
 //
 // The tiers named in UNBOUNDED_TEST_REQUIRED (see tests/tiers; "kube" is
 // the "kubernetes" tier) must run: one that skipped every test or ran none
@@ -33,7 +45,9 @@ import (
 	"os"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	"unbounded-cloud.io/agent/tests/tiers"
 )
@@ -47,6 +61,7 @@ type event struct {
 	Test    string
 	Output  string
 	Elapsed float64 // seconds, on a test's pass, fail or skip
+	Time    time.Time
 	// OutputType is "error" for the first line of a t.Error or t.Fatal
 	// message and "error-continue" for its further lines (go1.27's
 	// test2json; empty on older toolchains and for t.Log).
@@ -65,13 +80,28 @@ type tally struct {
 	reasons                 map[string]int
 	failures                []string
 	took                    []timed // its top-level tests that ran
+	// first and last are the times of the step's first and last event
+	// (zero for the kubernetes tier, which has no step of its own).
+	first, last time.Time
 }
 
-// timed is a top-level test and how long it ran.
+// timed is a top-level test, how long it ran and, for a system scenario,
+// what its "timing:" lines add up to by kind.
 type timed struct {
 	name    string
 	seconds float64
+	kinds   map[string]float64
+	counts  map[string]int
 }
+
+// timingKinds are the kinds of "timing:" lines a scenario logs, in the
+// order the summary prints them: every host start (boot), the first start
+// of a host (first-boot: a host with agent.toml boots through its whole
+// bootstrap), and polls until a condition of the cluster or the host holds (wait).
+var timingKinds = []string{"first-boot", "boot", "wait"}
+
+// timingLine is a scenario's "timing: KIND SECONDS" line.
+var timingLine = regexp.MustCompile(`timing: ([a-z-]+) ([0-9.]+)s`)
 
 // slowest is how many of a tier's slowest tests the summary names: where
 // a CI run's time goes, without the raw JSON.
@@ -179,7 +209,7 @@ func run(args []string, required map[string]bool, stdout, stderr io.Writer) int 
 			missing = append(missing, fmt.Sprintf("%s (%s)", name, strings.ToLower(status)))
 			status += " (REQUIRED)"
 		}
-		fmt.Fprintf(stdout, "%-12s %-20s %d passed, %d failed, %d skipped\n", name, status, t.passed, t.failed, t.skipped)
+		fmt.Fprintf(stdout, "%-12s %-20s %d passed, %d failed, %d skipped%s\n", name, status, t.passed, t.failed, t.skipped, t.extent(name))
 		for _, fl := range t.failures {
 			fmt.Fprintf(stdout, "    FAIL %s\n", fl)
 		}
@@ -192,11 +222,16 @@ func run(args []string, required map[string]bool, stdout, stderr io.Writer) int 
 			fmt.Fprintf(stdout, "    skip x%d: %s\n", t.reasons[r], r)
 		}
 		sort.SliceStable(t.took, func(i, j int) bool { return t.took[i].seconds > t.took[j].seconds })
-		for _, tt := range t.took[:min(slowest, len(t.took))] {
-			fmt.Fprintf(stdout, "    %6.1fs %s\n", tt.seconds, tt.name)
+		n := min(slowest, len(t.took))
+		if name == tiers.System {
+			n = len(t.took) // every scenario, with its boots and waits
+		}
+		for _, tt := range t.took[:n] {
+			fmt.Fprintf(stdout, "    %6.1fs %s%s\n", tt.seconds, tt.name, tt.breakdown())
 		}
 		p, f, s = p+t.passed, f+t.failed, s+t.skipped
 	}
+	fmt.Fprintln(stdout, "(counts: tests and subtests that ended, a test with subtests counted as its subtests; top-level: the tests the step ran, for the system tier its scenarios; step: the tier's wall time)")
 	fmt.Fprintf(stdout, "%d passed, %d failed, %d skipped\n", p, f, s)
 	rc := 0
 	if f > 0 {
@@ -209,6 +244,39 @@ func run(args []string, required map[string]bool, stdout, stderr io.Writer) int 
 	return rc
 }
 
+// extent says how many top-level tests the tier ran and how long its step
+// took.
+func (t *tally) extent(name string) string {
+	out := fmt.Sprintf(" (%d top-level", len(t.took))
+	if name == tiers.System {
+		out = fmt.Sprintf(" (%d scenarios", len(t.took))
+	}
+	if !t.first.IsZero() && t.last.After(t.first) {
+		out += fmt.Sprintf("; step %s", t.last.Sub(t.first).Round(time.Second))
+	} else if name == kubeTier {
+		var sum float64
+		for _, tt := range t.took {
+			sum += tt.seconds
+		}
+		out += fmt.Sprintf("; inside the unit step, its tests %.0fs in all", sum)
+	}
+	return out + ")"
+}
+
+// breakdown is a scenario's boots and waits, from its "timing:" lines.
+func (tt timed) breakdown() string {
+	var parts []string
+	for _, k := range timingKinds {
+		if tt.counts[k] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d x %.0fs", k, tt.counts[k], tt.kinds[k]))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
 // result is a test's end: its action (pass, fail, skip) and its output.
 type result struct {
 	test   string
@@ -216,6 +284,9 @@ type result struct {
 	out    []line
 	kube   bool // it logged "kubeenv:"
 	secs   float64
+	// kinds and counts add up its "timing:" lines by kind.
+	kinds  map[string]float64
+	counts map[string]int
 }
 
 // read tallies one go test -json stream into tier (or "kubernetes" for
@@ -250,6 +321,15 @@ func read(w io.Writer, file, tier string, get func(string) *tally) error {
 		if json.Unmarshal(sc.Bytes(), &e) != nil {
 			continue // go test prints build errors as plain text
 		}
+		if !e.Time.IsZero() {
+			t := get(tier)
+			if t.first.IsZero() || e.Time.Before(t.first) {
+				t.first = e.Time
+			}
+			if e.Time.After(t.last) {
+				t.last = e.Time
+			}
+		}
 		ps := pkg(e.Package)
 		if e.Test == "" {
 			switch e.Action {
@@ -268,8 +348,22 @@ func read(w io.Writer, file, tier string, get func(string) *tally) error {
 		switch e.Action {
 		case "output":
 			r.out = append(r.out, line{text: e.Output, isErr: e.OutputType == "error" || e.OutputType == "error-continue"})
-			if strings.Contains(e.Output, "kubeenv:") {
+			if strings.Contains(e.Output, "kubeenv:") && tier == tiers.Unit {
 				r.kube = true
+			}
+			if m := timingLine.FindStringSubmatch(e.Output); m != nil {
+				if secs, err := strconv.ParseFloat(m[2], 64); err == nil {
+					top := ps.tests[topLevel(e.Test)]
+					if top == nil {
+						top = &result{test: topLevel(e.Test)}
+						ps.tests[top.test] = top
+					}
+					if top.kinds == nil {
+						top.kinds, top.counts = map[string]float64{}, map[string]int{}
+					}
+					top.kinds[m[1]] += secs
+					top.counts[m[1]]++
+				}
 			}
 		case "pass", "fail", "skip":
 			r.action, r.secs = e.Action, e.Elapsed
@@ -313,7 +407,7 @@ func read(w io.Writer, file, tier string, get func(string) *tally) error {
 				t = get(kubeTier)
 			}
 			if r.action != "skip" && !strings.Contains(r.test, "/") {
-				t.took = append(t.took, timed{r.test, r.secs})
+				t.took = append(t.took, timed{r.test, r.secs, r.kinds, r.counts})
 			}
 			if parent && (r.action == "pass" || (r.action == "fail" && childFailed[r.test])) {
 				continue // its subtests are counted
@@ -345,6 +439,12 @@ func read(w io.Writer, file, tier string, get func(string) *tally) error {
 		}
 	}
 	return nil
+}
+
+// topLevel is the top-level test of a test or subtest.
+func topLevel(test string) string {
+	top, _, _ := strings.Cut(test, "/")
+	return top
 }
 
 // skipReason picks the message a test gave to t.Skip.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"unbounded-cloud.io/agent/tests/tiers"
 )
@@ -298,7 +299,7 @@ func TestSummaryNamesTheSlowestTestsOfATier(t *testing.T) {
 	end("TestParent/sub", "pass", 500)
 	end("TestParent", "pass", 600)
 	end("TestSkipped", "skip", 900)
-	out, rc := summarize(t, nil, "system="+s.file(t))
+	out, rc := summarize(t, nil, "lint="+s.file(t))
 	if rc != 0 {
 		t.Fatalf("rc %d:\n%s", rc, out)
 	}
@@ -310,5 +311,46 @@ func TestSummaryNamesTheSlowestTestsOfATier(t *testing.T) {
 		if strings.Contains(out, no) {
 			t.Errorf("summary names %s:\n%s", no, out)
 		}
+	}
+}
+
+// The system tier names every scenario, slowest first, with what its
+// "timing:" lines add up to (boots, first boots, waits on the cluster,
+// summed over its subtests); its scenarios stay under "system" though they
+// use the API server; the tier's line says how many scenarios ran and how
+// long its step took.
+func TestSystemTierNamesEveryScenarioWithItsBootsAndWaits(t *testing.T) {
+	const pkg = "x/tests/system"
+	var s stream
+	at := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
+	ev := func(action, test, output string, secs float64) {
+		b, _ := json.Marshal(event{Action: action, Package: pkg, Test: test, Output: output, Elapsed: secs, Time: at})
+		s.lines = append(s.lines, string(b))
+		at = at.Add(10 * time.Second)
+	}
+	ev("run", "TestRepave", "", 0)
+	ev("output", "TestRepave", "    daemon_test.go:1: kubeenv: API server https://127.0.0.1:1\n", 0)
+	ev("output", "TestRepave", "    machine.go:1: timing: first-boot 30.5s (machine ubt-1)\n", 0)
+	ev("run", "TestRepave/crash", "", 0)
+	ev("output", "TestRepave/crash", "    machine.go:1: timing: boot 2.0s (machine ubt-1)\n", 0)
+	ev("output", "TestRepave/crash", "    machine.go:1: timing: boot 3.0s (machine ubt-1)\n", 0)
+	ev("output", "TestRepave/crash", "    firstboot_test.go:1: timing: wait 12.25s (Node Ready)\n", 0)
+	ev("pass", "TestRepave/crash", "", 100)
+	ev("pass", "TestRepave", "", 200)
+	for i := range 7 {
+		ev("run", fmt.Sprintf("TestS%d", i), "", 0)
+		ev("pass", fmt.Sprintf("TestS%d", i), "", float64(i))
+	}
+	ev("pass", "", "", 0)
+	out, rc := summarize(t, nil, "system="+s.file(t))
+	if rc != 0 {
+		t.Fatalf("rc %d:\n%s", rc, out)
+	}
+	mustContain(t, out,
+		"system       ran                  8 passed, 0 failed, 0 skipped (8 scenarios; step 3m50s)",
+		"     200.0s TestRepave (first-boot 1 x 30s, boot 2 x 5s, wait 1 x 12s)\n",
+		"       0.0s TestS0\n")
+	if strings.Contains(out, "kubernetes") {
+		t.Errorf("a system scenario that used the API server is counted in the kubernetes tier:\n%s", out)
 	}
 }

@@ -117,6 +117,7 @@ type Machine struct {
 
 	mounted bool
 	kmsg    *kmsgReader
+	starts  int // how many times it was started
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -390,6 +391,15 @@ func (m *Machine) start() error {
 	m.BootTime = time.Since(begin)
 	m.State = state
 	m.logf("machine %s: %s after %v (leader PID %d, dir %s)", m.Name, state, m.BootTime.Round(time.Millisecond), leader, m.dir)
+	// For the tier summary (tests/tiersum): where a scenario's time went.
+	// A machine's first start is its first boot (with agent.toml, the
+	// whole bootstrap to a Ready Node); every later start is a boot.
+	kind := "boot"
+	if m.starts == 0 {
+		kind = "first-boot"
+	}
+	m.starts++
+	m.logf("timing: %s %.2fs (machine %s)", kind, m.BootTime.Seconds(), m.Name)
 	return nil
 }
 
