@@ -32,6 +32,7 @@ import (
 	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/noderecord"
 	"unbounded-cloud.io/agent/lib/report"
 	"unbounded-cloud.io/agent/lib/state"
@@ -651,14 +652,7 @@ func (d *daemon) observeNode(node *corev1.Node) {
 	d.nodeRepave = &job{uid: uid, typ: v1alpha3.OperationRepave}
 }
 
-func nodeReady(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
+func nodeReady(n *corev1.Node) bool { return kube.Readiness(n).Ready }
 
 // step starts the next job when none runs: first the operations an
 // earlier daemon process left InProgress (resume), then the repave of a

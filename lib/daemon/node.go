@@ -5,6 +5,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/noderecord"
 )
 
@@ -81,15 +82,11 @@ func nodeRecordOf(name string, n *corev1.Node, now time.Time) *noderecord.Record
 	if n == nil {
 		return r
 	}
-	r.Present = true
-	for _, c := range n.Status.Conditions {
-		if c.Type != corev1.NodeReady {
-			continue
-		}
-		r.Status, r.Reason, r.Message = string(c.Status), c.Reason, c.Message
-		r.Ready = c.Status == corev1.ConditionTrue
-		r.Transition = c.LastTransitionTime.UTC()
-		r.Heartbeat = c.LastHeartbeatTime.UTC()
+	st := kube.Readiness(n)
+	r.Present, r.Ready = true, st.Ready
+	r.Status, r.Reason, r.Message = st.Status, st.Reason, st.Message
+	if st.Status != "" {
+		r.Transition, r.Heartbeat = st.Transition.UTC(), st.Heartbeat.UTC()
 	}
 	return r
 }

@@ -303,20 +303,15 @@ func readyAfter(op *v1alpha3.MachineOperation, node *corev1.Node) (bool, string)
 	if node == nil {
 		return false, "Node not registered"
 	}
-	var ready *corev1.NodeCondition
-	for i := range node.Status.Conditions {
-		if node.Status.Conditions[i].Type == corev1.NodeReady {
-			ready = &node.Status.Conditions[i]
-		}
-	}
+	ready := kube.Readiness(node)
 	switch {
-	case ready == nil:
+	case ready.Status == "":
 		return false, "Node has no Ready condition yet"
-	case ready.Status != corev1.ConditionTrue:
+	case !ready.Ready:
 		return false, fmt.Sprintf("Node Ready=%s (%s)", ready.Status, orNone(ready.Reason))
 	case op.Spec.Operation == v1alpha3.OperationAgentUpgrade || op.Status.StartTime == nil:
 		return true, ""
-	case ready.LastHeartbeatTime.Before(op.Status.StartTime):
+	case ready.Heartbeat.Before(op.Status.StartTime.Time):
 		return false, "Node Ready from before the operation started (its kubelet has not reported since)"
 	}
 	return true, ""

@@ -9,7 +9,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/client-go/kubernetes"
@@ -59,10 +58,8 @@ func Rows(ctx context.Context, machines *kube.Machines, core kubernetes.Interfac
 	ready := map[string]string{}
 	for _, n := range nodes.Items {
 		ready[n.Name] = "Unknown"
-		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady {
-				ready[n.Name] = string(c.Status)
-			}
+		if st := kube.Readiness(&n).Status; st != "" {
+			ready[n.Name] = st
 		}
 	}
 	var rows []Row

@@ -83,6 +83,17 @@ func (r *NodeReader) Read(ctx context.Context) (readiness.Node, error) {
 	if err := json.Unmarshal(body, &n); err != nil {
 		return readiness.Node{}, fmt.Errorf("GET node %s: %w", r.Name, err)
 	}
+	return Readiness(&n), nil
+}
+
+// Readiness is what lib/readiness needs of a Node: whether it exists and
+// its Ready condition. The one place a Node's Ready condition is read;
+// every reader (the host's checks, the daemon's record, the fleet's roll
+// and table) goes through it. A nil Node is a known absent one.
+func Readiness(n *corev1.Node) readiness.Node {
+	if n == nil {
+		return readiness.Node{Known: true}
+	}
 	st := readiness.Node{Known: true, Present: true}
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
@@ -91,7 +102,7 @@ func (r *NodeReader) Read(ctx context.Context) (readiness.Node, error) {
 			st.Heartbeat, st.Transition = c.LastHeartbeatTime.Time, c.LastTransitionTime.Time
 		}
 	}
-	return st, nil
+	return st
 }
 
 // readCert reads the kubelet's PEM, following its link inside Root.
