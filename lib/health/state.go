@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
-	"path/filepath"
 	"time"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -38,7 +37,7 @@ type State struct {
 	NextFenceRetry time.Time `json:"nextFenceRetry,omitzero"`
 }
 
-func stateFile(p hostpaths.Paths) string { return filepath.Join(p.RunDir(), "health.json") }
+func stateFile(p hostpaths.Paths) string { return p.HealthRecord() }
 
 func loadState(p hostpaths.Paths) (*State, error) {
 	data, err := regfile.Read(stateFile(p), 64<<10)

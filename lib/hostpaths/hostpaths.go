@@ -266,3 +266,23 @@ func (p Paths) LegacyMachineWants(slot string) string {
 // (lib/adopt): what was adopted, from where, when; `unbounded status`
 // shows it. It goes with the host root at reset.
 func (p Paths) Adopted() string { return filepath.Join(p.HostRoot(), "adopted.json") }
+
+// IsolationOutcome is where an isolation change's outcome waits for the
+// daemon (lib/state).
+func (p Paths) IsolationOutcome() string { return filepath.Join(p.HostRoot(), "isolation-outcome.json") }
+
+// IsolationSpec records the Machine's isolation spec the daemon first saw
+// (lib/state): a change is acted on only after it.
+func (p Paths) IsolationSpec() string { return filepath.Join(p.HostRoot(), "isolation-spec") }
+
+// RecoverDir holds recovery's rate-limit history, one file per unit
+// (lib/recovery).
+func (p Paths) RecoverDir() string { return filepath.Join(p.HostRoot(), "recover") }
+
+// RecoverStale is where recovery moves aside an applied record that did
+// not describe the running node: never deleted (lib/recovery).
+func (p Paths) RecoverStale() string { return filepath.Join(p.RecoverDir(), "stale") }
+
+// HealthRecord is this boot's health state (lib/health): failures in a
+// row, restarts given up, the fence's retries.
+func (p Paths) HealthRecord() string { return filepath.Join(p.RunDir(), "health.json") }

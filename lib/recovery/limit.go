@@ -57,7 +57,7 @@ func historyFile(p hostpaths.Paths, unit string) (string, error) {
 	if unit == "" || strings.ContainsAny(unit, "/\x00") || unit == "." || unit == ".." {
 		return "", fmt.Errorf("unit name %q cannot name a file", unit)
 	}
-	return filepath.Join(p.HostRoot(), "recover", unit+".json"), nil
+	return filepath.Join(p.RecoverDir(), unit+".json"), nil
 }
 
 // readHistory reads unit's record; a missing one is empty. A record that

@@ -48,7 +48,7 @@ import (
 // StaleDir is where recovery moves an applied record (and its sidecar)
 // that did not describe the running node:
 // /var/lib/unbounded/recover/stale, 0700.
-func StaleDir(p hostpaths.Paths) string { return filepath.Join(p.HostRoot(), "recover", "stale") }
+func StaleDir(p hostpaths.Paths) string { return p.RecoverStale() }
 
 // RepaveJournals are the journals of a repave: lib/repave's (Operation,
 // "repave") and the none mode's in-place one (lib/modes/none JournalName,

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -29,7 +28,7 @@ type IsolationOutcome struct {
 
 // IsolationOutcomeFile is where the outcome waits for the daemon.
 func IsolationOutcomeFile(p hostpaths.Paths) string {
-	return filepath.Join(p.HostRoot(), "isolation-outcome.json")
+	return p.IsolationOutcome()
 }
 
 // WriteIsolationOutcome records o (atomically, 0600, with its sidecar).
@@ -69,7 +68,7 @@ func RemoveIsolationOutcome(p hostpaths.Paths) error {
 // before it looked (the CRD defaults an unset mode to nspawn, so a Machine
 // an allocation controller created says nspawn for any host).
 func IsolationSpecFile(p hostpaths.Paths) string {
-	return filepath.Join(p.HostRoot(), "isolation-spec")
+	return p.IsolationSpec()
 }
 
 // ReadIsolationSpecSeen returns the mode recorded, and whether there is a
