@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"unbounded-cloud.io/agent/lib/backoff"
 )
 
 var netDialer = net.Dialer{Timeout: 15 * time.Second, KeepAlive: 30 * time.Second}
@@ -28,9 +30,9 @@ func (f *Fetcher) retry(ctx context.Context, what string, try func(context.Conte
 	if attempts <= 0 {
 		attempts = DefaultAttempts
 	}
-	delay := f.Backoff
-	if delay <= 0 {
-		delay = DefaultBackoff
+	first := f.Backoff
+	if first <= 0 {
+		first = DefaultBackoff
 	}
 	var err error
 	for i := 1; ; i++ {
@@ -41,15 +43,11 @@ func (f *Fetcher) retry(ctx context.Context, what string, try func(context.Conte
 		if err == nil || !isTemporary(err) || i >= attempts {
 			return err
 		}
+		delay := backoff.Doubling(first, max(first, maxBackoff), i)
 		f.log().Warn("artifact source unavailable; retrying", "what", what, "attempt", i, "of", attempts, "in", delay, "error", err)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if backoff.Sleep(ctx, delay) != nil {
 			return &classified{temporary: true, msg: fmt.Sprintf("%s: interrupted while waiting to retry: %v (last error: %v)", what, ctx.Err(), err), cause: ctx.Err()}
-		case <-t.C:
 		}
-		delay = min(2*delay, maxBackoff)
 	}
 }
 
