@@ -10,6 +10,7 @@ import (
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
 
+	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/unitjournal"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -95,7 +96,23 @@ type Host struct {
 	// modes.ChangeMethod, the build's table (which has every pair of
 	// today's modes: tests give a build that lacks one).
 	ChangeMethod func(from, to string) (string, error)
+	// CrashPoint is called at the daemon's crash points (Crash*); nil is
+	// crashpoint.Hit (UNBOUNDED_CRASHPOINT).
+	CrashPoint func(name string)
 }
+
+// The daemon's crash points: the windows of an isolation change's
+// hand-over that a cut must not lose (lib/crashpoint).
+const (
+	// CrashIsolationInProgress: the change shown InProgress on the
+	// Machine, its request not yet written.
+	CrashIsolationInProgress = "daemon/isolation-in-progress"
+	// CrashIsolationRequested: the request written, the spec not yet
+	// recorded as asked for.
+	CrashIsolationRequested = "daemon/isolation-requested"
+)
+
+func (h Host) crash(name string) { crashpoint.Via(h.CrashPoint, name) }
 
 func (h Host) changeMethod(from, to string) (string, error) {
 	if h.ChangeMethod != nil {

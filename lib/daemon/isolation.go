@@ -103,10 +103,10 @@ func (d *daemon) isolationJob() *job {
 		d.statusRetry = time.After(0)
 		return nil
 	}
-	if err := state.WriteIsolationSpecSeen(d.p, to); err != nil {
-		d.log.Warn("the isolation spec seen not recorded; not changing the mode now", "error", err)
-		return nil
-	}
+	// The spec is recorded as seen once the change is handed to its
+	// request (dispatch, markIsolationAsked), not here: a daemon stopped
+	// in between would otherwise leave it seen and never asked for, and
+	// the host silently in the old mode.
 	d.log.Info("spec.isolation.mode asks for another mode: changing the isolation mode", "from", d.active.Mode, "to", to)
 	// InProgress before the unit starts (startIsolation); its journal,
 	// once its plan is made, carries the change's own start time, and
@@ -199,6 +199,16 @@ func (d *daemon) isolationReport(ctx context.Context, want *v1alpha3.Machine) fu
 	}
 }
 
+// markIsolationAsked records spec.isolation.mode to as asked for, once
+// the change to it is handed to its request (a request file names it):
+// from then on it is not asked for again at this generation. A record that
+// fails only means the next daemon may ask once more.
+func (d *daemon) markIsolationAsked(to string) {
+	if err := state.WriteIsolationSpecSeen(d.p, to); err != nil {
+		d.log.Warn("the isolation spec asked for not recorded; a later daemon may ask for it again", "to", to, "error", err)
+	}
+}
+
 // statusTime is t as the status holds it: the API server keeps whole
 // seconds, and a time with more would differ from the Machine read back
 // at every report (a write each time).
@@ -245,6 +255,7 @@ func (d *daemon) startIsolation(ctx context.Context, j *job) {
 		Method: v1alpha3.IsolationChangeMethod(method), State: v1alpha3.IsolationChangeInProgress, StartTime: statusTime(d.host.now()),
 		Message: fmt.Sprintf("%s started for spec.isolation.mode %s (generation %d)", targets[OperationIsolationChange].unit, to, d.machineObj.Generation)}
 	d.reportMachine(ctx)
+	d.host.crash(CrashIsolationInProgress)
 }
 
 // isolationEnded turns the end of the unit the daemon ran for an
@@ -353,9 +364,18 @@ func (d *daemon) isolationUnrecorded(ctx context.Context) *v1alpha3.IsolationCha
 	if req, err := request.Read(d.p, concern); err == nil && req.Type == string(OperationIsolationChange) && req.Parameters["to"] == string(prev.To) &&
 		!request.Taken(d.p, concern, req.UID) && !d.handled[req.UID] {
 		d.log.Info("resuming the isolation change an earlier daemon process handed to its request", "uid", req.UID, "to", prev.To)
+		d.markIsolationAsked(string(prev.To))
 		d.isolationResume = &job{uid: req.UID, typ: OperationIsolationChange, params: req.Parameters, resume: true}
 		d.isolationStarted = prev.DeepCopy()
 		return prev.DeepCopy()
+	}
+	// Shown InProgress by an earlier process that stopped before it
+	// handed the change to its request (the spec is recorded as seen
+	// only then): nothing ran, and the change is asked for again
+	// (isolationJob), not judged.
+	if seen, known, err := state.ReadIsolationSpecSeen(d.p); err == nil && known && seen != string(prev.To) && d.active.Mode != string(prev.To) {
+		d.log.Info("the isolation change the Machine shows in progress was never handed to its unit (the daemon stopped first): asking for it again", "to", prev.To)
+		return nil
 	}
 	o := d.isolationJudged(string(prev.From), string(prev.To), string(prev.Method), prev.StartTime,
 		unit+" does not run and left neither a journal nor an outcome (stopped with the daemon or the host while it ran)")

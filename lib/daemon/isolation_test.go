@@ -583,3 +583,70 @@ func TestIsolationPhaseFollowsTheChange(t *testing.T) {
 		t.Errorf("refused by the fence: phase %s", m.Status.Phase)
 	}
 }
+
+// A daemon killed in either window of an isolation change's hand-over
+// (the change shown InProgress, its request not yet written; the request
+// written, the spec not yet recorded as asked for) loses nothing: the
+// next daemon carries the change out, once, at the same generation, and
+// it is never reported Failed on the way. (Before, the spec was recorded
+// as asked for first: a cut before InProgress left the host in the old
+// mode for good, and a cut after it got the change judged Failed and not
+// retried at that generation.) The first daemon is frozen at the crash
+// point, as a killed process is: it writes nothing more.
+func TestIsolationChangeCutAtItsHandOverIsCarriedOutOnce(t *testing.T) {
+	for _, point := range []string{CrashIsolationInProgress, CrashIsolationRequested} {
+		t.Run(point, func(t *testing.T) {
+			f := newFixture(t)
+			f.fake.onStart = func(unit string) {
+				if unit != isolationUnit {
+					return
+				}
+				changedToNone(t, f.opts.Paths, f.machine)
+				if err := state.WriteIsolationOutcome(f.opts.Paths, state.IsolationOutcome{From: "nspawn", To: "none", Method: "InPlace", State: "Succeeded",
+					StartedAt: time.Now(), EndedAt: time.Now(), Message: "the node runs in mode none (isolation changed InPlace from nspawn)"}); err != nil {
+					t.Error(err)
+				}
+			}
+			crashed := make(chan struct{})
+			opts := f.opts
+			opts.Log = testLogger(t)
+			opts.Host.CrashPoint = func(name string) {
+				if name == point {
+					close(crashed)
+					select {} // killed: nothing more of this process runs
+				}
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go Run(ctx, opts) //nolint:errcheck // frozen at the crash point, never returns
+			eventually(t, opTimeout, "the daemon saw the spec", func() bool {
+				seen, ok, _ := state.ReadIsolationSpecSeen(f.opts.Paths)
+				return ok && seen == "nspawn"
+			})
+			gen := f.setIsolationMode(t, v1alpha3.IsolationNone)
+			select {
+			case <-crashed:
+			case <-time.After(opTimeout):
+				t.Fatalf("crash point %s not reached", point)
+			}
+			cancel()
+			if n := f.fake.startCount(isolationUnit); n != 0 {
+				t.Fatalf("%s started %d times before the cut", isolationUnit, n)
+			}
+
+			startDaemon(t, f.opts)
+			m := f.waitIsolationChange(t, v1alpha3.IsolationChangeSucceeded, gen)
+			if !strings.Contains(m.Status.IsolationChange.Message, "isolation changed InPlace") {
+				t.Errorf("isolationChange %+v, want the unit's outcome", m.Status.IsolationChange)
+			}
+			f.settled(t)
+			f.settled(t)
+			if n := f.fake.startCount(isolationUnit); n != 1 {
+				t.Errorf("%s started %d times, want once", isolationUnit, n)
+			}
+			if ev := f.machineEvents(t); slices.Contains(ev, "IsolationChangeFailed") {
+				t.Errorf("the change was reported Failed on the way: Events %v", ev)
+			}
+		})
+	}
+}

@@ -158,6 +158,10 @@ func (d *daemon) dispatch(ctx context.Context, j *job, t target, desired json.Ra
 	if err := request.Write(d.p, t.concern, req); err != nil {
 		return d.finish(ctx, j, r, v1alpha3.OperationFailed, ReasonStartFailed, fmt.Sprintf("write request: %v", err))
 	}
+	if j.typ == OperationIsolationChange {
+		d.host.crash(CrashIsolationRequested)
+		d.markIsolationAsked(j.params["to"])
+	}
 	// From here on the request names this job, and a retry or an
 	// interruption must resume it, never dispatch it again (which would
 	// start the unit a second time). An operation's job gets this from its
