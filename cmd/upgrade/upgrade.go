@@ -8,6 +8,14 @@
 // which), 69 an installation owns the host, 75 the package's source did
 // not answer (nothing changed; the next run resumes the download), 78 a
 // host the upgrade does not serve (an image-based rpm host).
+//
+// A run cut anywhere is resumed by the next (at boot: the upgrade owns the
+// host, and the generator leaves the daemon to it): a package a cut dpkg
+// left half-installed is repaired first, a cut record finished, a run that
+// finds nothing left to do on a host a cut run owned releases it and
+// starts the daemon (exit 0; 1 when the daemon does not start), and one
+// upgrade is resumed at most upgrade.MaxResumes times before it is rolled
+// back.
 package upgrade
 
 import (

@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"unbounded-cloud.io/agent/lib/crashpoint"
 )
 
 // Meta is what a package says about itself.
@@ -18,16 +20,63 @@ type Meta struct {
 	Name, Version, Arch string
 }
 
+// Status is how far the package manager got with a package.
+type Status int
+
+const (
+	// NotInstalled: not in the package database (dpkg: nor a package
+	// removed with its configuration files kept), or no package manager
+	// on the host.
+	NotInstalled Status = iota
+	// Installed: unpacked and configured (dpkg's "ii"); every package in
+	// rpm's database.
+	Installed
+	// HalfInstalled: in dpkg's database, but a run of dpkg that was cut
+	// (a power cut in dpkg --install) left it half-installed, unpacked,
+	// half-configured, awaiting triggers or marked reinstall-required:
+	// its files may be either version's and its scripts have not all
+	// run. It is the package manager's, never an image's agent:
+	// Packages.Repair (dpkg --configure -a) or a reinstall finishes it.
+	// rpm has no such state (Rpm.Repair).
+	HalfInstalled
+)
+
+func (s Status) String() string {
+	switch s {
+	case NotInstalled:
+		return "not installed"
+	case Installed:
+		return "installed"
+	case HalfInstalled:
+		return "half-installed"
+	}
+	return fmt.Sprintf("status %d", int(s))
+}
+
+// CrashAfterUnpack is the crash point (lib/crashpoint) inside Dpkg.Install
+// between the unpack and the configuration: a cut there leaves the
+// package unpacked, not configured (dpkg's "iU"), as a power cut inside
+// dpkg --install does.
+const CrashAfterUnpack = Operation + "/after-unpack"
+
 // Packages is the host's package manager, as the upgrade uses it.
 type Packages interface {
 	// Inspect reads the metadata of the package file.
 	Inspect(ctx context.Context, file string) (Meta, error)
-	// Installed is the installed package name; ok is false when it is
-	// not installed (an image-based host, or a copy of the binaries),
-	// or the package manager is not on the host. Its version is the
+	// Installed is the installed package name and its status:
+	// NotInstalled when it is not installed (an image-based host, or a
+	// copy of the binaries) or the package manager is not on the host,
+	// HalfInstalled when a cut run of the package manager left it so
+	// (m is then the version dpkg was installing). Its version is the
 	// package manager's (dpkg: [epoch:]upstream[-revision], rpm:
 	// [epoch:]version-release).
-	Installed(ctx context.Context, name string) (m Meta, ok bool, err error)
+	Installed(ctx context.Context, name string) (m Meta, st Status, err error)
+	// Repair finishes what a cut run of the package manager left
+	// unfinished (dpkg --configure -a) and checks that nothing of name
+	// is left so (dpkg --audit); an error says what is. What it cannot
+	// finish (dpkg's half-installed: an unpack cut midway) takes a
+	// reinstall.
+	Repair(ctx context.Context, name string) error
 	// Arch is the host's package architecture as the package manager
 	// names it (dpkg: amd64, arm64; rpm: x86_64, aarch64).
 	Arch(ctx context.Context) (string, error)
@@ -58,11 +107,13 @@ func HostPackages(ctx context.Context, root string) (Packages, error) {
 // else the first.
 func firstInstalled(ctx context.Context, candidates ...Packages) (Packages, error) {
 	for _, p := range candidates {
-		_, ok, err := p.Installed(ctx, Package)
+		// A half-installed agent is that package manager's too: never
+		// the image-based path.
+		_, st, err := p.Installed(ctx, Package)
 		if err != nil {
 			return nil, fmt.Errorf("is %s installed by %s: %w", Package, p.Format(), err)
 		}
-		if ok {
+		if st != NotInstalled {
 			return p, nil
 		}
 	}
@@ -82,6 +133,8 @@ func packageFile(format string, m Meta) string {
 // against another root (dpkg --root, for tests).
 type Dpkg struct {
 	Root string
+	// CrashPoint is called at CrashAfterUnpack; nil: crashpoint.Hit.
+	CrashPoint func(name string)
 }
 
 func (d Dpkg) Format() string { return "deb" }
@@ -127,23 +180,54 @@ func (d Dpkg) Inspect(ctx context.Context, file string) (Meta, error) {
 	return Meta{Name: f[0], Version: f[1], Arch: f[2]}, nil
 }
 
-func (d Dpkg) Installed(ctx context.Context, name string) (Meta, bool, error) {
-	out, err := d.run(ctx, nil, "dpkg-query", "--show", "--showformat=${Package}\t${Version}\t${Architecture}\t${db:Status-Abbrev}", name)
+func (d Dpkg) Installed(ctx context.Context, name string) (Meta, Status, error) {
+	out, err := d.run(ctx, nil, "dpkg-query", "--show", "--showformat=${Package}\t${Version}\t${Architecture}\t${db:Status-Abbrev}\n", name)
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) && ee.ExitCode() == 1 {
-			return Meta{}, false, nil // dpkg-query: no package found
+			return Meta{}, NotInstalled, nil // dpkg-query: no package found
 		}
 		if errors.Is(err, exec.ErrNotFound) {
-			return Meta{}, false, nil // no dpkg at all: an image-based host
+			return Meta{}, NotInstalled, nil // no dpkg at all: an image-based host
 		}
-		return Meta{}, false, err
+		return Meta{}, NotInstalled, err
 	}
-	f := strings.Split(strings.TrimSpace(out), "\t")
-	if len(f) != 4 || !strings.HasPrefix(f[3], "ii") {
-		return Meta{}, false, nil
+	m, st, err := parseDpkgStatus(out)
+	if err != nil {
+		return Meta{}, NotInstalled, fmt.Errorf("dpkg-query --show %s: %w", name, err)
 	}
-	return Meta{Name: f[0], Version: f[1], Arch: f[2]}, true, nil
+	return m, st, nil
+}
+
+// parseDpkgStatus reads dpkg-query's line for one package: name,
+// version, architecture and the status abbreviation (desired action,
+// status, error flag: "ii " installed; "iU " unpacked; "iF "
+// half-configured; "iH " half-installed; "iW ", "it " triggers awaited or
+// pending; "rc " removed, its configuration kept; "un " not installed; an
+// "R" flag: reinstall required). Anything else than one such line is an
+// error, never "not installed": that would send the upgrade down the
+// image-based path on a host dpkg installed the agent on.
+func parseDpkgStatus(out string) (Meta, Status, error) {
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if len(lines) != 1 {
+		return Meta{}, NotInstalled, fmt.Errorf("%d packages (%q), not one", len(lines), out)
+	}
+	f := strings.Split(lines[0], "\t")
+	if len(f) != 4 || f[0] == "" || len(f[3]) < 2 {
+		return Meta{}, NotInstalled, fmt.Errorf("%q: not a package's name, version, architecture and status", lines[0])
+	}
+	m := Meta{Name: f[0], Version: f[1], Arch: f[2]}
+	flag := byte(' ')
+	if len(f[3]) > 2 {
+		flag = f[3][2]
+	}
+	switch {
+	case f[3][1] == 'n' || f[3][1] == 'c':
+		return Meta{}, NotInstalled, nil
+	case f[3][1] == 'i' && flag == ' ':
+		return m, Installed, nil
+	}
+	return m, HalfInstalled, nil
 }
 
 func (d Dpkg) Arch(ctx context.Context) (string, error) {
@@ -151,9 +235,35 @@ func (d Dpkg) Arch(ctx context.Context) (string, error) {
 	return strings.TrimSpace(out), err
 }
 
+// Install is dpkg --install in its two halves, --unpack then
+// --configure (what --install does in one run), with the crash point
+// CrashAfterUnpack between them.
 func (d Dpkg) Install(ctx context.Context, file string) error {
-	_, err := d.run(ctx, nil, "dpkg", "--install", "--force-confold", file)
+	m, err := d.Inspect(ctx, file)
+	if err != nil {
+		return err
+	}
+	if _, err := d.run(ctx, nil, "dpkg", "--unpack", "--force-confold", file); err != nil {
+		return err
+	}
+	crashpoint.Via(d.CrashPoint, CrashAfterUnpack)
+	_, err = d.run(ctx, nil, "dpkg", "--configure", "--force-confold", m.Name)
 	return err
+}
+
+// Repair is dpkg --configure -a (every package a cut run left unpacked
+// or half-configured, as apt asks for after one), then dpkg --audit name,
+// which must say nothing.
+func (d Dpkg) Repair(ctx context.Context, name string) error {
+	_, cerr := d.run(ctx, nil, "dpkg", "--configure", "-a", "--force-confold")
+	out, err := d.run(ctx, nil, "dpkg", "--audit", name)
+	if err != nil {
+		return errors.Join(cerr, err)
+	}
+	if s := strings.TrimSpace(out); s != "" {
+		return errors.Join(cerr, fmt.Errorf("dpkg --audit %s: %s", name, lastLines(s, 10)))
+	}
+	return cerr
 }
 
 func (d Dpkg) Verify(ctx context.Context, name string) error {

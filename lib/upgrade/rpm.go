@@ -94,31 +94,44 @@ func (r Rpm) Inspect(ctx context.Context, file string) (Meta, error) {
 // would leave one in root's home). A database this process cannot see
 // (Debian's rpm keeps it in /root, which the upgrade's unit hides with
 // ProtectHome=) is none either.
-func (r Rpm) Installed(ctx context.Context, name string) (Meta, bool, error) {
+func (r Rpm) Installed(ctx context.Context, name string) (Meta, Status, error) {
 	if _, err := exec.LookPath("rpm"); err != nil {
-		return Meta{}, false, nil // no rpm at all
+		return Meta{}, NotInstalled, nil // no rpm at all
 	}
 	db, err := r.run(ctx, "--eval", "%{_dbpath}")
 	if err != nil {
-		return Meta{}, false, err
+		return Meta{}, NotInstalled, err
 	}
 	if db = strings.TrimSpace(db); !strings.HasPrefix(db, "/") {
-		return Meta{}, false, fmt.Errorf("rpm's database path %q is not absolute", db)
+		return Meta{}, NotInstalled, fmt.Errorf("rpm's database path %q is not absolute", db)
 	}
 	if _, err := os.Lstat(filepath.Join(r.root(), db)); err != nil {
-		return Meta{}, false, nil
+		return Meta{}, NotInstalled, nil
 	}
 	out, err := r.run(ctx, "-q", "--qf", rpmMetaFormat, name)
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) && ee.ExitCode() == 1 && strings.Contains(out, "is not installed") {
-			return Meta{}, false, nil
+			return Meta{}, NotInstalled, nil
 		}
-		return Meta{}, false, err
+		return Meta{}, NotInstalled, err
 	}
+	// Two or more versions in the database (an rpm -U cut between the
+	// new header's addition and the old one's removal) are an error,
+	// never "not installed".
 	m, err := parseRpmMeta("rpm -q "+name, out)
-	return m, err == nil, err
+	if err != nil {
+		return Meta{}, NotInstalled, err
+	}
+	return m, Installed, nil
 }
+
+// Repair has nothing to finish: rpm has no half-installed state as
+// dpkg's. A package's files, scriptlets and header go in within one
+// transaction, with no separate configuration step left for later, so
+// Installed never says HalfInstalled. (What a cut transaction can leave,
+// both versions' headers, Installed reports as an error.)
+func (r Rpm) Repair(context.Context, string) error { return nil }
 
 // Arch is rpm's name of this host's architecture (x86_64, aarch64). The
 // agent's package holds executables: it is never noarch, and a noarch

@@ -58,9 +58,52 @@ const (
 	StepRecord   = "record"
 )
 
+// The upgrade's named crash points besides its steps' ("upgrade/after-
+// <step>", lib/steps) and CrashAfterUnpack (inside dpkg's install); see
+// CrashPoints.
+const (
+	// CrashAfterDaemonRestart: inside the activation (the rollback's
+	// too), the daemon restarted on the new executable and not judged
+	// yet: where a new daemon that takes the host down with it cuts the
+	// run.
+	CrashAfterDaemonRestart = Operation + "/after-daemon-restart"
+	// CrashAfterRequestTaken: the record's last write done (the package
+	// in installed/, upgraded.json, the request taken), its journal not
+	// removed yet.
+	CrashAfterRequestTaken = Operation + "/after-request-taken"
+	// CrashRollingBack: a rollback journaled, nothing of it done yet.
+	CrashRollingBack = Operation + "/rolling-back"
+	// CrashBeforeRelease: the run over (its journal removed, or kept for
+	// the next run), the installation lock not released yet.
+	CrashBeforeRelease = Operation + "/before-release"
+)
+
+// CrashPoints are the crash points of a successful upgrade on a dpkg host
+// in the order it reaches them (a rollback adds CrashRollingBack, and
+// reaches CrashAfterUnpack and CrashAfterDaemonRestart again).
+var CrashPoints = []string{
+	steps.CrashPoint(Operation, StepFetch), steps.CrashPoint(Operation, StepVerify), steps.CrashPoint(Operation, StepPrevious),
+	CrashAfterUnpack, steps.CrashPoint(Operation, StepInstall),
+	CrashAfterDaemonRestart, steps.CrashPoint(Operation, StepActivate),
+	CrashAfterRequestTaken, steps.CrashPoint(Operation, StepRecord),
+	CrashBeforeRelease,
+}
+
+// MaxResumes bounds how often one upgrade (its journal: one target
+// version and package sum) is resumed after a run of it was cut: a new
+// agent whose daemon takes the host down after its start would otherwise
+// be resumed (at boot, by every new daemon) again and again. The run
+// after that many resumes rolls back instead and leaves the failure
+// signal, as any failure after the install does.
+const MaxResumes = 3
+
 // ErrNothingToDo: no request and nothing staged, or the package asked for
 // is the one installed.
 var ErrNothingToDo = errors.New("nothing to upgrade")
+
+// ErrResumedTooOften: the upgrade was resumed MaxResumes times and not
+// finished (see MaxResumes).
+var ErrResumedTooOften = errors.New("the upgrade was resumed too often")
 
 // ErrUnsupportedHost: a host the upgrade does not serve (an image-based
 // host whose agent rpm installed). It exits 78, as a configuration no
@@ -101,6 +144,16 @@ type Journal struct {
 	// after a cut in it rolls back again (the installed executable may
 	// be either package's by then), never on to the record.
 	RollingBack bool `json:"rollingBack,omitempty"`
+	// Recording is written before the record changes anything: a run
+	// resumed after a cut in it finishes the record (each of its writes
+	// done again), never verifies or activates again (the staged
+	// package has moved into installed/) nor rolls back.
+	Recording bool `json:"recording,omitempty"`
+	// Resumes counts the runs that resumed this journal after a cut
+	// (written before such a run does anything else); MaxResumes bounds
+	// it. A run that ends itself and keeps the journal (a download to
+	// retry) sets it back to 0.
+	Resumes int `json:"resumes,omitempty"`
 }
 
 // Failed is the failure signal (failed.json) the next daemon reports.
@@ -191,6 +244,9 @@ type Upgrade struct {
 	// A staged package waits: unbounded-upgrade.path would start a run
 	// that gives up at once again and again while the files are there.
 	LockWait, LockPoll time.Duration
+
+	// restarted: this run restarted the daemon (activate).
+	restarted bool
 }
 
 func (u *Upgrade) log() *slog.Logger {
@@ -214,11 +270,56 @@ func (u *Upgrade) Run(ctx context.Context) error {
 	if err := state.CheckAdopted(u.Paths); err != nil {
 		return err
 	}
+	// A record of the upgrade's own before the lock takes it over: a run
+	// cut before its release left it, and at boot the generator started
+	// no daemon (the upgrade's end starts it).
+	own, _ := state.ReadOwnership(u.Paths)
+	cut := own != nil && own.Owner == Operation
 	lock, err := u.acquire(ctx)
 	if err != nil {
 		return err
 	}
-	defer lock.Release()
+	err = func() error {
+		defer func() {
+			crashpoint.Via(u.CrashPoint, CrashBeforeRelease)
+			lock.Release()
+		}()
+		return u.run(ctx)
+	}()
+	if cut && !u.restarted {
+		// Nothing left to do (the cut came after the journal's
+		// removal), or a run that restarted no daemon: the host goes
+		// back to systemd, and the daemon starts as at the end of an
+		// upgrade. After the release: it finds the host free.
+		if herr := u.handBack(ctx); herr != nil {
+			if err == nil || errors.Is(err, ErrNothingToDo) {
+				return fmt.Errorf("the upgrade is over but the daemon was not started: %w", herr)
+			}
+			return fmt.Errorf("%w; and the daemon was not started: %v", err, herr)
+		}
+	}
+	return err
+}
+
+// handBack starts the daemon on a host that a cut run of the upgrade
+// owned until this run released it.
+func (u *Upgrade) handBack(ctx context.Context) error {
+	sdstatus.Show(u.log(), u.Notify, "a cut run of the upgrade owned the host: starting %s", unitnames.Daemon)
+	sd, err := u.Systemd(ctx)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	return sd.StartUnit(ctx, unitnames.Daemon)
+}
+
+// run is Run under the installation lock.
+func (u *Upgrade) run(ctx context.Context) error {
+	// Before anything reads the package database: a package a cut run of
+	// the package manager left half-installed is finished first.
+	if err := u.repair(ctx); err != nil {
+		return err
+	}
 	j := &Journal{}
 	found, err := state.ReadJournal(u.Paths, Operation, j)
 	if err != nil {
@@ -229,13 +330,25 @@ func (u *Upgrade) Run(ctx context.Context) error {
 			return err
 		}
 	} else {
-		u.log().Info("resuming the upgrade", "from", j.From, "to", j.To, "step", j.Step, "rollingBack", j.RollingBack)
-		if j.RollingBack {
+		u.log().Info("resuming the upgrade", "from", j.From, "to", j.To, "step", j.Step, "rollingBack", j.RollingBack,
+			"recording", j.Recording, "resumes", j.Resumes)
+		switch {
+		case j.RollingBack:
 			return u.fail(ctx, j, &steps.Error{Step: StepActivate, Err: fmt.Errorf("cut during the rollback to %s (was: %s)", j.From, j.Step)})
+		case j.Recording:
+			// Finished below: the record alone.
+		case j.Resumes >= MaxResumes:
+			return u.fail(ctx, j, &steps.Error{Step: resumedStep(j), Err: fmt.Errorf("%w: resumed %d times, each run cut before its end (last: %s); not resumed again",
+				ErrResumedTooOften, j.Resumes, j.Step)})
+		default:
+			j.Resumes++
+			if err := state.WriteJournal(u.Paths, Operation, j); err != nil {
+				return err
+			}
 		}
 	}
 	run := &steps.Runner{Paths: u.Paths, Operation: Operation, Journal: j, Notify: u.Notify, CrashPoint: u.CrashPoint, Log: u.log()}
-	err = run.Run(ctx, []steps.Step{
+	all := []steps.Step{
 		{Name: StepFetch, Status: "fetching " + j.Source, Run: func(ctx context.Context) error { return u.fetch(ctx, j) }},
 		{Name: StepVerify, Always: true, Run: func(ctx context.Context) error { return u.verify(ctx, j) }},
 		{Name: StepPrevious, Status: "keeping the package of " + j.From + " for a rollback", Run: func(ctx context.Context) error { return u.keepPrevious(ctx, j) }},
@@ -255,7 +368,13 @@ func (u *Upgrade) Run(ctx context.Context) error {
 			return u.activate(ctx, u.agentExe(j, j.To))
 		}},
 		{Name: StepRecord, Always: true, Final: true, Run: func(ctx context.Context) error { return u.record(ctx, j) }},
-	})
+	}
+	if j.Recording {
+		// The staged package is in installed/ by now: verify would not
+		// find it, and the new daemon passed its activation.
+		all = all[len(all)-1:]
+	}
+	err = run.Run(ctx, all)
 	if err == nil {
 		u.log().Info("agent upgraded", "from", j.From, "to", j.To)
 		return nil
@@ -271,11 +390,75 @@ func (u *Upgrade) Run(ctx context.Context) error {
 	}
 	if errors.Is(err, exitcode.ErrTemporary) && !j.IsDone(StepInstall) {
 		// Nothing changed and the source may answer later: the journal
-		// stays for the next run (a resumed download).
+		// stays for the next run (a resumed download), which resumes
+		// no cut run.
+		j.Resumes = 0
 		state.WriteJournal(u.Paths, Operation, j)
 		return err
 	}
 	return u.fail(ctx, j, err)
+}
+
+// resumedStep is the step a resumed run of j carries on with: the first
+// not done, the activation (always run again) once installed.
+func resumedStep(j *Journal) string {
+	for _, s := range []string{StepFetch, StepVerify, StepPrevious, StepInstall} {
+		if !j.IsDone(s) {
+			return s
+		}
+	}
+	return StepActivate
+}
+
+// repair finishes an installation of the agent's package that a cut run
+// of the package manager left half done (a power cut inside the
+// install's dpkg, or the rollback's): Packages.Repair (dpkg --configure
+// -a, dpkg --audit), after which the package must be installed; what that
+// does not finish (an unpack cut midway) is installed again from a
+// package file of that version the upgrade keeps (staged, installed/,
+// previous/). Then the files are verified, as the record does.
+func (u *Upgrade) repair(ctx context.Context) error {
+	m, st, err := u.Packages.Installed(ctx, Package)
+	if err != nil || st != HalfInstalled {
+		return err
+	}
+	sdstatus.Show(u.log(), u.Notify, "repairing %s %s, which a cut run of %s left %s", Package, m.Version, u.Packages.Format(), st)
+	rerr := u.Packages.Repair(ctx, Package)
+	if rerr == nil {
+		rerr = u.installedAs(ctx, m)
+	}
+	if rerr != nil {
+		file := u.keptPackage(ctx, m, u.Paths.UpgradeStaged(), filepath.Join(u.Paths.UpgradeDir(), "installed"), filepath.Join(u.Paths.UpgradeDir(), "previous"))
+		if file == "" {
+			return fmt.Errorf("%s %s is %s and its repair did not finish it (%w), and no package file of that version is kept to install it again", Package, m.Version, st, rerr)
+		}
+		u.log().Warn("the repair did not finish the package; installing it again", "package", file, "error", rerr)
+		if err := u.Packages.Install(ctx, file); err != nil {
+			return fmt.Errorf("%s %s is %s; installing %s again: %w", Package, m.Version, st, file, err)
+		}
+		if err := u.installedAs(ctx, m); err != nil {
+			return err
+		}
+	}
+	if err := u.Packages.Verify(ctx, Package); err != nil {
+		u.log().Warn("the repaired package does not verify clean", "error", err)
+	}
+	u.log().Info("repaired the half-installed package", "package", Package, "version", m.Version)
+	return nil
+}
+
+// installedAs checks that the package manager says m is installed.
+func (u *Upgrade) installedAs(ctx context.Context, m Meta) error {
+	got, st, err := u.Packages.Installed(ctx, Package)
+	switch {
+	case err != nil:
+		return err
+	case st != Installed:
+		return fmt.Errorf("%s is still %s", Package, st)
+	case got != m:
+		return fmt.Errorf("%s %s is installed, not %s", Package, got.Version, m.Version)
+	}
+	return nil
 }
 
 // acquire takes the installation lock, waiting up to LockWait for
@@ -308,12 +491,12 @@ func (u *Upgrade) acquire(ctx context.Context) (*state.Lock, error) {
 // the staging directory. A request already carried out (Taken), or none,
 // and nothing staged, is ErrNothingToDo.
 func (u *Upgrade) plan(ctx context.Context) (*Journal, error) {
-	from, ok, err := u.Packages.Installed(ctx, Package)
+	from, st, err := u.Packages.Installed(ctx, Package)
 	if err != nil {
 		return nil, err
 	}
 	j := &Journal{From: from.Version}
-	if !ok || u.imageBased() {
+	if st == NotInstalled || u.imageBased() {
 		// The agent came with the image: the running one's version.
 		j.Image, j.From = true, version.Version
 	}
@@ -487,7 +670,7 @@ func (u *Upgrade) keepPrevious(ctx context.Context, j *Journal) error {
 		return err
 	}
 	dst := filepath.Join(dir, packageFile(u.Packages.Format(), m))
-	if installed := u.installedPackage(ctx, m); installed != "" {
+	if installed := u.keptPackage(ctx, m, filepath.Join(u.Paths.UpgradeDir(), "installed")); installed != "" {
 		data, err := os.ReadFile(installed)
 		if err != nil {
 			return err
@@ -502,15 +685,19 @@ func (u *Upgrade) keepPrevious(ctx context.Context, j *Journal) error {
 	return removeOthers(dir, dst)
 }
 
-// installedPackage is the package file in installed/ when it is of the
-// installed version m, else "".
-func (u *Upgrade) installedPackage(ctx context.Context, m Meta) string {
-	dir := filepath.Join(u.Paths.UpgradeDir(), "installed")
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		f := filepath.Join(dir, e.Name())
-		if got, err := u.Packages.Inspect(ctx, f); err == nil && got == m {
-			return f
+// keptPackage is a package file of m in one of dirs (the first found),
+// else "".
+func (u *Upgrade) keptPackage(ctx context.Context, m Meta, dirs ...string) string {
+	for _, dir := range dirs {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			f := filepath.Join(dir, e.Name())
+			if !e.Type().IsRegular() || strings.HasSuffix(e.Name(), ".sha256") || strings.HasSuffix(e.Name(), ".part") {
+				continue
+			}
+			if got, err := u.Packages.Inspect(ctx, f); err == nil && got == m {
+				return f
+			}
 		}
 	}
 	return ""
@@ -545,7 +732,8 @@ func (u *Upgrade) activate(ctx context.Context, exe string) error {
 		return err
 	}
 	begin := time.Now()
-	down, err := u.Wait.restart(ctx, sd, exe)
+	u.restarted = true
+	down, err := u.Wait.restart(ctx, sd, exe, func() { crashpoint.Via(u.CrashPoint, CrashAfterDaemonRestart) })
 	if err == nil {
 		u.log().Info("daemon restarted on the installed package", "down", down.Round(time.Millisecond).String(),
 			"took", time.Since(begin).Round(time.Millisecond).String())
@@ -556,7 +744,16 @@ func (u *Upgrade) activate(ctx context.Context, exe string) error {
 // record ends a successful upgrade: the installed package is kept in
 // installed/ (the next upgrade's previous), the staged files and an old
 // failure signal go, and the request is taken.
+//
+// It is idempotent: Recording, journaled before its first change, has a
+// run resumed after a cut in it do it again, and nothing else.
 func (u *Upgrade) record(ctx context.Context, j *Journal) error {
+	if !j.Recording {
+		j.Recording = true
+		if err := state.WriteJournal(u.Paths, Operation, j); err != nil {
+			return err
+		}
+	}
 	if j.Image {
 		pruneStaged(u.Paths, j.To)
 	} else if err := u.Packages.Verify(ctx, Package); err != nil {
@@ -581,7 +778,11 @@ func (u *Upgrade) record(ctx context.Context, j *Journal) error {
 	if err := state.WriteFileAtomic(UpgradedFile(u.Paths), append(data, '\n'), 0o600); err != nil {
 		return err
 	}
-	return request.MarkTaken(u.Paths, Concern, j.UID)
+	if err := request.MarkTaken(u.Paths, Concern, j.UID); err != nil {
+		return err
+	}
+	crashpoint.Via(u.CrashPoint, CrashAfterRequestTaken)
+	return nil
 }
 
 // fail ends a failed upgrade: after the install, the kept package goes
@@ -597,7 +798,7 @@ func (u *Upgrade) fail(ctx context.Context, j *Journal, err error) error {
 		if werr := state.WriteJournal(u.Paths, Operation, j); werr != nil {
 			u.log().Warn("the rollback is not journaled", "error", werr)
 		}
-		crashpoint.Via(u.CrashPoint, Operation+"/rolling-back")
+		crashpoint.Via(u.CrashPoint, CrashRollingBack)
 		if rerr := u.rollback(ctx, j); rerr != nil {
 			// The journal stays: the next run (lifecycle at boot, or by
 			// hand) rolls back again.

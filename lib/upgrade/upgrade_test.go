@@ -42,6 +42,15 @@ type host struct {
 	running      os.FileInfo
 	runningVer   string
 	pid          uint32
+	// status is the package database's; an install leaves it
+	// HalfInstalled until its configuration (at CrashAfterUnpack, crash
+	// calls, when set). unconfigurable: Repair leaves it so.
+	status         Status
+	crash          func(string)
+	unconfigurable bool
+	// calls are the package manager's and the daemon's starts, in order:
+	// "install VERSION", "repair", "start".
+	calls []string
 }
 
 func newHost(t *testing.T) *host {
@@ -53,7 +62,7 @@ func newHost(t *testing.T) *host {
 			t.Fatal(err)
 		}
 	}
-	h := &host{t: t, p: p, installed: Meta{Package, "1.0.0", "amd64"}}
+	h := &host{t: t, p: p, installed: Meta{Package, "1.0.0", "amd64"}, status: Installed}
 	h.writeExe("1.0.0")
 	return h
 }
@@ -100,18 +109,38 @@ func (h *host) Format() string {
 	return h.format
 }
 
-func (h *host) Installed(context.Context, string) (Meta, bool, error) { return h.installed, true, nil }
-func (h *host) Arch(context.Context) (string, error)                  { return "amd64", nil }
-func (h *host) Verify(context.Context, string) error                  { return nil }
+func (h *host) Installed(context.Context, string) (Meta, Status, error) {
+	return h.installed, h.status, nil
+}
+func (h *host) Arch(context.Context) (string, error) { return "amd64", nil }
+func (h *host) Verify(context.Context, string) error { return nil }
 
+// Install unpacks (the files of the new version, the package
+// half-installed), then configures, as dpkg's does.
 func (h *host) Install(ctx context.Context, file string) error {
 	m, err := h.Inspect(ctx, file)
 	if err != nil {
 		return err
 	}
 	h.installs = append(h.installs, m.Version)
-	h.installed = m
+	h.calls = append(h.calls, "install "+m.Version)
+	h.installed, h.status = m, HalfInstalled
 	h.writeExe(m.Version)
+	if h.crash != nil {
+		h.crash(CrashAfterUnpack)
+	}
+	h.status = Installed
+	return nil
+}
+
+func (h *host) Repair(context.Context, string) error {
+	h.calls = append(h.calls, "repair")
+	if h.status == HalfInstalled && h.unconfigurable {
+		return errors.New("dpkg --audit unbounded-agent: the package is half-configured")
+	}
+	if h.status == HalfInstalled {
+		h.status = Installed
+	}
 	return nil
 }
 
@@ -124,6 +153,15 @@ func (h *host) Repack(_ context.Context, _ string, dst string) error {
 
 // The service manager.
 func (h *host) Reload(context.Context) error { return nil }
+
+// StartUnit starts the daemon when it is down.
+func (h *host) StartUnit(ctx context.Context, unit string) error {
+	h.calls = append(h.calls, "start")
+	if h.running != nil {
+		return nil
+	}
+	return h.RestartUnit(ctx, unit)
+}
 
 // RestartUnit starts the daemon on the executable its unit runs: the
 // image's, or the staged one an override's drop-in binds over it.
@@ -145,6 +183,9 @@ func (h *host) RestartUnit(context.Context, string) error {
 }
 
 func (h *host) ActiveState(context.Context, string) (string, error) {
+	if h.running == nil {
+		return "inactive", nil
+	}
 	if h.runningVer == h.crashVersion {
 		h.pid++ // restarted by systemd, again and again
 		return "activating", nil
@@ -639,15 +680,22 @@ func TestAnImageBasedRpmHostIsRefused(t *testing.T) {
 
 // fakeManager is a package manager that has the agent installed or not.
 type fakeManager struct {
-	format    string
-	installed bool
-	err       error
+	format          string
+	installed, half bool
+	err             error
 }
 
 func (f fakeManager) Format() string { return f.format }
-func (f fakeManager) Installed(context.Context, string) (Meta, bool, error) {
-	return Meta{Package, "1.0.0", "amd64"}, f.installed, f.err
+func (f fakeManager) Installed(context.Context, string) (Meta, Status, error) {
+	switch {
+	case f.half:
+		return Meta{Package, "1.0.0", "amd64"}, HalfInstalled, f.err
+	case f.installed:
+		return Meta{Package, "1.0.0", "amd64"}, Installed, f.err
+	}
+	return Meta{}, NotInstalled, f.err
 }
+func (fakeManager) Repair(context.Context, string) error          { return nil }
 func (fakeManager) Inspect(context.Context, string) (Meta, error) { return Meta{}, nil }
 func (fakeManager) Arch(context.Context) (string, error)          { return "", nil }
 func (fakeManager) Install(context.Context, string) error         { return nil }
@@ -655,7 +703,8 @@ func (fakeManager) Repack(context.Context, string, string) error  { return nil }
 func (fakeManager) Verify(context.Context, string) error          { return nil }
 
 // The host's package manager is the one that installed the agent, dpkg
-// asked first; with neither, dpkg's (the image-based path reads a .deb);
+// asked first, also when the agent is half-installed (a cut dpkg run);
+// with neither, dpkg's (the image-based path reads a .deb);
 // a manager that cannot answer is an error, not a guess.
 func TestTheHostsPackageManagerIsTheOneThatInstalledTheAgent(t *testing.T) {
 	ctx := context.Background()
@@ -666,6 +715,7 @@ func TestTheHostsPackageManagerIsTheOneThatInstalledTheAgent(t *testing.T) {
 	}{
 		{"dpkg", fakeManager{format: "deb", installed: true}, fakeManager{format: "rpm", installed: true}, "deb"},
 		{"rpm", fakeManager{format: "deb"}, fakeManager{format: "rpm", installed: true}, "rpm"},
+		{"dpkg half-installed", fakeManager{format: "deb", half: true}, fakeManager{format: "rpm", installed: true}, "deb"},
 		{"neither", fakeManager{format: "deb"}, fakeManager{format: "rpm"}, "deb"},
 	} {
 		if got, err := firstInstalled(ctx, tc.dpkg, tc.rpm); err != nil || got.Format() != tc.want {
@@ -678,5 +728,323 @@ func TestTheHostsPackageManagerIsTheOneThatInstalledTheAgent(t *testing.T) {
 	// The host's own: nothing is installed in an empty root.
 	if got, err := HostPackages(ctx, t.TempDir()); err != nil || got.Format() != "deb" {
 		t.Errorf("an empty root: %v (%v), want dpkg's image-based path", got, err)
+	}
+}
+
+// cutAt runs u until the crash point at and cuts it there as a power cut
+// does, then boots the host again: the run stops where it is (its
+// goroutine never goes on, so no deferred function runs and the
+// installation lock's record stays), /run is emptied (with it the lock's
+// file, whose flock the stopped run holds) and the daemon is down, as
+// the generator boots a host the upgrade owns: the daemon is the
+// upgrade's to start.
+func (h *host) cutAt(u *Upgrade, at string) {
+	h.t.Helper()
+	reached := make(chan struct{})
+	hook := func(name string) {
+		if name == at {
+			close(reached)
+			select {} // the power is gone
+		}
+	}
+	u.CrashPoint, h.crash = hook, hook
+	done := make(chan error, 1)
+	go func() { done <- u.Run(context.Background()) }()
+	select {
+	case <-reached:
+	case err := <-done:
+		h.t.Fatalf("the run ended (%v) without reaching the crash point %s", err, at)
+	case <-time.After(20 * time.Second):
+		h.t.Fatalf("the run did not reach the crash point %s", at)
+	}
+	h.crash = nil
+	if err := os.RemoveAll(h.p.RunDir()); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.MkdirAll(h.p.RunDir(), 0o755); err != nil {
+		h.t.Fatal(err)
+	}
+	h.running, h.runningVer = nil, ""
+}
+
+// upgradeOwns says whether the installation lock's record is the
+// upgrade's (the generator starts no daemon then).
+func (h *host) upgradeOwns() bool {
+	h.t.Helper()
+	own, err := state.ReadOwnership(h.p)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return own != nil && own.Owner == Operation
+}
+
+// A run cut in its record, after the record's last write (the package in
+// installed/, upgraded.json, the request taken) and before its journal's
+// removal, is finished by the next run: the record again, nothing
+// verified (the staged package has moved), installed or rolled back; the
+// daemon, left to the upgrade at boot, runs the new version, and the host
+// is released.
+func TestAnUpgradeCutInItsRecordIsFinishedWithoutARollback(t *testing.T) {
+	h := newHost(t)
+	file, sum := pkg(t, t.TempDir(), Meta{Package, "1.1.0", "amd64"})
+	writeRequest(t, h.p, "op-1", map[string]string{"version": "1.1.0", "url": file, "sha256": sum})
+	staged := filepath.Join(h.p.UpgradeStaged(), Package+"_1.1.0.deb")
+	h.cutAt(h.upgrade(), CrashAfterRequestTaken)
+	if !InProgress(h.p) || exists(staged) || !exists(UpgradedFile(h.p)) || !request.Taken(h.p, Concern, "op-1") || !h.upgradeOwns() {
+		t.Fatalf("after the cut: journal %v, staged %v, success signal %v, request taken %v, owned %v: want the record done but for its journal's removal",
+			InProgress(h.p), exists(staged), exists(UpgradedFile(h.p)), request.Taken(h.p, Concern, "op-1"), h.upgradeOwns())
+	}
+	if err := h.upgrade().Run(context.Background()); err != nil {
+		t.Fatalf("resumed: %v", err)
+	}
+	if strings.Join(h.installs, " ") != "1.1.0" || h.installed.Version != "1.1.0" || h.runningVer != "1.1.0" {
+		t.Errorf("installs %v, installed %s, daemon runs %q: want 1.1.0 once and the daemon on it", h.installs, h.installed.Version, h.runningVer)
+	}
+	if u, _ := ReadUpgraded(h.p); u == nil || u.UID != "op-1" || u.From != "1.0.0" || u.To != "1.1.0" {
+		t.Errorf("success signal %+v", u)
+	}
+	if f, _ := ReadFailed(h.p); f != nil || !request.Taken(h.p, Concern, "op-1") {
+		t.Errorf("failure signal %+v, or the request is not taken", f)
+	}
+	if !exists(filepath.Join(h.p.UpgradeDir(), "installed", filepath.Base(staged))) {
+		t.Error("the installed package is not kept in installed/")
+	}
+	if InProgress(h.p) || h.upgradeOwns() {
+		t.Errorf("journal %v, owned %v: want neither", InProgress(h.p), h.upgradeOwns())
+	}
+}
+
+// A run cut after its end (its journal removed, or never written: a
+// refusal) and before the lock's release leaves the host owned by the
+// upgrade: at boot the generator starts the upgrade and no daemon. The
+// next run, with nothing to do, releases the host and starts the daemon,
+// as an upgrade's end does.
+func TestAnUpgradeCutBeforeItsReleaseHandsTheHostBack(t *testing.T) {
+	for _, tc := range []struct {
+		name, sum, runs string
+	}{
+		{"upgraded", "", "1.1.0"},
+		{"refused", strings.Repeat("ab", 32), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHost(t)
+			h.stage(Meta{Package, "1.1.0", "amd64"}, tc.sum)
+			h.cutAt(h.upgrade(), CrashBeforeRelease)
+			if InProgress(h.p) || !h.upgradeOwns() {
+				t.Fatalf("after the cut: journal %v, owned %v: want the run over but the host owned", InProgress(h.p), h.upgradeOwns())
+			}
+			if err := h.upgrade().Run(context.Background()); !errors.Is(err, ErrNothingToDo) {
+				t.Fatalf("resumed: %v, want nothing to do", err)
+			}
+			if h.upgradeOwns() {
+				t.Error("the host is still owned by the upgrade")
+			}
+			if h.running == nil || !slices.Contains(h.calls, "start") {
+				t.Fatalf("the daemon is down (calls %v): want it started", h.calls)
+			}
+			if want := tc.runs; want == "" {
+				if h.runningVer != "1.0.0" {
+					t.Errorf("daemon runs %s, want 1.0.0", h.runningVer)
+				}
+			} else if h.runningVer != want {
+				t.Errorf("daemon runs %s, want %s", h.runningVer, want)
+			}
+		})
+	}
+	// A run that did not take over a record of a cut one starts nothing.
+	h := newHost(t)
+	if err := h.upgrade().Run(context.Background()); !errors.Is(err, ErrNothingToDo) || len(h.calls) != 0 {
+		t.Errorf("nothing to do on a host nobody owned: %v, calls %v", err, h.calls)
+	}
+}
+
+// An upgrade whose every run is cut after the daemon's restart on the new
+// version (a new agent that takes the host down) is resumed MaxResumes
+// times; the run after that rolls back (the previous package installed,
+// the daemon on it), leaves the failure signal saying why, rejects the
+// package and takes the request: it is not tried again.
+func TestAnUpgradeResumedTooOftenIsRolledBackAndNotTriedAgain(t *testing.T) {
+	h := newHost(t)
+	staged := h.stage(Meta{Package, "1.1.0", "amd64"}, "")
+	for i := 0; i <= MaxResumes; i++ {
+		h.cutAt(h.upgrade(), CrashAfterDaemonRestart)
+	}
+	if strings.Join(h.installs, " ") != "1.1.0" || h.pid != MaxResumes+1 {
+		t.Fatalf("after %d cut runs: installs %v, %d daemon restarts: want 1.1.0 once, a restart per run", MaxResumes+1, h.installs, h.pid)
+	}
+	err := h.upgrade().Run(context.Background())
+	if !errors.Is(err, ErrResumedTooOften) || !strings.Contains(err.Error(), fmt.Sprintf("resumed %d times", MaxResumes)) || !strings.Contains(err.Error(), "rolled back to 1.0.0") {
+		t.Fatalf("run %d: %v, want the bound named and a rollback to 1.0.0", MaxResumes+2, err)
+	}
+	if strings.Join(h.installs, " ") != "1.1.0 1.0.0" || h.installed.Version != "1.0.0" || h.runningVer != "1.0.0" {
+		t.Errorf("installs %v, installed %s, daemon runs %q: want 1.0.0 back and the daemon on it", h.installs, h.installed.Version, h.runningVer)
+	}
+	f, _ := ReadFailed(h.p)
+	if f == nil || !f.RolledBack || f.From != "1.0.0" || f.To != "1.1.0" || f.Step != StepActivate || !strings.Contains(f.Message, "resumed") {
+		t.Errorf("failure signal %+v", f)
+	}
+	if InProgress(h.p) || h.upgradeOwns() || exists(UpgradedFile(h.p)) || exists(staged) {
+		t.Errorf("journal %v, owned %v, success signal %v, staged %v: want none", InProgress(h.p), h.upgradeOwns(), exists(UpgradedFile(h.p)), exists(staged))
+	}
+	if err := h.upgrade().Run(context.Background()); !errors.Is(err, ErrNothingToDo) || len(h.installs) != 2 {
+		t.Errorf("the next run: %v, installs %v: want nothing to do", err, h.installs)
+	}
+}
+
+// A run cut inside the package manager's install (unpacked, not
+// configured) leaves the package half-installed. The next run repairs it
+// before anything else (the package manager's repair; a package it
+// cannot configure is installed again from its kept file), then finishes
+// the upgrade. A half-installed agent is the package manager's: the next
+// upgrade, with no journal, takes the package path from the repaired
+// version, never the image-based one.
+func TestAHalfInstalledPackageIsRepairedFirst(t *testing.T) {
+	for _, unconfigurable := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unconfigurable=%v", unconfigurable), func(t *testing.T) {
+			h := newHost(t)
+			h.stage(Meta{Package, "1.1.0", "amd64"}, "")
+			h.cutAt(h.upgrade(), CrashAfterUnpack)
+			if h.status != HalfInstalled || h.installed.Version != "1.1.0" {
+				t.Fatalf("after the cut: %s %s, want 1.1.0 half-installed", h.installed.Version, h.status)
+			}
+			h.unconfigurable, h.calls = unconfigurable, nil
+			if err := h.upgrade().Run(context.Background()); err != nil {
+				t.Fatalf("resumed: %v", err)
+			}
+			want := []string{"repair", "install 1.1.0"}
+			if unconfigurable {
+				want = []string{"repair", "install 1.1.0", "install 1.1.0"} // the repair's reinstall, then the install step's
+			}
+			if len(h.calls) < len(want) || !slices.Equal(h.calls[:len(want)], want) {
+				t.Errorf("calls %v, want %v first", h.calls, want)
+			}
+			if h.status != Installed || h.runningVer != "1.1.0" {
+				t.Errorf("%s, daemon runs %q: want installed, 1.1.0", h.status, h.runningVer)
+			}
+			if u, _ := ReadUpgraded(h.p); u == nil || u.To != "1.1.0" {
+				t.Errorf("success signal %+v", u)
+			}
+		})
+	}
+
+	// No journal: the package was left half-installed by a run nothing
+	// resumes. Repaired first, it is the previous of the next upgrade.
+	h := newHost(t)
+	h.installed, h.status = Meta{Package, "1.1.0", "amd64"}, HalfInstalled
+	h.stage(Meta{Package, "1.2.0", "amd64"}, "")
+	if err := h.upgrade().Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.calls) == 0 || h.calls[0] != "repair" || strings.Join(h.installs, " ") != "1.2.0" {
+		t.Errorf("calls %v, installs %v: want the repair first, then 1.2.0 installed", h.calls, h.installs)
+	}
+	if o, _ := ReadOverride(h.p); o != nil {
+		t.Errorf("the upgrade staged an override %+v on a host dpkg installed the agent on", o)
+	}
+	if u, _ := ReadUpgraded(h.p); u == nil || u.From != "1.1.0" || u.To != "1.2.0" {
+		t.Errorf("success signal %+v, want from the repaired 1.1.0", u)
+	}
+
+	// Half-installed and nothing to install it again from: an error,
+	// nothing else done.
+	h = newHost(t)
+	h.installed, h.status, h.unconfigurable = Meta{Package, "1.1.0", "amd64"}, HalfInstalled, true
+	h.stage(Meta{Package, "1.2.0", "amd64"}, "")
+	if err := h.upgrade().Run(context.Background()); err == nil || !strings.Contains(err.Error(), "half-installed") || len(h.installs) != 0 {
+		t.Errorf("%v, installs %v: want the half-installed package named, nothing installed", err, h.installs)
+	}
+}
+
+// dpkg's status, as dpkg-query shows it: only "not installed" and a
+// removed package's kept configuration are not installed; every state a
+// cut dpkg run leaves is half-installed, never "not installed".
+func TestDpkgStatusTellsHalfInstalledFromNotInstalled(t *testing.T) {
+	for abbrev, want := range map[string]Status{
+		"ii ": Installed, "hi ": Installed, "iU ": HalfInstalled, "iF ": HalfInstalled, "iH ": HalfInstalled,
+		"iW ": HalfInstalled, "it ": HalfInstalled, "iiR": HalfInstalled, "rc ": NotInstalled, "un ": NotInstalled,
+	} {
+		m, st, err := parseDpkgStatus(Package + "\t1.1.0\tamd64\t" + abbrev + "\n")
+		if err != nil || st != want || (want != NotInstalled && m != (Meta{Package, "1.1.0", "amd64"})) {
+			t.Errorf("%q: %+v %s %v, want %s", abbrev, m, st, err, want)
+		}
+	}
+	for _, out := range []string{"", "garbage\n", Package + "\t1\tamd64\tii \n" + Package + "\t1\tarm64\tii \n"} {
+		if _, _, err := parseDpkgStatus(out); err == nil {
+			t.Errorf("%q: no error", out)
+		}
+	}
+}
+
+// With the real dpkg on a scratch root: an install cut between its unpack
+// and its configuration leaves the package half-installed, which
+// Installed says (and HostPackages takes dpkg for it); Repair configures
+// it, and dpkg --audit has nothing to say.
+func TestDpkgInstallCutAfterTheUnpackIsHalfInstalledAndRepaired(t *testing.T) {
+	for _, tool := range []string{"dpkg", "dpkg-deb", "dpkg-query"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not on this machine", tool)
+		}
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: dpkg --root installs files owned by root")
+	}
+	ctx := context.Background()
+	root := t.TempDir()
+	for _, d := range []string{"var/lib/dpkg/info", "var/lib/dpkg/updates"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	os.WriteFile(filepath.Join(root, "var/lib/dpkg/status"), nil, 0o644)
+	deb := func(version string) string {
+		tree := t.TempDir()
+		lib := filepath.Join(tree, "usr/libexec/unbounded")
+		os.MkdirAll(lib, 0o755)
+		os.MkdirAll(filepath.Join(tree, "DEBIAN"), 0o755)
+		arch, _ := Dpkg{}.Arch(ctx)
+		os.WriteFile(filepath.Join(tree, "DEBIAN/control"), []byte("Package: "+Package+"\nVersion: "+version+"\nArchitecture: "+arch+"\nMaintainer: m <m@example.com>\nDescription: d\n"), 0o644)
+		os.WriteFile(filepath.Join(lib, "unbounded-agent"), []byte("agent "+version+"\n"), 0o755)
+		file := filepath.Join(t.TempDir(), "agent.deb")
+		if out, err := exec.Command("dpkg-deb", "--root-owner-group", "--build", tree, file).CombinedOutput(); err != nil {
+			t.Fatalf("dpkg-deb: %v\n%s", err, out)
+		}
+		return file
+	}
+	d := Dpkg{Root: root}
+	if _, st, err := d.Installed(ctx, Package); err != nil || st != NotInstalled {
+		t.Fatalf("an empty database: %s %v", st, err)
+	}
+	if err := d.Install(ctx, deb("1.0.0")); err != nil {
+		t.Fatal(err)
+	}
+	if m, st, err := d.Installed(ctx, Package); err != nil || st != Installed || m.Version != "1.0.0" {
+		t.Fatalf("installed: %+v %s %v", m, st, err)
+	}
+	next := deb("1.1.0")
+	func() {
+		defer func() {
+			if r := recover(); r != crashed(CrashAfterUnpack) {
+				t.Fatalf("the install did not reach %s (%v)", CrashAfterUnpack, r)
+			}
+		}()
+		cut := Dpkg{Root: root, CrashPoint: func(name string) {
+			if name == CrashAfterUnpack {
+				panic(crashed(name))
+			}
+		}}
+		cut.Install(ctx, next)
+	}()
+	if m, st, err := d.Installed(ctx, Package); err != nil || st != HalfInstalled || m.Version != "1.1.0" {
+		t.Fatalf("cut after the unpack: %+v %s %v, want 1.1.0 half-installed", m, st, err)
+	}
+	if pk, err := HostPackages(ctx, root); err != nil || pk.Format() != "deb" {
+		t.Errorf("HostPackages on the half-installed agent: %v %v, want dpkg", pk, err)
+	}
+	if err := d.Repair(ctx, Package); err != nil {
+		t.Fatal(err)
+	}
+	if m, st, err := d.Installed(ctx, Package); err != nil || st != Installed || m.Version != "1.1.0" {
+		t.Errorf("repaired: %+v %s %v, want 1.1.0 installed", m, st, err)
+	}
+	if err := d.Verify(ctx, Package); err != nil {
+		t.Errorf("repaired: %v", err)
 	}
 }

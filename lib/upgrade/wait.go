@@ -13,6 +13,9 @@ import (
 // Manager is what the upgrade asks of the service manager.
 type Manager interface {
 	Reload(ctx context.Context) error
+	// StartUnit starts the daemon when the upgrade hands a host a cut
+	// run of it owned back (a no-op on a running unit).
+	StartUnit(ctx context.Context, unit string) error
 	RestartUnit(ctx context.Context, unit string) error
 	ActiveState(ctx context.Context, unit string) (string, error)
 	// MainPID is the unit's main process, 0 when it has none.
@@ -45,10 +48,11 @@ func orDefault(d, def time.Duration) time.Duration {
 	return d
 }
 
-// restart restarts unbounded-daemon.service and waits until it runs exe.
-// It returns how long the daemon was down: from the restart until the
-// new process was seen active.
-func (w Wait) restart(ctx context.Context, sd Manager, exe string) (down time.Duration, err error) {
+// restart restarts unbounded-daemon.service and waits until it runs exe;
+// afterRestart is called once the restart job has returned, before the
+// wait. It returns how long the daemon was down: from the restart until
+// the new process was seen active.
+func (w Wait) restart(ctx context.Context, sd Manager, exe string, afterRestart func()) (down time.Duration, err error) {
 	timeout, settle, poll := orDefault(w.Timeout, 60*time.Second), orDefault(w.Settle, 5*time.Second), orDefault(w.Poll, 250*time.Millisecond)
 	want, err := os.Stat(exe)
 	if err != nil {
@@ -61,6 +65,9 @@ func (w Wait) restart(ctx context.Context, sd Manager, exe string) (down time.Du
 	// word when nothing better is known.
 	restarted := time.Now()
 	jobErr := sd.RestartUnit(ctx, unitnames.Daemon)
+	if afterRestart != nil {
+		afterRestart()
+	}
 	var pid uint32
 	var since time.Time
 	last := "not started"

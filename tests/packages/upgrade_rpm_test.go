@@ -169,9 +169,9 @@ func TestRPMUpgradeInstallsVerifiesRepacksAndRollsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	installed, ok, err := p.Installed(ctx, upgrade.Package)
-	if err != nil || !ok || installed != m {
-		t.Fatalf("Installed %+v %v %v, the .rpm says %+v", installed, ok, err, m)
+	installed, st, err := p.Installed(ctx, upgrade.Package)
+	if err != nil || st != upgrade.Installed || installed != m {
+		t.Fatalf("Installed %+v %s %v, the .rpm says %+v", installed, st, err, m)
 	}
 	if arch, err := p.Arch(ctx); err != nil || arch != m.Arch {
 		t.Errorf("Arch %q %v, the .rpm is for %s", arch, err, m.Arch)
@@ -260,8 +260,8 @@ func TestRPMUpgradeInstallsVerifiesRepacksAndRollsBack(t *testing.T) {
 	if out := run(t, nil, "rpm", "--root", root, "-V", "--nodeps", upgrade.Package); strings.TrimSpace(out) != "" {
 		t.Errorf("after the rollback rpm -V (modification times too) says:\n%s", out)
 	}
-	if installed, ok, err := p.Installed(ctx, upgrade.Package); err != nil || !ok || installed != m {
-		t.Errorf("after the rollback Installed says %+v %v %v", installed, ok, err)
+	if installed, st, err := p.Installed(ctx, upgrade.Package); err != nil || st != upgrade.Installed || installed != m {
+		t.Errorf("after the rollback Installed says %+v %s %v", installed, st, err)
 	}
 }
 
@@ -276,6 +276,12 @@ type agentManager struct {
 }
 
 func (m *agentManager) Reload(context.Context) error { return nil }
+func (m *agentManager) StartUnit(ctx context.Context, unit string) error {
+	if m.running != nil {
+		return nil
+	}
+	return m.RestartUnit(ctx, unit)
+}
 func (m *agentManager) RestartUnit(context.Context, string) error {
 	fi, err := os.Stat(m.exe)
 	m.running, m.pid = fi, m.pid+1
