@@ -6,7 +6,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -150,7 +149,3 @@ func (d *daemon) recordEvent(ctx context.Context, eventType, reason, message str
 }
 
 func truncate(s string, n int) string { return kube.Truncate(s, n) }
-
-func isGone(err error) bool {
-	return apierrors.IsGone(err) || apierrors.IsResourceExpired(err)
-}

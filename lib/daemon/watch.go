@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/kube"
 )
 
 // At idle the daemon holds its three watches and sends nothing else: no
@@ -83,7 +84,7 @@ func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn w
 		for ctx.Err() == nil {
 			w, err := watchFn(ctx, rv)
 			if err != nil {
-				if isGone(err) {
+				if kube.Expired(err) {
 					break
 				}
 				if !markDown() {
@@ -141,7 +142,7 @@ func (d *daemon) consume(ctx context.Context, k kind, w watch.Interface) (rv str
 			switch ev.Type {
 			case watch.Error:
 				err := apierrors.FromObject(ev.Object)
-				if isGone(err) {
+				if kube.Expired(err) {
 					return rv, true, got
 				}
 				d.log.Warn("watch error; re-watching", "kind", k, "error", err)

@@ -18,7 +18,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
+
+	"unbounded-cloud.io/agent/lib/backoff"
 )
 
 // The drain's client speaks core/v1 (Nodes, Pods, and policy/v1
@@ -46,6 +49,17 @@ func init() {
 // the retries of requests that got no answer. kubectl drain has no bound
 // by default; a repave that waits forever holds the host, so it has one.
 const DefaultDrainTimeout = 5 * time.Minute
+
+// DefaultDrainSettle is how long the Node must stay empty of the pods a
+// drain evicts before the drain ends. A controller that binds its pods to
+// the Node itself (a StatefulSet-like one whose replacement keeps the
+// name and spec.nodeName) creates the replacement of an evicted pod a
+// moment after it is gone: a drain that ended at the first empty look
+// would leave that pod to the repave, which stops the node under it. The
+// drain watches the Node's pods through the window; a newcomer is evicted
+// like the others, and the window starts again once it is gone. It is
+// part of the drain's timeout.
+const DefaultDrainSettle = 5 * time.Second
 
 // DefaultRetryFor bounds the retries of one GetNode, SetUnschedulable or
 // DeleteNode whose context has no sooner deadline: long enough to ride
@@ -79,8 +93,14 @@ type Drainer struct {
 	// Timeout bounds Drain; 0 is DefaultDrainTimeout.
 	Timeout time.Duration
 	// Poll is the period of the retries of a refused eviction (a 429
-	// from a PDB) and of the wait for the pods to be gone; 0 is 2 s.
+	// from a PDB) or of one that got no answer; 0 is 2 s. The wait for
+	// the pods to be gone needs none: it watches them.
 	Poll time.Duration
+	// Settle is how long the Node must have stayed empty of pods to
+	// evict before Drain ends; 0 is DefaultDrainSettle. It is at most
+	// half the timeout, so that a short timeout leaves the evictions
+	// room and an empty Node can be drained within it.
+	Settle time.Duration
 	// DeleteUnmanaged evicts the pods without a controller too, instead
 	// of refusing the drain (ErrUnmanagedPods).
 	DeleteUnmanaged bool
@@ -119,6 +139,15 @@ func (d *Drainer) poll() time.Duration {
 		return d.Poll
 	}
 	return 2 * time.Second
+}
+
+// settle is the settle window of a drain bounded by timeout.
+func (d *Drainer) settle(timeout time.Duration) time.Duration {
+	s := DefaultDrainSettle
+	if d.Settle > 0 {
+		s = d.Settle
+	}
+	return min(s, timeout/2)
 }
 
 // retryUntil is the bound of the retries of a call outside Drain.
@@ -193,15 +222,157 @@ func (d *Drainer) DeleteNode(ctx context.Context) error {
 	return nil
 }
 
+// podSelector selects the pods bound to the Node.
+func (d *Drainer) podSelector() string {
+	return fields.OneTermEqualSelector("spec.nodeName", d.Node).String()
+}
+
 // pods lists the pods bound to the Node.
-func (d *Drainer) pods(ctx context.Context) ([]corev1.Pod, error) {
+func (d *Drainer) pods(ctx context.Context) (*corev1.PodList, error) {
 	out := &corev1.PodList{}
-	opts := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", d.Node).String()}
+	opts := metav1.ListOptions{FieldSelector: d.podSelector()}
 	err := d.core.Get().Resource("pods").VersionedParams(&opts, drainParameterCodec).Do(ctx).Into(out)
 	if err != nil {
 		return nil, fmt.Errorf("list pods on node %s: %w", d.Node, err)
 	}
-	return out.Items, nil
+	return out, nil
+}
+
+// watchPods watches the pods bound to the Node from resourceVersion rv.
+func (d *Drainer) watchPods(ctx context.Context, rv string) (watch.Interface, error) {
+	opts := metav1.ListOptions{FieldSelector: d.podSelector(), ResourceVersion: rv, AllowWatchBookmarks: true, Watch: true}
+	w, err := d.core.Get().Resource("pods").VersionedParams(&opts, drainParameterCodec).Watch(ctx)
+	if apierrors.IsForbidden(err) {
+		// The daemon's ClusterRole of an older `unbounded manifests`
+		// lets it list pods, not watch them.
+		return nil, fmt.Errorf("watch pods on node %s (the cluster's RBAC must be that of this agent's `unbounded manifests`): %w", d.Node, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("watch pods on node %s: %w", d.Node, err)
+	}
+	return w, nil
+}
+
+// Expired says whether err is the API server's answer that a watch's or
+// list's resourceVersion is too old (410 Gone, or the Expired reason): the
+// caller lists again.
+func Expired(err error) bool {
+	return apierrors.IsGone(err) || apierrors.IsResourceExpired(err)
+}
+
+// nodePods is the drain's view of the pods bound to the Node: a list,
+// then a watch from the list's resourceVersion (field selector
+// spec.nodeName) that keeps it current. A watch that ends is resumed
+// from the last resourceVersion seen; one whose resourceVersion expired
+// is replaced by a list again. Not a client-go informer: its reflector
+// retries every failed list forever (a 403 must end the drain at once,
+// and no answer end it at its timeout, through Retry), and its package is
+// not linked into the agent (ARCHITECTURE's size budget; the daemon's
+// watches are plain ones alike).
+type nodePods struct {
+	d    *Drainer
+	pods map[types.UID]*corev1.Pod
+	rv   string
+	w    watch.Interface
+	// quiet counts the watches in a row that ended without an event:
+	// the next one waits a growing delay (a watch the server or a proxy
+	// ends at once must not spin).
+	quiet int
+	heard bool // the current watch has delivered an event
+}
+
+func (v *nodePods) stop() {
+	if v.w != nil {
+		v.w.Stop()
+		v.w = nil
+	}
+}
+
+// events is the watch's channel (ensure starts the watch first).
+func (v *nodePods) events() <-chan watch.Event { return v.w.ResultChan() }
+
+// ensure lists the pods (when there is no resourceVersion to resume
+// from) and starts the watch; each request that gets no answer is tried
+// again until deadline (Retry).
+func (v *nodePods) ensure(ctx context.Context, deadline time.Time) error {
+	for v.w == nil {
+		if v.quiet > 0 {
+			wait := min(backoff.Doubling(retryBackoff.Duration, retryBackoff.Cap, v.quiet), time.Until(deadline))
+			if err := backoff.Sleep(ctx, max(wait, 0)); err != nil {
+				return err
+			}
+		}
+		if v.rv == "" {
+			var list *corev1.PodList
+			err := v.d.retry(ctx, deadline, "list pods", NoAnswer, func(ctx context.Context) (err error) {
+				list, err = v.d.pods(ctx)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			v.pods = make(map[types.UID]*corev1.Pod, len(list.Items))
+			for i := range list.Items {
+				p := &list.Items[i]
+				v.pods[p.UID] = p
+			}
+			v.rv = list.ResourceVersion
+		}
+		var w watch.Interface
+		err := v.d.retry(ctx, deadline, "watch pods", NoAnswer, func(ctx context.Context) (err error) {
+			w, err = v.d.watchPods(ctx, v.rv)
+			return err
+		})
+		switch {
+		case Expired(err):
+			v.rv = ""
+		case err != nil:
+			return err
+		default:
+			v.w, v.heard = w, false
+		}
+	}
+	return nil
+}
+
+// apply applies one event of the watch (ok false: its channel closed).
+func (v *nodePods) apply(ev watch.Event, ok bool) {
+	if !ok || ev.Type == watch.Error {
+		if !v.heard {
+			v.quiet++
+		}
+		v.stop()
+		if ok && Expired(apierrors.FromObject(ev.Object)) {
+			v.rv = ""
+		} else if ok {
+			v.d.log().Info("the watch of the pods ended with an error; resuming it", "node", v.d.Node, "error", apierrors.FromObject(ev.Object).Error())
+		}
+		return
+	}
+	v.heard, v.quiet = true, 0
+	p, isPod := ev.Object.(*corev1.Pod)
+	if !isPod {
+		return
+	}
+	v.rv = p.ResourceVersion
+	switch ev.Type {
+	case watch.Added, watch.Modified:
+		v.pods[p.UID] = p
+	case watch.Deleted:
+		delete(v.pods, p.UID)
+	}
+}
+
+// sorted is the pods in the view by namespace and name.
+func (v *nodePods) sorted() []*corev1.Pod {
+	out := make([]*corev1.Pod, 0, len(v.pods))
+	for _, p := range v.pods {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b *corev1.Pod) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	return out
 }
 
 // Skipped says why kubectl drain leaves a pod in place ("" when it
@@ -246,9 +417,16 @@ func evictionRetriable(err error) bool {
 
 // Drain evicts every pod on the Node that kubectl drain would (see
 // Skipped) through the eviction API, so that PodDisruptionBudgets hold: a
-// refused eviction (429) is retried every Poll until the timeout. It then
-// waits, within the same timeout, until the evicted pods are gone (the
-// pod with the same name and a new UID is another pod).
+// refused eviction (429) is retried every Poll until the timeout. It
+// watches the Node's pods (a list, then a watch with the field selector
+// spec.nodeName) and ends only once the Node has stayed empty of pods to
+// evict for the settle window (Settle): the evicted and the terminating
+// pods are gone, and no newcomer came meanwhile. A newcomer, such as the
+// replacement a controller creates under the same name bound to this
+// Node, is evicted like the others (the pod with the same name and a new
+// UID is another pod), and the window starts again once it is gone. All
+// of it within the timeout: a pod that keeps coming back makes the drain
+// time out.
 //
 // Unlike kubectl drain's defaults: a pod without a controller refuses the
 // drain (ErrUnmanagedPods) before anything more is evicted, unless
@@ -262,26 +440,50 @@ func evictionRetriable(err error) bool {
 // Every request that gets no answer is tried again within the timeout.
 // The Node should be cordoned first, so that nothing new is scheduled
 // onto it. A drain that does not finish in time returns an error wrapping
-// ErrDrainTimeout that names each pod left and the last answer for it.
+// ErrDrainTimeout that names each pod left and the last answer for it,
+// and the pods that came back after their eviction.
 func (d *Drainer) Drain(ctx context.Context) error {
 	timeout := d.Timeout
 	if timeout <= 0 {
 		timeout = DefaultDrainTimeout
 	}
+	settle := d.settle(timeout)
 	deadline := time.Now().Add(timeout)
 	parent := ctx
-	// The requests of a pass begun before the deadline have room to end.
+	// The requests begun before the deadline have room to end.
 	ctx, cancel := context.WithDeadline(ctx, deadline.Add(5*time.Second))
 	defer cancel()
-	evicted := map[types.UID]string{} // uid -> namespace/name
-	waited := map[types.UID]bool{}    // terminating when found: not evicted
-	last := map[string]string{}       // namespace/name -> why it is still there
+	view := &nodePods{d: d}
+	defer view.stop()
+	evicted := map[types.UID]string{}     // uid -> namespace/name
+	waited := map[types.UID]bool{}        // terminating when found: not evicted
+	askAgain := map[types.UID]time.Time{} // eviction refused or unanswered: when to ask again
+	evictions := map[string]int{}         // namespace/name -> evictions (more than one: it came back)
+	last := map[string]string{}           // namespace/name -> why it is still there
 	var left []string
+	var emptySince time.Time // since when no pod to evict is left; zero while there is one
 	timedOut := func(cause error) error {
 		slices.Sort(left)
 		var b strings.Builder
 		for _, k := range left {
 			fmt.Fprintf(&b, "; %s: %s", k, last[k])
+			if n := evictions[k]; n > 1 {
+				fmt.Fprintf(&b, " (evicted %d times: it came back)", n)
+			}
+		}
+		var back []string
+		for k, n := range evictions {
+			if n > 1 && !slices.Contains(left, k) {
+				back = append(back, fmt.Sprintf("%s (evicted %d times)", k, n))
+			}
+		}
+		if len(back) > 0 {
+			slices.Sort(back)
+			fmt.Fprintf(&b, "; came back after their eviction: %s", strings.Join(back, ", "))
+		}
+		if len(left) == 0 && !emptySince.IsZero() {
+			fmt.Fprintf(&b, "; the node was empty for the last %s only, not the %s it must stay empty",
+				time.Since(emptySince).Round(time.Millisecond), settle)
 		}
 		if cause != nil {
 			return fmt.Errorf("%w (%s) on node %s: %w; %d pod(s) left at the last answer%s", ErrDrainTimeout, timeout, d.Node, cause, len(left), b.String())
@@ -290,16 +492,12 @@ func (d *Drainer) Drain(ctx context.Context) error {
 	}
 	start := time.Now()
 	for {
-		var pods []corev1.Pod
-		err := d.retry(ctx, deadline, "list pods", NoAnswer, func(ctx context.Context) (err error) {
-			pods, err = d.pods(ctx)
-			return err
-		})
+		err := view.ensure(ctx, deadline)
 		switch {
 		case err == nil:
 		case parent.Err() != nil:
 			return fmt.Errorf("drain node %s: %w", d.Node, parent.Err())
-		case NoAnswer(err):
+		case NoAnswer(err), ctx.Err() != nil:
 			return timedOut(err) // no answer until the deadline
 		default:
 			return fmt.Errorf("drain node %s: %w", d.Node, err)
@@ -307,8 +505,7 @@ func (d *Drainer) Drain(ctx context.Context) error {
 		left = left[:0]
 		var toEvict []*corev1.Pod
 		var unmanaged []string
-		for i := range pods {
-			p := &pods[i]
+		for _, p := range view.sorted() {
 			key := p.Namespace + "/" + p.Name
 			if why := Skipped(p); why != "" {
 				continue
@@ -335,7 +532,6 @@ func (d *Drainer) Drain(ctx context.Context) error {
 			toEvict = append(toEvict, p)
 		}
 		if len(unmanaged) > 0 {
-			slices.Sort(unmanaged)
 			done := "nothing was evicted"
 			if len(evicted) > 0 {
 				done = fmt.Sprintf("nothing more was evicted (%d pod(s) were, before these appeared)", len(evicted))
@@ -346,34 +542,75 @@ func (d *Drainer) Drain(ctx context.Context) error {
 		for _, p := range toEvict {
 			key := p.Namespace + "/" + p.Name
 			left = append(left, key)
+			if t, ok := askAgain[p.UID]; ok && time.Now().Before(t) {
+				continue
+			}
 			err := d.retry(ctx, deadline, "evict pod "+key, evictionRetriable, func(ctx context.Context) error { return d.evict(ctx, p) })
 			switch {
 			case err == nil:
 				evicted[p.UID] = key
+				delete(askAgain, p.UID)
+				evictions[key]++
 				last[key] = "evicted, waiting for it to end"
-				d.log().Info("pod evicted", "pod", key, "node", d.Node)
+				if n := evictions[key]; n > 1 {
+					d.log().Info("pod came back after its eviction (another pod of the same name): evicted it too", "pod", key, "node", d.Node, "evictions", n)
+				} else {
+					d.log().Info("pod evicted", "pod", key, "node", d.Node)
+				}
 			case apierrors.IsTooManyRequests(err):
 				// A PodDisruptionBudget does not allow it now.
+				askAgain[p.UID] = time.Now().Add(d.poll())
 				last[key] = "eviction refused (429): " + err.Error()
 			case NoAnswer(err):
+				askAgain[p.UID] = time.Now().Add(d.poll())
 				last[key] = "eviction failed: " + err.Error() // retried until the deadline
 			default:
 				return fmt.Errorf("drain node %s: evict %s: %w", d.Node, key, err)
 			}
 		}
-		if len(left) == 0 {
+		now := time.Now()
+		switch {
+		case len(left) > 0:
+			emptySince = time.Time{}
+		case emptySince.IsZero():
+			emptySince = now
+			d.log().Info("no pod to evict left on the node: watching that it stays so", "node", d.Node, "settle", settle.String())
+		}
+		if !emptySince.IsZero() && now.Sub(emptySince) >= settle {
 			d.log().Info("node drained", "node", d.Node, "evicted", len(evicted), "waited_for_terminating", len(waited),
-				"took", time.Since(start).Round(time.Millisecond).String())
+				"settle", settle.String(), "took", time.Since(start).Round(time.Millisecond).String())
 			return nil
 		}
-		if time.Now().After(deadline) {
+		if !now.Before(deadline) {
 			return timedOut(nil)
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("drain node %s: %w", d.Node, ctx.Err())
-		case <-time.After(d.poll()):
+		// Woken by the next event of the watch, the end of the
+		// settle window, the next eviction to ask again, or the
+		// deadline.
+		wake := deadline
+		if end := emptySince.Add(settle); !emptySince.IsZero() && end.Before(wake) {
+			wake = end
 		}
+		for uid, t := range askAgain {
+			if _, there := view.pods[uid]; !there {
+				delete(askAgain, uid)
+			} else if t.Before(wake) {
+				wake = t
+			}
+		}
+		timer := time.NewTimer(time.Until(wake))
+		select {
+		case ev, ok := <-view.events():
+			view.apply(ev, ok)
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			if parent.Err() != nil {
+				return fmt.Errorf("drain node %s: %w", d.Node, parent.Err())
+			}
+			return timedOut(nil)
+		}
+		timer.Stop()
 	}
 }
 

@@ -53,7 +53,6 @@ func newDrainFixture(t *testing.T) *drainFixture {
 // controller unless mutate gives it one.
 func (f *drainFixture) pod(name string, mutate func(*corev1.Pod)) {
 	f.t.Helper()
-	ctx := context.Background()
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns, Labels: map[string]string{"app": name}},
 		Spec: corev1.PodSpec{NodeName: f.node, TerminationGracePeriodSeconds: ptr.To[int64](0),
@@ -62,17 +61,7 @@ func (f *drainFixture) pod(name string, mutate func(*corev1.Pod)) {
 	if mutate != nil {
 		mutate(p)
 	}
-	created, err := f.admin.CoreV1().Pods(f.ns).Create(ctx, p, metav1.CreateOptions{})
-	if err != nil {
-		f.t.Fatalf("create pod %s: %v", name, err)
-	}
-	// Running and Ready, as its kubelet would report it (there is
-	// none here): the eviction API ignores budgets for Pending pods.
-	created.Status.Phase = corev1.PodRunning
-	created.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
-	if _, err := f.admin.CoreV1().Pods(f.ns).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
-		f.t.Fatalf("pod %s status: %v", name, err)
-	}
+	f.env.RunningPod(f.t, p)
 }
 
 // replicaSet creates a ReplicaSet of one pod labelled app=name and
@@ -120,7 +109,9 @@ func (f *drainFixture) drainer(calls *apiCalls) *kube.Drainer {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	d.Poll, d.Log = 200*time.Millisecond, quiet
+	// A settle window shorter than the default: these API calls take
+	// milliseconds, and each successful drain waits it out.
+	d.Poll, d.Settle, d.Log = 200*time.Millisecond, time.Second, quiet
 	return d
 }
 

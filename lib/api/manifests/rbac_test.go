@@ -502,6 +502,13 @@ func TestCertificateIdentityCanDoExactlyWhatIsGranted(t *testing.T) {
 			_, err := c.kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + f.a})
 			return err
 		}),
+		allow("watch pods on Node A (drain)", func(ctx context.Context) error {
+			w, err := c.kube.CoreV1().Pods("").Watch(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + f.a})
+			if err == nil {
+				w.Stop()
+			}
+			return err
+		}),
 		refusedByRBAC("pods", "delete a pod", func(ctx context.Context) error {
 			return c.kube.CoreV1().Pods("default").Delete(ctx, "anything", metav1.DeleteOptions{})
 		}),
