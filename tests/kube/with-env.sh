@@ -2,6 +2,12 @@
 # with-env.sh CMD [ARGS...]: runs CMD with the Kubernetes test environment
 # (tests/kube/cmd/kube-testenv: embedded etcd + in-process kube-apiserver on
 # loopback) up, and stops it afterwards. Exits with CMD's exit status.
+# Each run has an environment of its own (its own directory and ports), so
+# several may run at once (tests/run-tiers.sh runs the system tier beside
+# the others); they share the binary.
+#
+# with-env.sh --build: only builds the binary (exit 1 if that fails), so
+# that environments started together do not build it at once.
 #
 # CMD sees:
 #   UNBOUNDED_TEST_KUBECONFIG  admin kubeconfig (system:masters, token auth)
@@ -79,11 +85,13 @@ build_start=$(date +%s)
 if ! build_out=$(cd "$here" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags "$ldflags" -o "$bin" ./cmd/kube-testenv 2>&1); then
 	reason="cannot build kube-testenv: $(printf '%s\n' "$build_out" | grep -v '^#' | head -1 | sed 's/^.*with-env.sh: line [0-9]*: //')"
 	loud "BUILD FAILED" "$(printf '%s\n' "$build_out" | tail -40)"
+	[ "$1" = --build ] && exit 1
 	skip_run "$reason" "$@"
 	exit $?
 fi
 build_secs=$(($(date +%s) - build_start))
 [ "$build_secs" -gt 5 ] && echo "kube-testenv: built in ${build_secs}s" >&2
+[ "$1" = --build ] && exit 0
 
 dir=$(mktemp -d /tmp/kube-testenv.XXXXXX)
 args=(--dir "$dir")
