@@ -92,10 +92,12 @@ type Host struct {
 	// /proc/sys/kernel/random/boot_id.
 	BootID func() (string, error)
 	// ChangeMethod says how this build changes the isolation mode from
-	// one mode to another, or that it does not; nil is
-	// modes.ChangeMethod, the build's table (which has every pair of
-	// today's modes: tests give a build that lacks one).
-	ChangeMethod func(from, to string) (string, error)
+	// one mode to another when asked is the method asked for ("": the
+	// build's for the pair), or that it does not; nil is
+	// modes.ChangeMethodAsked, the build's table (which has every pair
+	// of today's modes, by either method: tests give a build that lacks
+	// one).
+	ChangeMethod func(from, to, asked string) (string, error)
 	// CrashPoint is called at the daemon's crash points (Crash*); nil is
 	// crashpoint.Hit (UNBOUNDED_CRASHPOINT).
 	CrashPoint func(name string)
@@ -114,11 +116,11 @@ const (
 
 func (h Host) crash(name string) { crashpoint.Via(h.CrashPoint, name) }
 
-func (h Host) changeMethod(from, to string) (string, error) {
+func (h Host) changeMethod(from, to, asked string) (string, error) {
 	if h.ChangeMethod != nil {
-		return h.ChangeMethod(from, to)
+		return h.ChangeMethod(from, to, asked)
 	}
-	return modes.ChangeMethod(from, to)
+	return modes.ChangeMethodAsked(from, to, asked)
 }
 
 func (h Host) systemd(ctx context.Context) (Systemd, error) {

@@ -23,15 +23,27 @@ import (
 // its unit unbounded-isolation.service).
 const OperationIsolationChange v1alpha3.OperationType = "IsolationChange"
 
+// The parameters of an isolation change's request: the running mode, the
+// spec's, and the spec's isolation.method when it names one (absent: the
+// build's method for the pair). The isolation unit reads the method as
+// lib/repave's ParamMethod (named here: lib/daemon does not link
+// lib/repave).
+const (
+	paramFrom   = "from"
+	paramTo     = "to"
+	paramMethod = "method"
+)
+
 // isolationJob is the isolation change the Machine's spec.isolation.mode
 // asks for (a mode other than the running one), or nil. It is asked once
 // per generation of the Machine: not while a change runs (its journal,
 // a live handoff) or its outcome is still to be reported, nor after a
 // change was reported at this generation (IsolationChanged observed at
 // it): a failed change is not looped on, and a change made by hand is
-// not undone, until the spec changes. A pair of
-// modes this build does not change between is reported Failed without a
-// unit.
+// not undone, until the spec changes. The job carries
+// spec.isolation.method, when set, as its request's method. A pair of
+// modes this build does not change between, or not by the method asked
+// for, is reported Failed without a unit.
 func (d *daemon) isolationJob() *job {
 	m := d.machineObj
 	if m == nil || d.tokenOnly || d.active == nil {
@@ -88,12 +100,13 @@ func (d *daemon) isolationJob() *job {
 	if o, err := state.ReadIsolationOutcome(d.p); err != nil || o != nil {
 		return nil // reported first (reportMachine), then judged
 	}
-	if _, err := d.host.changeMethod(d.active.Mode, to); err != nil {
+	asked := string(m.Spec.Isolation.Method)
+	if _, err := d.host.changeMethod(d.active.Mode, to, asked); err != nil {
 		d.handled[uid] = true
 		if err := state.WriteIsolationSpecSeen(d.p, to); err != nil {
 			d.log.Warn("the isolation spec seen not recorded", "error", err)
 		}
-		d.log.Warn("spec.isolation.mode asks for a change this build does not make", "from", d.active.Mode, "to", to, "error", err)
+		d.log.Warn("spec.isolation asks for a change this build does not make", "from", d.active.Mode, "to", to, "method", asked, "error", err)
 		now := d.host.now().UTC()
 		o := state.IsolationOutcome{From: d.active.Mode, To: to, State: string(v1alpha3.IsolationChangeFailed), StartedAt: now, EndedAt: now,
 			Message: err.Error() + "; the node was left as it is"}
@@ -107,12 +120,16 @@ func (d *daemon) isolationJob() *job {
 	// request (dispatch, markIsolationAsked), not here: a daemon stopped
 	// in between would otherwise leave it seen and never asked for, and
 	// the host silently in the old mode.
-	d.log.Info("spec.isolation.mode asks for another mode: changing the isolation mode", "from", d.active.Mode, "to", to)
+	d.log.Info("spec.isolation.mode asks for another mode: changing the isolation mode", "from", d.active.Mode, "to", to, "method", asked)
 	// InProgress before the unit starts (startIsolation); its journal,
 	// once its plan is made, carries the change's own start time, and
 	// isolationReport looks again every 5 s while it exists.
 	d.statusRetry = time.After(2 * time.Second)
-	return &job{uid: uid, typ: OperationIsolationChange, params: map[string]string{"from": d.active.Mode, "to": to}}
+	params := map[string]string{paramFrom: d.active.Mode, paramTo: to}
+	if asked != "" {
+		params[paramMethod] = asked
+	}
+	return &job{uid: uid, typ: OperationIsolationChange, params: params}
 }
 
 // isolationJournal is the in-place change's journal (lib/repave's
@@ -243,14 +260,15 @@ func isolationPhase(want *v1alpha3.Machine, s v1alpha3.IsolationChangeState) {
 }
 
 // startIsolation shows the change j asks for InProgress on the Machine
-// before its unit starts (status.isolationChange, the phase, an Event):
+// before its unit starts (status.isolationChange, the phase, an Event),
+// by the method the unit will use (the one asked for, else the build's):
 // the unit's journal appears only once its plan is made (the bootstrap
 // token checked with the API server), and a unit that fails before it
 // still ends a change the Machine showed started. isolationReport keeps
 // it until the unit has ended (isolationEnded).
 func (d *daemon) startIsolation(ctx context.Context, j *job) {
-	from, to := j.params["from"], j.params["to"]
-	method, _ := d.host.changeMethod(from, to) // a pair isolationJob let through
+	from, to := j.params[paramFrom], j.params[paramTo]
+	method, _ := d.host.changeMethod(from, to, j.params[paramMethod]) // a change isolationJob let through
 	d.isolationStarted = &v1alpha3.IsolationChangeStatus{From: v1alpha3.IsolationMode(from), To: v1alpha3.IsolationMode(to),
 		Method: v1alpha3.IsolationChangeMethod(method), State: v1alpha3.IsolationChangeInProgress, StartTime: statusTime(d.host.now()),
 		Message: fmt.Sprintf("%s started for spec.isolation.mode %s (generation %d)", targets[OperationIsolationChange].unit, to, d.machineObj.Generation)}
@@ -287,7 +305,7 @@ func (d *daemon) isolationEnded(r result) {
 	case o != nil:
 		return
 	default:
-		j := d.isolationJudged(r.job.params["from"], r.job.params["to"], string(started.Method), started.StartTime, r.message)
+		j := d.isolationJudged(r.job.params[paramFrom], r.job.params[paramTo], string(started.Method), started.StartTime, r.message)
 		o = &j
 	}
 	if err := state.WriteIsolationOutcome(d.p, *o); err != nil {
@@ -361,7 +379,7 @@ func (d *daemon) isolationUnrecorded(ctx context.Context) *v1alpha3.IsolationCha
 	// starts the unit only if it has not run for the request, and
 	// otherwise reports the run it had (run.go, resume).
 	concern := targets[OperationIsolationChange].concern
-	if req, err := request.Read(d.p, concern); err == nil && req.Type == string(OperationIsolationChange) && req.Parameters["to"] == string(prev.To) &&
+	if req, err := request.Read(d.p, concern); err == nil && req.Type == string(OperationIsolationChange) && req.Parameters[paramTo] == string(prev.To) &&
 		!request.Taken(d.p, concern, req.UID) && !d.handled[req.UID] {
 		d.log.Info("resuming the isolation change an earlier daemon process handed to its request", "uid", req.UID, "to", prev.To)
 		d.markIsolationAsked(string(prev.To))

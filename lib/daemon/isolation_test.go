@@ -143,6 +143,45 @@ func TestSpecIsolationAsksForOneChangePerGeneration(t *testing.T) {
 	}
 }
 
+// spec.isolation.method goes into the job's request as its method
+// parameter (absent when the spec names none: the build's method); a
+// method this build does not carry out for the pair is reported Failed,
+// no unit, as a pair it does not change between is.
+func TestSpecIsolationMethodIsTheRequestsMethod(t *testing.T) {
+	if j := isolationDaemon(t, "none").isolationJob(); j == nil {
+		t.Fatal("no job")
+	} else if _, ok := j.params["method"]; ok {
+		t.Errorf("no spec.isolation.method: params %v, want no method", j.params)
+	}
+	for _, m := range []v1alpha3.IsolationChangeMethod{v1alpha3.IsolationChangeReprovision, v1alpha3.IsolationChangeInPlace} {
+		d := isolationDaemon(t, "none")
+		d.machineObj.Spec.Isolation.Method = m
+		if j := d.isolationJob(); j == nil || j.params["method"] != string(m) || j.params["from"] != "nspawn" || j.params["to"] != "none" {
+			t.Errorf("spec.isolation.method %s: job %+v", m, j)
+		}
+	}
+
+	for name, c := range map[string]struct {
+		method v1alpha3.IsolationChangeMethod
+		table  func(from, to, asked string) (string, error)
+	}{
+		"a method this build does not carry out for the pair": {v1alpha3.IsolationChangeReprovision, inPlaceOnly},
+		"a method this build does not know":                   {"Teleport", nil},
+	} {
+		d := isolationDaemon(t, "none")
+		d.machineObj.Spec.Isolation.Method = c.method
+		d.host.ChangeMethod = c.table
+		if j := d.isolationJob(); j != nil || !d.handled["isolation:none:7"] {
+			t.Errorf("%s: %+v, handled %v", name, j, d.handled)
+			continue
+		}
+		o, err := state.ReadIsolationOutcome(d.p)
+		if err != nil || o == nil || o.State != "Failed" || !strings.Contains(o.Message, "not carried out by this build") || !strings.Contains(o.Message, string(c.method)) {
+			t.Errorf("%s: outcome %+v (%v), want Failed saying why", name, o, err)
+		}
+	}
+}
+
 // The status follows the host: a change's journal is InProgress, its
 // outcome Succeeded or Failed with the condition at this generation (the
 // outcome removed once reported), a handoff's journal its own state.
@@ -350,6 +389,66 @@ func TestIsolationChangeBySpecIsDispatchedAndReported(t *testing.T) {
 	}
 }
 
+// The Machine's spec.isolation.method asks the unit for its method: a
+// change to mode none by Reprovision (a pair made in place by default)
+// is handed to unbounded-isolation.service with the request's method
+// Reprovision, and the Machine shows that method from the start
+// (InProgress, before the unit runs) to the end, here judged by the host
+// (the unit left no outcome of its own).
+func TestIsolationChangeBySpecMethodAsksTheUnitForIt(t *testing.T) {
+	f := newFixture(t)
+	type atStart struct {
+		req *request.Request
+		m   *v1alpha3.Machine
+	}
+	seen := make(chan atStart, 4)
+	f.fake.onStart = func(unit string) {
+		if unit != isolationUnit {
+			return
+		}
+		req, err := request.Read(f.opts.Paths, "isolation")
+		if err != nil {
+			t.Errorf("no request when %s was started: %v", unit, err)
+		}
+		m, err := f.env.ops.machines.Get(context.Background(), f.machine)
+		if err != nil {
+			t.Error(err)
+		}
+		seen <- atStart{req, m}
+		// The reprovision's work: the node bootstrapped in mode none.
+		changedToNone(t, f.opts.Paths, f.machine)
+	}
+	startDaemon(t, f.opts)
+	eventually(t, opTimeout, "the daemon saw the spec", func() bool {
+		seen, ok, _ := state.ReadIsolationSpecSeen(f.opts.Paths)
+		return ok && seen == "nspawn"
+	})
+
+	gen := f.setIsolationMode(t, v1alpha3.IsolationNone, func(m *v1alpha3.Machine) {
+		m.Spec.Isolation.Method = v1alpha3.IsolationChangeReprovision
+	})
+	var s atStart
+	select {
+	case s = <-seen:
+	case <-time.After(opTimeout):
+		t.Fatalf("%s not started", isolationUnit)
+	}
+	if s.req == nil || s.req.Parameters["method"] != modes.MethodReprovision || s.req.Parameters["from"] != "nspawn" || s.req.Parameters["to"] != "none" {
+		t.Fatalf("request %+v, want method %s", s.req, modes.MethodReprovision)
+	}
+	if ch := s.m.Status.IsolationChange; ch == nil || ch.State != v1alpha3.IsolationChangeInProgress || ch.Method != v1alpha3.IsolationChangeReprovision {
+		t.Errorf("at the unit's start: isolationChange %+v, want InProgress by Reprovision", ch)
+	}
+	m := f.waitIsolationChange(t, v1alpha3.IsolationChangeSucceeded, gen)
+	if ch := m.Status.IsolationChange; ch.Method != v1alpha3.IsolationChangeReprovision || ch.From != "nspawn" || ch.To != "none" {
+		t.Errorf("isolationChange %+v, want nspawn -> none by Reprovision", ch)
+	}
+	f.settled(t)
+	if n := f.fake.startCount(isolationUnit); n != 1 {
+		t.Errorf("%s started %d times, want 1", isolationUnit, n)
+	}
+}
+
 // A change that fails is reported Failed with the unit's result and last
 // journal lines (after the unit's own why, when it left one), and is not
 // tried again at the same generation of the Machine; a new generation
@@ -409,11 +508,20 @@ func TestFailedIsolationChangeIsReportedOncePerGeneration(t *testing.T) {
 
 // withoutContainer is the table of a build that does not change to or
 // from mode container (today's changes between every pair).
-func withoutContainer(from, to string) (string, error) {
+func withoutContainer(from, to, asked string) (string, error) {
 	if from == "container" || to == "container" {
 		return "", fmt.Errorf("isolation change from %s to %s: not carried out by this build (it changes between nspawn -> none, none -> nspawn)", from, to)
 	}
-	return modes.ChangeMethod(from, to)
+	return modes.ChangeMethodAsked(from, to, asked)
+}
+
+// inPlaceOnly is the table of a build that changes every pair in place
+// and none by reprovision (today's makes every pair by either method).
+func inPlaceOnly(from, to, asked string) (string, error) {
+	if asked == modes.MethodReprovision {
+		return "", fmt.Errorf("isolation change from %s to %s: method %s: not carried out by this build", from, to, asked)
+	}
+	return modes.ChangeMethodAsked(from, to, asked)
 }
 
 // A pair of modes this build does not change between is reported Failed,

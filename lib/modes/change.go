@@ -55,6 +55,26 @@ func ChangeMethod(from, to string) (string, error) {
 	return "", fmt.Errorf("isolation change from %s to %s: not carried out by this build (it changes between %s)", from, to, changePairs())
 }
 
+// ChangeMethodAsked returns the method of a change of isolation mode
+// from one mode to another when asked is the method asked for (the
+// Machine's spec.isolation.method, the isolation unit's --method or its
+// request's method parameter): asked, when this build carries it out
+// for the pair, or the table's (ChangeMethod) when asked is "". Both
+// methods are carried out for every pair with a row (a reprovision
+// resets the host and bootstraps the target mode, which needs nothing
+// of the old one); an error says that this build does not make the
+// change so (and changes nothing).
+func ChangeMethodAsked(from, to, asked string) (string, error) {
+	m, err := ChangeMethod(from, to)
+	if err != nil || asked == "" {
+		return m, err
+	}
+	if asked != MethodInPlace && asked != MethodReprovision {
+		return "", fmt.Errorf("isolation change from %s to %s: method %q: not carried out by this build (it knows %s and %s)", from, to, asked, MethodInPlace, MethodReprovision)
+	}
+	return asked, nil
+}
+
 func changePairs() string {
 	var s []string
 	for p := range changeMethods {

@@ -203,3 +203,22 @@ func TestChangeMethodIsTheTables(t *testing.T) {
 		}
 	}
 }
+
+// A method asked for is the change's when this build carries it out for
+// the pair (both, for every pair of the table); "" is the table's; a
+// pair without a row or an unknown method is refused.
+func TestChangeMethodAskedIsTheAskedOneForAPairOfTheTable(t *testing.T) {
+	for _, c := range []struct{ from, to, asked, want, wantErr string }{
+		{"nspawn", "none", "", modes.MethodInPlace, ""},
+		{"nspawn", "none", modes.MethodReprovision, modes.MethodReprovision, ""},
+		{"container", "none", modes.MethodInPlace, modes.MethodInPlace, ""},
+		{"none", "nspawn", "Teleport", "", `method "Teleport": not carried out by this build`},
+		{"nspawn", "docker", modes.MethodReprovision, "", "not carried out by this build"},
+		{"none", "none", modes.MethodReprovision, "", "the same mode"},
+	} {
+		got, err := modes.ChangeMethodAsked(c.from, c.to, c.asked)
+		if got != c.want || (err == nil) != (c.wantErr == "") || (err != nil && !strings.Contains(err.Error(), c.wantErr)) {
+			t.Errorf("ChangeMethodAsked(%s, %s, %q) = %q, %v; want %q, error %q", c.from, c.to, c.asked, got, err, c.want, c.wantErr)
+		}
+	}
+}

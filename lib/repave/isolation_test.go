@@ -212,6 +212,55 @@ func TestIsolationChangeByReprovisionStagesTheHandoffAndStartsItsUnit(t *testing
 	}
 }
 
+// The daemon's request asking for a reprovision (the Machine's
+// spec.isolation.method) gets the bootstrap token checked first, as an
+// in-place change does: a token the API server refuses stages no
+// handoff and starts no reset; and a method the build does not know is
+// refused before the token is asked about, the node left as it is.
+func TestIsolationChangeByReprovisionChecksTheTokenFirst(t *testing.T) {
+	for _, c := range []struct {
+		name, method string
+		want         error
+		wantIn       string
+	}{
+		{"a rejected token", modes.MethodReprovision, repave.ErrTokenRejected, "bootstrap token"},
+		{"an unknown method", "Teleport", nil, `method "Teleport"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := bootstrapped(t)
+			if err := request.Write(w.P, repave.IsolationConcern, &request.Request{UID: "isolation:none:4", Type: "IsolationChange",
+				Machine: bootstraptest.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`), Parameters: map[string]string{repave.ParamMethod: c.method}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(fake(w, "token-rejected"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			reviewed := false
+			err := run(t, w, func(r *repave.Repave) {
+				asIsolation(r)
+				r.Self = filepath.Join(t.TempDir(), "unbounded-agent")
+				review := r.ReviewToken
+				r.ReviewToken = func(ctx context.Context, cfg *config.Config) error { reviewed = true; return review(ctx, cfg) }
+			})
+			if err == nil || (c.want != nil && !errors.Is(err, c.want)) || !strings.Contains(err.Error(), c.wantIn) {
+				t.Fatalf("%v, want %v mentioning %q", err, c.want, c.wantIn)
+			}
+			if reviewed != (c.want != nil) {
+				t.Errorf("token reviewed: %v", reviewed)
+			}
+			if _, err := reprovision.ReadJournal(w.P); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("a handoff was staged (%v)", err)
+			}
+			if slices.ContainsFunc(w.Calls(), func(c string) bool {
+				return strings.HasPrefix(c, "cluster") || strings.HasPrefix(c, "prepare") || strings.HasPrefix(c, "stop") || c == "enqueue "+unitnames.Reprovision
+			}) {
+				t.Errorf("a refused change touched the node: %q", w.Calls())
+			}
+			wantMode(t, w, "nspawn", "kube1")
+		})
+	}
+}
+
 // isolationCrashPoints are the points an isolation change of the fake
 // modes passes.
 func isolationCrashPoints() []string { return repave.IsolationCrashPoints }

@@ -138,8 +138,9 @@ const (
 	// an eviction would lose.
 	ParamDeleteUnmanaged = "deleteUnmanaged"
 	// ParamMethod forces the method of an isolation change
-	// (modes.MethodInPlace or modes.MethodReprovision); absent: the
-	// table's (modes.ChangeMethod).
+	// (modes.MethodInPlace or modes.MethodReprovision: the daemon passes
+	// the Machine's spec.isolation.method); absent or empty: --method,
+	// else the table's (modes.ChangeMethodAsked).
 	ParamMethod = "method"
 )
 
@@ -611,25 +612,23 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 // touched.
 func (r *Repave) planChange(ctx context.Context, j *Journal, active *state.AppliedConfig, cfg *config.Config, req *request.Request) error {
 	r.change = &state.IsolationOutcome{From: active.Mode, To: cfg.Mode, StartedAt: j.StartedAt}
-	method, err := modes.ChangeMethod(active.Mode, cfg.Mode)
+	// The method asked for: the request's (the Machine's
+	// spec.isolation.method), else --method, else the table's.
+	asked, by := r.Method, "--method"
+	if req != nil && req.Parameters[ParamMethod] != "" {
+		asked, by = req.Parameters[ParamMethod], "the daemon's request"
+	}
+	method, err := modes.ChangeMethodAsked(active.Mode, cfg.Mode, asked)
 	if err != nil {
+		if asked != "" {
+			err = fmt.Errorf("%w (asked by %s)", err, by)
+		}
 		return fmt.Errorf("%w (%s); the node was left as it is", err, strings.Join(cfg.Files, ", "))
 	}
-	if r.Method != "" {
-		method = r.Method
-	}
-	if req != nil {
-		if v, ok := req.Parameters[ParamMethod]; ok {
-			if v != modes.MethodInPlace && v != modes.MethodReprovision {
-				return fmt.Errorf("the daemon's request: parameter %s=%q: want %s or %s", ParamMethod, v, modes.MethodInPlace, modes.MethodReprovision)
-			}
-			method = v
-		}
-	}
 	r.change.Method = method
-	if method != modes.MethodInPlace && method != modes.MethodReprovision {
-		return fmt.Errorf("isolation change from %s to %s: method %q: want %s or %s; the node was left as it is", active.Mode, cfg.Mode, method, modes.MethodInPlace, modes.MethodReprovision)
-	}
+	// Before anything is touched, and before a reprovision's handoff
+	// too (handOff comes after the plan): the new mode's kubelet joins
+	// with the token.
 	r.status("step %s: asking the API server whether it accepts the bootstrap token (the new mode's kubelet joins with it)", StepPlan)
 	if err := r.reviewToken(ctx, cfg); err != nil {
 		return err

@@ -28,6 +28,7 @@ func TestServerEnforcesTheCRDSchemas(t *testing.T) {
 	}{
 		{"a Machine name with a dot", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"a.b"}}`, "RFC 1123 label"},
 		{"an unknown isolation mode", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"isolation":{"mode":"vm"}}}`, "spec.isolation.mode"},
+		{"an unknown isolation method", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"isolation":{"mode":"none","method":"Teleport"}}}`, "spec.isolation.method"},
 		{"a malformed agent sha256", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"agent":{"version":"1","sha256":"xyz"}}}`, "spec.agent.sha256"},
 		{"an agent URL carrying credentials", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"agent":{"version":"1","url":"https://user:pass@artifacts.example/a.deb"}}}`, "must not carry credentials"},
 		{"an allocation without a name", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"allocation":{"uid":"1"}}}`, "spec.allocation.name"},
@@ -38,6 +39,29 @@ func TestServerEnforcesTheCRDSchemas(t *testing.T) {
 		err := post(c.resource, c.body)
 		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), c.wantInMessage) {
 			t.Errorf("%s: want 422 Invalid mentioning %q, got %v", c.what, c.wantInMessage, err)
+		}
+	}
+
+	// What the daemon acts on is kept as sent (not refused, not pruned).
+	for _, c := range []struct {
+		what string
+		spec api.MachineSpec
+	}{
+		{"an isolation change by reprovision", api.MachineSpec{Isolation: api.IsolationSpec{Mode: api.IsolationNone, Method: api.IsolationChangeReprovision}}},
+		{"an isolation change in place", api.MachineSpec{Isolation: api.IsolationSpec{Mode: api.IsolationContainer, Method: api.IsolationChangeInPlace}}},
+	} {
+		name := kubeenv.UniqueName(t, "m")
+		got := &api.Machine{}
+		err := admin.api.Post().Resource(api.ResourceMachines).Body(&api.Machine{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: c.spec}).Do(ctx).Into(got)
+		if err != nil {
+			t.Errorf("%s: %v", c.what, err)
+			continue
+		}
+		t.Cleanup(func() {
+			_ = admin.api.Delete().Resource(api.ResourceMachines).Name(name).Do(context.Background()).Error()
+		})
+		if got.Spec.Isolation != c.spec.Isolation {
+			t.Errorf("%s: stored spec.isolation %+v, want %+v", c.what, got.Spec.Isolation, c.spec.Isolation)
 		}
 	}
 }

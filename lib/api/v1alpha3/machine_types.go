@@ -134,7 +134,8 @@ type Machine struct {
 }
 
 // MachineSpec is what the cluster wants the host to run. A change of
-// agent means an upgrade; a change of isolation.mode means an isolation change.
+// agent means an upgrade; a change of isolation.mode means an isolation
+// change (by isolation.method, when set).
 type MachineSpec struct {
 	// Kubernetes describes the node the host joins as.
 	// +optional
@@ -204,6 +205,16 @@ type IsolationSpec struct {
 	// +kubebuilder:default=nspawn
 	// +optional
 	Mode IsolationMode `json:"mode,omitempty"`
+	// Method is how a change of mode is carried out: InPlace (the new
+	// mode built beside the old one) or Reprovision (the host reset and
+	// bootstrapped again in the new mode). Unset: the build's method for
+	// the pair of modes (lib/modes/change.go). It is read when the daemon
+	// asks for a change: of the mode, or a failed change asked again at a
+	// later generation; a node already in the spec's mode is not changed
+	// again for it. A method the host's build does not carry out for the
+	// pair is reported Failed, with the node left as it is.
+	// +optional
+	Method IsolationChangeMethod `json:"method,omitempty"`
 }
 
 // AllocationRef binds a Machine to a MachineAllocation.
