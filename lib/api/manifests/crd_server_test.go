@@ -31,6 +31,11 @@ func TestServerEnforcesTheCRDSchemas(t *testing.T) {
 		{"an unknown isolation method", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"isolation":{"mode":"none","method":"Teleport"}}}`, "spec.isolation.method"},
 		{"a malformed agent sha256", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"agent":{"version":"1","sha256":"xyz"}}}`, "spec.agent.sha256"},
 		{"an agent URL carrying credentials", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"agent":{"version":"1","url":"https://user:pass@artifacts.example/a.deb"}}}`, "must not carry credentials"},
+		// The upgrade fetches https only (lib/upgrade's fetch): an http
+		// URL would be refused on every host, after the Machine took it.
+		{"an http agent URL", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"agent":{"version":"1","url":"http://artifacts.example/a.deb"}}}`, "must be https://"},
+		{"an agent URL without a host", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"agent":{"version":"1","url":"https:///a.deb"}}}`, "must be https://"},
+		{"an agent URL of a file", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"agent":{"version":"1","url":"file:///srv/a.deb"}}}`, "must be https://"},
 		{"an allocation without a name", "machines", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"Machine","metadata":{"name":"` + kubeenv.UniqueName(t, "m") + `"},"spec":{"allocation":{"uid":"1"}}}`, "spec.allocation.name"},
 		{"an unknown operation", "machineoperations", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"MachineOperation","metadata":{"generateName":"x-","labels":{"unbounded-cloud.io/machine":"a"}},"spec":{"machineRef":{"name":"a"},"operation":"Explode"}}`, "spec.operation"},
 		{"an operation without machineRef", "machineoperations", `{"apiVersion":"unbounded-cloud.io/v1alpha3","kind":"MachineOperation","metadata":{"generateName":"x-","labels":{"unbounded-cloud.io/machine":"a"}},"spec":{"operation":"Repave"}}`, "spec.machineRef"},
@@ -49,6 +54,10 @@ func TestServerEnforcesTheCRDSchemas(t *testing.T) {
 	}{
 		{"an isolation change by reprovision", api.MachineSpec{Isolation: api.IsolationSpec{Mode: api.IsolationNone, Method: api.IsolationChangeReprovision}}},
 		{"an isolation change in place", api.MachineSpec{Isolation: api.IsolationSpec{Mode: api.IsolationContainer, Method: api.IsolationChangeInPlace}}},
+		{"an https agent URL", api.MachineSpec{Isolation: api.IsolationSpec{Mode: api.IsolationNspawn},
+			Agent: &api.AgentSpec{Version: "1", URL: "https://artifacts.example:8443/a.deb?v=1", SHA256: strings.Repeat("a", 64)}}},
+		{"an agent URL whose scheme is in capitals (url.Parse's https)", api.MachineSpec{Isolation: api.IsolationSpec{Mode: api.IsolationNspawn},
+			Agent: &api.AgentSpec{Version: "1", URL: "HTTPS://artifacts.example/a.deb", SHA256: strings.Repeat("a", 64)}}},
 	} {
 		name := kubeenv.UniqueName(t, "m")
 		got := &api.Machine{}
@@ -60,8 +69,38 @@ func TestServerEnforcesTheCRDSchemas(t *testing.T) {
 		t.Cleanup(func() {
 			_ = admin.api.Delete().Resource(api.ResourceMachines).Name(name).Do(context.Background()).Error()
 		})
-		if got.Spec.Isolation != c.spec.Isolation {
-			t.Errorf("%s: stored spec.isolation %+v, want %+v", c.what, got.Spec.Isolation, c.spec.Isolation)
+		if got.Spec.Isolation != c.spec.Isolation || (c.spec.Agent != nil && (got.Spec.Agent == nil || *got.Spec.Agent != *c.spec.Agent)) {
+			t.Errorf("%s: stored spec %+v, want %+v", c.what, got.Spec, c.spec)
+		}
+	}
+}
+
+// TestServerRefusesPhasesNothingSets: the phase enum has only the phases
+// the agent sets (Repaving and Upgrading were declared once and never
+// set); a status with another is refused.
+func TestServerRefusesPhasesNothingSets(t *testing.T) {
+	env := kubeenv.Get(t)
+	admin := newCaller(t, "admin", env.RESTConfig())
+	ctx := context.Background()
+	name := kubeenv.UniqueName(t, "m")
+	if err := admin.api.Post().Resource(api.ResourceMachines).Body(&api.Machine{ObjectMeta: metav1.ObjectMeta{Name: name}}).Do(ctx).Error(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = admin.api.Delete().Resource(api.ResourceMachines).Name(name).Do(context.Background()).Error()
+	})
+	phase := func(p string) error {
+		return admin.api.Patch(types.MergePatchType).Resource(api.ResourceMachines).Name(name).SubResource("status").
+			Body([]byte(`{"status":{"phase":"` + p + `"}}`)).Do(ctx).Error()
+	}
+	for _, p := range []string{"Repaving", "Upgrading"} {
+		if err := phase(p); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "status.phase") {
+			t.Errorf("phase %s: want 422 Invalid mentioning status.phase, got %v", p, err)
+		}
+	}
+	for _, p := range []api.MachinePhase{api.MachinePending, api.MachineBootstrapping, api.MachineReady, api.MachineChangingIsolation, api.MachineRefused, api.MachineFailed} {
+		if err := phase(string(p)); err != nil {
+			t.Errorf("phase %s, which the agent sets: %v", p, err)
 		}
 	}
 }

@@ -215,7 +215,10 @@ func TestCRDSchemasCarryEnumsAndRequiredFields(t *testing.T) {
 		want []string
 	}{
 		{"Machine spec.isolation.mode", enumOf(prop(t, m, "spec", "isolation", "mode")), []string{"nspawn", "container", "none"}},
+		{"Machine spec.isolation.method", enumOf(prop(t, m, "spec", "isolation", "method")), []string{"InPlace", "Reprovision"}},
 		{"Machine status.isolation.slot", enumOf(prop(t, m, "status", "isolation", "slot")), []string{"kube1", "kube2"}},
+		// The phases the agent sets, and no other.
+		{"Machine status.phase", enumOf(prop(t, m, "status", "phase")), []string{"Pending", "Bootstrapping", "Ready", "ChangingIsolation", "Refused", "Failed"}},
 		{"Machine status.isolationChange.method", enumOf(prop(t, m, "status", "isolationChange", "method")), []string{"InPlace", "Reprovision"}},
 		{"Machine status.isolationChange.state", enumOf(prop(t, m, "status", "isolationChange", "state")), []string{"InProgress", "Succeeded", "Failed"}},
 		{"Machine status.bootstrap.state", enumOf(prop(t, m, "status", "bootstrap", "state")), []string{"Running", "Succeeded", "Failed"}},

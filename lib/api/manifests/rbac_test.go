@@ -415,9 +415,9 @@ func TestBootstrapIdentityCanDoExactlyWhatIsGranted(t *testing.T) {
 		refusedBy("bootstrap-status", "report Machine A's Node", func(ctx context.Context) error {
 			return c.patchMachine(ctx, f.a, "status", `{"status":{"nodeName":"`+f.b+`"}}`)
 		}),
-		refusedBy("bootstrap-status", "set Machine A's Repaved condition", func(ctx context.Context) error {
+		refusedBy("bootstrap-status", "set Machine A's IsolationChanged condition", func(ctx context.Context) error {
 			return c.api.Patch(types.JSONPatchType).Resource(api.ResourceMachines).Name(f.a).SubResource("status").Body([]byte(
-				`[{"op":"add","path":"/status/conditions/-","value":{"type":"Repaved","status":"True","reason":"Done","message":"m","lastTransitionTime":"2026-01-01T00:00:00Z"}}]`)).
+				`[{"op":"add","path":"/status/conditions/-","value":{"type":"IsolationChanged","status":"True","reason":"Succeeded","message":"m","lastTransitionTime":"2026-01-01T00:00:00Z"}}]`)).
 				Do(ctx).Error()
 		}),
 		// The daemon's business, on the certificate only.
@@ -451,7 +451,7 @@ func TestCertificateIdentityCanDoExactlyWhatIsGranted(t *testing.T) {
 		// The daemon reports everything about its Machine.
 		allow("report Machine A's isolation, Node and conditions", func(ctx context.Context) error {
 			return c.patchMachine(ctx, f.a, "status", `{"status":{"phase":"Ready","isolation":{"mode":"nspawn","slot":"kube1"},"nodeName":"`+f.a+`",`+
-				`"conditions":[{"type":"Ready","status":"True","reason":"Up","message":"m","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}`)
+				`"conditions":[{"type":"IsolationChanged","status":"True","reason":"Succeeded","message":"m","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}`)
 		}),
 		refusedByRBAC("tokenreviews", "TokenReview", func(ctx context.Context) error { return c.reviewToken(ctx, "abcdef.0123456789abcdef") }),
 		allow("list its MachineOperations by label", func(ctx context.Context) error { return c.listOperations(ctx, f.a) }),

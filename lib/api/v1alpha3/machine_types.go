@@ -31,48 +31,46 @@ const (
 )
 
 // MachinePhase is the one-word summary of a Machine shown by `kubectl get
-// machines`. Conditions carry the detail; the phase is for people.
-// +kubebuilder:validation:Enum=Pending;Bootstrapping;Ready;Repaving;ChangingIsolation;Upgrading;Refused;Failed
+// machines`. Conditions carry the detail; the phase is for people. Only
+// the phases the agent sets are declared: a repave and an agent upgrade
+// show in their MachineOperation (and the upgrade in AgentUpgraded), not
+// in the phase.
+// +kubebuilder:validation:Enum=Pending;Bootstrapping;Ready;ChangingIsolation;Refused;Failed
 type MachinePhase string
 
 const (
-	// MachinePending: the Machine exists but no agent has reported yet.
+	// MachinePending: the Machine exists but no agent has reported yet;
+	// also after the allocation fence allowed a node it had refused.
 	MachinePending MachinePhase = "Pending"
 	// MachineBootstrapping: the first bootstrap runs on the host.
 	MachineBootstrapping MachinePhase = "Bootstrapping"
 	// MachineReady: the node stack of the active slot is up.
 	MachineReady MachinePhase = "Ready"
-	// MachineRepaving: a repave replaces the node stack.
-	MachineRepaving MachinePhase = "Repaving"
 	// MachineChangingIsolation: an isolation change (in place or by
 	// reprovision) runs; status.isolationChange has the detail.
 	MachineChangingIsolation MachinePhase = "ChangingIsolation"
-	// MachineUpgrading: the agent upgrades itself.
-	MachineUpgrading MachinePhase = "Upgrading"
 	// MachineRefused: the allocation fence refused to start the node stack
 	// (condition AllocationLaunchRefused).
 	MachineRefused MachinePhase = "Refused"
-	// MachineFailed: the last operation failed and recovery did not bring the
-	// node back.
+	// MachineFailed: the first bootstrap failed (status.bootstrap has
+	// the reason).
 	MachineFailed MachinePhase = "Failed"
 )
 
-// Condition types set on a Machine. Each is a metav1.Condition in
-// status.conditions; True means what the name says happened or holds.
+// Condition types set on a Machine: every one the agent sets, and no
+// other. Each is a metav1.Condition in status.conditions; True means what
+// the name says happened or holds. (Whether the node is up is the Node's
+// Ready condition; a repave's outcome is its MachineOperation's.)
 const (
 	// ConditionBootstrapped is True once the first bootstrap brought the node up.
 	ConditionBootstrapped = "Bootstrapped"
 	// ConditionAllocationLaunchRefused is True while the allocation fence
 	// keeps the node stack down (exit 77 of unbounded-fence).
 	ConditionAllocationLaunchRefused = "AllocationLaunchRefused"
-	// ConditionRepaved reports the outcome of the last repave.
-	ConditionRepaved = "Repaved"
 	// ConditionAgentUpgraded reports the outcome of the last agent self-upgrade.
 	ConditionAgentUpgraded = "AgentUpgraded"
 	// ConditionIsolationChanged reports the outcome of the last isolation change.
 	ConditionIsolationChanged = "IsolationChanged"
-	// ConditionReady is True while the node stack of the active slot is healthy.
-	ConditionReady = "Ready"
 	// ConditionRecovered reports the last run of recovery (a failed agent
 	// unit, or state the generator found unusable at boot): True when it
 	// repaired what the failure needed, False when it could not or held
@@ -186,11 +184,14 @@ type AgentSpec struct {
 	// Version of the agent, e.g. "0.4.1".
 	// +kubebuilder:validation:MinLength=1
 	Version string `json:"version"`
-	// URL the package is downloaded from; empty means the host's configured
-	// artifact source. Every agent can read it: it must not carry a
-	// credential (no user:password@, no signed query string).
-	// +kubebuilder:validation:Pattern=`^https?://`
-	// +kubebuilder:validation:XValidation:rule="!self.matches('^https?://[^/?#]*@')",message="the URL must not carry credentials (user:password@): every agent can read every Machine"
+	// URL the package is downloaded from: https, with a host (the
+	// upgrade fetches nothing else: the SHA-256 says what the package is,
+	// https who sent it), trusted by the host's system roots or the
+	// cluster CA. Without it (or without SHA256) the host does not
+	// upgrade. Every agent can read it: it must not carry a credential
+	// (no user:password@, no signed query string).
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(?i)https://[^/?#@]')",message="the URL must be https://HOST/...: the agent fetches its package over https only"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^[^/?#]*://[^/?#]*@')",message="the URL must not carry credentials (user:password@): every agent can read every Machine"
 	// +optional
 	URL string `json:"url,omitempty"`
 	// SHA256 of the package, lower-case hex.
