@@ -269,7 +269,9 @@ func (p Paths) Adopted() string { return filepath.Join(p.HostRoot(), "adopted.js
 
 // IsolationOutcome is where an isolation change's outcome waits for the
 // daemon (lib/state).
-func (p Paths) IsolationOutcome() string { return filepath.Join(p.HostRoot(), "isolation-outcome.json") }
+func (p Paths) IsolationOutcome() string {
+	return filepath.Join(p.HostRoot(), "isolation-outcome.json")
+}
 
 // IsolationSpec records the Machine's isolation spec the daemon first saw
 // (lib/state): a change is acted on only after it.
