@@ -481,7 +481,8 @@ func (d *daemon) apply(ctx context.Context, u update) {
 		if first && node == nil {
 			d.armNodeAbsent()
 		}
-		if node != nil && (d.machineObj == nil || d.machineObj.Status.NodeName != node.Name) {
+		if node != nil && (d.machineObj == nil || d.machineObj.Status.NodeName != node.Name ||
+			(d.machineObj.Status.Phase == v1alpha3.MachinePending && nodeReady(node))) {
 			d.reportMachine(ctx)
 		}
 		d.refreshActive(ctx)
@@ -795,6 +796,13 @@ func (d *daemon) reportMachine(ctx context.Context) {
 	}
 	if d.nodeSeen != "" && !d.tokenOnly {
 		want.Status.NodeName = d.nodeSeen
+	}
+	if !d.tokenOnly && d.active != nil && d.readyNode != "" && want.Status.Phase == v1alpha3.MachinePending &&
+		!meta.IsStatusConditionTrue(want.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) {
+		// The fence leaves a node it allowed after a refusal Pending (it
+		// cannot tell when the node is up); the daemon sees the Node
+		// Ready.
+		want.Status.Phase = v1alpha3.MachineReady
 	}
 	var signals []func()
 	if !d.tokenOnly {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
@@ -505,4 +506,33 @@ func TestIdleDaemonSendsNoRequestsBeyondItsThreeWatches(t *testing.T) {
 	if watches != 3 {
 		t.Errorf("daemon opened %d watches, want 3 (Machine, Node, operations); all requests: %v", watches, ct.since(0))
 	}
+}
+
+// A Machine the allocation fence left Pending when it allowed a node it
+// had refused (the fence cannot tell when the node is up) is Ready once
+// its Node is: nothing else sets the phase back.
+func TestPendingMachineIsReadyOnceItsNodeIs(t *testing.T) {
+	f := newFixture(t)
+	_, err := f.env.ops.machines.MutateStatus(context.Background(), f.machine, func(m *v1alpha3.Machine) bool {
+		// Bootstrapped long ago; the fence refused a later boot, then
+		// allowed it.
+		m.Status.Bootstrap = &v1alpha3.BootstrapStatus{State: v1alpha3.BootstrapSucceeded}
+		m.Status.Phase = v1alpha3.MachinePending
+		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{Type: v1alpha3.ConditionAllocationLaunchRefused,
+			Status: metav1.ConditionFalse, Reason: v1alpha3.ReasonAllowed, Message: "the allocation fence allowed the node start"})
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startDaemon(t, f.opts)
+	f.settled(t)
+	if m, err := f.env.ops.machines.Get(context.Background(), f.machine); err != nil || m.Status.Phase != v1alpha3.MachinePending {
+		t.Fatalf("phase %v (%v) before the Node is Ready, want Pending", m.Status.Phase, err)
+	}
+	f.env.createReadyNode(t, f.machine)
+	eventually(t, opTimeout, "phase Ready once the Node is", func() bool {
+		m, err := f.env.ops.machines.Get(context.Background(), f.machine)
+		return err == nil && m.Status.Phase == v1alpha3.MachineReady
+	})
 }
