@@ -59,35 +59,24 @@ else
 	packages_failed=1
 fi
 
-# The system tier runs beside the other tiers, not after them: its
-# scenarios wait on systemd, kubelets and a control plane far more than
-# they compute, and it is the run's long pole. system_tier (in the
-# background from here on) prepares its inputs, then runs it against a
-# control plane of its own (a second tests/kube/with-env.sh: no test of
-# one tier sees another's objects). Its messages go to $out/system.txt,
-# printed when it ends. The other tiers run niced, so that the scenarios'
-# hosts get the CPU first.
-system_tier() {
+# The cached Debian rootfs for the system tier.
+if [ -x tests/system/rootfs.sh ]; then
+	log "system test rootfs"
 	# Where the system tier is required, its tests fail instead of skipping.
-	local verb=skip
+	verb=skip
 	is_required system && verb="FAIL (required)"
-	if [ ! -x tests/system/rootfs.sh ]; then
-		echo "tests/system/rootfs.sh is missing"
-	elif [ "$(id -u)" != 0 ]; then
+	if [ "$(id -u)" != 0 ]; then
 		echo "not root: the system tier will $verb"
+	elif rootfs=$(tests/system/rootfs.sh 2>"$out/rootfs.log" | tail -1) && [ -d "$rootfs" ]; then
+		export UNBOUNDED_TEST_ROOTFS="$rootfs"
+		echo "rootfs: $rootfs"
 	else
-		# The cached Debian rootfs.
-		local rootfs kubelet stage
-		if rootfs=$(tests/system/rootfs.sh 2>"$out/rootfs.log" | tail -1) && [ -d "$rootfs" ]; then
-			export UNBOUNDED_TEST_ROOTFS="$rootfs"
-			echo "rootfs: $rootfs"
-		else
-			echo "rootfs build failed (the system tier will $verb):"; tail -20 "$out/rootfs.log"
-		fi
-		# The node stack (tests/system/nodestack): the kubelet built from
-		# the test control plane's module, and Debian's containerd, runc
-		# and CNI plugins with a static pause (both cached after the first
-		# run).
+		echo "rootfs build failed (the system tier will $verb):"; tail -20 "$out/rootfs.log"
+	fi
+	# The node stack (tests/system/nodestack): the kubelet built from the
+	# test control plane's module, and Debian's containerd, runc and CNI
+	# plugins with a static pause (both cached after the first run).
+	if [ "$(id -u)" = 0 ]; then
 		if kubelet=$(tests/kube/kubelet.sh 2>"$out/kubelet.log" | tail -1) && [ -x "$kubelet" ]; then
 			export UNBOUNDED_TEST_KUBELET="$kubelet"
 		else
@@ -101,42 +90,16 @@ system_tier() {
 		fi
 		# Upstream node conformance (tests/conformance): e2e.test and the
 		# test images' binaries from the test control plane's module, for
-		# the CI subset of TestConformance. Built beside the tier's other
-		# scenarios (a cold build compiles most of Kubernetes' tests:
-		# about 12 minutes here; seconds when cached): the conformance
-		# scenarios wait for the outcome in conformance.pending
-		# (tests/system/conformance_test.go).
-		export UNBOUNDED_TEST_CONFORMANCE_PENDING="$out/conformance.pending"
-		(
-			if conformance=$(tests/conformance/build.sh 2>"$out/conformance.log" | tail -1) && [ -x "$conformance/e2e.test" ]; then
-				echo "ok $conformance" >"$out/conformance.pending.tmp"
-			else
-				echo "failed $(tail -1 "$out/conformance.log")" >"$out/conformance.pending.tmp"
-			fi
-			mv "$out/conformance.pending.tmp" "$out/conformance.pending"
-		) &
-		# Every booted test host and node machine runs its own systemd,
-		# which takes inotify instances from the one per-user pool of the
-		# VM (fs.inotify.max_user_instances, 128 on Debian): with a few
-		# first boots at once, a node's containerd once started without
-		# its CRI plugin ("failed to create fsnotify watcher: too many
-		# open files"). Raised (never lowered) for the run, as a host
-		# running several nested machines needs.
-		if [ "$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null || echo 0)" -lt 1024 ]; then
-			echo "fs.inotify.max_user_instances: $(cat /proc/sys/fs/inotify/max_user_instances) -> 1024"
-			sysctl -q -w fs.inotify.max_user_instances=1024 || echo "could not raise fs.inotify.max_user_instances"
+		# the CI subset of TestConformance (cached like the kubelet; a cold
+		# build compiles most of Kubernetes' tests: about 12 minutes here).
+		if conformance=$(tests/conformance/build.sh 2>"$out/conformance.log" | tail -1) && [ -x "$conformance/e2e.test" ]; then
+			export UNBOUNDED_TEST_CONFORMANCE="$conformance"
+			echo "conformance: $conformance"
+		else
+			echo "conformance build failed (the conformance tests will $verb):"; tail -20 "$out/conformance.log"
 		fi
 	fi
-	echo "system tier: started at $(date +%T)"
-	if [ -x tests/kube/with-env.sh ]; then
-		tests/kube/with-env.sh bash -c inner_system
-	else
-		UNBOUNDED_TEST_KUBE_SKIP="tests/kube/with-env.sh is missing" bash -c inner_system
-	fi
-	echo "system-env $?" >>"$out/status"
-	wait # the conformance build, if the tier ended first
-	echo "system tier: ended at $(date +%T)"
-}
+fi
 
 # The project's CRDs and RBAC, installed into the test API server.
 if bin/unbounded manifests >"$out/manifests.yaml" 2>"$out/manifests.err" && [ -s "$out/manifests.yaml" ]; then
@@ -173,46 +136,38 @@ inner() {
 		go test -json -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "$pkg" >>"$out/fuzz.json" 2>>"$out/fuzz.err"
 		echo "fuzz:$name $?" >>"$out/status"
 	done < <(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*(' lib cmd generators 2>/dev/null | sort -u)
-	return 0
-}
-# The system tier (tier 5: real systemd in nspawn). Five scenarios at a
-# time on two cores: four kept the CPU busy when the tier ran alone; the
-# fifth covers the two conformance scenarios, which hold their places
-# while they wait for the conformance build (minutes on a cold machine).
-# Its bound leaves room for a slower machine, inside CI's 90 minutes.
-inner_system() {
-	go test -count=1 -json -parallel 5 -timeout 45m ./tests/system/... >"$out/system.json" 2>"$out/system.err"
+	log "tier 5 (system: real systemd in nspawn)"
+	# Every booted test host and node machine runs its own systemd, which
+	# takes inotify instances from the one per-user pool of the VM
+	# (fs.inotify.max_user_instances, 128 on Debian): with a few first
+	# boots at once, a node's containerd once started without its CRI
+	# plugin ("failed to create fsnotify watcher: too many open files").
+	# Raised (never lowered) for the run, as a host running several
+	# nested machines needs.
+	if [ "$(id -u)" = 0 ] && [ "$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null || echo 0)" -lt 1024 ]; then
+		echo "fs.inotify.max_user_instances: $(cat /proc/sys/fs/inotify/max_user_instances) -> 1024"
+		sysctl -q -w fs.inotify.max_user_instances=1024 || echo "could not raise fs.inotify.max_user_instances"
+	fi
+	# The scenarios wait on systemd, kubelets and the control plane far
+	# more than they compute: four at a time on two cores (the first
+	# boots together take about 3 minutes instead of about 6). The tier
+	# took 23 minutes in a cold CI run before the container mode's crash
+	# chains, isolation changes and conformance node joined it (about 3
+	# more): its bound leaves room for a slower machine, inside CI's 90.
+	go test -count=1 -json -parallel 4 -timeout 45m ./tests/system/... >"$out/system.json" 2>"$out/system.err"
 	echo "system $?" >>"$out/status"
 	return 0
 }
-export -f inner inner_system log
+export -f inner log
 export out FUZZTIME
 : >"$out/status"
-begin=$(date +%s)
-# The kube-testenv binary, built once before either control plane starts
-# (two with-env.sh building it at once would race on bin/kube-testenv); a
-# failure here is with-env.sh's to report, below.
-[ -x tests/kube/with-env.sh ] && tests/kube/with-env.sh --build >/dev/null 2>&1
-system_tier >"$out/system.txt" 2>&1 &
-system_pid=$!
 if [ -x tests/kube/with-env.sh ]; then
 	log "starting the test API server (tests/kube)"
-	nice -n 10 tests/kube/with-env.sh bash -c inner
+	tests/kube/with-env.sh bash -c inner
 	envrc=$?
 else
-	UNBOUNDED_TEST_KUBE_SKIP="tests/kube/with-env.sh is missing" nice -n 10 bash -c inner
+	UNBOUNDED_TEST_KUBE_SKIP="tests/kube/with-env.sh is missing" bash -c inner
 	envrc=$?
-fi
-echo "tiers but system: ended after $(($(date +%s) - begin)) s; waiting for the system tier"
-wait "$system_pid"
-log "tier 5 (system: real systemd in nspawn)"
-cat "$out/system.txt"
-echo "system tier: ended after $(($(date +%s) - begin)) s"
-sysenv=$(awk '$1 == "system-env" {print $2}' "$out/status")
-sed -i '/^system-env /d' "$out/status"
-if [ "${sysenv:-1}" -ne 0 ]; then
-	echo "the system tier's tests/kube/with-env.sh exited ${sysenv:-(no status)}"
-	envrc=${sysenv:-1}
 fi
 
 for f in "$out"/*.err; do
