@@ -2,9 +2,7 @@ package system_test
 
 import (
 	"encoding/xml"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -126,9 +124,6 @@ func anyOf(specs []string) string {
 func conformanceBin(t *testing.T) string {
 	t.Helper()
 	bin := os.Getenv(envConformance)
-	if pending := os.Getenv(envConformancePending); bin == "" && pending != "" {
-		bin = waitConformanceBuild(t, pending)
-	}
 	if bin == "" {
 		tiers.Skip(t, tiers.System, "conformance: %s is not set: export %s=$(tests/conformance/build.sh)", envConformance, envConformance)
 	}
@@ -138,42 +133,6 @@ func conformanceBin(t *testing.T) string {
 		}
 	}
 	return bin
-}
-
-// envConformancePending names the file where tests/run-tiers.sh writes
-// the outcome of tests/conformance/build.sh, which it runs beside the
-// system tier's other scenarios (a cold build compiles most of Kubernetes'
-// tests: about 12 minutes on two cores): "ok DIR" or "failed REASON".
-const envConformancePending = "UNBOUNDED_TEST_CONFORMANCE_PENDING"
-
-// conformanceBuildBound bounds the wait for that outcome (a cold build on
-// a loaded machine, with room).
-const conformanceBuildBound = 40 * time.Minute
-
-// waitConformanceBuild waits until run-tiers has written the build's
-// outcome to file and returns its directory, or skips (fails, where the
-// system tier is required) with the build's reason.
-func waitConformanceBuild(t *testing.T, file string) string {
-	t.Helper()
-	begin := time.Now()
-	for {
-		data, err := os.ReadFile(file)
-		if err == nil {
-			logWait(t, begin, "tests/conformance/build.sh")
-			verdict, rest, _ := strings.Cut(strings.TrimSpace(string(data)), " ")
-			if verdict != "ok" {
-				tiers.Skip(t, tiers.System, "conformance: tests/conformance/build.sh failed: %s", rest)
-			}
-			return rest
-		}
-		if !errors.Is(err, fs.ErrNotExist) {
-			t.Fatalf("conformance: read %s: %v", file, err)
-		}
-		if time.Since(begin) > conformanceBuildBound {
-			t.Fatalf("conformance: tests/conformance/build.sh wrote no outcome to %s within %v", file, conformanceBuildBound)
-		}
-		time.Sleep(2 * time.Second)
-	}
 }
 
 // e2eSpecs lists the specs e2e.test would run with focus and skip (a dry
