@@ -350,14 +350,11 @@ func wantCrashedAt(t *testing.T, f *firstBoot, unit, point string, p map[string]
 	// often cannot attribute a line of a process that is gone by the time
 	// it reads it to its unit (no _SYSTEMD_INVOCATION_ID); _PID is the
 	// kernel's, always there.
-	args := []string{"journalctl", "-b", "-q", "--no-pager", "-o", "cat", "_SYSTEMD_INVOCATION_ID=" + p["InvocationID"]}
+	match := []string{"-b", "_SYSTEMD_INVOCATION_ID=" + p["InvocationID"]}
 	if pid := p["ExecMainPID"]; pid != "" && pid != "0" {
-		args = append(args, "+", "_PID="+pid)
+		match = append(match, "+", "_PID="+pid)
 	}
-	out, _ := f.m.Run(args...)
-	if !strings.Contains(out, "crash point "+point+" reached") {
-		t.Fatalf("%s's run %s was killed, but its journal does not name crash point %s:\n%s", unit, p["InvocationID"], point, out)
-	}
+	f.waitJournalLine(t, "crash point "+point+" reached", crashLineLag, match...)
 }
 
 // startAndCrash starts the unit with the crash point set and checks it

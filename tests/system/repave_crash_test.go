@@ -42,10 +42,7 @@ func crashRepave(t *testing.T, f *firstBoot, point string) {
 	if p["ExecMainCode"] != "2" || p["ExecMainStatus"] != "9" || p["ActiveState"] != "failed" {
 		t.Fatalf("%s with crash point %s: %v, want killed by SIGKILL\n%s", repaveService, point, p, f.m.Journal(repaveService))
 	}
-	out, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "-t", "repave", "--after-cursor", cursor)
-	if !strings.Contains(out, "crash point "+point+" reached") {
-		t.Fatalf("%s was killed, but not at crash point %s:\n%s", repaveService, point, out)
-	}
+	f.waitJournalLine(t, "crash point "+point+" reached", crashLineLag, "-t", "repave", "--after-cursor", cursor)
 	t.Logf("%s crashed at %s after %v", repaveService, point, time.Since(begin).Round(time.Millisecond))
 }
 

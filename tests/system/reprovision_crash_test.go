@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -136,12 +138,31 @@ func TestIsolationChangeByReprovisionCrashesAndPowerCutsConverge(t *testing.T) {
 func (f *firstBoot) waitCrashLine(t *testing.T, cursor, point string, timeout time.Duration) {
 	t.Helper()
 	begin := time.Now()
-	line := "crash point " + point + " reached"
-	waitUntil(t, timeout, line, func(context.Context) (bool, error) {
-		out, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "--after-cursor", cursor, "--grep", line)
+	f.waitJournalLine(t, "crash point "+point+" reached", timeout, "--after-cursor", cursor, "--grep", "crash point "+point+" reached")
+	t.Logf("killed at %s after %v", point, time.Since(begin).Round(time.Millisecond))
+}
+
+// crashLineLag bounds how long journald may take to store a line a
+// process wrote just before it was killed: it reads the stream when it
+// gets to it, which on a loaded host is after systemd saw the unit fail.
+const crashLineLag = 30 * time.Second
+
+// waitJournalLine waits until the host's journal (narrowed by match:
+// journalctl's arguments) has a line containing line, and fails
+// with what it had at the end of timeout. The lines a unit writes just
+// before it ends reach journald through a stream it reads on its own
+// time: a single look right after the unit's end may miss them.
+func (f *firstBoot) waitJournalLine(t *testing.T, line string, timeout time.Duration, match ...string) {
+	t.Helper()
+	args := append([]string{"journalctl", "-q", "--no-pager", "-o", "cat"}, match...)
+	var out string
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		out, _ = f.m.Run(args...)
 		return strings.Contains(out, line), nil
 	})
-	t.Logf("killed at %s after %v", point, time.Since(begin).Round(time.Millisecond))
+	if err != nil {
+		t.Fatalf("the journal (%s) has no line %q within %v:\n%s", strings.Join(match, " "), line, timeout, out)
+	}
 }
 
 // waitHandoffReported waits until the reprovision handoff has ended and
