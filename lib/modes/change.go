@@ -3,10 +3,8 @@ package modes
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
-	"time"
 
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
@@ -84,12 +82,14 @@ func changePairs() string {
 	return strings.Join(s, ", ")
 }
 
-// The crash points of Change, in the order it reaches them.
+// The crash points of Change, in the order it reaches them (Switch's
+// under operation "isolation": the old mode's Stop cleans its own
+// networking, and the new slot is built before Change).
 const (
-	CrashChangeOldStopped = "isolation/after-old-stopped"
-	CrashChangeFence      = "isolation/after-fence"
-	CrashChangeNewStarted = "isolation/after-new-started"
-	CrashChangeHealthy    = "isolation/after-healthy"
+	CrashChangeOldStopped = "isolation/after-" + SwitchOldStopped
+	CrashChangeFence      = "isolation/after-" + SwitchFence
+	CrashChangeNewStarted = "isolation/after-" + SwitchNewStarted
+	CrashChangeHealthy    = "isolation/after-" + SwitchHealthy
 )
 
 // ChangeCrashPoints are Change's crash points in order.
@@ -97,27 +97,12 @@ var ChangeCrashPoints = []string{CrashChangeOldStopped, CrashChangeFence, CrashC
 
 // Change switches the node from slot running of mode from to slot s.Name
 // of mode to, built already (Prepare) in the other slot: the blue/green
-// switch of a repave, across modes. It is written once over the Mode
-// operations, so that a mode joining the table of changes brings no
-// switch of its own:
-//
-//  1. the old node stopped entirely (from.Stop: its units, its pods, its
-//     networking), so that the new node has the host's network and the
-//     kubelet's port; CrashChangeOldStopped
-//  2. h.Fence (the caller deletes the Node, then runs the allocation
-//     fence); a refusal stops here with no node running and both slots
-//     kept (a rerun tries again); CrashChangeFence
-//  3. the new node started (to.Start); CrashChangeNewStarted
-//  4. h.Healthy waits for it, bounded; CrashChangeHealthy.
-//
-// A new node that does not start or get healthy is rolled back: its slot
-// destroyed (to.Destroy, checked gone), the fence run again, the old node
-// started and waited for; the error wraps ErrRolledBack. A rollback that
-// fails returns an error that does not wrap it and says what is left.
-//
-// A rerun after a crash finds the new node running (after 3: it goes on
-// at 4, after making sure the old one is stopped), or not (from 1:
-// stopping a stopped node is a no-op).
+// switch of a repave, across modes, on the one Switch. The old node is
+// stopped entirely (from.Stop: its units, its pods, its networking), so
+// that the new node has the host's network and the kubelet's port; a
+// rollback destroys the new slot (to.Destroy, checked gone) and starts
+// the old one again (from.Start). A mode joining the table of changes
+// brings no switch of its own.
 func Change(ctx context.Context, sd Systemd, from Mode, running string, to Mode, s Slot, h RepaveHooks) error {
 	if s.Name == running {
 		return fmt.Errorf("isolation change: the new slot must be the other one than %s", running)
@@ -128,38 +113,25 @@ func Change(ctx context.Context, sd Systemd, from Mode, running string, to Mode,
 	if err := s.Check(); err != nil {
 		return err
 	}
-	crash := h.Crash
-	if crash == nil {
-		crash = func(string) {}
+	w := Switch{
+		What:      "isolation change",
+		Operation: "isolation",
+		Old: Side{
+			Desc:  fmt.Sprintf("slot %s of mode %s", running, from.Name()),
+			Slot:  running,
+			Stop:  func(ctx context.Context) error { return from.Stop(ctx, running) },
+			Start: func(ctx context.Context) error { return from.Start(ctx, running) },
+		},
+		New: Side{
+			Desc:    fmt.Sprintf("slot %s of mode %s", s.Name, to.Name()),
+			Slot:    s.Name,
+			Start:   func(ctx context.Context) error { return to.Start(ctx, s.Name) },
+			Destroy: func(ctx context.Context) error { return to.Destroy(ctx, s.Name) },
+		},
+		NewRunning: func(ctx context.Context) (bool, error) { return supervisingRuns(ctx, sd, to.Name(), s.Name) },
+		Hooks:      h,
 	}
-	up, err := supervisingRuns(ctx, sd, to.Name(), s.Name)
-	if err != nil {
-		return err
-	}
-	if !up {
-		stopped := time.Now()
-		if err := from.Stop(ctx, running); err != nil {
-			return fmt.Errorf("isolation change: stop the old node (mode %s, slot %s): %w", from.Name(), running, err)
-		}
-		crash(CrashChangeOldStopped)
-		if err := h.Fence(ctx); err != nil {
-			return fmt.Errorf("isolation change: before starting mode %s in slot %s: %w; no node runs (slot %s of mode %s stopped, slot %s built; a rerun tries again)",
-				to.Name(), s.Name, err, running, from.Name(), s.Name)
-		}
-		crash(CrashChangeFence)
-		if err := to.Start(ctx, s.Name); err != nil {
-			return changeRollback(ctx, from, running, to, s.Name, h, fmt.Errorf("start of mode %s in slot %s failed: %w", to.Name(), s.Name, err))
-		}
-		slog.Default().Info("new node started", "mode", to.Name(), "slot", s.Name, "old_stopped_ago", time.Since(stopped).Round(time.Millisecond).String())
-		crash(CrashChangeNewStarted)
-	} else if err := from.Stop(ctx, running); err != nil {
-		return fmt.Errorf("isolation change: stop the old node (mode %s, slot %s): %w", from.Name(), running, err)
-	}
-	if err := h.Healthy(ctx, s.Name); err != nil {
-		return changeRollback(ctx, from, running, to, s.Name, h, fmt.Errorf("mode %s in slot %s did not become healthy: %w", to.Name(), s.Name, err))
-	}
-	crash(CrashChangeHealthy)
-	return nil
+	return w.Run(ctx)
 }
 
 // supervisingRuns says whether a supervising unit of mode's slot runs.
@@ -174,26 +146,4 @@ func supervisingRuns(ctx context.Context, sd Systemd, mode, slot string) (bool, 
 		}
 	}
 	return false, nil
-}
-
-// changeRollback undoes a Change that failed at cause.
-func changeRollback(ctx context.Context, from Mode, old string, to Mode, newSlot string, h RepaveHooks, cause error) error {
-	// A context that a SIGTERM or a timeout ended must still let the
-	// rollback through.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Minute)
-	defer cancel()
-	slog.Default().Error("new node failed; rolling back to the old mode", "new_mode", to.Name(), "new_slot", newSlot, "old_mode", from.Name(), "old_slot", old, "error", cause.Error())
-	if err := to.Destroy(ctx, newSlot); err != nil {
-		return fmt.Errorf("isolation change: %w; rollback failed: slot %s of mode %s not removed: %v (slot %s of mode %s is stopped)", cause, newSlot, to.Name(), err, old, from.Name())
-	}
-	if err := h.Fence(ctx); err != nil {
-		return fmt.Errorf("isolation change: %w; slot %s of mode %s removed; rollback stopped before starting slot %s of mode %s again: %v; no node runs", cause, newSlot, to.Name(), old, from.Name(), err)
-	}
-	if err := from.Start(ctx, old); err != nil {
-		return fmt.Errorf("isolation change: %w; slot %s of mode %s removed; rollback failed: slot %s of mode %s did not start again: %v", cause, newSlot, to.Name(), old, from.Name(), err)
-	}
-	if err := h.Healthy(ctx, old); err != nil {
-		return fmt.Errorf("isolation change: %w; slot %s of mode %s removed; slot %s of mode %s started again but is not healthy: %v", cause, newSlot, to.Name(), old, from.Name(), err)
-	}
-	return fmt.Errorf("isolation change: %w; rolled back: slot %s of mode %s removed (checked gone), slot %s of mode %s started again and healthy: %w", cause, newSlot, to.Name(), old, from.Name(), ErrRolledBack)
 }

@@ -120,39 +120,23 @@ func Prepared(p hostpaths.Paths, m Slots, s modes.Slot) bool {
 const DefaultStopTimeout = 3 * time.Minute
 
 // Repave replaces the node stack of slot running by s, blue/green
-// (modes.Mode.Repave), for mode m whose paths are p. Each step is
-// idempotent and decided from what runs, so a call with the same
-// arguments after a crash anywhere goes on from there:
+// (modes.Mode.Repave), for mode m whose paths are p, on the one
+// modes.Switch (which says the order, the crash points "repave/after-
+// <step>", the rollback and how a rerun goes on):
 //
-//  1. slot s.Name is built from s unless it is already (lib/repave built
-//     it while the old node served; the stamp says from which input);
-//     "repave/after-new-built"
-//  2. the old node is stopped: its supervising unit's stop powers the
-//     node's systemd off, which stops the node's units in reverse order
-//     (kubelet, which is After= containerd, first, then containerd; pods'
-//     processes get the node's stop bound) before it ends;
-//     "repave/after-old-stopped"
-//  3. the host networking the old stack left (CNI bridge, KUBE-* and CNI-*
-//     iptables chains: the node shares the host's network namespace) is
-//     cleaned; "repave/after-network-cleaned"
-//  4. h.Fence: the caller's step between the stacks (lib/repave deletes
-//     the Node, then runs the allocation fence); a refusal stops here
-//     with no node running (nothing starts without a fence that allowed
-//     it); "repave/after-fence"
-//  5. the new node is started (systemd reloaded its settings in step 1,
-//     while the old node served); "repave/after-new-started"
-//  6. h.Healthy waits for it, bounded; "repave/after-healthy".
-//
-// A new node that does not start or get healthy is rolled back: its unit
-// stopped and its slot removed (Destroy, which checks every path gone),
-// the networking cleaned again, the fence run again, the old node started
-// and waited for; the error says each of these and wraps
-// modes.ErrRolledBack. A rollback that itself fails returns an error that
-// does not wrap it and says what is left.
-//
-// A rerun finds: the new node running (crash after 5): it goes on at 6;
-// the new slot built and not running: from 2 (stopping a stopped unit is
-// a no-op); no new slot (crash mid-build or mid-rollback): from 1.
+//   - build: slot s.Name is built from s unless it is already (lib/repave
+//     built it while the old node served; the stamp says from which
+//     input), and systemd reloads its settings while the old node serves:
+//     the switch then only stops and starts;
+//   - the old node's stop is its supervising unit's stop, bounded: it
+//     powers the node's systemd off, which stops the node's units in
+//     reverse order (kubelet, which is After= containerd, first, then
+//     containerd; pods' processes get the node's stop bound);
+//   - the old node's cleaning is of the host networking its stack left
+//     (CNI bridge, KUBE-* and CNI-* iptables chains: the node shares the
+//     host's network namespace);
+//   - the new node is started by its supervising unit; a rollback's
+//     Destroy removes its slot and checks the unit is no longer running.
 func Repave(ctx context.Context, p hostpaths.Paths, m Slots, sd modes.Systemd, log *slog.Logger, running string, s modes.Slot, h modes.RepaveHooks) error {
 	mode := m.Name()
 	if !hostpaths.ValidSlot(running) {
@@ -167,57 +151,49 @@ func Repave(ctx context.Context, p hostpaths.Paths, m Slots, sd modes.Systemd, l
 	if err := s.Check(); err != nil {
 		return err
 	}
-	crash := h.Crash
-	if crash == nil {
-		crash = func(string) {}
-	}
 	newUnit := Unit(mode, s.Name)
-	st, err := sd.ActiveState(ctx, newUnit)
-	if err != nil {
-		return err
-	}
-	if !unitnames.Running(st) {
-		if !Prepared(p, m, s) {
-			log.Info("building the new slot", "slot", s.Name)
-			if err := m.Prepare(ctx, s); err != nil {
-				return fmt.Errorf("%s repave: build slot %s: %w (slot %s still runs)", mode, s.Name, err, running)
+	w := modes.Switch{
+		What:      mode + " repave",
+		Operation: "repave",
+		Old: modes.Side{
+			Desc:  "slot " + running,
+			Slot:  running,
+			Stop:  func(ctx context.Context) error { return stopUnit(ctx, sd, Unit(mode, running)) },
+			Clean: func(ctx context.Context) { m.CleanNetwork(ctx, running) },
+			Start: func(ctx context.Context) error { return m.Start(ctx, running) },
+		},
+		New: modes.Side{
+			Desc:  "slot " + s.Name,
+			Slot:  s.Name,
+			Start: func(ctx context.Context) error { return sd.StartUnit(ctx, newUnit) },
+			Clean: func(ctx context.Context) { m.CleanNetwork(ctx, s.Name) },
+			Destroy: func(ctx context.Context) error {
+				if err := m.Destroy(ctx, s.Name); err != nil {
+					return err
+				}
+				if st, err := sd.ActiveState(ctx, newUnit); err != nil || unitnames.Running(st) {
+					return fmt.Errorf("%s is still %s after its removal (%v)", newUnit, st, err)
+				}
+				return nil
+			},
+		},
+		Build: func(ctx context.Context) error {
+			if !Prepared(p, m, s) {
+				log.Info("building the new slot", "slot", s.Name)
+				if err := m.Prepare(ctx, s); err != nil {
+					return fmt.Errorf("%s repave: build slot %s: %w (slot %s still runs)", mode, s.Name, err, running)
+				}
 			}
-		}
-		// systemd loads the new slot's settings now, while the old node
-		// serves: the switch below only stops and starts.
-		if err := sd.Reload(ctx); err != nil {
-			return err
-		}
-		crash("repave/after-new-built")
-		stopStart := time.Now()
-		if err := stopUnit(ctx, sd, Unit(mode, running)); err != nil {
-			return fmt.Errorf("%s repave: stop the old node: %w", mode, err)
-		}
-		log.Info("old node stopped", "slot", running, "took", time.Since(stopStart).Round(time.Millisecond).String())
-		crash("repave/after-old-stopped")
-		m.CleanNetwork(ctx, running)
-		crash("repave/after-network-cleaned")
-		if err := h.Fence(ctx); err != nil {
-			return fmt.Errorf("%s repave: before starting slot %s: %w; no node runs (slot %s stopped, slot %s built; a rerun tries again)", mode, s.Name, err, running, s.Name)
-		}
-		crash("repave/after-fence")
-		if err := sd.StartUnit(ctx, newUnit); err != nil {
-			return rollback(ctx, m, sd, log, running, s.Name, h, fmt.Errorf("start of slot %s failed: %w", s.Name, err))
-		}
-		log.Info("new node started", "slot", s.Name, "old_stopped_ago", time.Since(stopStart).Round(time.Millisecond).String())
-		crash("repave/after-new-started")
-	} else {
-		// A rerun after the new node started: the old one was stopped
-		// before it (step 2), but make sure.
-		if err := stopUnit(ctx, sd, Unit(mode, running)); err != nil {
-			return fmt.Errorf("%s repave: stop the old node: %w", mode, err)
-		}
+			return sd.Reload(ctx)
+		},
+		NewRunning: func(ctx context.Context) (bool, error) {
+			st, err := sd.ActiveState(ctx, newUnit)
+			return unitnames.Running(st), err
+		},
+		Hooks: h,
+		Log:   log,
 	}
-	if err := h.Healthy(ctx, s.Name); err != nil {
-		return rollback(ctx, m, sd, log, running, s.Name, h, fmt.Errorf("slot %s did not become healthy: %w", s.Name, err))
-	}
-	crash("repave/after-healthy")
-	return nil
+	return w.Run(ctx)
 }
 
 // Stop stops the slot's node, bounded, and cleans the host networking it
@@ -245,33 +221,4 @@ func stopUnit(ctx context.Context, sd modes.Systemd, unit string) error {
 	ctx, cancel := context.WithTimeout(ctx, DefaultStopTimeout)
 	defer cancel()
 	return sd.StopUnit(ctx, unit)
-}
-
-// rollback undoes a switch that failed at cause (see Repave).
-func rollback(ctx context.Context, m Slots, sd modes.Systemd, log *slog.Logger, old, newSlot string, h modes.RepaveHooks, cause error) error {
-	mode := m.Name()
-	// A context that a SIGTERM or a timeout ended must still let the
-	// rollback through.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Minute)
-	defer cancel()
-	log.Error("new node failed; rolling back", "new", newSlot, "old", old, "error", cause.Error())
-	start := time.Now()
-	if err := m.Destroy(ctx, newSlot); err != nil {
-		return fmt.Errorf("%s repave: %w; rollback failed: slot %s not removed: %v (slot %s is stopped)", mode, cause, newSlot, err, old)
-	}
-	if st, err := sd.ActiveState(ctx, Unit(mode, newSlot)); err != nil || unitnames.Running(st) {
-		return fmt.Errorf("%s repave: %w; rollback failed: %s is still %s after its removal (%v)", mode, cause, Unit(mode, newSlot), st, err)
-	}
-	m.CleanNetwork(ctx, newSlot)
-	if err := h.Fence(ctx); err != nil {
-		return fmt.Errorf("%s repave: %w; slot %s stopped and removed; rollback stopped before starting slot %s again: %v; no node runs", mode, cause, newSlot, old, err)
-	}
-	if err := m.Start(ctx, old); err != nil {
-		return fmt.Errorf("%s repave: %w; slot %s stopped and removed; rollback failed: slot %s did not start again: %v", mode, cause, newSlot, old, err)
-	}
-	if err := h.Healthy(ctx, old); err != nil {
-		return fmt.Errorf("%s repave: %w; slot %s stopped and removed; slot %s started again but is not healthy: %v", mode, cause, newSlot, old, err)
-	}
-	log.Info("rolled back", "running", old, "removed", newSlot, "took", time.Since(start).Round(time.Millisecond).String())
-	return fmt.Errorf("%s repave: %w; rolled back: slot %s stopped and removed (checked gone), slot %s started again and healthy: %w", mode, cause, newSlot, old, modes.ErrRolledBack)
 }
