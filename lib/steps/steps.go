@@ -4,6 +4,12 @@
 // "<operation>/after-<step>" (lib/crashpoint), so that the next run after
 // a crash, a reboot or a failure resumes from the journal.
 //
+// An operation whose steps have an Undo is rolled back when a step fails:
+// the journal says "rolling back" and why, then the failed step and the
+// steps done are undone in reverse, each journaled once undone and
+// followed by the crash point "<operation>/after-undo-<step>", so that a
+// run cut in the rollback goes on with the rollback, never forward.
+//
 // The operation owns its journal type and everything in it but the steps;
 // it embeds Record, which is what this package keeps there.
 package steps
@@ -44,6 +50,11 @@ type Step struct {
 	// it: from there on what the operation did is recorded elsewhere (an
 	// applied config), or the state the journal lived in is gone.
 	Final bool
+	// Undo, when set, undoes the step in a rollback: for a step done, and
+	// for the step whose failure began the rollback (it may have done
+	// part of its work). It is idempotent, succeeds on a step that did
+	// nothing, and a rollback cut in it calls it again.
+	Undo func(ctx context.Context) error
 }
 
 // Record is what the runner keeps in an operation's journal. Its field
@@ -54,8 +65,15 @@ type Record struct {
 	// Done are the steps done, in the order they were first done.
 	Done []string `json:"done"`
 	// Step is where the last run got to: the last step done, or
-	// "<step> failed: <reason>".
+	// "<step> failed: <reason>", or in a rollback the last step undone,
+	// or "<step> undo failed: <reason>".
 	Step string `json:"step,omitempty"`
+	// RollingBack, when set, is why the operation is being rolled back:
+	// a run goes on undoing (Runner.Run), never forward.
+	RollingBack string `json:"rolling_back,omitempty"`
+	// Failed is the step whose failure began the rollback, until it is
+	// undone.
+	Failed string `json:"failed,omitempty"`
 }
 
 // Steps returns r; an operation's journal has it by embedding Record.
@@ -98,7 +116,12 @@ type Runner struct {
 	// Operation names the journal (/var/lib/unbounded/journal/
 	// <Operation>.json) and the crash points.
 	Operation string
-	Journal   Journal
+	// JournalName, when set, names the journal instead of Operation: a
+	// part of an operation with a journal of its own (the none mode's
+	// in-place switch, "repave-none"), whose crash points are the
+	// operation's.
+	JournalName string
+	Journal     Journal
 	// Label is what the operation calls its steps in STATUS= lines and
 	// errors ("phase" for bootstrap); "" is "step".
 	Label string
@@ -129,14 +152,37 @@ func (r *Runner) log() *slog.Logger {
 // CrashPoint is the crash point after step of operation.
 func CrashPoint(operation, step string) string { return operation + "/after-" + step }
 
+// The crash points of a rollback: once the journal says rolling back, and
+// once each step is undone.
+func CrashRollbackBegun(operation string) string { return CrashPoint(operation, "rollback-begun") }
+func CrashUndone(operation, step string) string  { return CrashPoint(operation, "undo-"+step) }
+
+func (r *Runner) journalName() string {
+	if r.JournalName != "" {
+		return r.JournalName
+	}
+	return r.Operation
+}
+
+func (r *Runner) writeJournal() error { return state.WriteJournal(r.Paths, r.journalName(), r.Journal) }
+
 // Run runs steps in order, each but the Always ones skipped when the
 // journal says it is done. The first failure ends the run: the journal's
 // Step says which step failed and why (in memory: the operation's
 // failure path writes it, or removes the journal), and the error is an
 // *Error. A journal that cannot be written is the failure of the step
 // whose record it is.
+//
+// When the failed step or a step done has an Undo, the failure begins a
+// rollback instead: the journal says so (RollingBack, written before
+// anything is undone), then each such step is undone in reverse order
+// (RollBack). A journal that says rolling back makes Run go on with the
+// rollback and run no step forward.
 func (r *Runner) Run(ctx context.Context, steps []Step) error {
 	rec := r.Journal.Steps()
+	if rec.RollingBack != "" {
+		return r.rollBack(ctx, steps, nil)
+	}
 	for _, s := range steps {
 		if !s.Always && rec.IsDone(s.Name) {
 			r.log().Info(r.label()+" already done", r.label(), s.Name)
@@ -147,6 +193,9 @@ func (r *Runner) Run(ctx context.Context, steps []Step) error {
 		}
 		if s.Run != nil {
 			if err := s.Run(ctx); err != nil {
+				if undoable(steps, rec, s.Name) {
+					return r.beginRollback(ctx, steps, s.Name, err)
+				}
 				return r.fail(s.Name, err)
 			}
 		}
@@ -160,9 +209,9 @@ func (r *Runner) Run(ctx context.Context, steps []Step) error {
 		var err error
 		switch {
 		case s.Final:
-			err = state.RemoveJournal(r.Paths, r.Operation)
+			err = state.RemoveJournal(r.Paths, r.journalName())
 		case !s.Unjournaled:
-			err = state.WriteJournal(r.Paths, r.Operation, r.Journal)
+			err = r.writeJournal()
 		}
 		if err != nil {
 			return r.fail(s.Name, fmt.Errorf("done, but its journal was not written: %w", err))
@@ -170,6 +219,143 @@ func (r *Runner) Run(ctx context.Context, steps []Step) error {
 		crashpoint.Via(r.CrashPoint, CrashPoint(r.Operation, s.Name))
 	}
 	return nil
+}
+
+// undoable says whether a rollback after step failed has anything to
+// undo: step itself or a step done has an Undo.
+func undoable(steps []Step, rec *Record, failed string) bool {
+	for _, s := range steps {
+		if s.Undo != nil && (s.Name == failed || rec.IsDone(s.Name)) {
+			return true
+		}
+	}
+	return false
+}
+
+// beginRollback journals that step failed with err and that the
+// operation is rolling back, then rolls it back.
+func (r *Runner) beginRollback(ctx context.Context, steps []Step, step string, err error) error {
+	rec := r.Journal.Steps()
+	rec.SetFailed(step, err.Error())
+	rec.RollingBack, rec.Failed = Truncate(err.Error(), MaxReason), step
+	if werr := r.writeJournal(); werr != nil {
+		return &Error{Label: r.label(), Step: step, Err: fmt.Errorf("%w; and the rollback could not be journaled (nothing undone): %w", err, werr)}
+	}
+	r.log().Error(r.label()+" failed; rolling back", r.label(), step, "error", err.Error())
+	crashpoint.Via(r.CrashPoint, CrashRollbackBegun(r.Operation))
+	return r.rollBack(ctx, steps, err)
+}
+
+// RollBack begins the rollback of an operation whose journal is not
+// rolling back yet, for reason (a run of other arguments replaces it):
+// the steps done are undone as after a failure (Run's), and the error is
+// a *RolledBackError once they are.
+func (r *Runner) RollBack(ctx context.Context, steps []Step, reason string) error {
+	rec := r.Journal.Steps()
+	if rec.RollingBack == "" {
+		rec.RollingBack = Truncate(reason, MaxReason)
+		if err := r.writeJournal(); err != nil {
+			return fmt.Errorf("roll back (%s): the journal could not be written (nothing undone): %w", reason, err)
+		}
+		crashpoint.Via(r.CrashPoint, CrashRollbackBegun(r.Operation))
+	}
+	return r.rollBack(ctx, steps, nil)
+}
+
+// rollBack undoes, in reverse order, every step with an Undo that is
+// done or whose failure began the rollback (cause: that failure, when
+// this run saw it), each journaled once undone. The journal stays (still
+// rolling back) for the operation to remove: it knows what else to
+// clean.
+func (r *Runner) rollBack(ctx context.Context, steps []Step, cause error) error {
+	rec := r.Journal.Steps()
+	failed := rec.Failed
+	for i := len(steps) - 1; i >= 0; i-- {
+		s := steps[i]
+		if s.Undo == nil || (!rec.IsDone(s.Name) && rec.Failed != s.Name) {
+			continue
+		}
+		sdstatus.Show(r.log(), r.Notify, "%s %s: undoing (rolling back: %s)", r.label(), s.Name, rec.RollingBack)
+		if err := s.Undo(ctx); err != nil {
+			rec.Step = s.Name + " undo failed: " + Truncate(err.Error(), MaxReason)
+			if werr := r.writeJournal(); werr != nil {
+				err = fmt.Errorf("%w (and the journal was not written: %v)", err, werr)
+			}
+			return &UndoError{Label: r.label(), Step: s.Name, Reason: rec.RollingBack, Cause: cause, Err: err}
+		}
+		rec.Forget(s.Name)
+		if rec.Failed == s.Name {
+			rec.Failed = ""
+		}
+		rec.Step = s.Name + " undone"
+		if err := r.writeJournal(); err != nil {
+			return &UndoError{Label: r.label(), Step: s.Name, Reason: rec.RollingBack, Cause: cause, Err: fmt.Errorf("undone, but its journal was not written: %w", err)}
+		}
+		crashpoint.Via(r.CrashPoint, CrashUndone(r.Operation, s.Name))
+	}
+	return &RolledBackError{Label: r.label(), Step: failed, Reason: rec.RollingBack, Cause: cause}
+}
+
+// ErrRolledBack is wrapped by the error of a run whose rollback is done:
+// every step it undoes was undone.
+var ErrRolledBack = errors.New("rolled back")
+
+// RolledBackError is the end of a rollback that undid every step.
+type RolledBackError struct {
+	Label string
+	// Step failed and began the rollback ("" when RollBack began it, or
+	// the step was undone by an earlier run).
+	Step string
+	// Reason is why the operation was rolled back (the journal's).
+	Reason string
+	// Cause is the step's own error, when this run saw it fail.
+	Cause error
+}
+
+func (e *RolledBackError) Error() string {
+	if e.Step != "" {
+		return fmt.Sprintf("%s %s failed (%s); rolled back", labelOr(e.Label), e.Step, e.Reason)
+	}
+	return fmt.Sprintf("rolled back (%s)", e.Reason)
+}
+
+// Unwrap gives ErrRolledBack and the step's own error (lib/exitcode sees
+// through to it).
+func (e *RolledBackError) Unwrap() []error {
+	if e.Cause != nil {
+		return []error{ErrRolledBack, e.Cause}
+	}
+	return []error{ErrRolledBack}
+}
+
+// UndoError is a rollback that stopped at a step it could not undo: the
+// journal still says rolling back, and the next run goes on from there.
+type UndoError struct {
+	Label, Step string
+	// Reason is why the operation is being rolled back.
+	Reason string
+	// Cause is the failed step's own error, when this run saw it fail.
+	Cause error
+	// Err is the undo's.
+	Err error
+}
+
+func (e *UndoError) Error() string {
+	return fmt.Sprintf("rolling back (%s): undo of %s %s failed: %v", e.Reason, labelOr(e.Label), e.Step, e.Err)
+}
+
+func (e *UndoError) Unwrap() []error {
+	if e.Cause != nil {
+		return []error{e.Err, e.Cause}
+	}
+	return []error{e.Err}
+}
+
+func labelOr(l string) string {
+	if l == "" {
+		return "step"
+	}
+	return l
 }
 
 func (r *Runner) fail(step string, err error) error {

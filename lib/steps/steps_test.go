@@ -270,3 +270,160 @@ func TestANilRunIsJournaledOnly(t *testing.T) {
 		t.Errorf("events %q", w.events)
 	}
 }
+
+// undoable is a step of w that records its run and its undo; run fails
+// with err, the undo with undoErr (each when set).
+func (w *world) undoable(name string, err error, undoErr *error) Step {
+	s := w.step(name, err)
+	s.Undo = func(context.Context) error {
+		w.events = append(w.events, "undo "+name)
+		if undoErr != nil {
+			return *undoErr
+		}
+		return nil
+	}
+	return s
+}
+
+// runs keeps the "run" and "undo" events.
+func runs(events []string) []string {
+	return slices.DeleteFunc(slices.Clone(events), func(e string) bool {
+		return !strings.HasPrefix(e, "run ") && !strings.HasPrefix(e, "undo ")
+	})
+}
+
+func TestAFailedStepUndoesItselfAndTheStepsDoneInReverse(t *testing.T) {
+	w := newWorld(t)
+	boom := errors.New("boom")
+	steps := []Step{w.undoable("a", nil, nil), w.step("check", nil), w.undoable("b", nil, nil), w.undoable("c", boom, nil), w.undoable("d", nil, nil)}
+	err := w.runner().Run(context.Background(), steps)
+	var rb *RolledBackError
+	if !errors.Is(err, ErrRolledBack) || !errors.Is(err, boom) || !errors.As(err, &rb) || rb.Step != "c" {
+		t.Fatalf("err %v, want a rollback of step c wrapping ErrRolledBack and the step's error", err)
+	}
+	if want := []string{"run a", "run check", "run b", "run c", "undo c", "undo b", "undo a"}; !slices.Equal(runs(w.events), want) {
+		t.Errorf("runs %q, want %q", runs(w.events), want)
+	}
+	// The journal says it rolled back, and nothing of what it undid.
+	j, ok := w.read(t)
+	if !ok || !strings.Contains(j.RollingBack, "boom") || j.Failed != "" || !slices.Equal(j.Done, []string{"check"}) || j.Input != "in" {
+		t.Errorf("journal after the rollback: %+v", j)
+	}
+	// A run after it goes on with the rollback (there is nothing left),
+	// never forward.
+	w.events = nil
+	w2 := &world{p: w.p, j: j}
+	err = w2.runner().Run(context.Background(), steps)
+	if !errors.Is(err, ErrRolledBack) || len(runs(w2.events)) > 0 {
+		t.Fatalf("rerun after the rollback: %v, %q: want it rolled back with nothing run", err, runs(w2.events))
+	}
+}
+
+func TestAFailureWithNothingToUndoIsAPlainFailure(t *testing.T) {
+	w := newWorld(t)
+	err := w.runner().Run(context.Background(), []Step{w.step("a", nil), w.step("b", errors.New("boom"))})
+	if errors.Is(err, ErrRolledBack) || !strings.Contains(err.Error(), "step b: boom") || w.j.RollingBack != "" {
+		t.Fatalf("err %v, journal %+v: want step b's failure, no rollback", err, w.j)
+	}
+}
+
+// A rollback cut at every one of its points (the journal says rolling
+// back before the first undo, each undo journaled before its crash
+// point) is finished by the next run: each step is undone, none twice
+// after its undo was journaled, and no step runs forward again.
+func TestARollbackCutAtEveryPointIsFinishedByTheNextRun(t *testing.T) {
+	points := []string{CrashRollbackBegun("op"), CrashUndone("op", "c"), CrashUndone("op", "b"), CrashUndone("op", "a")}
+	for _, point := range points {
+		t.Run(point, func(t *testing.T) {
+			w := newWorld(t)
+			steps := []Step{w.undoable("a", nil, nil), w.undoable("b", nil, nil), w.undoable("c", errors.New("boom"), nil)}
+			type cut struct{}
+			r := w.runner()
+			r.CrashPoint = func(name string) {
+				if name == point {
+					panic(cut{})
+				}
+			}
+			func() {
+				defer func() {
+					if v := recover(); v != nil && v != (cut{}) {
+						panic(v)
+					}
+				}()
+				r.Run(context.Background(), steps)
+				t.Fatalf("crash point %s not reached", point)
+			}()
+			undoneBefore := slices.Clone(runs(w.events))
+			j, _ := w.read(t)
+			w2 := &world{p: w.p, j: j}
+			steps = []Step{w2.undoable("a", nil, nil), w2.undoable("b", nil, nil), w2.undoable("c", errors.New("boom"), nil)}
+			if err := w2.runner().Run(context.Background(), steps); !errors.Is(err, ErrRolledBack) {
+				t.Fatalf("the run after the cut: %v, want the rollback finished", err)
+			}
+			all := append(undoneBefore, runs(w2.events)...)
+			for _, s := range []string{"a", "b", "c"} {
+				if n := slices.Index(all, "undo "+s); n < 0 {
+					t.Errorf("%s never undone: %q", s, all)
+				}
+			}
+			for _, e := range runs(w2.events) {
+				if strings.HasPrefix(e, "run ") {
+					t.Errorf("the run after the cut ran %s forward: %q", e, all)
+				}
+			}
+			// Only the step whose undo was cut before its journal may be
+			// undone twice: here none (each crash point follows a write).
+			seen := map[string]int{}
+			for _, e := range all {
+				seen[e]++
+			}
+			for e, n := range seen {
+				if strings.HasPrefix(e, "undo ") && n > 1 {
+					t.Errorf("%s %d times: %q", e, n, all)
+				}
+			}
+		})
+	}
+}
+
+func TestAnUndoThatFailsStopsTheRollbackUntilTheNextRun(t *testing.T) {
+	w := newWorld(t)
+	undoErr := errors.New("cannot undo")
+	steps := []Step{w.undoable("a", nil, nil), w.undoable("b", nil, &undoErr), w.undoable("c", errors.New("boom"), nil)}
+	err := w.runner().Run(context.Background(), steps)
+	var ue *UndoError
+	if !errors.As(err, &ue) || ue.Step != "b" || errors.Is(err, ErrRolledBack) || !errors.Is(err, undoErr) {
+		t.Fatalf("err %v, want the undo of b failed, not rolled back", err)
+	}
+	if slices.Contains(runs(w.events), "undo a") {
+		t.Errorf("a undone past the failed undo of b: %q", w.events)
+	}
+	j, _ := w.read(t)
+	if j.RollingBack == "" || !strings.HasPrefix(j.Step, "b undo failed: cannot undo") || !slices.Equal(j.Done, []string{"a", "b"}) {
+		t.Errorf("journal after the failed undo: %+v", j)
+	}
+	// The next run, the undo now working: b then a, nothing forward.
+	undoErr = nil
+	w2 := &world{p: w.p, j: j}
+	var ok error
+	steps = []Step{w2.undoable("a", nil, nil), w2.undoable("b", nil, &ok), w2.undoable("c", nil, nil)}
+	if err := w2.runner().Run(context.Background(), steps); !errors.Is(err, ErrRolledBack) {
+		t.Fatalf("the next run: %v", err)
+	}
+	if want := []string{"undo b", "undo a"}; !slices.Equal(runs(w2.events), want) {
+		t.Errorf("the next run did %q, want %q", runs(w2.events), want)
+	}
+}
+
+func TestRollBackUndoesTheStepsDoneOfAnUnfinishedRun(t *testing.T) {
+	w := newWorld(t)
+	w.j.Done = []string{"a", "b"}
+	steps := []Step{w.undoable("a", nil, nil), w.undoable("b", nil, nil), w.undoable("c", nil, nil)}
+	err := w.runner().RollBack(context.Background(), steps, "other arguments replace it")
+	if !errors.Is(err, ErrRolledBack) || !strings.Contains(err.Error(), "other arguments replace it") {
+		t.Fatalf("err %v", err)
+	}
+	if want := []string{"undo b", "undo a"}; !slices.Equal(runs(w.events), want) {
+		t.Errorf("did %q, want %q", runs(w.events), want)
+	}
+}
