@@ -47,7 +47,7 @@ func (m *Mode) EnsureHooks(ctx context.Context, slot string) error {
 	if err != nil {
 		return fmt.Errorf("none lifecycle hooks of %s: %w", slot, err)
 	}
-	if open && j.Step != stepDone {
+	if open && j.unfinished() {
 		m.log().Info("a repave is unfinished: current is left to it", "mode", "none", "step", j.Step, "old", j.Old, "new", j.New)
 	} else {
 		if err := m.ensureCurrent(); err != nil {

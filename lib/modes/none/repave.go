@@ -25,70 +25,8 @@ import (
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/steps"
 )
-
-// JournalName is the none mode's own repave journal,
-// /var/lib/unbounded/journal/repave-none.json (lib/state: atomic, with
-// a SHA-256 sidecar, 0600). lib/repave keeps its own beside it.
-const JournalName = "repave-none"
-
-// The steps of an in-place repave, as the journal records them. Each is
-// written before the work it names starts, and every step is
-// idempotent: a run that finds the journal at a step does that step
-// again and goes on. (Not lib/steps, whose journal records the steps
-// done: here "step" is the one under way, which EnsureHooks and
-// RemoveSuperseded read, and a failure is not the end of the run but the
-// journaled rollback, resumed like any step.)
-const (
-	// stepInstall: the new version directory is being built beside the
-	// running one; the old stack runs untouched.
-	stepInstall = "install"
-	// stepSwitch: the old stack is being stopped and its networking
-	// cleaned, the fence run, `current` flipped to the new version.
-	stepSwitch = "switch"
-	// stepStart: `current` points at the new version; it is being
-	// started and waited on.
-	stepStart = "start"
-	// stepRollback: the repave failed (Cause says why): the old version
-	// is being flipped back and started, the new one removed.
-	stepRollback = "rollback"
-	// stepDone: the new stack was healthy (journals of an earlier build;
-	// a finished repave now removes its journal).
-	stepDone = "done"
-)
-
-// repaveJournal is what a resumed Repave needs: which repave it was
-// (Input), what to go back to (Old) and what to remove on a rollback
-// (New).
-type repaveJournal struct {
-	// Running is the slot whose record names the running stack; Slot is
-	// s.Name, the record the caller writes after success.
-	Running string `json:"running"`
-	Slot    string `json:"slot"`
-	// Input is a digest of Repave's arguments (the node configuration,
-	// the bootstrap token included only through the digest, and the
-	// artifact files): a call with other arguments is another repave.
-	Input string `json:"input"`
-	// Old is the version directory `current` pointed at before; New is
-	// the one this repave builds.
-	Old string `json:"old"`
-	New string `json:"new"`
-	// Version is s.Node.KubernetesVersion, what the caller's record of
-	// the new stack names (EnsureHooks compares them).
-	Version string `json:"version"`
-	Step    string `json:"step"`
-	// Stopped says the old stack may have been stopped (step switch was
-	// reached): a rollback must start it again.
-	Stopped bool   `json:"stopped,omitempty"`
-	Cause   string `json:"cause,omitempty"`
-}
-
-// CrashPoints are Repave's crash points (lib/crashpoint, through
-// h.Crash) in the order a repave reaches them; those named as in the
-// nspawn mode mark the same step. The rollback's comes first when a step
-// fails.
-var CrashPoints = []string{"repave/after-new-built", "repave/after-old-stopped", "repave/after-network-cleaned",
-	"repave/after-fence", "repave/after-flipped", "repave/after-new-started", "repave/after-healthy", "repave/after-rollback-begun"}
 
 // repaveInput is the file of a version directory built by a repave that
 // holds the digest of its arguments (inputDigest).
@@ -160,10 +98,11 @@ func (m *Mode) writeJournal(j *repaveJournal) error {
 // its record) finds the current version installed from them
 // (repaveInput) and returns nil.
 //
-// Every step is recorded first in the mode's journal (JournalName), so
-// that a call with the same arguments after a crash finishes the repave
-// (or its rollback); a call with other arguments first rolls back the
-// unfinished one. Crash points: CrashPoints.
+// The steps (stepBuilt, stepFlipped, stepHealthy) run on lib/steps with
+// the mode's journal (JournalName): a call with the same arguments after
+// a crash finishes the repave, or its rollback (the undos of the steps
+// done, in reverse); a call with other arguments first rolls back the
+// unfinished one. Crash points: CrashPoints, then RollbackCrashPoints.
 func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes.RepaveHooks) error {
 	if !hostpaths.ValidSlot(running) {
 		return fmt.Errorf("none repave: running slot %q: must be one of %v", running, hostpaths.Slots)
@@ -192,23 +131,28 @@ func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes
 		// start over it: what it would undo is unknown.
 		return fmt.Errorf("none repave: %w", err)
 	}
-	if ok && j.Step == stepDone {
-		if err := state.RemoveJournal(m.Paths, JournalName); err != nil {
-			return fmt.Errorf("none repave: %w", err)
+	if ok {
+		done, err := j.migrate()
+		if err != nil {
+			return fmt.Errorf("none repave: journal %s: %w", m.Paths.Journal(JournalName), err)
 		}
-		ok = false
+		if done {
+			if err := state.RemoveJournal(m.Paths, JournalName); err != nil {
+				return fmt.Errorf("none repave: %w", err)
+			}
+			ok = false
+		}
 	}
 	if ok && j.Input != in {
-		{
-			m.log().Warn("an unfinished repave of other arguments is rolled back first", "journal", m.Paths.Journal(JournalName), "old", j.Old, "new", j.New, "step", j.Step)
-			if err := m.rollback(ctx, &j, h, "a repave of other arguments replaces it"); err != nil && !errors.Is(err, modes.ErrRolledBack) {
-				return err
-			}
+		m.log().Warn("an unfinished repave of other arguments is rolled back first", "journal", m.Paths.Journal(JournalName), "old", j.Old, "new", j.New, "step", j.Step)
+		run, list := m.repaveSteps(s, &j, h)
+		if err := m.rolledBack(&j, run.RollBack(ctx, list, "a repave of other arguments replaces it")); err != nil && !errors.Is(err, modes.ErrRolledBack) {
+			return err
 		}
 		ok = false
 	}
 	if ok {
-		m.log().Info("repave resumed", "mode", "none", "step", j.Step, "old", j.Old, "new", j.New)
+		m.log().Info("repave resumed", "mode", "none", "step", j.Step, "rolling_back", j.RollingBack, "old", j.Old, "new", j.New)
 	} else {
 		// Done already: the caller ran again after Repave returned nil
 		// and before it recorded the new applied config.
@@ -223,7 +167,13 @@ func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes
 			return fmt.Errorf("none repave: %w", err)
 		}
 	}
-	return m.repave(ctx, s, &j, h)
+	run, list := m.repaveSteps(s, &j, h)
+	begin := time.Now()
+	if err := run.Run(ctx, list); err != nil {
+		return m.rolledBack(&j, err)
+	}
+	m.log().Info("repave done: the new version runs; the old one stays until the new applied config is recorded", "mode", "none", "old", j.Old, "new", j.New, "took", time.Since(begin).Round(time.Millisecond).String())
+	return nil
 }
 
 // beginRepave opens the journal of a new repave.
@@ -258,7 +208,7 @@ func (m *Mode) beginRepave(running string, s modes.Slot, in string) (repaveJourn
 	for i := 2; name == old; i++ {
 		name = fmt.Sprintf("%s_%d", s.Node.KubernetesVersion, i)
 	}
-	j := repaveJournal{Running: running, Slot: s.Name, Input: in, Old: old, New: name, Version: s.Node.KubernetesVersion, Step: stepInstall}
+	j := repaveJournal{Format: journalSteps, Running: running, Slot: s.Name, Input: in, Old: old, New: name, Version: s.Node.KubernetesVersion}
 	if err := m.writeJournal(&j); err != nil {
 		return repaveJournal{}, err
 	}
@@ -266,136 +216,111 @@ func (m *Mode) beginRepave(running string, s modes.Slot, in string) (repaveJourn
 	return j, nil
 }
 
-// repave runs the journal's steps from where it stands.
-func (m *Mode) repave(ctx context.Context, s modes.Slot, j *repaveJournal, h modes.RepaveHooks) error {
-	fail := func(what string, err error) error {
-		return m.rollback(ctx, j, h, fmt.Sprintf("%s: %v", what, err))
-	}
-	var stopped time.Time
-	for {
-		switch j.Step {
-		case stepInstall:
-			if err := m.install(s, j.New); err != nil {
-				return fail("install version "+j.New, err)
-			}
-			if err := state.WriteFileAtomic(filepath.Join(m.VersionDir(j.New), repaveInput), []byte(j.Input+"\n"), 0o644); err != nil {
-				return fail("install version "+j.New, err)
-			}
-			h.Crash("repave/after-new-built")
-			j.Step, j.Stopped = stepSwitch, true
-			if err := m.writeJournal(j); err != nil {
-				return fail("journal", err)
-			}
-		case stepSwitch:
-			stopped = time.Now()
-			if err := m.stopUnits(ctx); err != nil {
-				return fail("stop version "+j.Old, err)
-			}
-			h.Crash("repave/after-old-stopped")
-			if err := m.cleanNetwork(ctx); err != nil {
-				return fail("clean the host networking of version "+j.Old, err)
-			}
-			h.Crash("repave/after-network-cleaned")
-			// The fence runs once the old kubelet is stopped (the caller's
-			// hook deletes the Node first, which a running kubelet would
-			// register again) and before anything of the new version is
-			// live.
-			if err := h.Fence(ctx); err != nil {
-				return fail("the allocation fence", err)
-			}
-			h.Crash("repave/after-fence")
-			if err := m.setCNIConf(j.New); err != nil {
-				return fail("CNI configuration of version "+j.New, err)
-			}
-			if err := m.flipCurrent(j.New); err != nil {
-				return fail("flip current to "+j.New, err)
-			}
-			j.Step = stepStart
-			if err := m.writeJournal(j); err != nil {
-				return fail("journal", err)
-			}
-			h.Crash("repave/after-flipped")
-		case stepStart:
-			if err := m.startStack(ctx, j.Slot); err != nil {
-				return fail("start version "+j.New, err)
-			}
-			h.Crash("repave/after-new-started")
-			if err := h.Healthy(ctx, j.Slot); err != nil {
-				return fail("version "+j.New+" did not become healthy", err)
-			}
-			h.Crash("repave/after-healthy")
-			if err := state.RemoveJournal(m.Paths, JournalName); err != nil {
-				return fail("journal", err)
-			}
-			args := []any{"mode", "none", "old", j.Old, "new", j.New}
-			if !stopped.IsZero() {
-				args = append(args, "down", time.Since(stopped).Round(time.Millisecond).String())
-			}
-			m.log().Info("repave done: the new version runs; the old one stays until the new applied config is recorded", args...)
-			return nil
-		case stepRollback:
-			return m.rollback(ctx, j, h, j.Cause)
-		default:
-			return fmt.Errorf("none repave: journal %s: unknown step %q", m.Paths.Journal(JournalName), j.Step)
+// repaveSteps is the runner of j's repave and its steps (see Repave).
+func (m *Mode) repaveSteps(s modes.Slot, j *repaveJournal, h modes.RepaveHooks) (*steps.Runner, []steps.Step) {
+	run := &steps.Runner{Paths: m.Paths, Operation: "repave", JournalName: JournalName, Journal: j, CrashPoint: h.Crash, Log: m.log()}
+	crash := h.Crash
+	// The error of a step names the version it acts on; an undo's says
+	// what of the rollback failed.
+	in := func(what string, err error) error {
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
 		}
+		return nil
 	}
+	return run, []steps.Step{{
+		Name: stepBuilt,
+		Run: func(context.Context) error {
+			if err := m.install(s, j.New); err != nil {
+				return in("install version "+j.New, err)
+			}
+			return in("install version "+j.New, state.WriteFileAtomic(filepath.Join(m.VersionDir(j.New), repaveInput), []byte(j.Input+"\n"), 0o644))
+		},
+		Undo: func(context.Context) error {
+			if j.New == j.Old {
+				return nil
+			}
+			return in("remove version "+j.New, modes.RemoveVerified(m.VersionDir(j.New)))
+		},
+	}, {
+		Name: stepFlipped,
+		Run: func(ctx context.Context) error {
+			if err := m.stopUnits(ctx); err != nil {
+				return in("stop version "+j.Old, err)
+			}
+			crash("repave/after-old-stopped")
+			if err := m.cleanNetwork(ctx); err != nil {
+				return in("clean the host networking of version "+j.Old, err)
+			}
+			crash("repave/after-network-cleaned")
+			// The fence runs once the old kubelet is stopped (the
+			// caller's hook deletes the Node first, which a running
+			// kubelet would register again) and before anything of the
+			// new version is live.
+			if err := h.Fence(ctx); err != nil {
+				return in("the allocation fence", err)
+			}
+			crash("repave/after-fence")
+			if err := m.setCNIConf(j.New); err != nil {
+				return in("CNI configuration of version "+j.New, err)
+			}
+			return in("flip current to "+j.New, m.flipCurrent(j.New))
+		},
+		Undo: func(ctx context.Context) error {
+			j.Stopped = true
+			if err := m.stopStack(ctx); err != nil {
+				return in("stop version "+j.New, err)
+			}
+			if err := m.setCNIConf(j.Old); err != nil {
+				return in("CNI configuration", err)
+			}
+			if err := m.flipCurrent(j.Old); err != nil {
+				return in("flip current back", err)
+			}
+			// The old stack's start is fenced like the new one's (the
+			// contract of RepaveHooks.Fence): a refusal starts nothing.
+			if err := h.Fence(ctx); err != nil {
+				return in("the allocation fence", err)
+			}
+			if err := m.startStack(ctx, j.Running); err != nil {
+				return in("start version "+j.Old, err)
+			}
+			return in("version "+j.Old+" did not become healthy again", h.Healthy(ctx, j.Running))
+		},
+	}, {
+		Name:  stepHealthy,
+		Final: true,
+		Run: func(ctx context.Context) error {
+			if err := m.startStack(ctx, j.Slot); err != nil {
+				return in("start version "+j.New, err)
+			}
+			crash("repave/after-new-started")
+			return in("version "+j.New+" did not become healthy", h.Healthy(ctx, j.Slot))
+		},
+	}}
 }
 
-// rollback puts the old version back and removes the new one. It returns
-// an error wrapping modes.ErrRolledBack when the old stack runs (and is
-// healthy) again, any other error when it does not; the journal then
-// stays at the rollback step and the next call tries again.
-func (m *Mode) rollback(ctx context.Context, j *repaveJournal, h modes.RepaveHooks, cause string) error {
-	if j.Step != stepRollback {
-		j.Step, j.Cause = stepRollback, cause
-		if err := m.writeJournal(j); err != nil {
-			return fmt.Errorf("none repave failed (%s), and its rollback could not be journaled: %w", cause, err)
+// rolledBack turns what the runner of j's repave returned into Repave's
+// error: a finished rollback removes the journal and wraps
+// modes.ErrRolledBack; an unfinished one says what failed and keeps the
+// journal rolling back, for the next call to finish.
+func (m *Mode) rolledBack(j *repaveJournal, err error) error {
+	var rb *steps.RolledBackError
+	var ue *steps.UndoError
+	switch {
+	case errors.As(err, &rb):
+		if err := state.RemoveJournal(m.Paths, JournalName); err != nil {
+			return fmt.Errorf("none repave to version %s failed (%s), and the rollback to version %s failed: remove the journal: %w", j.New, rb.Reason, j.Old, err)
 		}
+		how := "it never stopped"
+		if j.Stopped {
+			how = "started again with the configuration it ran"
+		}
+		return fmt.Errorf("none repave to version %s failed (%s); rolled back: version %s runs (%s), version %s removed: %w", j.New, rb.Reason, j.Old, how, j.New, modes.ErrRolledBack)
+	case errors.As(err, &ue):
+		return fmt.Errorf("none repave to version %s failed (%s), and the rollback to version %s failed: %w", j.New, ue.Reason, j.Old, ue.Err)
 	}
-	m.log().Warn("repave failed, rolling back", "mode", "none", "cause", cause, "old", j.Old, "new", j.New)
-	if h.Crash != nil {
-		h.Crash("repave/after-rollback-begun")
-	}
-	undo := func(what string, err error) error {
-		return fmt.Errorf("none repave to version %s failed (%s), and the rollback to version %s failed: %s: %w", j.New, cause, j.Old, what, err)
-	}
-	if j.Stopped {
-		if err := m.stopStack(ctx); err != nil {
-			return undo("stop version "+j.New, err)
-		}
-		if err := m.setCNIConf(j.Old); err != nil {
-			return undo("CNI configuration", err)
-		}
-		if err := m.flipCurrent(j.Old); err != nil {
-			return undo("flip current back", err)
-		}
-		// The old stack's start is fenced like the new one's (the
-		// contract of RepaveHooks.Fence): a refusal starts nothing.
-		if h.Fence != nil {
-			if err := h.Fence(ctx); err != nil {
-				return undo("the allocation fence", err)
-			}
-		}
-		if err := m.startStack(ctx, j.Running); err != nil {
-			return undo("start version "+j.Old, err)
-		}
-		if err := h.Healthy(ctx, j.Running); err != nil {
-			return undo("version "+j.Old+" did not become healthy again", err)
-		}
-	}
-	if j.New != j.Old {
-		if err := modes.RemoveVerified(m.VersionDir(j.New)); err != nil {
-			return undo("remove version "+j.New, err)
-		}
-	}
-	if err := state.RemoveJournal(m.Paths, JournalName); err != nil {
-		return undo("remove the journal", err)
-	}
-	how := "it never stopped"
-	if j.Stopped {
-		how = "started again with the configuration it ran"
-	}
-	return fmt.Errorf("none repave to version %s failed (%s); rolled back: version %s runs (%s), version %s removed: %w", j.New, cause, j.Old, how, j.New, modes.ErrRolledBack)
+	return fmt.Errorf("none repave: %w", err)
 }
 
 // RemoveSuperseded removes the version directories `current` does not
@@ -409,7 +334,7 @@ func (m *Mode) RemoveSuperseded(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if ok && j.Step != stepDone {
+	if ok && j.unfinished() {
 		return fmt.Errorf("a repave from version %s to %s is unfinished (step %s): no version is superseded yet", j.Old, j.New, j.Step)
 	}
 	cur, err := m.CurrentVersion()

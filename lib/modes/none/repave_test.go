@@ -108,15 +108,24 @@ func (h *repaveHost) liveCNI(t *testing.T) string {
 
 func journalStep(t *testing.T, m *Mode) string {
 	t.Helper()
+	if j := readJournal(t, m); j != nil {
+		return j.Step
+	}
+	return ""
+}
+
+// readJournal is the repave's journal, nil when there is none.
+func readJournal(t *testing.T, m *Mode) *repaveJournal {
+	t.Helper()
 	var j repaveJournal
 	ok, err := state.ReadJournal(m.Paths, JournalName, &j)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !ok {
-		return ""
+		return nil
 	}
-	return j.Step
+	return &j
 }
 
 func TestRepaveInstallsBesideStopsFlipsStartsAndKeepsTheOldVersionUntilRemoveSuperseded(t *testing.T) {
@@ -287,8 +296,8 @@ func TestRepaveWhoseRollbackFailsSaysSoAndRollsBackOnTheNextCall(t *testing.T) {
 	if err == nil || errors.Is(err, modes.ErrRolledBack) || !strings.Contains(err.Error(), "rollback to version 1.36.3 failed") {
 		t.Fatalf("repave: %v, want a failed rollback not wrapping ErrRolledBack", err)
 	}
-	if st := journalStep(t, h.m); st != stepRollback {
-		t.Errorf("journal at %q, want rollback", st)
+	if j := readJournal(t, h.m); j == nil || j.RollingBack == "" || !strings.HasPrefix(j.Step, stepFlipped+" undo failed") {
+		t.Errorf("journal %+v, want it rolling back, the undo of %s failed", j, stepFlipped)
 	}
 	h.unhealthy["kube1"] = false
 	err, _ = h.repave(s)
@@ -338,7 +347,7 @@ func TestRepaveKilledAtEveryCrashPointConvergesWhenRunAgain(t *testing.T) {
 		})
 	}
 	// Up to the health wait, which fails, then the rollback's own.
-	for _, p := range slices.Concat(points[:len(points)-1], []string{"repave/after-rollback-begun"}) {
+	for _, p := range slices.Concat(points[:len(points)-1], []string{"repave/after-rollback-begun"}, RollbackCrashPoints) {
 		t.Run("rollback/"+p, func(t *testing.T) {
 			h := newRepaveHost(t)
 			h.unhealthy["kube2"] = true
@@ -595,5 +604,82 @@ func TestCleanHostNetworkWithoutTheRightToUnmountLeavesTheNamespaces(t *testing.
 	}
 	if _, err := os.Stat(p.Join("/run/netns/cni-1234")); err != nil {
 		t.Errorf("a namespace still mounted was removed: %v", err)
+	}
+}
+
+// A journal of an earlier build (format 1: the step under way, and a
+// rollback's cause and whether the old stack was stopped) is carried on
+// by this one: each step under way the earlier build could leave, on the
+// host as it left it, converges as that build's run would have.
+func TestRepaveCarriesOnAJournalOfAnEarlierBuild(t *testing.T) {
+	for _, c := range []struct {
+		step    string
+		crashAt string // where this build leaves the host as the earlier one did
+		fail    bool   // the new version never gets healthy
+		stopped bool
+		want    string // the version current at the end
+	}{
+		{step: v1Install, want: "1.36.4"},
+		{step: v1Switch, crashAt: "repave/after-new-built", stopped: true, want: "1.36.4"},
+		{step: v1Switch, crashAt: "repave/after-fence", stopped: true, want: "1.36.4"},
+		{step: v1Start, crashAt: "repave/after-flipped", stopped: true, want: "1.36.4"},
+		{step: v1Rollback, crashAt: "repave/after-rollback-begun", fail: true, stopped: true, want: "1.36.3"},
+		{step: v1Rollback, crashAt: "repave/after-new-built", stopped: false, want: "1.36.3"},
+	} {
+		t.Run(c.step+"/"+c.crashAt, func(t *testing.T) {
+			h := newRepaveHost(t)
+			h.unhealthy["kube2"] = c.fail
+			s := newSlot(t, "1.36.4", "10.244.9.0/24")
+			var j *repaveJournal
+			if c.crashAt != "" {
+				h.crashAt = c.crashAt
+				if err, crash := h.repave(s); !crash {
+					t.Fatalf("no crash at %s: %v", c.crashAt, err)
+				}
+				h.crashAt = ""
+				j = readJournal(t, h.m)
+			} else {
+				in, err := inputDigest("kube1", s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				j = &repaveJournal{Running: "kube1", Slot: s.Name, Input: in, Old: "1.36.3", New: "1.36.4", Version: "1.36.4"}
+			}
+			v1 := map[string]any{"running": j.Running, "slot": j.Slot, "input": j.Input, "old": j.Old, "new": j.New, "version": j.Version, "step": c.step}
+			if c.stopped {
+				v1["stopped"] = true
+			}
+			if c.step == v1Rollback {
+				v1["cause"] = "version 1.36.4 did not become healthy: an earlier build's cause"
+			}
+			if err := state.WriteJournal(h.m.Paths, JournalName, v1); err != nil {
+				t.Fatal(err)
+			}
+			h.unhealthy["kube2"] = c.fail
+			err, _ := h.repave(s)
+			if c.step == v1Rollback {
+				if !errors.Is(err, modes.ErrRolledBack) || !strings.Contains(err.Error(), "an earlier build's cause") {
+					t.Fatalf("repave over a format-1 rollback: %v, want it rolled back with the journal's cause", err)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if cur, _ := h.m.CurrentVersion(); cur != c.want {
+				t.Errorf("current -> %q, want %s", cur, c.want)
+			}
+			if j := readJournal(t, h.m); j != nil {
+				t.Errorf("journal left: %+v", j)
+			}
+			for _, u := range []string{ContainerdUnit, KubeletUnit} {
+				if st, _ := h.sd.ActiveState(h.ctx, u); st != "active" {
+					t.Errorf("%s is %s", u, st)
+				}
+			}
+			if c.want == "1.36.3" {
+				if got := h.versions(t); !slices.Equal(got, []string{"1.36.3", "current"}) {
+					t.Errorf("versions after the rollback: %q", got)
+				}
+			}
+		})
 	}
 }
