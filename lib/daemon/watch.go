@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/backoff"
 	"unbounded-cloud.io/agent/lib/kube"
 )
 
@@ -36,14 +37,15 @@ const (
 )
 
 func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn watchFunc) {
-	backoff := minBackoff
+	// delay is the next wait: lib/backoff's doubling from minBackoff
+	// to maxBackoff over the failures in a row (the forbidden pause once).
+	delay, failures := minBackoff, 0
 	wait := func() bool {
-		select {
-		case <-ctx.Done():
+		if backoff.Sleep(ctx, delay) != nil {
 			return false
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, maxBackoff)
+		failures++
+		delay = backoff.Doubling(minBackoff, maxBackoff, failures+1)
 		return true
 	}
 	// down: this loop told the daemon its watch failed (sent only once
@@ -67,10 +69,10 @@ func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn w
 				// bootstrap token may not read the Node). Asking again
 				// every 30 seconds would make an idle daemon busy; a
 				// new credential restarts the watches anyway.
-				backoff = forbiddenBackoff
+				delay = forbiddenBackoff
 			}
 			if ctx.Err() == nil {
-				d.logRetry(k, "list failed; retrying", "kind", k, "error", err, "in", backoff)
+				d.logRetry(k, "list failed; retrying", "kind", k, "error", err, "in", delay)
 			}
 			if !wait() {
 				return
@@ -91,7 +93,7 @@ func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn w
 					return
 				}
 				if ctx.Err() == nil {
-					d.logRetry(k, "watch failed; retrying", "kind", k, "error", err, "in", backoff)
+					d.logRetry(k, "watch failed; retrying", "kind", k, "error", err, "in", delay)
 				}
 				if !wait() {
 					return
@@ -111,7 +113,7 @@ func (d *daemon) watchLoop(ctx context.Context, k kind, list listFunc, watchFn w
 				rv = newRV
 			}
 			if got {
-				backoff = minBackoff
+				delay, failures = minBackoff, 0
 			}
 			if gone {
 				break

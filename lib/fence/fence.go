@@ -222,7 +222,6 @@ func (c *Check) Run(ctx context.Context) error {
 		budget = DefaultBudget
 	}
 	deadline := start.Add(budget)
-	backoff := firstBackoff
 	var last outcome
 	for attempt := 1; ; attempt++ {
 		remaining := deadline.Sub(c.now())
@@ -259,7 +258,7 @@ func (c *Check) Run(ctx context.Context) error {
 		}
 		// The last wait is cut short so that one more read, of at least
 		// minLastRead, still fits in the budget.
-		wait := min(backoff, deadline.Sub(c.now())-minLastRead)
+		wait := min(backoff.Doubling(firstBackoff, maxBackoff, attempt), deadline.Sub(c.now())-minLastRead)
 		if wait < 0 {
 			break
 		}
@@ -268,7 +267,6 @@ func (c *Check) Run(ctx context.Context) error {
 		if err := c.sleep(ctx, wait); err != nil {
 			return c.interrupted(ctx, attempt)
 		}
-		backoff = min(backoff*2, maxBackoff)
 	}
 	msg := fmt.Sprintf("no answer from the API server within the retry budget of %s", budget)
 	if last.noAnswer != nil {
