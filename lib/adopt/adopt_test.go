@@ -17,11 +17,11 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/adopt"
-	"unbounded-cloud.io/agent/lib/bootstrap/bootstraptest"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/testhost"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
@@ -35,7 +35,7 @@ var adoptedAt = time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 
 func TestMain(m *testing.M) {
 	if root := os.Getenv(childRoot); root != "" {
-		w := &bootstraptest.World{Root: root}
+		w := &testhost.World{Root: root}
 		w.P.Root = root
 		err := adopter(w, slog.New(slog.NewTextHandler(os.Stderr, nil))).Run(context.Background())
 		if err != nil {
@@ -46,15 +46,15 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func adopter(w *bootstraptest.World, log *slog.Logger) *adopt.Adopt {
+func adopter(w *testhost.World, log *slog.Logger) *adopt.Adopt {
 	return &adopt.Adopt{Paths: w.P, Systemd: w.Systemd, Notify: func(string) {}, Now: func() time.Time { return adoptedAt }, Log: log}
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func child(t *testing.T, w *bootstraptest.World, point string) (int, string) {
+func child(t *testing.T, w *testhost.World, point string) (int, string) {
 	t.Helper()
-	return bootstraptest.RunChild(t, childRoot+"="+w.Root, crashpoint.Env+"="+point)
+	return testhost.RunChild(t, childRoot+"="+w.Root, crashpoint.Env+"="+point)
 }
 
 // token is the older record's bootstrap token: it must end up nowhere.
@@ -62,7 +62,7 @@ const token = "abcdef.0123456789abcdef"
 
 // olderRecord is an applied config as the older agent wrote it for the
 // world's cluster (its CA, its API server as host:port) and machine.
-func olderRecord(t *testing.T, w *bootstraptest.World, edit func(m map[string]any)) map[string]any {
+func olderRecord(t *testing.T, w *testhost.World, edit func(m map[string]any)) map[string]any {
 	t.Helper()
 	ca, err := os.ReadFile(w.P.Join("/etc/unbounded/ca.crt"))
 	if err != nil {
@@ -91,7 +91,7 @@ func olderRecord(t *testing.T, w *bootstraptest.World, edit func(m map[string]an
 
 // writeOlder writes rec as the older agent's applied config of slot,
 // with its bare-hex sidecar.
-func writeOlder(t *testing.T, w *bootstraptest.World, slot string, rec map[string]any) {
+func writeOlder(t *testing.T, w *testhost.World, slot string, rec map[string]any) {
 	t.Helper()
 	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
@@ -112,9 +112,9 @@ func writeOlder(t *testing.T, w *bootstraptest.World, slot string, rec map[strin
 // kube1: its record, its other state, its binaries and links, its units
 // enabled and running, the machine enabled with machinectl; and this
 // agent's package with a configuration for the same cluster and machine.
-func olderHost(t *testing.T) *bootstraptest.World {
+func olderHost(t *testing.T) *testhost.World {
 	t.Helper()
-	w, err := bootstraptest.New(t.TempDir())
+	w, err := testhost.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func olderHost(t *testing.T) *bootstraptest.World {
 
 // snapshot is the host without the fakes' unit states and the lock's
 // anchor under /run (a tmpfs in real life).
-func snapshot(t *testing.T, w *bootstraptest.World) map[string]string {
+func snapshot(t *testing.T, w *testhost.World) map[string]string {
 	t.Helper()
 	s, err := w.Snapshot()
 	if err != nil {
@@ -258,10 +258,10 @@ func TestAdoptionOfAnAdoptedOrFreshHostDoesNothing(t *testing.T) {
 	if c := w.Calls(); len(c) != 0 {
 		t.Errorf("a second run made calls: %q", c)
 	}
-	if d := bootstraptest.Diff(before, snapshot(t, w)); len(d) > 0 {
+	if d := testhost.Diff(before, snapshot(t, w)); len(d) > 0 {
 		t.Errorf("a second run changed the host:\n%s", strings.Join(d, "\n"))
 	}
-	fresh, err := bootstraptest.New(t.TempDir())
+	fresh, err := testhost.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +296,7 @@ func TestAdoptionCrashAtEveryPointThenRerunEndsAsAnUninterruptedAdoption(t *test
 			if code, out := child(t, w, ""); code != 0 {
 				t.Fatalf("rerun after the crash at %s: exit %d\n%s", point, code, out)
 			}
-			if d := bootstraptest.Diff(want, snapshot(t, w)); len(d) > 0 {
+			if d := testhost.Diff(want, snapshot(t, w)); len(d) > 0 {
 				t.Errorf("end state after a crash at %s differs:\n%s", point, strings.Join(d, "\n"))
 			}
 			calls := w.Calls()
@@ -322,50 +322,50 @@ func TestAdoptionRefusesWhatItCannotMapAndChangesNothing(t *testing.T) {
 	const file = "/etc/unbounded/agent/kube1-applied-config.json"
 	for _, tc := range []struct {
 		name  string
-		setup func(t *testing.T, w *bootstraptest.World)
+		setup func(t *testing.T, w *testhost.World)
 		code  int
 		says  []string
 	}{
-		{"unknown key", func(t *testing.T, w *bootstraptest.World) {
+		{"unknown key", func(t *testing.T, w *testhost.World) {
 			writeOlder(t, w, "kube1", olderRecord(t, w, func(m map[string]any) { m["Kubelet"].(map[string]any)["MaxPods"] = 250 }))
 		}, 78, []string{file, "key Kubelet.MaxPods", "unknown"}},
-		{"exec credential", func(t *testing.T, w *bootstraptest.World) {
+		{"exec credential", func(t *testing.T, w *testhost.World) {
 			writeOlder(t, w, "kube1", olderRecord(t, w, func(m map[string]any) {
 				m["Kubelet"].(map[string]any)["Auth"] = map[string]any{"ExecCredential": map[string]any{"command": "/bin/cred"}}
 			}))
 		}, 78, []string{file, "key Kubelet.Auth.ExecCredential"}},
-		{"attestation", func(t *testing.T, w *bootstraptest.World) {
+		{"attestation", func(t *testing.T, w *testhost.World) {
 			writeOlder(t, w, "kube1", olderRecord(t, w, func(m map[string]any) { m["Attest"] = map[string]any{"URL": "http://10.0.0.1:8880"} }))
 		}, 78, []string{file, "key Attest"}},
-		{"another Node name", func(t *testing.T, w *bootstraptest.World) {
+		{"another Node name", func(t *testing.T, w *testhost.World) {
 			writeOlder(t, w, "kube1", olderRecord(t, w, func(m map[string]any) { m["NodeName"] = "other" }))
 		}, 78, []string{file, "key NodeName"}},
-		{"a wrong type", func(t *testing.T, w *bootstraptest.World) {
+		{"a wrong type", func(t *testing.T, w *testhost.World) {
 			writeOlder(t, w, "kube1", olderRecord(t, w, func(m map[string]any) { m["Kubelet"].(map[string]any)["Labels"] = []string{"a"} }))
 		}, 78, []string{file, "key Kubelet.Labels"}},
-		{"another machine", func(t *testing.T, w *bootstraptest.World) {
+		{"another machine", func(t *testing.T, w *testhost.World) {
 			writeOlder(t, w, "kube1", olderRecord(t, w, func(m map[string]any) { m["MachineName"] = "site-w2" }))
 		}, 78, []string{file, "key MachineName", "/etc/unbounded/agent.toml"}},
-		{"another API server", func(t *testing.T, w *bootstraptest.World) {
+		{"another API server", func(t *testing.T, w *testhost.World) {
 			writeOlder(t, w, "kube1", olderRecord(t, w, func(m map[string]any) { m["Kubelet"].(map[string]any)["ApiServer"] = "https://10.1.1.1:6443" }))
 		}, 78, []string{file, "key Kubelet.ApiServer", "cluster.api-server"}},
-		{"another CA", func(t *testing.T, w *bootstraptest.World) {
+		{"another CA", func(t *testing.T, w *testhost.World) {
 			writeOlder(t, w, "kube1", olderRecord(t, w, func(m map[string]any) {
 				m["Cluster"].(map[string]any)["CaCertBase64"] = base64.StdEncoding.EncodeToString([]byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"))
 			}))
 		}, 78, []string{file, "key Cluster.CaCertBase64", "cluster.ca-file"}},
-		{"no configuration", func(t *testing.T, w *bootstraptest.World) {
+		{"no configuration", func(t *testing.T, w *testhost.World) {
 			os.Remove(w.P.ConfigFile())
 		}, 78, []string{file, "/etc/unbounded/agent.toml is missing"}},
-		{"a sidecar that does not match", func(t *testing.T, w *bootstraptest.World) {
+		{"a sidecar that does not match", func(t *testing.T, w *testhost.World) {
 			os.WriteFile(hostpaths.Checksum(w.P.LegacyAppliedConfig("kube1")), []byte(strings.Repeat("0", 64)+"\n"), 0o600)
 		}, 1, []string{file, "does not match"}},
-		{"this agent's record beside it", func(t *testing.T, w *bootstraptest.World) {
+		{"this agent's record beside it", func(t *testing.T, w *testhost.World) {
 			if err := state.WriteApplied(w.P, &state.AppliedConfig{Slot: "kube2", Mode: "nspawn"}); err != nil {
 				t.Fatal(err)
 			}
 		}, 1, []string{file, "/var/lib/unbounded/kube2-applied-config.json", "both layouts"}},
-		{"two records, neither machine running", func(t *testing.T, w *bootstraptest.World) {
+		{"two records, neither machine running", func(t *testing.T, w *testhost.World) {
 			writeOlder(t, w, "kube2", olderRecord(t, w, nil))
 			w.SetUnitState("systemd-nspawn@kube1.service", "inactive")
 		}, 1, []string{file, "kube2-applied-config.json", "cannot tell"}},
@@ -387,7 +387,7 @@ func TestAdoptionRefusesWhatItCannotMapAndChangesNothing(t *testing.T) {
 			if err != nil && strings.Contains(err.Error(), strings.Split(token, ".")[1]) {
 				t.Errorf("the error holds the bootstrap token: %v", err)
 			}
-			if d := bootstraptest.Diff(before, snapshot(t, w)); len(d) > 0 {
+			if d := testhost.Diff(before, snapshot(t, w)); len(d) > 0 {
 				t.Errorf("a refused adoption changed the host:\n%s", strings.Join(d, "\n"))
 			}
 			if c := w.Calls(); len(c) > 0 {

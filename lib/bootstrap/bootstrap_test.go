@@ -12,11 +12,11 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/bootstrap"
-	"unbounded-cloud.io/agent/lib/bootstrap/bootstraptest"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/testhost"
 )
 
 // childEnv makes the test binary run one bootstrap on the world whose root
@@ -27,7 +27,7 @@ const childEnv = "BOOTSTRAP_TEST_CHILD_ROOT"
 
 func TestMain(m *testing.M) {
 	if root := os.Getenv(childEnv); root != "" {
-		w := &bootstraptest.World{Root: root}
+		w := &testhost.World{Root: root}
 		w.P.Root = root
 		b := w.Bootstrap(slog.New(slog.NewTextHandler(os.Stderr, nil)))
 		os.Exit(exitcode.For(b.Run(context.Background())))
@@ -35,16 +35,16 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func newWorld(t *testing.T) *bootstraptest.World {
+func newWorld(t *testing.T) *testhost.World {
 	t.Helper()
-	w, err := bootstraptest.New(t.TempDir())
+	w, err := testhost.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	return w
 }
 
-func run(t *testing.T, w *bootstraptest.World) error {
+func run(t *testing.T, w *testhost.World) error {
 	t.Helper()
 	return w.Bootstrap(slog.New(slog.NewTextHandler(tWriter{t}, nil))).Run(context.Background())
 }
@@ -97,7 +97,7 @@ func TestFirstBootStartsTheNodeBehindTheFenceAndRecordsItOnlyOnceReady(t *testin
 	if err != nil {
 		t.Fatalf("applied config: %v", err)
 	}
-	if a.Mode != "nspawn" || a.Machine != bootstraptest.Machine || a.KubernetesVersion != "1.36.3" || len(a.Config) == 0 {
+	if a.Mode != "nspawn" || a.Machine != testhost.Machine || a.KubernetesVersion != "1.36.3" || len(a.Config) == 0 {
 		t.Errorf("applied config %+v", a)
 	}
 	if o, _ := state.ReadOwnership(w.P); o != nil {
@@ -135,7 +135,7 @@ func TestBootstrappedHostIsHandedOverNotBootstrappedAgain(t *testing.T) {
 		t.Errorf("calls %q, want only %q", got, want)
 	}
 	after, _ := w.Snapshot()
-	if d := bootstraptest.Diff(before, after); len(d) > 0 {
+	if d := testhost.Diff(before, after); len(d) > 0 {
 		t.Errorf("the hand-over changed the host:\n%s", strings.Join(d, "\n"))
 	}
 }
@@ -277,7 +277,7 @@ func TestNodeNeverReadyTimesOutSayingWhatIsMissingAndStopsTheNode(t *testing.T) 
 
 func TestInvalidConfigExits78AndChangesNothing(t *testing.T) {
 	w := newWorld(t)
-	w.Write("/etc/unbounded/agent.toml", bootstraptest.Config+"\n[cluster]\nbogus = 1\n")
+	w.Write("/etc/unbounded/agent.toml", testhost.Config+"\n[cluster]\nbogus = 1\n")
 	before, _ := w.Snapshot()
 	err := run(t, w)
 	if code := exitcode.For(err); code != exitcode.ConfigInvalid {
@@ -289,14 +289,14 @@ func TestInvalidConfigExits78AndChangesNothing(t *testing.T) {
 	after, _ := w.Snapshot()
 	// The ownership lock's file under /run is the only trace.
 	delete(after, "run/unbounded/ownership.lock")
-	if d := bootstraptest.Diff(before, after); len(d) > 0 {
+	if d := testhost.Diff(before, after); len(d) > 0 {
 		t.Errorf("an invalid config changed the host:\n%s", strings.Join(d, "\n"))
 	}
 }
 
 func TestNspawnModeWithoutAnImageExits78BeforeTheHostIsChanged(t *testing.T) {
 	w := newWorld(t)
-	w.Write("/etc/unbounded/agent.toml", strings.Replace(bootstraptest.Config, "image = \"registry.example/node:1.36.3\"", "", 1))
+	w.Write("/etc/unbounded/agent.toml", strings.Replace(testhost.Config, "image = \"registry.example/node:1.36.3\"", "", 1))
 	before, _ := w.Snapshot()
 	err := run(t, w)
 	if code := exitcode.For(err); code != exitcode.ConfigInvalid || !strings.Contains(err.Error(), "[nspawn] image") || !strings.Contains(err.Error(), "agent.toml") {
@@ -304,7 +304,7 @@ func TestNspawnModeWithoutAnImageExits78BeforeTheHostIsChanged(t *testing.T) {
 	}
 	after, _ := w.Snapshot()
 	delete(after, "run/unbounded/ownership.lock")
-	if d := bootstraptest.Diff(before, after); len(d) > 0 {
+	if d := testhost.Diff(before, after); len(d) > 0 {
 		t.Errorf("the host changed:\n%s", strings.Join(d, "\n"))
 	}
 }
@@ -321,7 +321,7 @@ func TestNodeIPThatIsNotTheHostsExits78AtItsLineBeforeTheHostIsChanged(t *testin
 	}
 	after, _ := w.Snapshot()
 	delete(after, "run/unbounded/ownership.lock")
-	if d := bootstraptest.Diff(before, after); len(d) > 0 {
+	if d := testhost.Diff(before, after); len(d) > 0 {
 		t.Errorf("the host changed:\n%s", strings.Join(d, "\n"))
 	}
 }
@@ -361,7 +361,7 @@ func TestBootstrapOnAHostARepaveOwnsResumesTheRepave(t *testing.T) {
 	}
 	after, _ := w.Snapshot()
 	delete(after, "run/unbounded/ownership.lock") // the flock's file
-	if d := bootstraptest.Diff(before, after); len(d) > 0 {
+	if d := testhost.Diff(before, after); len(d) > 0 {
 		t.Errorf("the host changed:\n%s", strings.Join(d, "\n"))
 	}
 
@@ -428,9 +428,9 @@ func crashPoints() []string {
 	return append([]string{"hostprep/after-record", "hostprep/after-change"}, bootstrap.CrashPoints...)
 }
 
-func child(t *testing.T, w *bootstraptest.World, point string) (int, string) {
+func child(t *testing.T, w *testhost.World, point string) (int, string) {
 	t.Helper()
-	return bootstraptest.RunChild(t, childEnv+"="+w.Root, crashpoint.Env+"="+point)
+	return testhost.RunChild(t, childEnv+"="+w.Root, crashpoint.Env+"="+point)
 }
 
 func TestCrashAtEveryPointThenRerunEndsAsAnUninterruptedRun(t *testing.T) {
@@ -456,7 +456,7 @@ func TestCrashAtEveryPointThenRerunEndsAsAnUninterruptedRun(t *testing.T) {
 				t.Fatalf("rerun after the crash at %s: exit %d\n%s", point, code, out)
 			}
 			got, _ := w.Snapshot()
-			if d := bootstraptest.Diff(normalize(want, ref), normalize(got, w)); len(d) > 0 {
+			if d := testhost.Diff(normalize(want, ref), normalize(got, w)); len(d) > 0 {
 				t.Errorf("end state after a crash at %s differs from an uninterrupted run's:\n%s", point, strings.Join(d, "\n"))
 			}
 			calls := w.Calls()
@@ -469,7 +469,7 @@ func TestCrashAtEveryPointThenRerunEndsAsAnUninterruptedRun(t *testing.T) {
 
 // normalize drops what differs between two worlds by construction: the
 // CA (a new key per world) and the fake units' state of the fence.
-func normalize(s map[string]string, w *bootstraptest.World) map[string]string {
+func normalize(s map[string]string, w *testhost.World) map[string]string {
 	out := map[string]string{}
 	for k, v := range s {
 		switch {

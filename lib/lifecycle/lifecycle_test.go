@@ -10,10 +10,10 @@ import (
 	"strings"
 	"testing"
 
-	"unbounded-cloud.io/agent/lib/bootstrap/bootstraptest"
 	"unbounded-cloud.io/agent/lib/lifecycle"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/testhost"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 	"unbounded-cloud.io/agent/lib/upgrade"
@@ -22,7 +22,7 @@ import (
 // hooksMode records EnsureHooks on the world's fake mode.
 type hooksMode struct {
 	modes.Mode
-	w *bootstraptest.World
+	w *testhost.World
 }
 
 func (m hooksMode) EnsureHooks(_ context.Context, slot string) error {
@@ -30,9 +30,9 @@ func (m hooksMode) EnsureHooks(_ context.Context, slot string) error {
 	return nil
 }
 
-func newWorld(t *testing.T, bootstrapped bool) *bootstraptest.World {
+func newWorld(t *testing.T, bootstrapped bool) *testhost.World {
 	t.Helper()
-	w, err := bootstraptest.New(t.TempDir())
+	w, err := testhost.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func newWorld(t *testing.T, bootstrapped bool) *bootstraptest.World {
 	return w
 }
 
-func run(t *testing.T, w *bootstraptest.World) error {
+func run(t *testing.T, w *testhost.World) error {
 	t.Helper()
 	b := w.Bootstrap(nil)
 	l := &lifecycle.Lifecycle{

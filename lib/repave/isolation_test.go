@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"unbounded-cloud.io/agent/lib/bootstrap/bootstraptest"
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
@@ -18,6 +17,7 @@ import (
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/testhost"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
@@ -39,16 +39,16 @@ func asIsolation(r *repave.Repave) {
 func fakeOf(r *repave.Repave, name string) string { return r.Paths.Join("/fake/" + name) }
 
 // toNone makes agent.toml's mode none: an isolation change's input.
-func toNone(t *testing.T, w *bootstraptest.World) {
+func toNone(t *testing.T, w *testhost.World) {
 	t.Helper()
-	if err := w.Write("/etc/unbounded/agent.toml", strings.Replace(bootstraptest.Config, `mode = "nspawn"`, `mode = "none"`, 1)); err != nil {
+	if err := w.Write("/etc/unbounded/agent.toml", strings.Replace(testhost.Config, `mode = "nspawn"`, `mode = "none"`, 1)); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // wantMode asserts one record, of mode in slot, no journal and no lock,
 // and the node's units of that mode only.
-func wantMode(t *testing.T, w *bootstraptest.World, mode, slot string) {
+func wantMode(t *testing.T, w *testhost.World, mode, slot string) {
 	t.Helper()
 	a, err := state.ReadActive(w.P)
 	if err != nil || a == nil || a.Slot != slot || a.Mode != mode {
@@ -101,7 +101,7 @@ func TestIsolationChangeBuildsTheNewModeBesideDrainsSwitchesAndRetiresTheOldMode
 		t.Errorf("nothing to do, but: %q", w.Calls())
 	}
 	// And back to nspawn, into slot kube1.
-	if err := w.Write("/etc/unbounded/agent.toml", bootstraptest.Config); err != nil {
+	if err := w.Write("/etc/unbounded/agent.toml", testhost.Config); err != nil {
 		t.Fatal(err)
 	}
 	if err := run(t, w, asIsolation); err != nil {
@@ -115,7 +115,7 @@ func TestIsolationChangeBuildsTheNewModeBesideDrainsSwitchesAndRetiresTheOldMode
 func TestIsolationChangeFollowsTheMachinesSpecInTheDaemonsRequest(t *testing.T) {
 	w := bootstrapped(t)
 	if err := request.Write(w.P, repave.IsolationConcern, &request.Request{UID: "isolation:none:2", Type: "IsolationChange",
-		Machine: bootstraptest.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`)}); err != nil {
+		Machine: testhost.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := run(t, w, asIsolation); err != nil {
@@ -174,7 +174,7 @@ func TestIsolationChangeRollsBackToTheOldModeWhenTheNewNodeIsNotHealthy(t *testi
 func TestIsolationChangeByReprovisionStagesTheHandoffAndStartsItsUnit(t *testing.T) {
 	w := bootstrapped(t)
 	if err := request.Write(w.P, repave.IsolationConcern, &request.Request{UID: "isolation:none:3", Type: "IsolationChange",
-		Machine: bootstraptest.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`), Parameters: map[string]string{repave.ParamMethod: modes.MethodReprovision}}); err != nil {
+		Machine: testhost.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`), Parameters: map[string]string{repave.ParamMethod: modes.MethodReprovision}}); err != nil {
 		t.Fatal(err)
 	}
 	self := filepath.Join(t.TempDir(), "unbounded-agent")
@@ -229,7 +229,7 @@ func TestIsolationChangeByReprovisionChecksTheTokenFirst(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			w := bootstrapped(t)
 			if err := request.Write(w.P, repave.IsolationConcern, &request.Request{UID: "isolation:none:4", Type: "IsolationChange",
-				Machine: bootstraptest.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`), Parameters: map[string]string{repave.ParamMethod: c.method}}); err != nil {
+				Machine: testhost.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`), Parameters: map[string]string{repave.ParamMethod: c.method}}); err != nil {
 				t.Fatal(err)
 			}
 			if err := os.WriteFile(fake(w, "token-rejected"), nil, 0o644); err != nil {
@@ -273,11 +273,11 @@ func TestIsolationChangeCrashAtEveryPointThenRerunConverges(t *testing.T) {
 		t.Run(strings.ReplaceAll(point, "/", "_"), func(t *testing.T) {
 			w := bootstrapped(t)
 			toNone(t, w)
-			code, out := bootstraptest.RunChild(t, childEnv+"="+w.Root, isolationEnv+"=1", crashpoint.Env+"="+point)
+			code, out := testhost.RunChild(t, childEnv+"="+w.Root, isolationEnv+"=1", crashpoint.Env+"="+point)
 			if code != crashpoint.ExitCode || !strings.Contains(out, "crash point "+point) {
 				t.Fatalf("crash at %s: exit %d, want %d there\n%s", point, code, crashpoint.ExitCode, out)
 			}
-			if code, out := bootstraptest.RunChild(t, childEnv+"="+w.Root, isolationEnv+"=1", crashpoint.Env+"="); code != 0 {
+			if code, out := testhost.RunChild(t, childEnv+"="+w.Root, isolationEnv+"=1", crashpoint.Env+"="); code != 0 {
 				t.Fatalf("rerun after the crash at %s: exit %d\n%s", point, code, out)
 			}
 			wantMode(t, w, "none", "kube2")
@@ -289,7 +289,7 @@ func TestIsolationChangeCrashAtEveryPointThenRerunConverges(t *testing.T) {
 }
 
 // wantOutcome asserts the outcome the change left for the daemon.
-func wantOutcome(t *testing.T, w *bootstraptest.World, st, from, to string, words ...string) {
+func wantOutcome(t *testing.T, w *testhost.World, st, from, to string, words ...string) {
 	t.Helper()
 	o, err := state.ReadIsolationOutcome(w.P)
 	if err != nil || o == nil || o.State != st || o.From != from || o.To != to || o.Method != modes.MethodInPlace || o.EndedAt.IsZero() {

@@ -20,7 +20,6 @@ import (
 	k8stypes "k8s.io/apimachinery/pkg/types"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
-	"unbounded-cloud.io/agent/lib/bootstrap/bootstraptest"
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
@@ -30,6 +29,7 @@ import (
 	"unbounded-cloud.io/agent/lib/repave"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/testhost"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
@@ -40,7 +40,7 @@ const childEnv = "REPAVE_TEST_CHILD_ROOT"
 
 func TestMain(m *testing.M) {
 	if root := os.Getenv(childEnv); root != "" {
-		w := &bootstraptest.World{Root: root}
+		w := &testhost.World{Root: root}
 		w.P.Root = root
 		r := newRepave(w, slog.New(slog.NewTextHandler(os.Stderr, nil)))
 		if os.Getenv(isolationEnv) != "" {
@@ -59,9 +59,9 @@ func TestMain(m *testing.M) {
 }
 
 // The fakes keep their state in files under the world's root (fake/), as
-// bootstraptest's do, so that a crashed child leaves it for the next run.
+// testhost's do, so that a crashed child leaves it for the next run.
 
-func fake(w *bootstraptest.World, name string) string { return filepath.Join(w.Root, "fake", name) }
+func fake(w *testhost.World, name string) string { return filepath.Join(w.Root, "fake", name) }
 
 func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 
@@ -70,7 +70,7 @@ func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 // fake/bare-pod puts a pod without a controller on it, which the drain
 // refuses as lib/kube's does unless told to evict it.
 type cluster struct {
-	w *bootstraptest.World
+	w *testhost.World
 	o repave.Options
 }
 
@@ -79,7 +79,7 @@ func (c cluster) GetNode(context.Context) (*corev1.Node, error) {
 	if err != nil {
 		return nil, nil
 	}
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: bootstraptest.Machine, UID: k8stypes.UID(typesUID(uid))}}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testhost.Machine, UID: k8stypes.UID(typesUID(uid))}}
 	n.Spec.Unschedulable = exists(fake(c.w, "unschedulable"))
 	return n, nil
 }
@@ -102,12 +102,12 @@ func (c cluster) Drain(context.Context) error {
 	c.w.Log("cluster drain")
 	if exists(fake(c.w, "bare-pod")) {
 		if !c.o.DeleteUnmanaged {
-			return fmt.Errorf("drain node %s: %w: ns/bare (no ownerReference with controller=true: nothing would create them again); nothing was evicted", bootstraptest.Machine, kube.ErrUnmanagedPods)
+			return fmt.Errorf("drain node %s: %w: ns/bare (no ownerReference with controller=true: nothing would create them again); nothing was evicted", testhost.Machine, kube.ErrUnmanagedPods)
 		}
 		c.w.Log("cluster evict ns/bare")
 	}
 	if exists(fake(c.w, "drain-stuck")) {
-		return fmt.Errorf("%w (1s) on node %s: 1 pod(s) left; ns/p: eviction refused (429)", kube.ErrDrainTimeout, bootstraptest.Machine)
+		return fmt.Errorf("%w (1s) on node %s: 1 pod(s) left; ns/p: eviction refused (429)", kube.ErrDrainTimeout, testhost.Machine)
 	}
 	return nil
 }
@@ -127,7 +127,7 @@ func (c cluster) DeleteNode(context.Context) error {
 // files and fake units.
 type repaveMode struct {
 	modes.Mode
-	w *bootstraptest.World
+	w *testhost.World
 }
 
 func (m repaveMode) Repave(ctx context.Context, running string, s modes.Slot, h modes.RepaveHooks) error {
@@ -162,7 +162,7 @@ func (m repaveMode) Repave(ctx context.Context, running string, s modes.Slot, h 
 	return nil
 }
 
-func newRepave(w *bootstraptest.World, log *slog.Logger) *repave.Repave {
+func newRepave(w *testhost.World, log *slog.Logger) *repave.Repave {
 	b := w.Bootstrap(log)
 	return &repave.Repave{
 		Paths: w.P,
@@ -182,7 +182,7 @@ func newRepave(w *bootstraptest.World, log *slog.Logger) *repave.Repave {
 				}
 			}
 			if exists(fake(w, "unhealthy-"+slot)) {
-				return fmt.Errorf("node not up within 1s; still missing: Node %s Ready", bootstraptest.Machine)
+				return fmt.Errorf("node not up within 1s; still missing: Node %s Ready", testhost.Machine)
 			}
 			// The new kubelet registers the Node afresh.
 			return os.WriteFile(fake(w, "node"), []byte(slot), 0o644)
@@ -201,9 +201,9 @@ func (w tWriter) Write(p []byte) (int, error) {
 }
 
 // bootstrapped is a world whose first boot ran (slot kube1, Node there).
-func bootstrapped(t *testing.T) *bootstraptest.World {
+func bootstrapped(t *testing.T) *testhost.World {
 	t.Helper()
-	w, err := bootstraptest.New(t.TempDir())
+	w, err := testhost.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,14 +218,14 @@ func bootstrapped(t *testing.T) *bootstraptest.World {
 }
 
 // changeImage gives agent.toml another node image: a new desired config.
-func changeImage(t *testing.T, w *bootstraptest.World) {
+func changeImage(t *testing.T, w *testhost.World) {
 	t.Helper()
-	if err := w.Write("/etc/unbounded/agent.toml", strings.Replace(bootstraptest.Config, "node:1.36.3", "node:1.36.3-2", 1)); err != nil {
+	if err := w.Write("/etc/unbounded/agent.toml", strings.Replace(testhost.Config, "node:1.36.3", "node:1.36.3-2", 1)); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func run(t *testing.T, w *bootstraptest.World, tweak ...func(*repave.Repave)) error {
+func run(t *testing.T, w *testhost.World, tweak ...func(*repave.Repave)) error {
 	t.Helper()
 	r := newRepave(w, slog.New(slog.NewTextHandler(tWriter{t}, nil)))
 	r.CrashPoint = func(string) {}
@@ -252,7 +252,7 @@ func order(t *testing.T, calls []string, want ...string) {
 
 // wantActive asserts exactly slot's record, slot's machine directory only,
 // no journal, no lock.
-func wantActive(t *testing.T, w *bootstraptest.World, slot string) *state.AppliedConfig {
+func wantActive(t *testing.T, w *testhost.World, slot string) *state.AppliedConfig {
 	t.Helper()
 	a, err := state.ReadActive(w.P)
 	if err != nil || a == nil || a.Slot != slot {
@@ -319,7 +319,7 @@ func TestBlueGreenBuildsBesideDrainsSwitchesAndRetiresTheOldSlot(t *testing.T) {
 
 func TestModeChangeIsRefusedAsAnIsolationChange(t *testing.T) {
 	w := bootstrapped(t)
-	if err := w.Write("/etc/unbounded/agent.toml", strings.Replace(bootstraptest.Config, `mode = "nspawn"`, `mode = "none"`, 1)); err != nil {
+	if err := w.Write("/etc/unbounded/agent.toml", strings.Replace(testhost.Config, `mode = "nspawn"`, `mode = "none"`, 1)); err != nil {
 		t.Fatal(err)
 	}
 	err := run(t, w)
@@ -385,7 +385,7 @@ func TestDrainTimeoutUncordonsAndLeavesTheNodeUnlessForced(t *testing.T) {
 	}
 	// Forced through the daemon's request: it proceeds.
 	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "op-1", Type: string(v1alpha3.OperationRepave),
-		Machine: bootstraptest.Machine, Parameters: map[string]string{repave.ParamForce: "true"}}); err != nil {
+		Machine: testhost.Machine, Parameters: map[string]string{repave.ParamForce: "true"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := run(t, w); err != nil {
@@ -415,7 +415,7 @@ func TestAFailedUncordonIsOwedAndALaterRepaveTakesTheNodeOver(t *testing.T) {
 		t.Fatalf("repave with a drain that times out: %v", err)
 	}
 	ws, err := owed.List(w.P)
-	if err != nil || len(ws) != 1 || ws[0].Kind != owed.Uncordon || ws[0].Node != bootstraptest.Machine || ws[0].By != repave.Operation {
+	if err != nil || len(ws) != 1 || ws[0].Kind != owed.Uncordon || ws[0].Node != testhost.Machine || ws[0].By != repave.Operation {
 		t.Fatalf("owed writes after an uncordon that failed: %+v (%v), want the Node's uncordon", ws, err)
 	}
 	// The API answers again; a repave cordons, and decides from there.
@@ -459,7 +459,7 @@ func TestPodsWithoutAControllerFailTheRepaveEvenForcedUnlessDeleteUnmanaged(t *t
 	asBefore("forced repave with a pod without a controller", run(t, w, func(r *repave.Repave) { r.Force = true }))
 
 	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "op-1", Type: string(v1alpha3.OperationRepave),
-		Machine: bootstraptest.Machine, Parameters: map[string]string{repave.ParamDeleteUnmanaged: "yes"}}); err != nil {
+		Machine: testhost.Machine, Parameters: map[string]string{repave.ParamDeleteUnmanaged: "yes"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := run(t, w); err == nil || !strings.Contains(err.Error(), repave.ParamDeleteUnmanaged) {
@@ -468,7 +468,7 @@ func TestPodsWithoutAControllerFailTheRepaveEvenForcedUnlessDeleteUnmanaged(t *t
 	wantActive(t, w, "kube1")
 
 	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "op-2", Type: string(v1alpha3.OperationRepave),
-		Machine: bootstraptest.Machine, Parameters: map[string]string{repave.ParamDeleteUnmanaged: "true"}}); err != nil {
+		Machine: testhost.Machine, Parameters: map[string]string{repave.ParamDeleteUnmanaged: "true"}}); err != nil {
 		t.Fatal(err)
 	}
 	w.ClearCalls()
@@ -492,7 +492,7 @@ func TestAResumedRepaveDrainsAsTheRequestSaid(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "op-1", Type: string(v1alpha3.OperationRepave),
-		Machine: bootstraptest.Machine, Parameters: map[string]string{repave.ParamDeleteUnmanaged: "true", repave.ParamDrainTimeout: "90s"}}); err != nil {
+		Machine: testhost.Machine, Parameters: map[string]string{repave.ParamDeleteUnmanaged: "true", repave.ParamDrainTimeout: "90s"}}); err != nil {
 		t.Fatal(err)
 	}
 	point := "repave/after-" + repave.StepCordon
@@ -545,7 +545,7 @@ func TestAModeThatDoesNotRepaveLeavesTheNodeAsItWas(t *testing.T) {
 func TestRequestWithABadParameterChangesNothing(t *testing.T) {
 	w := bootstrapped(t)
 	changeImage(t, w)
-	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "op-1", Type: "Repave", Machine: bootstraptest.Machine,
+	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "op-1", Type: "Repave", Machine: testhost.Machine,
 		Parameters: map[string]string{repave.ParamDrainTimeout: "soon"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -568,9 +568,9 @@ func crashPoints() []string {
 	return out
 }
 
-func child(t *testing.T, w *bootstraptest.World, point string) (int, string) {
+func child(t *testing.T, w *testhost.World, point string) (int, string) {
 	t.Helper()
-	return bootstraptest.RunChild(t, childEnv+"="+w.Root, crashpoint.Env+"="+point)
+	return testhost.RunChild(t, childEnv+"="+w.Root, crashpoint.Env+"="+point)
 }
 
 func TestCrashAtEveryPointThenRerunConverges(t *testing.T) {
@@ -609,7 +609,7 @@ func TestCrashAtEveryPointThenRerunConverges(t *testing.T) {
 // change: it repaves anyway (the new node registers the Node afresh).
 func TestRepaveOfAVanishedNodeRepavesAnUnchangedConfig(t *testing.T) {
 	w := bootstrapped(t)
-	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "node:0f1e", Type: "Repave", Machine: bootstraptest.Machine}); err != nil {
+	if err := request.Write(w.P, repave.Concern, &request.Request{UID: "node:0f1e", Type: "Repave", Machine: testhost.Machine}); err != nil {
 		t.Fatal(err)
 	}
 	if err := run(t, w); err != nil {

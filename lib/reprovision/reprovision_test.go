@@ -9,12 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"unbounded-cloud.io/agent/lib/bootstrap/bootstraptest"
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/testhost"
 )
 
 // fixture is a host with agent.toml and a staged handoff nspawn -> none,
@@ -32,7 +32,7 @@ var t0 = time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC)
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	w, err := bootstraptest.New(t.TempDir())
+	w, err := testhost.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func newFixture(t *testing.T) *fixture {
 	if err := os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	j := reprovision.Journal{FromMode: "nspawn", ToMode: "none", Machine: bootstraptest.Machine, StartedAt: t0, Deadline: t0.Add(reprovision.DefaultGiveUpAfter)}
+	j := reprovision.Journal{FromMode: "nspawn", ToMode: "none", Machine: testhost.Machine, StartedAt: t0, Deadline: t0.Add(reprovision.DefaultGiveUpAfter)}
 	if err := reprovision.Stage(f.p, j, []byte(`{"mode":"none"}`), exe); err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestPastItsDeadlineTheHandoffGivesUp(t *testing.T) {
 }
 
 func TestNoHandoffIsNothingToDo(t *testing.T) {
-	w, err := bootstraptest.New(t.TempDir())
+	w, err := testhost.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

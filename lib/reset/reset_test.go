@@ -11,11 +11,11 @@ import (
 	"testing"
 
 	"unbounded-cloud.io/agent/lib/adopt"
-	"unbounded-cloud.io/agent/lib/bootstrap/bootstraptest"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/reset"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/testhost"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
@@ -28,7 +28,7 @@ const (
 
 func TestMain(m *testing.M) {
 	if root := os.Getenv(childRoot); root != "" {
-		w := &bootstraptest.World{Root: root}
+		w := &testhost.World{Root: root}
 		w.P.Root = root
 		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 		var err error
@@ -44,14 +44,14 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func child(t *testing.T, w *bootstraptest.World, op, point string) (int, string) {
+func child(t *testing.T, w *testhost.World, op, point string) (int, string) {
 	t.Helper()
-	return bootstraptest.RunChild(t, childRoot+"="+w.Root, childOp+"="+op, crashpoint.Env+"="+point)
+	return testhost.RunChild(t, childRoot+"="+w.Root, childOp+"="+op, crashpoint.Env+"="+point)
 }
 
-func newWorld(t *testing.T) *bootstraptest.World {
+func newWorld(t *testing.T) *testhost.World {
 	t.Helper()
-	w, err := bootstraptest.New(t.TempDir())
+	w, err := testhost.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func newWorld(t *testing.T) *bootstraptest.World {
 // fake units' states), the lock file under /run (a tmpfs in real life,
 // and the flock's anchor), and /proc/swaps, whose line the fake swapon
 // writes in its own spacing (checked on its own).
-func pristine(t *testing.T, w *bootstraptest.World) map[string]string {
+func pristine(t *testing.T, w *testhost.World) map[string]string {
 	t.Helper()
 	s, err := w.Snapshot()
 	if err != nil {
@@ -100,7 +100,7 @@ func TestResetAfterBootstrapLeavesNothingOfOursAndTheHostAsBefore(t *testing.T) 
 	// Gone with the reset: the handoff (not kept) and nothing else.
 	delete(before, "var/lib/unbounded-agent-reprovision")
 	delete(before, "var/lib/unbounded-agent-reprovision/journal.json")
-	if d := bootstraptest.Diff(before, after); len(d) > 0 {
+	if d := testhost.Diff(before, after); len(d) > 0 {
 		t.Errorf("host after bootstrap + reset differs from before bootstrap:\n%s", strings.Join(d, "\n"))
 	}
 	swaps, _ := os.ReadFile(w.P.Join("/proc/swaps"))
@@ -121,7 +121,7 @@ func TestResetAfterBootstrapLeavesNothingOfOursAndTheHostAsBefore(t *testing.T) 
 	if code, out := child(t, w, "bootstrap", ""); code != 0 {
 		t.Fatalf("bootstrap after reset: exit %d\n%s", code, out)
 	}
-	if a, err := state.ReadActive(w.P); err != nil || a == nil || a.Machine != bootstraptest.Machine {
+	if a, err := state.ReadActive(w.P); err != nil || a == nil || a.Machine != testhost.Machine {
 		t.Errorf("applied config after a second bootstrap: %+v %v", a, err)
 	}
 }
@@ -208,7 +208,7 @@ func TestResetCrashAtEveryPointThenRerunEndsAsAnUninterruptedReset(t *testing.T)
 			for _, s := range []map[string]string{want, got} {
 				s["etc/unbounded/ca.crt"] = "(ca)"
 			}
-			if d := bootstraptest.Diff(want, got); len(d) > 0 {
+			if d := testhost.Diff(want, got); len(d) > 0 {
 				t.Errorf("end state after a crash at %s differs:\n%s", point, strings.Join(d, "\n"))
 			}
 		})
@@ -252,9 +252,9 @@ func TestResetEmptiesAMountPointUnderTheHostRootAndKeepsIt(t *testing.T) {
 }
 
 // resetOn is a reset run on the world, with the same fakes as its
-// bootstrap (bootstraptest sits below lib/reset: it serves bootstrap's
+// bootstrap (testhost sits below lib/reset: it serves bootstrap's
 // tests too, and must not import a package that imports bootstrap).
-func resetOn(w *bootstraptest.World, log *slog.Logger) *reset.Reset {
+func resetOn(w *testhost.World, log *slog.Logger) *reset.Reset {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -324,7 +324,7 @@ func TestAFailedResetJournalsTheStepAndWhy(t *testing.T) {
 // olderLayout puts what the older agent installs on w: its applied config
 // (for w's machine and cluster), its state, binaries and links, its units
 // enabled and its daemon running, its node machine enabled and running.
-func olderLayout(t *testing.T, w *bootstraptest.World) {
+func olderLayout(t *testing.T, w *testhost.World) {
 	t.Helper()
 	for f, c := range map[string]string{
 		"/etc/unbounded/agent/kube1-applied-config.json":              `{"MachineName": "site-w1", "Cluster": {"Version": "v1.36.3"}, "Kubelet": {"ApiServer": "127.0.0.1:6443", "BootstrapToken": "abcdef.0123456789abcdef"}}`,
@@ -385,7 +385,7 @@ func TestResetOfAnOlderAgentsHostLeavesNothingOfEitherLayout(t *testing.T) {
 			}
 			delete(before, "var/lib/unbounded-agent-reprovision")
 			delete(before, "var/lib/unbounded-agent-reprovision/journal.json")
-			if d := bootstraptest.Diff(before, after); len(d) > 0 {
+			if d := testhost.Diff(before, after); len(d) > 0 {
 				t.Errorf("host after reset differs from before either agent:\n%s", strings.Join(d, "\n"))
 			}
 			if st := w.UnitState(unitnames.LegacyDaemon); st != "inactive" {

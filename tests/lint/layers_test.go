@@ -48,9 +48,10 @@ var layers = [][]string{
 	{"lib/modes/all"},
 	// The installations.
 	{"lib/bootstrap"},
-	// Bootstrap's test support sits beside the operations built on
+	// The one-shot concerns' scratch host (lib/testhost, built on
+	// bootstrap's seams) sits beside the operations built on
 	// bootstrap, never above them: bootstrap's own tests use it.
-	{"lib/reset", "lib/repave", "lib/bootstrap/bootstraptest"},
+	{"lib/reset", "lib/repave", "lib/testhost"},
 	// The commands: one per concern, the CLI, the generator.
 	{"cmd/bootstrap", "cmd/daemon", "cmd/fence", "cmd/health", "cmd/lifecycle", "cmd/recover", "cmd/repave", "cmd/reset", "cmd/isolation", "cmd/reprovision",
 		"cmd/restart", "cmd/unbounded", "generators/unbounded-generator", "cmd/kubectl-unbounded", "cmd/upgrade"},

@@ -1,11 +1,12 @@
-// Package bootstraptest is a host for the tests of bootstrap and reset:
-// a temporary root with a config, a CA, a token and the offline
-// artifacts, and the seams of lib/bootstrap (service manager, mode,
+// Package testhost is the scratch host of the tests of the one-shot
+// concerns that install, replace and remove a node (bootstrap, reset,
+// repave, adopt, lifecycle, reprovision): a temporary root with a config,
+// a CA, a token and the offline artifacts, and the seams of lib/bootstrap (service manager, mode,
 // reporter, node probe) backed by files under that root, so that a run in
 // a child process that crashes (lib/crashpoint) leaves its fake systemd
 // and cluster where the next run finds them. Host preparation and
 // artifacts are the real packages on the root. Tests only.
-package bootstraptest
+package testhost
 
 import (
 	"context"
