@@ -10,6 +10,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/state"
 
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -48,7 +49,7 @@ func requireAll(t *testing.T, u *parsed, section, key string, want ...string) {
 
 func modeTargets() []string {
 	var s []string
-	for _, m := range state.Modes {
+	for _, m := range facts.Names() {
 		s = append(s, unitnames.ModeTarget(m))
 	}
 	return s
@@ -108,7 +109,7 @@ var graphRules = []graphRule{
 		check: func(t *testing.T, u *parsed) {
 			mode := strings.TrimSuffix(strings.TrimPrefix(u.name, "unbounded-mode-"), ".target")
 			for _, slot := range hostpaths.Slots {
-				requireAll(t, u, "Unit", "After", unitnames.Supervising(mode, slot)...)
+				requireAll(t, u, "Unit", "After", facts.Supervising(mode, slot)...)
 			}
 		},
 	},
@@ -331,7 +332,7 @@ func TestUnitGraph(t *testing.T) {
 func nodePlan(t *testing.T, mode, slot string) generator.Plan {
 	t.Helper()
 	var nodeUnits []string
-	for _, u := range unitnames.Supervising(mode, slot) {
+	for _, u := range facts.Supervising(mode, slot) {
 		nodeUnits = append(nodeUnits, hostpaths.UnitDirHost+"/"+u)
 	}
 	plan := generator.Decide(generator.Input{
@@ -349,7 +350,7 @@ func nodePlan(t *testing.T, mode, slot string) generator.Plan {
 // files: every target it links exists in units/.
 func TestGeneratorLinksOnlyShippedTargets(t *testing.T) {
 	shipped := shippedUnits(t)
-	for _, mode := range state.Modes {
+	for _, mode := range facts.Names() {
 		n := 0
 		for _, l := range nodePlan(t, mode, "kube1").Links {
 			target := filepath.Base(l.Target)
@@ -376,7 +377,7 @@ func TestGeneratorLinksOnlyShippedTargets(t *testing.T) {
 // multi-user.target down is wants (node target, daemon), then requires.
 func TestEveryRequiresTheGeneratorAddsIsOrdered(t *testing.T) {
 	shipped := shippedUnits(t)
-	for _, mode := range state.Modes {
+	for _, mode := range facts.Names() {
 		for _, slot := range hostpaths.Slots {
 			requires := 0
 			for _, l := range nodePlan(t, mode, slot).Links {
@@ -403,7 +404,7 @@ func TestEveryRequiresTheGeneratorAddsIsOrdered(t *testing.T) {
 					t.Errorf("%s %s: the generator makes %s require %s, but %s has no After=%s (has %q)", mode, slot, x, unit, x, unit, u.values("Unit", "After"))
 				}
 			}
-			if want := 1 + len(unitnames.Supervising(mode, slot)); requires != want {
+			if want := 1 + len(facts.Supervising(mode, slot)); requires != want {
 				t.Errorf("%s %s: %d requires links, want %d (mode target, supervising units)", mode, slot, requires, want)
 			}
 		}

@@ -66,6 +66,7 @@ import (
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/steps"
@@ -302,7 +303,7 @@ func (a *Adopt) runningSlot(ctx context.Context, files []string) (string, error)
 	defer sd.Close()
 	var running []string
 	for _, slot := range hostpaths.Slots {
-		st, err := sd.ActiveState(ctx, unitnames.Supervising("nspawn", slot)[0])
+		st, err := sd.ActiveState(ctx, facts.Supervising("nspawn", slot)[0])
 		if err != nil {
 			return "", err
 		}

@@ -77,6 +77,7 @@ import (
 	"unbounded-cloud.io/agent/lib/lifecycle"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/all"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
 	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/report"
@@ -378,7 +379,7 @@ func (b *Bootstrap) load(ctx context.Context) (*config.Config, *Journal, Reporte
 	// lib/config accepts an empty image (it is only needed by this mode);
 	// say so now, before the host is changed, not after host preparation
 	// and downloads when the slot is built.
-	if state.NodeFromImage(cfg.Mode) && cfg.Nspawn.Image == "" {
+	if facts.FromNodeImage(cfg.Mode) && cfg.Nspawn.Image == "" {
 		return nil, nil, nil, fmt.Errorf("%w: %s: [nspawn] image is not set; mode %s builds the node from that image",
 			exitcode.ErrConfigInvalid, strings.Join(cfg.Files, ", "), cfg.Mode)
 	}
@@ -539,7 +540,7 @@ func (b *Bootstrap) phases(ctx context.Context, cfg *config.Config, j *Journal, 
 		{Name: PhaseSlot, Status: fmt.Sprintf("preparing slot %s (mode %s)", j.Slot, cfg.Mode),
 			Run: func(ctx context.Context) error { return b.prepareSlot(ctx, cfg, m, j.Slot, results) }},
 		{Name: PhaseFence, Always: true, Run: b.fence},
-		{Name: PhaseStart, Always: true, Status: "starting " + strings.Join(unitnames.Supervising(cfg.Mode, j.Slot), ", "),
+		{Name: PhaseStart, Always: true, Status: "starting " + strings.Join(facts.Supervising(cfg.Mode, j.Slot), ", "),
 			Run: func(ctx context.Context) error { return m.Start(ctx, j.Slot) }},
 		{Name: PhaseReady, Always: true, Run: func(ctx context.Context) error { return b.ready(ctx, cfg, j.Slot, m) }},
 		// Done: the applied config is the record from here on.
@@ -688,7 +689,7 @@ func (b *Bootstrap) stopNode(ctx context.Context, mode, slot string) {
 		return
 	}
 	defer sd.Close()
-	us := unitnames.Supervising(mode, slot)
+	us := facts.Supervising(mode, slot)
 	for i := len(us) - 1; i >= 0; i-- {
 		if err := sd.StopUnit(ctx, us[i]); err != nil {
 			b.log().Error("node unit not stopped after the failed bootstrap", "unit", us[i], "error", err.Error())

@@ -13,9 +13,9 @@ import (
 	"golang.org/x/term"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/privilege"
 	"unbounded-cloud.io/agent/lib/state"
-	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // activeNode is the node stack that runs, from the applied records as the
@@ -107,7 +107,7 @@ func (l *logsCmd) Run(env *Env) error {
 	if err != nil {
 		return err
 	}
-	machine, unit, ok := unitnames.NodeUnit(a.Mode, a.Slot, l.Component)
+	machine, unit, ok := facts.NodeUnit(a.Mode, a.Slot, l.Component)
 	if !ok {
 		return fmt.Errorf("mode %s has no %s of its own", a.Mode, l.Component)
 	}
@@ -142,8 +142,9 @@ func (e *execCmd) Run(env *Env) error {
 	if len(argv) == 0 {
 		return errors.New("exec: name the command to run (unbounded exec -- CMD ...)")
 	}
-	switch a.Mode {
-	case "nspawn", "container":
+	m, _ := facts.Lookup(a.Mode)
+	switch {
+	case m.InMachine:
 		// In the node machine, as one transient unit: its exit status is
 		// the command's; a terminal gets a pseudo-terminal.
 		// (/dev/null is a character device too: only a terminal on
@@ -153,7 +154,7 @@ func (e *execCmd) Run(env *Env) error {
 			stream = "--pty"
 		}
 		return env.tool(append([]string{"systemd-run", "-M", a.Slot, "--wait", "--collect", "--quiet", stream, "--"}, argv...), nil)
-	case "none":
+	case m.InPlace:
 		// On the host, with the running version's tools first on PATH
 		// (for the command and for what it runs).
 		path := filepath.Join(e.paths().Join(hostpaths.VersionsCurrentHost), "bin") + ":" + os.Getenv("PATH")

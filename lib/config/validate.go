@@ -19,8 +19,8 @@ import (
 	"github.com/BurntSushi/toml"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/privilege"
-	"unbounded-cloud.io/agent/lib/state"
 )
 
 var (
@@ -74,7 +74,7 @@ func (l *loader) validate(c *Config) {
 		})
 	}
 	check(k("mode"), func() {
-		if !state.ValidMode(c.Mode) {
+		if !facts.Valid(c.Mode) {
 			l.at(k("mode"), "must be one of nspawn, container, none, got %q", c.Mode)
 		}
 	})

@@ -24,6 +24,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/state"
 )
 
@@ -157,13 +158,13 @@ func Join(ctx context.Context, kube kubernetes.Interface, o JoinOptions) (*Joine
 		return nil, err
 	}
 	switch {
-	case state.NodeFromImage(o.Mode):
+	case facts.FromNodeImage(o.Mode):
 		if o.Image == "" {
 			return nil, fmt.Errorf("mode %s needs the node image (--image REF): the host builds its node from it", o.Mode)
 		}
-	case o.Mode == "none":
+	case facts.Valid(o.Mode):
 	default:
-		return nil, fmt.Errorf("mode %q: one of %s", o.Mode, strings.Join(state.Modes, ", "))
+		return nil, fmt.Errorf("mode %q: one of %s", o.Mode, strings.Join(facts.Names(), ", "))
 	}
 	if o.TTL < time.Minute || o.TTL > 365*24*time.Hour {
 		return nil, fmt.Errorf("ttl %s: between 1m and 8760h", o.TTL)
@@ -214,7 +215,7 @@ func agentTOML(o JoinOptions) []byte {
 	if o.ArtifactsURL != "" {
 		fmt.Fprintf(&b, "\n[artifacts]\nbase-url = %q\n", o.ArtifactsURL)
 	}
-	if state.NodeFromImage(o.Mode) {
+	if facts.FromNodeImage(o.Mode) {
 		fmt.Fprintf(&b, "\n[nspawn]\nimage = %q\n", o.Image)
 	}
 	return []byte(b.String())

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/regfile/regfiletest"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -185,8 +186,8 @@ func FuzzDecideFromState(f *testing.F) {
 		nodeUnits := flags&128 != 0
 		if nodeUnits {
 			os.MkdirAll(p.UnitDir(), 0o755)
-			for _, m := range state.Modes {
-				for _, u := range unitnames.Supervising(m, "kube1") {
+			for _, m := range facts.Names() {
+				for _, u := range facts.Supervising(m, "kube1") {
 					os.WriteFile(filepath.Join(p.UnitDir(), template(u)), []byte("[Service]\nExecStart=/bin/true\n"), 0o644)
 				}
 			}

@@ -22,6 +22,7 @@ import (
 	"syscall"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
@@ -108,7 +109,7 @@ type Input struct {
 	FenceUnit string
 	FenceErr  error
 	// NodeUnits are the unit files of the active slot's supervising
-	// units, one for each of unitnames.Supervising, in that order, as found
+	// units, one for each of facts.Supervising, in that order, as found
 	// in the unit search directories under the root (an instance's own
 	// file or its template's). NodeUnitsErr names those that are
 	// missing or masked. As with FenceUnit, the zero value is "missing".
@@ -211,7 +212,7 @@ func Decide(in Input) Plan {
 	}
 	// 3. A bootstrapped host: the active slot's node stack, fenced.
 	if a := in.Active; a != nil {
-		units := unitnames.Supervising(a.Mode, a.Slot)
+		units := facts.Supervising(a.Mode, a.Slot)
 		if units == nil || !hostpaths.ValidSlot(a.Slot) {
 			// lib/state validates both; this guards the contract if it
 			// ever stops doing so.
@@ -326,9 +327,9 @@ func isNodeOrDaemon(u string) bool {
 	if u == unitnames.Daemon || u == unitnames.Fence {
 		return true
 	}
-	for _, m := range state.Modes {
+	for _, m := range facts.Names() {
 		for _, s := range hostpaths.Slots {
-			for _, n := range unitnames.Supervising(m, s) {
+			for _, n := range facts.Supervising(m, s) {
 				if template(n) == template(u) {
 					return true
 				}
@@ -374,7 +375,7 @@ func (h Host) Read(p hostpaths.Paths) Input {
 	in.Active, in.ActiveErr = readActive(p)
 	if a := in.Active; a != nil && in.ActiveErr == nil {
 		in.FenceUnit, in.FenceErr = findFence(stat, p)
-		if units := unitnames.Supervising(a.Mode, a.Slot); units != nil {
+		if units := facts.Supervising(a.Mode, a.Slot); units != nil {
 			in.NodeUnits, in.NodeUnitsErr = findNodeUnits(stat, p, units)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
@@ -38,7 +39,7 @@ const fence = "/usr/lib/systemd/system/" + unitnames.Fence
 // template, or the unit itself, in the package directory.
 func installed(mode string) []string {
 	var files []string
-	for _, u := range unitnames.Supervising(mode, "kube1") {
+	for _, u := range facts.Supervising(mode, "kube1") {
 		files = append(files, "/usr/lib/systemd/system/"+template(u))
 	}
 	return files

@@ -9,8 +9,8 @@ import (
 	"strings"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/regfile"
-	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
@@ -30,7 +30,7 @@ func ownedDepDirs() []string {
 
 func modeTargets() []string {
 	var s []string
-	for _, m := range state.Modes {
+	for _, m := range facts.Names() {
 		s = append(s, unitnames.ModeTarget(m))
 	}
 	return s
@@ -40,9 +40,9 @@ func modeTargets() []string {
 func possibleDropIns() []string {
 	var files []string
 	seen := map[string]bool{}
-	for _, m := range state.Modes {
+	for _, m := range facts.Names() {
 		for _, s := range hostpaths.Slots {
-			for _, u := range unitnames.Supervising(m, s) {
+			for _, u := range facts.Supervising(m, s) {
 				if f := u + ".d/" + FenceDropIn; !seen[f] {
 					seen[f] = true
 					files = append(files, f)

@@ -16,6 +16,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/fence/record"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -340,7 +341,7 @@ func (c *Check) run(ctx context.Context) error {
 // stoppedCleanly says whether every supervising unit of the active slot is
 // inactive (stopped, or never started) rather than failed or restarting.
 func (c *Check) stoppedCleanly(ctx context.Context, a *state.AppliedConfig) bool {
-	for _, u := range unitnames.Supervising(a.Mode, a.Slot) {
+	for _, u := range facts.Supervising(a.Mode, a.Slot) {
 		if st, err := c.Units.ActiveState(ctx, u); err != nil || st != "inactive" {
 			return false
 		}

@@ -6,39 +6,16 @@ import (
 	"slices"
 	"strings"
 
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
-// How an isolation change is carried out (lib/repave's isolation
-// variant, unbounded-isolation.service): the values of the Machine's
-// status.isolationChange.method.
+// How an isolation change is carried out (the facts table's methods):
+// the values of the Machine's status.isolationChange.method.
 const (
-	// MethodInPlace: both modes can share the host; the target mode's
-	// node stack is built into the other slot beside the running one,
-	// then the switch is a blue/green one across modes, rolled back when
-	// the new node does not come up.
-	MethodInPlace = "InPlace"
-	// MethodReprovision: the host is reset and bootstrapped again in the
-	// target mode (unbounded-reprovision.service).
-	MethodReprovision = "Reprovision"
+	MethodInPlace     = facts.MethodInPlace
+	MethodReprovision = facts.MethodReprovision
 )
-
-// changeMethods is the table of isolation changes this build carries
-// out: from mode, to mode, method. A mode that joins adds its rows here;
-// a pair without a row is refused (ChangeMethod's error). Every pair of
-// today's modes can share the host, so every change is in place by
-// default: the two blue/green modes' nodes are in different slots and
-// trees (a machine /var/lib/machines/<slot>, a bundle
-// /var/lib/unbounded/slots/<slot>/bundle), and mode none's stack is on
-// the host beside either.
-var changeMethods = map[[2]string]string{
-	{"nspawn", "none"}:      MethodInPlace,
-	{"none", "nspawn"}:      MethodInPlace,
-	{"nspawn", "container"}: MethodInPlace,
-	{"container", "nspawn"}: MethodInPlace,
-	{"container", "none"}:   MethodInPlace,
-	{"none", "container"}:   MethodInPlace,
-}
 
 // ChangeMethod returns how a change of isolation mode from one mode to
 // another is carried out; an error says that this build cannot change
@@ -47,7 +24,7 @@ func ChangeMethod(from, to string) (string, error) {
 	if from == to {
 		return "", fmt.Errorf("isolation change from %s to %s: the same mode", from, to)
 	}
-	if m, ok := changeMethods[[2]string{from, to}]; ok {
+	if m, ok := facts.Changes[[2]string{from, to}]; ok {
 		return m, nil
 	}
 	return "", fmt.Errorf("isolation change from %s to %s: not carried out by this build (it changes between %s)", from, to, changePairs())
@@ -75,7 +52,7 @@ func ChangeMethodAsked(from, to, asked string) (string, error) {
 
 func changePairs() string {
 	var s []string
-	for p := range changeMethods {
+	for p := range facts.Changes {
 		s = append(s, p[0]+" -> "+p[1])
 	}
 	slices.Sort(s)
@@ -136,7 +113,7 @@ func Change(ctx context.Context, sd Systemd, from Mode, running string, to Mode,
 
 // supervisingRuns says whether a supervising unit of mode's slot runs.
 func supervisingRuns(ctx context.Context, sd Systemd, mode, slot string) (bool, error) {
-	for _, u := range unitnames.Supervising(mode, slot) {
+	for _, u := range facts.Supervising(mode, slot) {
 		st, err := sd.ActiveState(ctx, u)
 		if err != nil {
 			return false, err

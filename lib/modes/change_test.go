@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
@@ -63,7 +64,7 @@ func (m *fakeMode) Start(ctx context.Context, slot string) error {
 	if m.startErr != nil {
 		return m.startErr
 	}
-	for _, u := range unitnames.Supervising(m.name, slot) {
+	for _, u := range facts.Supervising(m.name, slot) {
 		m.w.StartUnit(ctx, u)
 	}
 	return nil
@@ -71,7 +72,7 @@ func (m *fakeMode) Start(ctx context.Context, slot string) error {
 
 func (m *fakeMode) Stop(ctx context.Context, slot string) error {
 	m.log("stop", slot)
-	for _, u := range unitnames.Supervising(m.name, slot) {
+	for _, u := range facts.Supervising(m.name, slot) {
 		m.w.StopUnit(ctx, u)
 	}
 	return nil

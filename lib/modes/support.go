@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"unbounded-cloud.io/agent/lib/modes/facts"
 )
 
 // ErrUnsupported means a mode cannot run on this host; the error says why.
@@ -97,9 +99,10 @@ func (h Host) Check(mode string) Support {
 			s.Missing = append(s.Missing, "systemd is not the init system ("+systemdBooted+" does not exist)")
 		}
 	}
-	switch mode {
-	case "nspawn", "container":
-		s.Experimental = mode == "container"
+	m, known := facts.Lookup(mode)
+	s.Experimental = m.Experimental
+	switch {
+	case m.InMachine:
 		if _, err := h.lookPath("systemd-nspawn"); err != nil {
 			s.Missing = append(s.Missing, "systemd-nspawn is not installed (Debian/Ubuntu: package systemd-container)")
 		}
@@ -109,10 +112,10 @@ func (h Host) Check(mode string) Support {
 			s.Missing = append(s.Missing, err.Error())
 		}
 		s.Cgroup = cg
-	case "none":
+	case known:
 		needSystemd()
 	default:
-		s.Missing = append(s.Missing, fmt.Sprintf("unknown isolation mode %q (nspawn, container, none)", mode))
+		s.Missing = append(s.Missing, fmt.Sprintf("unknown isolation mode %q (%s)", mode, strings.Join(facts.Names(), ", ")))
 	}
 	return s
 }

@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"unbounded-cloud.io/agent/lib/unitnames"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 )
 
 // Units is what readiness reads of the service manager (lib/units.Manager).
@@ -97,7 +97,7 @@ func (r Result) csiNodePending() bool {
 // Look looks once.
 func (c *Check) Look(ctx context.Context) Result {
 	var r Result
-	for _, u := range unitnames.Supervising(c.Mode, c.Slot) {
+	for _, u := range facts.Supervising(c.Mode, c.Slot) {
 		st, err := c.Units.ActiveState(ctx, u)
 		if err != nil {
 			st = err.Error()
@@ -171,7 +171,7 @@ func (c *Check) node(ctx context.Context, r *Result) string {
 // stopped before that start; a Ready refused here would wait for the
 // next write, which may be 5 min away).
 func (c *Check) fresh(ctx context.Context, n Node) string {
-	unit := unitnames.KubeletHost(c.Mode, c.Slot)
+	unit := facts.KubeletHost(c.Mode, c.Slot)
 	started, err := c.Units.MainStartedAt(ctx, unit)
 	switch {
 	case err != nil:

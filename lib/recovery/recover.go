@@ -19,6 +19,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitjournal"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -646,7 +647,7 @@ func (r *Recovery) runningSlot(ctx context.Context, sd Systemd) (slot string, un
 		if err != nil {
 			continue
 		}
-		us := unitnames.Supervising(a.Mode, a.Slot)
+		us := facts.Supervising(a.Mode, a.Slot)
 		all := len(us) > 0
 		for _, u := range us {
 			st, err := sd.ActiveState(ctx, u)

@@ -15,9 +15,9 @@ import (
 
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/state"
-	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // Two applied configs.
@@ -31,7 +31,7 @@ import (
 // finishes or rolls it back: recovery leaves that decision to it. Without
 // a repave journal (a record restored by hand, a repave of an older
 // release killed between its last two steps) recovery asks the modes
-// which node runs (unitnames.Supervising: all active), and when
+// which node runs (facts.Supervising: all active), and when
 // exactly one does, moves the other slot's record and its SHA-256 sidecar
 // aside (never deleted) into StaleDir, under the installation lock. Then
 // the repair goes on as on any host.
@@ -153,7 +153,7 @@ func (r *Recovery) planRetirement(ctx context.Context, sd Systemd) (rt retiremen
 			if err != nil {
 				continue
 			}
-			for _, u := range unitnames.Supervising(a.Mode, a.Slot) {
+			for _, u := range facts.Supervising(a.Mode, a.Slot) {
 				st, err := sd.ActiveState(ctx, u)
 				if err != nil {
 					st = "unknown (" + err.Error() + ")"
@@ -166,7 +166,7 @@ func (r *Recovery) planRetirement(ctx context.Context, sd Systemd) (rt retiremen
 			which = "both slots' nodes run"
 			a1, _ := state.ReadApplied(p, hostpaths.Slots[0])
 			a2, _ := state.ReadApplied(p, hostpaths.Slots[1])
-			if a1 != nil && a2 != nil && slices.Equal(unitnames.Supervising(a1.Mode, a1.Slot), unitnames.Supervising(a2.Mode, a2.Slot)) {
+			if a1 != nil && a2 != nil && slices.Equal(facts.Supervising(a1.Mode, a1.Slot), facts.Supervising(a2.Mode, a2.Slot)) {
 				// Both records name one set of units (mode none's slots):
 				// that they run says nothing about which record
 				// describes them.
@@ -184,7 +184,7 @@ func (r *Recovery) planRetirement(ctx context.Context, sd Systemd) (rt retiremen
 		}
 	}
 	if a, err := state.ReadApplied(p, rt.slot); err == nil {
-		for _, u := range unitnames.Supervising(a.Mode, a.Slot) {
+		for _, u := range facts.Supervising(a.Mode, a.Slot) {
 			st, _ := sd.ActiveState(ctx, u)
 			rt.others = append(rt.others, u+" "+st)
 		}
@@ -289,7 +289,7 @@ func (r *Recovery) retireStale(ctx context.Context, log *slog.Logger, sd Systemd
 	if err != nil {
 		return "", false
 	}
-	for _, u := range unitnames.Supervising(a.Mode, a.Slot) {
+	for _, u := range facts.Supervising(a.Mode, a.Slot) {
 		if st, err := sd.ActiveState(ctx, u); err != nil || st != "active" {
 			return "", true
 		}

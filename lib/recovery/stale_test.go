@@ -17,6 +17,7 @@ import (
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/lifecycle"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -182,7 +183,7 @@ func TestTwoAppliedConfigsAreLeftAloneUnlessExactlyOneNodeRuns(t *testing.T) {
 			}
 		}
 		h.sd.SetStatus(DaemonUnit, UnitStatus{LoadState: "loaded", ActiveState: "failed"})
-		for _, u := range unitnames.Supervising("none", "kube1") {
+		for _, u := range facts.Supervising("none", "kube1") {
 			h.sd.SetStatus(u, UnitStatus{LoadState: "loaded", ActiveState: "active"})
 		}
 		refused(t, h, "in mode none both slots' records name the same units, which run (unbounded-containerd.service active, unbounded-kubelet.service active)")

@@ -13,6 +13,7 @@ import (
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/repave"
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/request"
@@ -62,10 +63,10 @@ func wantMode(t *testing.T, w *testhost.World, mode, slot string) {
 			t.Errorf("%s left behind", w.P.Rel(p))
 		}
 	}
-	running := unitnames.Supervising(mode, slot)
+	running := facts.Supervising(mode, slot)
 	for _, m := range []string{"nspawn", "none"} {
 		for _, s := range []string{"kube1", "kube2"} {
-			for _, u := range unitnames.Supervising(m, s) {
+			for _, u := range facts.Supervising(m, s) {
 				if want := slices.Contains(running, u); (w.UnitState(u) == "active") != want {
 					t.Errorf("%s is %s; want running=%v", u, w.UnitState(u), want)
 				}

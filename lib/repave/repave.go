@@ -87,6 +87,7 @@ import (
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/all"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/reprovision"
@@ -1077,7 +1078,7 @@ func (r *Repave) oldRuns(ctx context.Context, j *Journal) (bool, error) {
 		return false, err
 	}
 	defer sd.Close()
-	for _, u := range unitnames.Supervising(j.fromMode(), j.From) {
+	for _, u := range facts.Supervising(j.fromMode(), j.From) {
 		st, err := sd.ActiveState(ctx, u)
 		if err != nil {
 			return false, err

@@ -25,6 +25,7 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/repave"
 	"unbounded-cloud.io/agent/lib/request"
@@ -176,7 +177,7 @@ func newRepave(w *testhost.World, log *slog.Logger) *repave.Repave {
 		Systemd: b.Systemd,
 		Cluster: func(_ *config.Config, o repave.Options) (repave.Cluster, error) { return cluster{w, o}, nil },
 		Healthy: func(_ context.Context, _ *config.Config, slot string, m modes.Mode) error {
-			for _, u := range unitnames.Supervising(m.Name(), slot) {
+			for _, u := range facts.Supervising(m.Name(), slot) {
 				if w.UnitState(u) != "active" {
 					return errors.New(u + " not running")
 				}

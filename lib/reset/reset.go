@@ -60,6 +60,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/all"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/steps"
@@ -306,7 +307,7 @@ func (r *Reset) modesInUse() []string {
 // nothing of the agent's may be active.
 func (r *Reset) node(ctx context.Context, sd units.Manager) error {
 	targets := []string{unitnames.NodeTarget}
-	for _, m := range state.Modes {
+	for _, m := range facts.Names() {
 		targets = append(targets, unitnames.ModeTarget(m))
 	}
 	for _, u := range targets {

@@ -15,6 +15,7 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/fence/record"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/modes/softreboot"
 	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/state"
@@ -127,10 +128,10 @@ func (r *Restart) Run(ctx context.Context) error {
 		LocalDNS: active.LocalDNS(), DNSReady: r.DNSReady}
 	log = log.With("mode", active.Mode, "slot", active.Slot)
 	begin := time.Now()
-	log.Info("restarting the node stack (the host is not restarted)", "units", strings.Join(unitnames.Supervising(active.Mode, active.Slot), " "))
+	log.Info("restarting the node stack (the host is not restarted)", "units", strings.Join(facts.Supervising(active.Mode, active.Slot), " "))
 	// A unit that hit its start limit (a payload that kept dying) would
 	// refuse the restart job; the restart is the deliberate new start.
-	for _, u := range unitnames.Supervising(active.Mode, active.Slot) {
+	for _, u := range facts.Supervising(active.Mode, active.Slot) {
 		if err := r.Units.ResetFailed(ctx, u); err != nil {
 			log.Warn("reset-failed", "unit", u, "error", err.Error())
 		}

@@ -14,6 +14,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/regfile"
 )
 
@@ -59,26 +60,6 @@ func readState(file string, limit int64) ([]byte, error) {
 	return data, err
 }
 
-// Modes are the isolation modes (ARCHITECTURE section 2).
-var Modes = []string{"nspawn", "container", "none"}
-
-// ValidMode reports whether m names an isolation mode.
-func ValidMode(m string) bool {
-	for _, v := range Modes {
-		if m == v {
-			return true
-		}
-	}
-	return false
-}
-
-// NodeFromImage reports whether mode m builds its node from the node
-// image (agent.toml's [nspawn] image): the blue/green modes, nspawn and
-// container (whose bundle's rootfs is the nspawn machine's tree).
-func NodeFromImage(m string) bool {
-	return m == "nspawn" || m == "container"
-}
-
 // AppliedConfig is the record of what was applied to one slot. It is
 // written only once the node it describes is healthy, so its presence means
 // "this slot ran, with this config".
@@ -113,7 +94,7 @@ func (a *AppliedConfig) validate(slot string) error {
 	if a.Slot != slot {
 		return fmt.Errorf("record names slot %q but is stored as %s", a.Slot, slot)
 	}
-	if !ValidMode(a.Mode) {
+	if !facts.Valid(a.Mode) {
 		return fmt.Errorf("mode %q is not nspawn, container or none", a.Mode)
 	}
 	return nil

@@ -3,6 +3,8 @@ package state
 import (
 	"errors"
 	"testing"
+
+	"unbounded-cloud.io/agent/lib/modes/facts"
 )
 
 // FuzzDecodeApplied: any bytes either decode into a valid record or give
@@ -22,7 +24,7 @@ func FuzzDecodeApplied(f *testing.F) {
 			}
 			return
 		}
-		if a.Slot != "kube1" || !ValidMode(a.Mode) {
+		if a.Slot != "kube1" || !facts.Valid(a.Mode) {
 			t.Fatalf("accepted invalid record %+v", a)
 		}
 	})

@@ -42,6 +42,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -277,7 +278,7 @@ func (w *World) Bootstrap(log *slog.Logger) *bootstrap.Bootstrap {
 		Reporter: func(*config.Config) bootstrap.Reporter { return reporter{w} },
 		Probe: func(cfg *config.Config, mode, slot string) bootstrap.Probe {
 			up := func() bool {
-				for _, u := range unitnames.Supervising(mode, slot) {
+				for _, u := range facts.Supervising(mode, slot) {
 					if w.UnitState(u) != "active" {
 						return false
 					}
@@ -470,7 +471,7 @@ func (f *fakeMode) Prepare(_ context.Context, s modes.Slot) error {
 	if err := s.Check(); err != nil {
 		return err
 	}
-	for _, u := range unitnames.Supervising(f.name, s.Name) {
+	for _, u := range facts.Supervising(f.name, s.Name) {
 		if unitnames.Running(f.w.UnitState(u)) {
 			return modes.ErrSlotActive
 		}
@@ -486,7 +487,7 @@ func (f *fakeMode) Prepare(_ context.Context, s modes.Slot) error {
 func (f *fakeMode) Start(ctx context.Context, slot string) error {
 	m := &Manager{f.w}
 	m.Reload(ctx)
-	for _, u := range unitnames.Supervising(f.name, slot) {
+	for _, u := range facts.Supervising(f.name, slot) {
 		if err := m.StartUnit(ctx, u); err != nil {
 			return err
 		}
@@ -511,7 +512,7 @@ func (f *fakeMode) EnsureHooks(context.Context, string) error { return modes.Err
 func (f *fakeMode) Stop(ctx context.Context, slot string) error {
 	f.w.Log("stop " + slot)
 	m := &Manager{f.w}
-	for _, u := range unitnames.Supervising(f.name, slot) {
+	for _, u := range facts.Supervising(f.name, slot) {
 		m.StopUnit(ctx, u)
 	}
 	return nil
@@ -520,7 +521,7 @@ func (f *fakeMode) Stop(ctx context.Context, slot string) error {
 func (f *fakeMode) Destroy(ctx context.Context, slot string) error {
 	f.w.Log("destroy " + slot)
 	m := &Manager{f.w}
-	for _, u := range unitnames.Supervising(f.name, slot) {
+	for _, u := range facts.Supervising(f.name, slot) {
 		m.StopUnit(ctx, u)
 	}
 	return modes.RemoveVerified(f.dir(slot))

@@ -55,50 +55,8 @@ const (
 // this order, the daemon's stop can start no rollback.
 var Legacy = []string{LegacyRecovery, LegacyDaemon}
 
-// NodeUnit is where component ("kubelet" or "containerd") of mode's node
-// stack in slot runs: the machine ("" for the host) and the unit there.
-// ok is false for an unknown mode or component.
-func NodeUnit(mode, slot, component string) (machine, unit string, ok bool) {
-	switch {
-	case (mode == "nspawn" || mode == "container") && component == "kubelet":
-		return slot, MachineKubelet, true
-	case (mode == "nspawn" || mode == "container") && component == "containerd":
-		return slot, MachineContainerd, true
-	case mode == "none" && component == "kubelet":
-		return "", Kubelet, true
-	case mode == "none" && component == "containerd":
-		return "", Containerd, true
-	}
-	return "", "", false
-}
-
 // ModeTarget is the target of an isolation mode.
 func ModeTarget(mode string) string { return "unbounded-mode-" + mode + ".target" }
-
-// Supervising are the units that run the node stack of mode in slot
-// (ARCHITECTURE section 2): what the mode target requires, what the
-// fence guards, what "the node runs" means. Nil for an unknown mode.
-func Supervising(mode, slot string) []string {
-	switch mode {
-	case "nspawn":
-		return []string{"systemd-nspawn@" + slot + ".service"}
-	case "container":
-		return []string{"unbounded-container@" + slot + ".service"}
-	case "none":
-		return []string{Containerd, Kubelet}
-	}
-	return nil
-}
-
-// KubeletHost is the supervising unit whose start starts the kubelet of
-// mode in slot: the machine for nspawn and container, the kubelet's own
-// unit for none. "" for an unknown mode.
-func KubeletHost(mode, slot string) string {
-	if u := Supervising(mode, slot); len(u) > 0 {
-		return u[len(u)-1]
-	}
-	return ""
-}
 
 // Running says whether a unit in ActiveState runs or is in a transition
 // that leaves it running or stopping: what "a node unit still runs"

@@ -52,6 +52,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/tests/kubeenv"
 	"unbounded-cloud.io/agent/tests/system/harness"
@@ -336,7 +337,7 @@ func TestDemo(t *testing.T) {
 		// The memory of the node's supervisor on the host (nspawn's
 		// machine or the container's runtime: systemd-nspawn either
 		// way), the node running a pod.
-		sup := unitnames.KubeletHost(mode, "kube1")
+		sup := facts.KubeletHost(mode, "kube1")
 		if pid, err := m.Systemctl("show", "-p", "MainPID", "--value", sup); err == nil {
 			if rss, err := m.Run("ps", "-o", "rss=", "-p", strings.TrimSpace(pid)); err == nil {
 				o.say("%s's supervisor (systemd-nspawn, PID %s): %s KiB resident", sup, strings.TrimSpace(pid), strings.TrimSpace(rss))

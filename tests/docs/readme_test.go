@@ -14,6 +14,7 @@ import (
 	"unbounded-cloud.io/agent/lib/fleet"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kubectlplugin"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
@@ -168,7 +169,7 @@ func newChecker(t *testing.T) *checker {
 		}
 	}
 	for _, slot := range []string{"kube1", "kube2"} {
-		c.units = append(c.units, unitnames.Supervising("nspawn", slot)...)
+		c.units = append(c.units, facts.Supervising("nspawn", slot)...)
 	}
 
 	mk := read(t, "Makefile")

@@ -18,6 +18,8 @@ var layers = [][]string{
 	// Leaves: names, paths, file and protocol helpers.
 	{"lib/api/identity", "lib/api/manifests", "lib/api/v1alpha3", "lib/backoff", "lib/crashpoint", "lib/hostpaths", "lib/logging",
 		"lib/regfile", "lib/regfile/regfiletest", "lib/sdstatus", "lib/unitjournal", "lib/unitnames", "lib/units", "lib/version"},
+	// The one table of the modes' facts (over the unit names).
+	{"lib/modes/facts"},
 	// State files: atomic writes, verified records, journals, the lock.
 	{"lib/state", "lib/units/unitstest"},
 	// What the state means: exit codes, host preparation, the small

@@ -18,7 +18,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/hostpaths"
-	"unbounded-cloud.io/agent/lib/unitnames"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/tests/kubeenv"
 	"unbounded-cloud.io/agent/tests/system/nodestack"
 	"unbounded-cloud.io/agent/tests/tiers"
@@ -371,7 +371,7 @@ func (c conformanceRun) run(t *testing.T) {
 
 	begin = time.Now()
 	f.m.Start()
-	f.wantBootstrapped(t, c.mode, unitnames.KubeletHost(c.mode, bootstrap.FirstSlot))
+	f.wantBootstrapped(t, c.mode, facts.KubeletHost(c.mode, bootstrap.FirstSlot))
 	if t.Failed() {
 		return
 	}

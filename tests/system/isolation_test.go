@@ -19,6 +19,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/container/bundle"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/lib/repave"
 	"unbounded-cloud.io/agent/lib/reprovision"
@@ -309,7 +310,7 @@ func (f *firstBoot) wantMode(t *testing.T, mode, slot string) {
 			gone = append(gone, f.paths.MachineDir(s), f.paths.NspawnConfig(s), f.paths.NspawnDropInDir(s))
 		}
 	case "nspawn", "container":
-		wantFencedUnit(t, f.m, "unbounded-mode-"+mode+".target", unitnames.KubeletHost(mode, slot))
+		wantFencedUnit(t, f.m, "unbounded-mode-"+mode+".target", facts.KubeletHost(mode, slot))
 		gone = append(gone, f.paths.MachineDir(hostpaths.OtherSlot(slot)), f.paths.NspawnConfig(hostpaths.OtherSlot(slot)), f.paths.VersionsDir())
 		if mode == "container" {
 			gone = append(gone, f.paths.MachineDir(slot), f.paths.NspawnConfig(slot), f.paths.NspawnDropInDir(slot))

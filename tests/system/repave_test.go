@@ -20,8 +20,8 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/modes/container/bundle"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/state"
-	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 const repaveService = "unbounded-repave.service"
@@ -180,10 +180,10 @@ func (f *firstBoot) wantSlot(t *testing.T, slot, ref string) {
 			t.Errorf("repave left %s (%v)", f.paths.Rel(p), err)
 		}
 	}
-	for _, u := range []string{"unbounded-node.target", unitnames.KubeletHost(mode, slot), "unbounded-daemon.service", "unbounded-lifecycle.service"} {
+	for _, u := range []string{"unbounded-node.target", facts.KubeletHost(mode, slot), "unbounded-daemon.service", "unbounded-lifecycle.service"} {
 		waitUntil(t, time.Minute, u+" active", func(context.Context) (bool, error) { return isActive(f.m, u) == "active", nil })
 	}
-	other := unitnames.KubeletHost(mode, hostpaths.OtherSlot(slot))
+	other := facts.KubeletHost(mode, hostpaths.OtherSlot(slot))
 	if s := isActive(f.m, other); s == "active" || s == "activating" {
 		t.Errorf("%s is %s after the repave", other, s)
 	}

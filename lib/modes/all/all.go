@@ -9,6 +9,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/container"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/modes/none"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
 )
@@ -22,14 +23,9 @@ var table = []struct {
 	{"none", func(p hostpaths.Paths, log *slog.Logger) modes.Mode { return &none.Mode{Paths: p, Log: log} }},
 }
 
-// Names are the modes this build carries.
-func Names() []string {
-	out := make([]string, len(table))
-	for i, m := range table {
-		out[i] = m.name
-	}
-	return out
-}
+// Names are the modes this build carries: the facts table's, each of
+// which has an implementation here (a test holds them together).
+func Names() []string { return facts.Names() }
 
 // For returns the real mode of name on the host root p.
 func For(name string, p hostpaths.Paths, log *slog.Logger) (modes.Mode, error) {

@@ -7,10 +7,14 @@ import (
 	"testing"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 )
 
 func TestEveryModeIsFoundByItsOwnNameAndAnUnknownOneIsRefusedByName(t *testing.T) {
 	p := hostpaths.New(t.TempDir())
+	if len(table) != len(facts.Table) {
+		t.Errorf("%d implementations for the %d modes of the facts table %v", len(table), len(facts.Table), facts.Names())
+	}
 	for _, name := range Names() {
 		m, err := For(name, p, nil)
 		if err != nil || m.Name() != name {

@@ -22,6 +22,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
@@ -41,9 +42,9 @@ type Slots interface {
 	CleanNetwork(ctx context.Context, slot string)
 }
 
-// Unit is the supervising unit of mode's slot (unitnames.Supervising:
+// Unit is the supervising unit of mode's slot (facts.Supervising:
 // one unit per slot in a blue/green mode).
-func Unit(mode, slot string) string { return unitnames.KubeletHost(mode, slot) }
+func Unit(mode, slot string) string { return facts.KubeletHost(mode, slot) }
 
 // StampName is the file in the slot's state directory
 // (/var/lib/unbounded/slots/<slot>/) that says which input the slot was

@@ -13,7 +13,7 @@ import (
 	"strings"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
-	"unbounded-cloud.io/agent/lib/unitnames"
+	"unbounded-cloud.io/agent/lib/modes/facts"
 )
 
 // Units is the part of the service manager a soft reboot uses
@@ -27,7 +27,7 @@ type Units interface {
 }
 
 // Restart soft-reboots the node stack of mode in slot, never the host: it
-// restarts the slot's supervising units (unitnames.Supervising) in order,
+// restarts the slot's supervising units (facts.Supervising) in order,
 // over D-Bus:
 //   - nspawn: systemd-nspawn@<slot>.service. The machine shuts down
 //     cleanly and boots again; the restart job finishes once it has booted
@@ -51,7 +51,7 @@ func Restart(ctx context.Context, sd Units, mode, slot string) error {
 	if !hostpaths.ValidSlot(slot) {
 		return fmt.Errorf("slot %q: must be one of %v", slot, hostpaths.Slots)
 	}
-	us := unitnames.Supervising(mode, slot)
+	us := facts.Supervising(mode, slot)
 	if len(us) == 0 {
 		return fmt.Errorf("isolation mode %q has no node stack to restart in this release", mode)
 	}
