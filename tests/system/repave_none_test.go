@@ -119,7 +119,7 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 		t.Fatalf("the repave run again after the crash: %v\n%s", p, f.m.Journal(repaveUnit))
 	}
 	t.Logf("repave %s -> %s resumed after a crash at repave/after-flipped: %v", v2, vc, took)
-	if j := f.m.Journal(repaveUnit); !strings.Contains(j, "repave resumed mode=none step=start") {
+	if j := f.m.Journal(repaveUnit); !strings.Contains(j, "repave resumed mode=none step=flipped") {
 		t.Errorf("the second run did not resume the mode's journal:\n%s", j)
 	}
 	waitUntil(t, 3*time.Minute, "Node Ready after the resumed repave", f.nodeReady)

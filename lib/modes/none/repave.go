@@ -152,7 +152,11 @@ func (m *Mode) Repave(ctx context.Context, running string, s modes.Slot, h modes
 		ok = false
 	}
 	if ok {
-		m.log().Info("repave resumed", "mode", "none", "step", j.Step, "rolling_back", j.RollingBack, "old", j.Old, "new", j.New)
+		args := []any{"mode", "none", "step", j.Step, "old", j.Old, "new", j.New}
+		if j.RollingBack != "" {
+			args = append(args, "rolling_back", j.RollingBack)
+		}
+		m.log().Info("repave resumed", args...)
 	} else {
 		// Done already: the caller ran again after Repave returned nil
 		// and before it recorded the new applied config.
