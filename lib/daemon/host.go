@@ -2,13 +2,11 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strings"
 	"time"
 
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
-	sdbus "github.com/coreos/go-systemd/v22/dbus"
 
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/modes"
@@ -127,11 +125,11 @@ func (h Host) systemd(ctx context.Context) (Systemd, error) {
 	if h.Systemd != nil {
 		return h.Systemd(ctx)
 	}
-	conn, err := sdbus.NewWithContext(ctx)
+	b, err := units.DialBus(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("connect to systemd over D-Bus: %w", err)
+		return nil, err
 	}
-	return &dbusSystemd{conn: conn}, nil
+	return dbusSystemd{b}, nil
 }
 
 func (h Host) journal(ctx context.Context, q JournalQuery) ([]string, error) {
@@ -172,26 +170,16 @@ func (h Host) bootID() (string, error) {
 	return strings.TrimSpace(string(b)), err
 }
 
-// dbusSystemd is the real service manager.
-type dbusSystemd struct{ conn *sdbus.Conn }
+// dbusSystemd is the real service manager: lib/units' Bus, its start
+// named as the daemon's seam names it.
+type dbusSystemd struct{ *units.Bus }
 
-func (s *dbusSystemd) StartUnit(ctx context.Context, unit string) (string, error) {
-	// go-systemd delivers the JobRemoved result on ch; systemd sends that
-	// signal to the client that queued the job, so no Subscribe is needed.
-	ch := make(chan string, 1)
-	if _, err := s.conn.StartUnitContext(ctx, unit, "replace", ch); err != nil {
-		return "", fmt.Errorf("start %s: %w", unit, err)
-	}
-	select {
-	case res := <-ch:
-		return res, nil
-	case <-ctx.Done():
-		return "", ctx.Err()
-	}
+func (s dbusSystemd) StartUnit(ctx context.Context, unit string) (string, error) {
+	return s.StartJob(ctx, unit)
 }
 
-func (s *dbusSystemd) UnitState(ctx context.Context, unit string) (UnitState, error) {
-	st, err := units.ReadStatus(ctx, s.conn, unit)
+func (s dbusSystemd) UnitState(ctx context.Context, unit string) (UnitState, error) {
+	st, err := s.UnitStatus(ctx, unit)
 	if err != nil {
 		return UnitState{}, err
 	}
@@ -205,14 +193,3 @@ func (s *dbusSystemd) UnitState(ctx context.Context, unit string) (UnitState, er
 		MainPID:        st.MainPID,
 	}, nil
 }
-
-func (s *dbusSystemd) Reboot(ctx context.Context) error {
-	// reboot.target with replace-irreversibly is what `systemctl reboot`
-	// queues: the shutdown transaction cannot be cancelled by a later job.
-	if _, err := s.conn.StartUnitContext(ctx, "reboot.target", "replace-irreversibly", nil); err != nil {
-		return fmt.Errorf("queue reboot.target: %w", err)
-	}
-	return nil
-}
-
-func (s *dbusSystemd) Close() { s.conn.Close() }

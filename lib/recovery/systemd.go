@@ -2,9 +2,6 @@ package recovery
 
 import (
 	"context"
-	"fmt"
-
-	sdbus "github.com/coreos/go-systemd/v22/dbus"
 
 	"unbounded-cloud.io/agent/lib/units"
 )
@@ -28,32 +25,6 @@ type Systemd interface {
 // daemon).
 type UnitStatus = units.Status
 
-// Dial connects to the system manager over the system bus.
-func Dial(ctx context.Context) (Systemd, error) {
-	conn, err := sdbus.NewWithContext(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("connect to systemd over D-Bus: %w", err)
-	}
-	return &dbusSystemd{Manager: units.Borrow(conn), conn: conn}, nil
-}
-
-type dbusSystemd struct {
-	units.Manager
-	conn *sdbus.Conn
-}
-
-func (s *dbusSystemd) Close() { s.conn.Close() }
-
-func (s *dbusSystemd) UnitStatus(ctx context.Context, unit string) (UnitStatus, error) {
-	return units.ReadStatus(ctx, s.conn, unit)
-}
-
-func (s *dbusSystemd) Unmask(ctx context.Context, unit string) error {
-	// Both the persistent mask (/etc) and a runtime one (/run).
-	for _, runtime := range []bool{false, true} {
-		if _, err := s.conn.UnmaskUnitFilesContext(ctx, []string{unit}, runtime); err != nil {
-			return fmt.Errorf("unmask %s: %w", unit, err)
-		}
-	}
-	return nil
-}
+// Dial connects to the system manager over the system bus (lib/units'
+// Bus).
+func Dial(ctx context.Context) (Systemd, error) { return units.DialBus(ctx) }

@@ -52,12 +52,67 @@ type Manager interface {
 }
 
 // Dial connects to the system manager over the system bus.
-func Dial(ctx context.Context) (Manager, error) {
+func Dial(ctx context.Context) (Manager, error) { return DialBus(ctx) }
+
+// Bus is the real service manager: Manager, and what the daemon and
+// recovery do beyond it (a unit's whole status, a start job's result as
+// systemd names it, an unmask, the host's reboot). It is the project's
+// one D-Bus adapter to systemd.
+type Bus struct{ dbusManager }
+
+// DialBus connects to the system manager over the system bus.
+func DialBus(ctx context.Context) (*Bus, error) {
 	conn, err := sdbus.NewWithContext(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("connect to systemd over D-Bus: %w", err)
 	}
-	return dbusManager{conn: conn}, nil
+	return &Bus{dbusManager{conn: conn}}, nil
+}
+
+// UnitStatus reads the unit's state (ReadStatus).
+func (b *Bus) UnitStatus(ctx context.Context, unit string) (Status, error) {
+	return ReadStatus(ctx, b.conn, unit)
+}
+
+// StartJob queues a start job (mode "replace") and waits for it; it
+// returns systemd's job result ("done", "failed", "dependency", ...),
+// which the caller judges.
+func (b *Bus) StartJob(ctx context.Context, unit string) (string, error) {
+	// go-systemd delivers the JobRemoved result on ch; systemd sends that
+	// signal to the client that queued the job, so no Subscribe is needed.
+	ch := make(chan string, 1)
+	if _, err := b.conn.StartUnitContext(ctx, unit, "replace", ch); err != nil {
+		return "", fmt.Errorf("start %s: %w", unit, err)
+	}
+	select {
+	case res := <-ch:
+		return res, nil
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// Unmask removes a mask of unit (a link to /dev/null in
+// /etc/systemd/system or /run/systemd/system), as `systemctl unmask`
+// does, without a reload.
+func (b *Bus) Unmask(ctx context.Context, unit string) error {
+	// Both the persistent mask (/etc) and a runtime one (/run).
+	for _, runtime := range []bool{false, true} {
+		if _, err := b.conn.UnmaskUnitFilesContext(ctx, []string{unit}, runtime); err != nil {
+			return fmt.Errorf("unmask %s: %w", unit, err)
+		}
+	}
+	return nil
+}
+
+// Reboot queues the host's reboot as `systemctl reboot` does:
+// reboot.target with replace-irreversibly, a shutdown transaction that a
+// later job cannot cancel.
+func (b *Bus) Reboot(ctx context.Context) error {
+	if _, err := b.conn.StartUnitContext(ctx, "reboot.target", "replace-irreversibly", nil); err != nil {
+		return fmt.Errorf("queue reboot.target: %w", err)
+	}
+	return nil
 }
 
 // Borrow drives the service manager behind an open connection (another
