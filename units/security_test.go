@@ -17,6 +17,7 @@ import (
 	"github.com/coreos/go-systemd/v22/unit"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/nspawn"
 )
 
 // exposure is what `systemd-analyze security` may score one service.
@@ -93,7 +94,14 @@ var exposureTable = map[string]exposure{
 	"unbounded-restart.service":    {held: 1.4, contract: 2.5},
 	"unbounded-containerd.service": {held: 9.6, contract: 10.0},
 	"unbounded-kubelet.service":    {held: 9.6, contract: 10.0},
-	"unbounded-local-dns.service":  {held: 9.6, contract: 10.0},
+	// The node-local DNS cache of the none mode is the node stack's
+	// exception: a network-facing server no container inherits anything
+	// from. It runs as a dynamic user with CAP_NET_BIND_SERVICE alone
+	// (its interface is made by "+" commands as root), bound at 2.5 as
+	// the daemon (issue 41); what remains is its job's (the unit file).
+	// The same sandbox inside an nspawn or container node is held by
+	// TestTheNodesLocalDNSUnitMeetsItsExposureThreshold.
+	"unbounded-local-dns.service": {held: 1.4, contract: 2.5},
 	// The container mode's node: a whole node (its own systemd, the
 	// runtime, the pods) with every capability and device, as
 	// systemd-nspawn@.service's machine is; nothing to sandbox that the
@@ -186,6 +194,53 @@ func TestEveryServiceMeetsItsExposureThreshold(t *testing.T) {
 		if !seen[name] {
 			t.Errorf("exposureTable has a row for %s, which units/ does not ship", name)
 		}
+	}
+}
+
+// nodeLocalDNSExposure is what the node-local DNS cache's unit inside an
+// nspawn or container node (lib/modes/nspawn.LocalDNSUnitFile, written
+// into the node's rootfs by both modes) may score: the sandbox of mode
+// none's unbounded-local-dns.service, held alike.
+var nodeLocalDNSExposure = exposure{held: 1.4, contract: 2.5}
+
+// TestTheNodesLocalDNSUnitMeetsItsExposureThreshold scores the cache's
+// unit as the nspawn and container modes write it into the node, in a
+// tree laid out as the node's rootfs: the unit in /etc/systemd/system,
+// the executables it starts in /usr/local/bin (stubs), the host's units
+// for what it names.
+func TestTheNodesLocalDNSUnitMeetsItsExposureThreshold(t *testing.T) {
+	analyze := requireSystemdAnalyze(t)
+	row := nodeLocalDNSExposure
+	if tenths(row.held) > tenths(row.contract) {
+		t.Errorf("the node's %s is held to %.1f, above its bound of %.1f", nspawn.LocalDNSUnit, row.held, row.contract)
+	}
+	tree := installTree(t, true)
+	data, err := nspawn.LocalDNSUnitFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(tree, "etc/systemd/system", nspawn.LocalDNSUnit)
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	u := parseUnit(t, nspawn.LocalDNSUnit, file)
+	for _, p := range u.execPaths() {
+		// The node image's files (the artifact, the link script) are
+		// not on this host: stubs, as for the agent's binaries.
+		if strings.HasPrefix(p, nspawn.Layout.BinDir+"/") {
+			copyStub(t, filepath.Join(tree, p))
+		}
+	}
+	provideExecutables(t, tree, u)
+	verifyFile(t, analyze, tree, file)
+	score, out, verdict := security(t, analyze, tree, nspawn.LocalDNSUnit, row.held)
+	t.Logf("the node's %s: exposure %.1f, threshold %.1f, bound %.1f", nspawn.LocalDNSUnit, score, row.held, row.contract)
+	if verdict != nil {
+		t.Errorf("the node's %s: exposure %.1f is above its threshold %.1f; what systemd counts against it:\n%s",
+			nspawn.LocalDNSUnit, score, row.held, exposed(out))
 	}
 }
 

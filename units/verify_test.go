@@ -36,7 +36,14 @@ func requireSystemdAnalyze(t *testing.T) string {
 // test on a non-zero exit or any line of verifyFailures.
 func verify(t *testing.T, analyze, tree, name string) {
 	t.Helper()
-	unitPath := filepath.Join(hostpaths.New(tree).UnitDir(), name)
+	verifyFile(t, analyze, tree, filepath.Join(hostpaths.New(tree).UnitDir(), name))
+}
+
+// verifyFile is verify of the unit file unitPath (in tree), wherever it
+// lies.
+func verifyFile(t *testing.T, analyze, tree, unitPath string) {
+	t.Helper()
+	name := filepath.Base(unitPath)
 	cmd := exec.Command(analyze, "verify", "--root="+tree, "--recursive-errors=no", unitPath)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

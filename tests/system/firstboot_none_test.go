@@ -107,6 +107,8 @@ func TestFirstBootNoneBringsUpAReadyNode(t *testing.T) {
 			t.Errorf("%s runs %q (PID %s, %v), want %s", unit, strings.TrimSpace(exe), pid, err, want)
 		}
 	}
+	// The cache alone of the node stack runs sandboxed (issue 41).
+	f.wantLocalDNSUnprivileged(t, "")
 
 	ns := f.runPod(t)
 	pod := f.podOf(t, ns)

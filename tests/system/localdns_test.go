@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +19,10 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
 
+	"unbounded-cloud.io/agent/lib/hostpaths"
 	stack "unbounded-cloud.io/agent/lib/modes/nodestack"
+	"unbounded-cloud.io/agent/lib/modes/nspawn"
+	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
 
@@ -203,6 +208,7 @@ func TestLocalDNSCacheServesPodsThroughAnOutageARestartAndARepave(t *testing.T) 
 		!strings.Contains(out, stack.LocalDNSHostAddr+"/32") || !strings.Contains(out, stack.LocalDNSClusterAddr+"/32") {
 		t.Errorf("the cache's interface %s: %v\n%s", stack.LocalDNSInterface, err, out)
 	}
+	f.wantLocalDNSUnprivileged(t, "kube1")
 	if _, err := c.AppsV1().Deployments(ns).Create(ctx, nodestack.SleeperDeployment(ns, f.name, f.app), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -276,6 +282,77 @@ func TestLocalDNSCacheServesPodsThroughAnOutageARestartAndARepave(t *testing.T) 
 	if out, err := f.m.Run("ip", "-o", "link", "show", "dev", stack.LocalDNSInterface); err == nil {
 		t.Errorf("local-dns = false: the interface %s is still there:\n%s", stack.LocalDNSInterface, out)
 	}
+}
+
+// capNetBindService is CAP_NET_BIND_SERVICE (10) as /proc/<pid>/status
+// shows a capability set holding it alone.
+const capNetBindService = "0000000000000400"
+
+// wantLocalDNSUnprivileged checks that the node-local DNS cache runs in
+// its sandbox as the kernel sees it (lib/modes/nodestack's
+// LocalDNSSandbox; units/security_test.go scores the unit files): a user
+// other than root with CAP_NET_BIND_SERVICE alone, no_new_privs and a
+// seccomp filter; and that its journal holds nothing that looks like the
+// sandbox refusing it something. machine is the node's machine (modes
+// nspawn and container: node-local-dns.service), "" the test host itself
+// (mode none: unbounded-local-dns.service, which sees nothing of the host
+// root but the versions of the node stack).
+func (f *firstBoot) wantLocalDNSUnprivileged(t *testing.T, machine string) {
+	t.Helper()
+	unit, where := nspawn.LocalDNSUnit, "machine "+machine
+	in := func(script string) (string, error) {
+		return f.m.Run("systemd-run", "-M", machine, "--wait", "--pipe", "-q", "sh", "-c", script)
+	}
+	if machine == "" {
+		unit, where = unitnames.LocalDNS, "the host"
+		in = func(script string) (string, error) { return f.m.Run("sh", "-c", script) }
+	}
+	pid, err := in("systemctl show -P MainPID " + unit)
+	pid = strings.TrimSpace(pid)
+	if err != nil || pid == "" || pid == "0" {
+		t.Errorf("%s on %s has no main process (%v): %s", unit, where, err, pid)
+		return
+	}
+	status, err := in("cat /proc/" + pid + "/status")
+	if err != nil {
+		t.Errorf("%s's status on %s: %v\n%s", unit, where, err, status)
+		return
+	}
+	fields := map[string]string{}
+	for _, l := range strings.Split(status, "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok {
+			fields[k] = strings.TrimSpace(v)
+		}
+	}
+	if uid := strings.Fields(fields["Uid"]); len(uid) != 4 || slices.Contains(uid, "0") {
+		t.Errorf("%s runs as uid %q, want a user of its own (DynamicUser=yes)", unit, fields["Uid"])
+	}
+	for k, want := range map[string]string{
+		// An ambient capability is inheritable too (capabilities(7)).
+		"CapInh": capNetBindService, "CapPrm": capNetBindService, "CapEff": capNetBindService,
+		"CapBnd": capNetBindService, "CapAmb": capNetBindService, "NoNewPrivs": "1", "Seccomp": "2",
+	} {
+		if fields[k] != want {
+			t.Errorf("%s: %s is %q, want %q", unit, k, fields[k], want)
+		}
+	}
+	if machine == "" {
+		// Of the host root (0700: tokens, keys, records), only the
+		// versions, read-only (TemporaryFileSystem= and
+		// BindReadOnlyPaths= of the unit).
+		if out, err := in("nsenter -t " + pid + " -m -- ls -A " + hostpaths.HostRootHost); err != nil || strings.TrimSpace(out) != path.Base(hostpaths.VersionsDirHost) {
+			t.Errorf("%s sees %s holding %q (%v), want only %s", unit, hostpaths.HostRootHost, out, err, path.Base(hostpaths.VersionsDirHost))
+		}
+	}
+	journal, err := in("journalctl -b -q -o cat --no-pager -u " + unit)
+	if err != nil {
+		t.Errorf("%s's journal on %s: %v\n%s", unit, where, err, journal)
+	} else if hits := sandboxDenials(journal); len(hits) > 0 {
+		t.Errorf("%s's journal shows its sandbox refusing it something:\n  %s", unit, strings.Join(hits, "\n  "))
+	} else {
+		t.Logf("%s's journal:\n%s", unit, journal)
+	}
+	t.Logf("%s on %s: uids %q, capabilities %s (CAP_NET_BIND_SERVICE)", unit, where, fields["Uid"], fields["CapEff"])
 }
 
 // benchEnv, set by tests/bench.sh (its part "dns"), has the scenario also

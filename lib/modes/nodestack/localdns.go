@@ -8,6 +8,8 @@ import (
 	"path"
 	"strings"
 
+	"github.com/coreos/go-systemd/v22/unit"
+
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/readiness"
 )
@@ -37,15 +39,119 @@ const LocalDNSUnitDescription = "node-local DNS cache (unbounded node stack)"
 
 // LocalDNSLinkScript is the script that creates the cache's interface, a
 // file of the node stack's BinDir; the cache's unit runs it before
-// CoreDNS starts, and LocalDNSLinkDown after it stops.
+// CoreDNS starts (LocalDNSLinkUp), and LocalDNSLinkDown after it stops.
 const LocalDNSLinkScript = "unbounded-dns-link"
+
+// LocalDNSLinkUp is the cache's unit's ExecStartPre=: the interface script
+// of the node stack's binDir. "+": it runs as root with every privilege,
+// outside the sandbox of the server (LocalDNSSandbox), since creating an
+// interface and its addresses needs CAP_NET_ADMIN, which the server never
+// gets.
+func LocalDNSLinkUp(binDir string) string { return "+" + path.Join(binDir, LocalDNSLinkScript) }
 
 // LocalDNSLinkDown is the cache's unit's ExecStopPost=: the interface
 // removed after every end of the cache (a stop, a crash, a kill), by the
 // host's ip, not by a file of the node stack's version: in mode none a
 // repave may have flipped the version (to one without the cache) by the
-// time the old cache stops. "-": there may be none to remove.
-const LocalDNSLinkDown = "-ip link del " + LocalDNSInterface
+// time the old cache stops. "-": there may be none to remove; "+": as
+// root with every privilege (CAP_NET_ADMIN), as LocalDNSLinkUp.
+const LocalDNSLinkDown = "-+ip link del " + LocalDNSInterface
+
+// LocalDNSService is the [Service] section of the cache's unit in every
+// mode, for the node stack's layout l: CoreDNS with l's Corefile, its
+// interface made before (as root) and removed after, restarted whenever
+// it ends, in the sandbox of LocalDNSSandbox. The nspawn and container
+// modes write it into the node (lib/modes/nspawn); mode none's shipped
+// units/unbounded-local-dns.service holds the same settings (its test
+// compares them).
+func LocalDNSService(l Layout) []*unit.UnitOption {
+	s := func(name, value string) *unit.UnitOption { return unit.NewUnitOption("Service", name, value) }
+	return append([]*unit.UnitOption{
+		// CoreDNS does not speak sd_notify: started is exec'd. Its
+		// readiness (the ready plugin's endpoint) is what the node's
+		// health checks count.
+		s("Type", "exec"),
+		s("ExecStartPre", LocalDNSLinkUp(l.BinDir)),
+		s("ExecStart", path.Join(l.BinDir, "coredns")+" -conf "+l.LocalDNSCorefile),
+		s("ExecStopPost", LocalDNSLinkDown),
+		s("Restart", "always"),
+		s("RestartSec", "1s"),
+	}, LocalDNSSandbox()...)
+}
+
+// LocalDNSSandbox is the sandbox of the cache's server in every mode: a
+// network-facing DNS server that needs only its listen addresses (port
+// 53 on the two addresses of LocalDNSInterface, and the ready endpoint),
+// its Corefile and the network to its upstreams. Measured by
+// `systemd-analyze security` in the lint tier (units/security_test.go:
+// mode none's shipped unit and the node's, at most 2.5).
+//
+// What remains, and why:
+//   - CAP_NET_BIND_SERVICE (ambient, and the only one in the bounding set):
+//     port 53 is below 1024. No other capability: the interface is made
+//     and removed by the "+" commands (LocalDNSLinkUp, LocalDNSLinkDown).
+//   - The host's network (no PrivateNetwork=, no IPAddressDeny=): pods and
+//     the host ask it on the host's link-local addresses, and it forwards
+//     to the cluster DNS and the host's resolvers, wherever they are.
+//   - No PrivateUsers=: a capability in a user namespace of its own does
+//     not count for the host's network namespace, where port 53 is bound.
+//   - AF_INET and AF_INET6 only: DNS over UDP and TCP and the ready
+//     endpoint. No AF_UNIX (its log is the standard output systemd hands
+//     it, an open socket; it speaks neither sd_notify nor syslog), no
+//     AF_NETLINK: the bind plugin lists the interfaces at every start to
+//     resolve an interface name, finds the list refused and logs a
+//     warning, "failed to get interfaces list, cannot bind by interface
+//     name"; the Corefile binds addresses, never names.
+//
+// Nothing is writable: CoreDNS keeps its cache in memory and writes no
+// file (no StateDirectory=, no RuntimeDirectory=). The Corefile is 0644
+// (LocalDNSFiles: it holds no secret), the executable 0755.
+func LocalDNSSandbox() []*unit.UnitOption {
+	s := func(name, value string) *unit.UnitOption { return unit.NewUnitOption("Service", name, value) }
+	return []*unit.UnitOption{
+		// A user of its own, allocated at every start and never owning a
+		// file (it implies ProtectSystem=strict, PrivateTmp=,
+		// RemoveIPC=, NoNewPrivileges= and RestrictSUIDSGID=, also set
+		// below where the analyzer counts them).
+		s("DynamicUser", "yes"),
+		s("AmbientCapabilities", "CAP_NET_BIND_SERVICE"),
+		s("CapabilityBoundingSet", "CAP_NET_BIND_SERVICE"),
+		s("NoNewPrivileges", "yes"),
+		s("ProtectSystem", "strict"),
+		// Under systemd 252 /run stays writable with ProtectSystem=strict
+		// when ProtectKernelTunables=, ProtectControlGroups=,
+		// ProtectProc= or ProcSubset= is set as well (as for the agent's
+		// units; tests/system/sandbox_test.go).
+		s("ReadOnlyPaths", "/run"),
+		s("ProtectHome", "yes"),
+		s("PrivateTmp", "yes"),
+		s("PrivateMounts", "yes"),
+		s("PrivateDevices", "yes"),
+		s("DevicePolicy", "closed"),
+		s("ProtectKernelTunables", "yes"),
+		s("ProtectKernelModules", "yes"),
+		s("ProtectKernelLogs", "yes"),
+		s("ProtectControlGroups", "yes"),
+		s("ProtectClock", "yes"),
+		s("ProtectHostname", "yes"),
+		s("ProtectProc", "invisible"),
+		// Go reads /proc/sys/net/core/somaxconn for its listen backlog;
+		// without it, its default (the kernel caps both alike).
+		s("ProcSubset", "pid"),
+		s("RestrictNamespaces", "yes"),
+		s("RestrictRealtime", "yes"),
+		s("RestrictSUIDSGID", "yes"),
+		s("LockPersonality", "yes"),
+		// Go maps no memory writable and executable.
+		s("MemoryDenyWriteExecute", "yes"),
+		s("RestrictAddressFamilies", "AF_INET AF_INET6"),
+		s("SystemCallArchitectures", "native"),
+		s("SystemCallFilter", "@system-service"),
+		s("SystemCallFilter", "~@privileged @resources"),
+		s("SystemCallErrorNumber", "EPERM"),
+		s("UMask", "0077"),
+	}
+}
 
 // localDNSLinkScript uses iproute2's ip, which the node's OS has (the
 // host's in mode none, the node image's in nspawn).

@@ -1,6 +1,7 @@
 package none
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/coreos/go-systemd/v22/unit"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
@@ -286,18 +289,43 @@ func TestWithoutTheLocalDNSCacheKubeletGetsTheHostsUpstreamResolvers(t *testing.
 }
 
 // The shipped unbounded-local-dns.service runs what Prepare installs,
-// where Layout puts it: its paths cannot drift from the version's.
+// where Layout puts it: its paths cannot drift from the version's. Its
+// [Service] section is nodestack.LocalDNSService (the cache's unit in the
+// nspawn and container nodes too, sandbox included), plus only what
+// mode none needs to show the server the version directory under the
+// host root (0700): neither side of the sandbox drifts from the other.
 func TestTheShippedLocalDNSUnitRunsTheVersionsCache(t *testing.T) {
 	data, err := os.ReadFile("../../../units/" + unitnames.LocalDNS)
 	if err != nil {
 		t.Fatal(err)
 	}
-	link := path.Join(Layout.BinDir, nodestack.LocalDNSLinkScript)
+	opts, err := unit.DeserializeOptions(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(o *unit.UnitOption) string { return o.Section + "." + o.Name + "=" + o.Value }
+	var got []string
+	for _, o := range opts {
+		if o.Section == "Service" {
+			got = append(got, key(o))
+		}
+	}
+	var want []string
+	for _, o := range nodestack.LocalDNSService(Layout) {
+		want = append(want, key(o))
+	}
+	want = append(want,
+		"Service.TemporaryFileSystem="+hostpaths.HostRootHost+":ro",
+		"Service.BindReadOnlyPaths="+hostpaths.VersionsDirHost)
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s's [Service] is not nodestack.LocalDNSService's (with mode none's view of the versions):\n got %q\nwant %q", unitnames.LocalDNS, got, want)
+	}
 	for _, want := range []string{
 		"\nConditionPathExists=" + Layout.LocalDNSCorefile + "\n",
-		"\nExecStartPre=" + link + "\n",
+		"\nExecStartPre=+" + path.Join(Layout.BinDir, nodestack.LocalDNSLinkScript) + "\n",
 		"\nExecStart=" + path.Join(Layout.BinDir, "coredns") + " -conf " + Layout.LocalDNSCorefile + "\n",
-		"\nExecStopPost=" + nodestack.LocalDNSLinkDown + "\n",
 		"\nPartOf=" + ContainerdUnit + "\n",
 	} {
 		if !strings.Contains(string(data), want) {

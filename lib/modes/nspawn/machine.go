@@ -2,7 +2,10 @@ package nspawn
 
 import (
 	"fmt"
+	"io"
 	"strings"
+
+	"github.com/coreos/go-systemd/v22/unit"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
@@ -130,35 +133,46 @@ WantedBy=multi-user.target
 `, after, Layout.BinDir, Layout.ContainerdConfig, dns)
 }
 
-// localDNSUnit runs the node-local DNS cache inside the machine
-// (nodestack.LocalDNSFiles): CoreDNS on its own interface, in the network
-// namespace the machine shares with the host.
-func localDNSUnit() string {
-	return fmt.Sprintf(`# Written by unbounded-agent: the node-local DNS cache (node.local-dns).
-[Unit]
-Description=%[1]s
-Documentation=https://unbounded-cloud.io/docs/agent/modes/nspawn
-Documentation=https://coredns.io/manual/toc/
-# Started before the runtime (containerd.service Wants= it), so pods find
-# it from their first lookup; a restart of the runtime restarts it first.
-Before=%[2]s %[3]s
-PartOf=%[2]s
-
-[Service]
-# CoreDNS does not speak sd_notify: started is exec'd. Its readiness
-# (the ready plugin's endpoint) is what the node's health checks.
-Type=exec
-ExecStartPre=%[4]s/%[5]s
-ExecStart=%[4]s/coredns -conf %[6]s
-# Also after a crash or a kill: the interface goes with the cache.
-ExecStopPost=%[7]s
-Restart=always
-RestartSec=1s
-
-[Install]
-WantedBy=multi-user.target
-`, nodestack.LocalDNSUnitDescription, ContainerdUnit, KubeletUnit, Layout.BinDir, nodestack.LocalDNSLinkScript, Layout.LocalDNSCorefile, nodestack.LocalDNSLinkDown)
+// LocalDNSUnitFile is the node-local DNS cache's unit inside the node
+// (nodestack.LocalDNSFiles), /etc/systemd/system/LocalDNSUnit in the
+// rootfs of an nspawn machine and of a container alike: CoreDNS on its
+// own interface, in the network namespace the node shares with the host,
+// in the sandbox of nodestack.LocalDNSSandbox. The lint tier scores it
+// with systemd-analyze security (units/security_test.go).
+func LocalDNSUnitFile() ([]byte, error) {
+	u := func(name, value string) *unit.UnitOption { return unit.NewUnitOption("Unit", name, value) }
+	opts := []*unit.UnitOption{
+		u("Description", nodestack.LocalDNSUnitDescription),
+		u("Documentation", "https://unbounded-cloud.io/docs/agent/modes/nspawn"),
+		u("Documentation", "https://coredns.io/manual/toc/"),
+		// Started before the runtime (ContainerdUnit Wants= it), so pods
+		// find it from their first lookup; a restart of the runtime
+		// restarts it first.
+		u("Before", ContainerdUnit+" "+KubeletUnit),
+		u("PartOf", ContainerdUnit),
+	}
+	opts = append(opts, nodestack.LocalDNSService(Layout)...)
+	opts = append(opts, unit.NewUnitOption("Install", "WantedBy", "multi-user.target"))
+	body, err := io.ReadAll(unit.Serialize(opts))
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte(localDNSUnitHeader), body...), nil
 }
+
+// localDNSUnitHeader says, in the unit file itself, what its settings do
+// (go-systemd's serializer writes no comments).
+const localDNSUnitHeader = `# Written by unbounded-agent: the node-local DNS cache (node.local-dns),
+# regenerated at every prepare of the node.
+#
+# Its interface is made and removed by the "+" commands, as root with
+# every privilege (CAP_NET_ADMIN). CoreDNS itself runs as a dynamic user
+# with CAP_NET_BIND_SERVICE alone (port 53), nothing writable, sockets of
+# AF_INET and AF_INET6 only (so the bind plugin warns that it cannot list
+# the interfaces: the Corefile binds addresses, not interface names), on
+# the host's network, which it serves and forwards to. The sandbox and
+# its reasons: unbounded-agent's lib/modes/nodestack, LocalDNSSandbox.
+`
 
 // kubeletUnit runs kubelet inside the machine.
 func kubeletUnit(n modes.Node) string {

@@ -353,8 +353,12 @@ func (m *Mode) writeNode(rootfs string, s modes.Slot, cg nodestack.Cgroup) error
 	)
 	enabled := []string{ContainerdUnit, KubeletUnit}
 	if s.Node.LocalDNS {
+		dns, err := LocalDNSUnitFile()
+		if err != nil {
+			return err
+		}
 		files = append(files, nodestack.LocalDNSFiles(s.Node, Layout, nodestack.ParseResolvConf(resolv))...)
-		files = append(files, nodestack.File{Path: units + "/" + LocalDNSUnit, Mode: 0o644, Data: []byte(localDNSUnit())})
+		files = append(files, nodestack.File{Path: units + "/" + LocalDNSUnit, Mode: 0o644, Data: dns})
 		enabled = append(enabled, LocalDNSUnit)
 	}
 	if cg == nodestack.Legacy {
