@@ -367,15 +367,7 @@ func (a *Adopt) handOver(ctx context.Context) error {
 		return err
 	}
 	defer sd.Close()
-	if err := sd.Reload(ctx); err != nil {
-		return err
-	}
-	for _, u := range []string{unitnames.NodeTarget, unitnames.Daemon} {
-		if err := sd.EnqueueStart(ctx, u); err != nil {
-			return err
-		}
-	}
-	return nil
+	return steps.HandOver(ctx, sd, steps.WaitNeither, nil)
 }
 
 // RetireOlderUnits stops, disables and removes the older agent's units:

@@ -755,14 +755,7 @@ func (b *Bootstrap) start(ctx context.Context) error {
 		return err
 	}
 	defer sd.Close()
-	if err := sd.Reload(ctx); err != nil {
-		return err
-	}
-	b.crash("bootstrap/after-reload")
-	if err := sd.EnqueueStart(ctx, unitnames.NodeTarget); err != nil {
-		return err
-	}
-	if err := sd.StartUnit(ctx, unitnames.Daemon); err != nil {
+	if err := steps.HandOver(ctx, sd, steps.WaitDaemon, func() { b.crash("bootstrap/after-reload") }); err != nil {
 		return err
 	}
 	b.status("bootstrapped: %s queued, %s started", unitnames.NodeTarget, unitnames.Daemon)

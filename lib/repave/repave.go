@@ -1395,14 +1395,8 @@ func (r *Repave) handOver(ctx context.Context) error {
 		return err
 	}
 	defer sd.Close()
-	if err := sd.Reload(ctx); err != nil {
-		return err
-	}
-	if err := sd.StartUnit(ctx, unitnames.NodeTarget); err != nil {
-		return err
-	}
-	// Queued, not waited for: a daemon that runs (the one that started
-	// this repave, waiting for it) is left alone; one that exited 69
-	// while the host was owned starts again.
-	return sd.EnqueueStart(ctx, unitnames.Daemon)
+	// The daemon's start queued, not waited for: a daemon that runs (the
+	// one that started this repave, waiting for it) is left alone; one
+	// that exited 69 while the host was owned starts again.
+	return steps.HandOver(ctx, sd, steps.WaitNode, nil)
 }
