@@ -15,6 +15,7 @@ package crashpoint
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"syscall"
 	"time"
@@ -33,7 +34,15 @@ func Hit(name string) {
 	if os.Getenv(Env) != name || name == "" {
 		return
 	}
-	fmt.Fprintf(os.Stderr, "crash point %s reached (%s): killing myself with SIGKILL\n", name, Env)
+	msg := fmt.Sprintf("crash point %s reached (%s): killing myself with SIGKILL", name, Env)
+	// Through the process's logger too: in a unit that is the journal's
+	// native socket (lib/logging), a datagram journald has queued before
+	// the kill, with the unit's name in it. The stderr line travels on
+	// a stream journald reads on its own time, after the process is
+	// gone: clean-clone runs found it late, or never under the unit's
+	// identifier.
+	slog.Default().Error(msg, "crash_point", name)
+	fmt.Fprintln(os.Stderr, msg)
 	syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	// The signal is asynchronous; never go on past a crash point, even
 	// if it were somehow not delivered.
