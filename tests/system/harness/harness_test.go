@@ -1,8 +1,10 @@
 package harness_test
 
 import (
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"unbounded-cloud.io/agent/tests/system/harness"
@@ -96,5 +98,77 @@ func TestRebootKeepsFilesAndRunsGeneratorsAgain(t *testing.T) {
 	}
 	if s := m.UnitState("probe.service"); s.ActiveState != "active" {
 		t.Errorf("probe.service after reboot = %s, want active", s)
+	}
+}
+
+// TestNetworkIsNewAtEveryBootWithTheTestsListenersOnItsLoopback: a machine
+// with Options.Network reaches, on its own loopback from its first moment,
+// what the test listens on in the namespace it is given, and every boot
+// gets a new namespace, as a host's network is new at every boot: what the
+// boot before left in it (a link here) is gone, and the listeners of the
+// boot before are ended before the next boot's are opened.
+func TestNetworkIsNewAtEveryBootWithTheTestsListenersOnItsLoopback(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	boots, ended := 0, 0
+	t.Cleanup(func() { // after the machine's own cleanup (LIFO)
+		mu.Lock()
+		defer mu.Unlock()
+		if ended != boots || (boots != 2 && !t.Failed()) {
+			t.Errorf("%d boots, %d networks ended after the machine was destroyed; want 2 and 2", boots, ended)
+		}
+	})
+	network := func(netns string) (func(), error) {
+		lns, err := harness.ListenIn(netns, "127.0.0.1:7777")
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		boots++
+		n, open := boots, boots-ended
+		mu.Unlock()
+		if open != 1 {
+			t.Errorf("boot %d: %d networks open, want only its own", n, open)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				c, err := lns[0].Accept()
+				if err != nil {
+					return
+				}
+				fmt.Fprintf(c, "boot %d\n", n)
+				c.Close()
+			}
+		}()
+		return func() {
+			lns[0].Close()
+			<-done
+			mu.Lock()
+			ended++
+			mu.Unlock()
+		}, nil
+	}
+	m := harness.Boot(t, harness.Options{Network: network})
+	read := func() string {
+		out, err := m.Run("bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/7777 && cat <&3")
+		if err != nil {
+			t.Fatalf("read the test's listener from the machine: %v", err)
+		}
+		return strings.TrimSpace(out)
+	}
+	if got := read(); got != "boot 1" {
+		t.Errorf("first boot read %q from 127.0.0.1:7777, want boot 1", got)
+	}
+	m.MustRun("ip", "link", "add", "ubt-probe", "type", "veth", "peer", "name", "ubt-probe1")
+
+	m.Reboot()
+
+	if got := read(); got != "boot 2" {
+		t.Errorf("second boot read %q from 127.0.0.1:7777, want boot 2", got)
+	}
+	if out, err := m.Run("ip", "link", "show", "ubt-probe"); err == nil {
+		t.Errorf("the link the first boot made is in the second boot's network:\n%s", out)
 	}
 }

@@ -88,6 +88,13 @@ type Options struct {
 	// SYSTEMD_NSPAWN_* settings; unlike t.Setenv it leaves the test free
 	// to run in parallel.
 	Env []string
+	// Network, when set, gives the machine a network namespace of the
+	// harness's making, new at every start (netns.go), instead of
+	// nspawn's --private-network: Network is called with the file that
+	// holds it before systemd-nspawn runs (ListenIn opens listeners on
+	// the machine's loopback there), and what it returns once the
+	// machine has stopped, before the namespace is let go.
+	Network func(netns string) (stop func(), err error)
 }
 
 // File is a file to place in a machine.
@@ -128,6 +135,8 @@ type Machine struct {
 	bus     *sdbus.Conn
 
 	hostNetwork bool
+	network     func(netns string) (func(), error)
+	netStop     func() // ends this boot's network (Options.Network)
 	bootTimeout time.Duration
 	env         []string
 }
@@ -183,6 +192,7 @@ func New(t testing.TB, opts Options) *Machine {
 	if m != nil {
 		m.t = t
 		m.hostNetwork = opts.HostNetwork
+		m.network = opts.Network
 		m.bootTimeout = opts.BootTimeout
 		m.env = opts.Env
 		t.Cleanup(func() {
@@ -347,7 +357,25 @@ func (m *Machine) start() error {
 		// nspawn gives a container no /dev/kmsg; see Kmsg.
 		"--bind=" + m.kmsg.path + ":/dev/kmsg",
 	}
-	if !m.hostNetwork {
+	switch {
+	case m.network != nil:
+		ns := filepath.Join(m.dir, "netns")
+		if err := newNetns(ns); err != nil {
+			return err
+		}
+		stop, err := m.network(ns)
+		if err != nil {
+			releaseNetns(ns)
+			return err
+		}
+		m.netStop = func() {
+			stop()
+			if err := releaseNetns(ns); err != nil {
+				m.logf("machine %s: %v", m.Name, err)
+			}
+		}
+		nspawn = append(nspawn, "--network-namespace-path="+ns)
+	case !m.hostNetwork:
 		nspawn = append(nspawn, "--private-network")
 	}
 	nspawn = append(nspawn, m.args...)
@@ -360,6 +388,7 @@ func (m *Machine) start() error {
 	cmd.Stdout, cmd.Stderr = console, console
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
+		m.endNetwork()
 		return err
 	}
 	done := make(chan struct{})
@@ -521,6 +550,7 @@ func (m *Machine) stop() error {
 	werr := m.waitErr
 	m.leader, m.cmd, m.done = 0, nil, nil
 	m.mu.Unlock()
+	m.endNetwork()
 	if werr != nil && len(errs) == 0 {
 		errs = append(errs, fmt.Errorf("systemd-nspawn: %v", werr))
 	}
@@ -572,6 +602,15 @@ func (m *Machine) kill() {
 	m.mu.Lock()
 	m.leader = 0
 	m.mu.Unlock()
+	m.endNetwork()
+}
+
+// endNetwork ends the network of the boot that has ended (Options.Network).
+func (m *Machine) endNetwork() {
+	if m.netStop != nil {
+		m.netStop()
+		m.netStop = nil
+	}
 }
 
 // destroy stops the machine and removes everything it left on the host:

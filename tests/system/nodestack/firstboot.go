@@ -149,7 +149,7 @@ type FirstBootOptions struct {
 // become a Node: /etc/unbounded/agent.toml, the CA, a bootstrap token of
 // its own, and what a real host has already:
 //   - the API server, the mirror and the registry on its own loopback
-//     (Forward: unix sockets and systemd-socket-proxyd);
+//     (Forward: listeners in its network namespace, fresh at every boot);
 //   - an address and a default route of its own for the kubelet's Node
 //     (NodeIPService);
 //   - a resolver that never answers (DNSSink), as at the edge;
@@ -177,7 +177,8 @@ type FirstBootOptions struct {
 type FirstBootHost struct {
 	// Config is agent.toml's text.
 	Config string
-	// Files, NspawnArgs and Env are for harness.Options.
+	// Files, NspawnArgs and Env are for harness.Options (Options adds
+	// Forward's Listen as its Network).
 	Files      []harness.File
 	NspawnArgs []string
 	Env        []string
@@ -261,7 +262,7 @@ coredns-version = %q
 		cfg = "# tests/system: the test's own settings beside join's agent.toml\n[cluster]\n" + rest
 		unbounded = append(unbounded, harness.File{Path: filepath.Join(hostpaths.ConfigDropinDirHost, "50-test.toml"), Data: []byte(cfg), Mode: 0o644})
 	}
-	files := append(fwd.Files(), unbounded...)
+	files := append([]harness.File(nil), unbounded...)
 	files = append(files,
 		harness.File{Path: "/etc/systemd/system/ubt-nodeip.service", Data: []byte(firstBootNodeIPUnit), Mode: 0o644},
 		harness.File{Path: "/etc/systemd/system/multi-user.target.d/ubt-nodeip.conf", Data: []byte("[Unit]\nWants=ubt-nodeip.service\n"), Mode: 0o644},
@@ -276,12 +277,12 @@ coredns-version = %q
 	t.Cleanup(func() { os.RemoveAll(kubeletDir) })
 	o.Env.PublishKubelet(t, o.Name, filepath.Join(kubeletDir, "10250.sock"))
 	slots := t.TempDir()
-	args := append([]string{
+	args := []string{
 		"--bind=" + kubeletDir + ":" + kubeletForwardDir,
 		"--capability=all",
 		"--system-call-filter=@keyring bpf",
 		"--bind=" + slots + ":" + hostpaths.HostRootHost + "/slots",
-	}, fwd.NspawnArgs()...)
+	}
 	if o.Mode == "none" || o.AlsoNone {
 		files = append(files,
 			harness.File{Path: "/etc/systemd/system/ubt-cgroup-rw.service", Data: []byte(cgroupRWUnit), Mode: 0o644},
@@ -326,6 +327,7 @@ func (h *FirstBootHost) Options(bootTimeout time.Duration, extraArgs ...string) 
 		NspawnArgs:  append(append([]string(nil), h.NspawnArgs...), extraArgs...),
 		Env:         h.Env,
 		BootTimeout: bootTimeout,
+		Network:     h.Forward.Listen,
 	}
 }
 

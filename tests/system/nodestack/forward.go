@@ -2,11 +2,8 @@ package nodestack
 
 import (
 	"crypto/tls"
-	"fmt"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,26 +12,24 @@ import (
 	"unbounded-cloud.io/agent/tests/system/harness"
 )
 
-// forwardDir is where a machine sees the host's sockets.
-const forwardDir = "/run/unbounded-test-forward"
-
 // Forwarder carries TCP connections from a machine's own loopback to
-// services on the host's loopback, for machines booted with a private
-// network (so that their kubelet, CNI bridge and iptables rules stay in
-// their own network namespace, and two of them never collide).
+// services on the host's loopback, for machines booted in a network
+// namespace of their own (so that their kubelet, CNI bridge and iptables
+// rules stay in it, and two of them never collide).
 //
 // Why not a veth pair: the services listen on 127.0.0.1 (the API server's
 // certificate names it), and a route from a container to the host's
-// loopback does not exist. Here every byte stays on loopback interfaces
-// and in unix sockets: for each address the host listens on a unix socket
-// in a directory bind-mounted into the machine, and inside the machine a
-// socket unit on the same 127.0.0.1:PORT hands connections to
-// systemd-socket-proxyd, which connects to that unix socket.
+// loopback does not exist. Here every byte stays on loopback interfaces:
+// at every boot the machine gets a fresh network namespace
+// (harness.Options.Network: Listen), in which the forwarder listens on
+// each 127.0.0.1:PORT before the machine's PID 1 starts, and each
+// connection it accepts there it joins to the same address on the
+// host's loopback. No process in the machine carries the bytes (an
+// earlier systemd-socket-proxyd per address through a unix socket cost
+// about a seventh of the system tier's CPU, moving node images and
+// artifacts).
 type Forwarder struct {
-	dir   string
 	addrs []string
-	lns   []net.Listener
-	wg    sync.WaitGroup
 
 	mu     sync.Mutex
 	faults map[string]ForwardFault // by "127.0.0.1:PORT"
@@ -105,40 +100,74 @@ func (f *Forwarder) fault(addr string) ForwardFault {
 	return f.faults[addr]
 }
 
-// Forward starts the host side for each address ("127.0.0.1:PORT", or a URL
-// whose host is one); it stops when the test ends. Pass NspawnArgs and
-// Files to the machine.
+// Forward makes the forwarder of each address ("127.0.0.1:PORT", or a URL
+// whose host is one). Pass Listen as the machine's harness.Options.Network.
 func Forward(t testing.TB, addrs ...string) *Forwarder {
 	t.Helper()
-	// A short path: unix socket paths are limited to 107 bytes.
-	dir, err := os.MkdirTemp("", "ubt-fwd-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &Forwarder{dir: dir}
-	t.Cleanup(func() {
-		for _, ln := range f.lns {
-			ln.Close()
-		}
-		f.wg.Wait()
-		os.RemoveAll(dir)
-	})
+	f := &Forwarder{}
 	for _, a := range addrs {
 		a = hostPort(a)
-		host, port, err := net.SplitHostPort(a)
+		host, _, err := net.SplitHostPort(a)
 		if err != nil || host != "127.0.0.1" {
 			t.Fatalf("nodestack: forward %q: want 127.0.0.1:PORT", a)
 		}
-		ln, err := net.Listen("unix", filepath.Join(dir, port+".sock"))
-		if err != nil {
-			t.Fatalf("nodestack: forward %s: %v", a, err)
-		}
 		f.addrs = append(f.addrs, a)
-		f.lns = append(f.lns, ln)
-		f.wg.Add(1)
-		go f.serve(ln, a)
 	}
 	return f
+}
+
+// Listen forwards every address from the loopback of the network
+// namespace netns (one boot's of a machine: harness.Options.Network)
+// until the function it returns is called, which also ends the
+// connections accepted there.
+func (f *Forwarder) Listen(netns string) (func(), error) {
+	lns, err := harness.ListenIn(netns, f.addrs...)
+	if err != nil {
+		return nil, err
+	}
+	b := &boot{conns: map[net.Conn]struct{}{}}
+	for i, ln := range lns {
+		b.wg.Add(1)
+		go f.serve(b, ln, f.addrs[i])
+	}
+	return func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+		b.mu.Lock()
+		b.closed = true
+		for c := range b.conns {
+			c.Close()
+		}
+		b.mu.Unlock()
+		b.wg.Wait()
+	}, nil
+}
+
+// boot is what one Listen serves: its connections, all closed when the
+// machine's boot has ended (the namespace goes only once they are).
+type boot struct {
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	closed bool
+	conns  map[net.Conn]struct{}
+}
+
+// add takes c into the boot's connections; false once the boot ended.
+func (b *boot) add(c net.Conn) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false
+	}
+	b.conns[c] = struct{}{}
+	return true
+}
+
+func (b *boot) remove(c net.Conn) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.conns, c)
 }
 
 func hostPort(a string) string {
@@ -149,14 +178,21 @@ func hostPort(a string) string {
 	return host
 }
 
-func (f *Forwarder) serve(ln net.Listener, target string) {
-	defer f.wg.Done()
+func (f *Forwarder) serve(b *boot, ln net.Listener, target string) {
+	defer b.wg.Done()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
+		if !b.add(c) {
+			c.Close()
+			return
+		}
+		b.wg.Add(1)
 		go func() {
+			defer b.wg.Done()
+			defer b.remove(c)
 			defer c.Close()
 			switch fault := f.fault(target); {
 			case fault.Down:
@@ -182,31 +218,4 @@ func (f *Forwarder) serve(ln net.Listener, target string) {
 			<-done
 		}()
 	}
-}
-
-// NspawnArgs bind the socket directory into the machine.
-func (f *Forwarder) NspawnArgs() []string {
-	return []string{"--bind-ro=" + f.dir + ":" + forwardDir}
-}
-
-// Files are the socket and service units that listen on the machine's
-// loopback, pulled in by sockets.target at boot.
-func (f *Forwarder) Files() []harness.File {
-	var files []harness.File
-	var wants []string
-	for _, a := range f.addrs {
-		_, port, _ := net.SplitHostPort(a)
-		unit := "unbounded-test-forward-" + port
-		wants = append(wants, unit+".socket")
-		files = append(files,
-			harness.File{Path: "/etc/systemd/system/" + unit + ".socket", Mode: 0o644, Data: fmt.Appendf(nil,
-				"# Written by tests/system/nodestack: %s on this machine's loopback is the host's.\n[Socket]\nListenStream=%s\n", a, a)},
-			harness.File{Path: "/etc/systemd/system/" + unit + ".service", Mode: 0o644, Data: fmt.Appendf(nil,
-				"[Unit]\nRequires=%s.socket\nAfter=%s.socket\n[Service]\nExecStart=/lib/systemd/systemd-socket-proxyd %s/%s.sock\n",
-				unit, unit, forwardDir, port)},
-		)
-	}
-	files = append(files, harness.File{Path: "/etc/systemd/system/sockets.target.d/unbounded-test-forward.conf", Mode: 0o644,
-		Data: []byte("[Unit]\nWants=" + strings.Join(wants, " ") + "\n")})
-	return files
 }

@@ -79,13 +79,13 @@ func TestKubeletJoinsAndRunsADeploymentPodInAnNspawnMachine(t *testing.T) {
 	// them all to v1; unified would leave the machine without any).
 	t.Setenv("SYSTEMD_NSPAWN_API_VFS_WRITABLE", "1")
 	t.Setenv("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "0")
-	args := append([]string{
+	args := []string{
 		"--capability=all",
 		"--system-call-filter=@keyring bpf",
 		"--bind=/dev/kmsg",
 		"--bind=" + containerdDir + ":/var/lib/containerd",
-	}, fwd.NspawnArgs()...)
-	m := harness.New(t, harness.Options{NspawnArgs: args, Files: fwd.Files()})
+	}
+	m := harness.New(t, harness.Options{NspawnArgs: args, Network: fwd.Listen})
 
 	// The node stack, installed from the mirror's artifacts as a mode would.
 	mirror := s.Mirror(t)

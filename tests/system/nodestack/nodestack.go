@@ -23,9 +23,9 @@
 //	app := reg.Push(t, "busybox:1.35", s.BusyboxImage(t))
 //	node := reg.Push(t, "unbounded/node:bookworm", s.NodeImage(t))
 //
-// A container booted with a private network reaches these (and the test
-// API server) on its own loopback through Forward: unix sockets on the
-// host, bind-mounted in, and systemd-socket-proxyd inside.
+// A container booted in a network namespace of its own reaches these (and
+// the test API server) on its own loopback through Forward: listeners the
+// test opens in that namespace at every boot.
 //
 // The package is for tests only: no shipped binary imports it.
 package nodestack
