@@ -357,6 +357,9 @@ func (m *Machine) start() error {
 		// nspawn gives a container no /dev/kmsg; see Kmsg.
 		"--bind=" + m.kmsg.path + ":/dev/kmsg",
 	}
+	// A boot that ended by itself (the machine powered itself off) has
+	// not ended its network yet.
+	m.endNetwork()
 	switch {
 	case m.network != nil:
 		ns := filepath.Join(m.dir, "netns")
