@@ -236,7 +236,7 @@ func readStatus(t *testing.T, f *firstBoot) statusJSON {
 // gets its certificate and repaves it by a MachineOperation into kube2,
 // and `unbounded reset --yes` leaves nothing of either layout.
 func TestAdoptOlderAgentsHostKeepsItsNodeThenRepavesAndResets(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	before := rootManifest(t, f.m.Root())
 	ns := f.bootNode(t)

@@ -54,7 +54,7 @@ func hostRootFiles(t *testing.T, m *harness.Machine) []string {
 }
 
 func TestBootstrapWithAnInvalidConfigExits78AtBootWithoutRetryAndChangesNothing(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	m := harness.New(t, harness.Options{Package: true})
 	writeValidConfig(t, m)
 	m.WriteFile(hostpaths.ConfigDropinDirHost+"/50-typo.toml", []byte("[cluster]\napi-servr = \"https://10.0.0.2:6443\"\n"), 0o644)
@@ -82,7 +82,7 @@ func TestBootstrapWithAnInvalidConfigExits78AtBootWithoutRetryAndChangesNothing(
 // again. The late mount is played by an ExecStartPre= that puts the host
 // root's state in place just before bootstrap runs.
 func TestBootstrapOnABootstrappedHostHandsTheNodeOverInsteadOfBootstrappingAgain(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	m := harness.New(t, harness.Options{Package: true})
 	writeValidConfig(t, m)
 	// Launched for an allocation: the fence has to ask the cluster, which

@@ -236,7 +236,7 @@ func tail(s string, n int) string {
 // subset is a [NodeConformance] spec of this e2e.test, and no spec is both
 // in the CI subset and skipped. Needs only the binary (a dry run).
 func TestConformanceSkipListIsCurrent(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	bin := conformanceBin(t)
 	all := e2eSpecs(t, bin, `\[NodeConformance\]`, "")
 	known := map[string]bool{}
@@ -264,7 +264,7 @@ func TestConformanceSkipListIsCurrent(t *testing.T) {
 func TestConformance(t *testing.T) {
 	// In parallel with the tier's other scenarios: it waits on the node
 	// far more than it computes.
-	t.Parallel()
+	defer scenario(t)()
 	bin := conformanceBin(t)
 	skips := readSkips(t)
 	reason := map[string]string{}
@@ -327,7 +327,7 @@ func TestConformance(t *testing.T) {
 			c.report = filepath.Join(report, mode)
 		}
 		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
+			defer scenario(t)()
 			c.run(t)
 		})
 	}

@@ -43,7 +43,7 @@ import (
 //  6. `unbounded reset --yes` leaves the host's root as it was before
 //     the first boot.
 func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	uid := string(uuid.NewUUID())
 	f := newFirstBoot(t, firstBootOptions{mode: "container", extra: fmt.Sprintf("\n[allocation]\nuid = %q\n", uid)})
 	logJournalsOnFailure(t, f)

@@ -293,19 +293,25 @@ func journalCursor(t *testing.T, f *firstBoot) string {
 func waitUnitDone(t *testing.T, f *firstBoot, unit, cursor string, timeout time.Duration) map[string]string {
 	t.Helper()
 	var p map[string]string
-	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		if cursor != "" {
-			j, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "-u", unit, "--after-cursor", cursor)
-			if !strings.Contains(j, unit+": Deactivated successfully.") && !strings.Contains(j, "Failed with result") {
+	begin := time.Now()
+	var err error
+	if cursor != "" {
+		// The run's end in the journal, followed (one journalctl, ending
+		// on the line); then its properties, which a moment of the
+		// manager's loop may still owe.
+		_, err = f.m.WaitJournal(timeout, func(l string) bool {
+			return strings.Contains(l, unit+": Deactivated successfully.") || strings.Contains(l, "Failed with result")
+		}, "-u", unit, "--after-cursor", cursor)
+	}
+	if err == nil {
+		err = wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, max(timeout-time.Since(begin), 10*time.Second), true, func(context.Context) (bool, error) {
+			p = showProps(t, f.m, unit, "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "ExecMainPID", "InvocationID", "NRestarts")
+			if p["ActiveState"] != "inactive" && p["ActiveState"] != "failed" {
 				return false, nil
 			}
-		}
-		p = showProps(t, f.m, unit, "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "ExecMainPID", "InvocationID", "NRestarts")
-		if p["ActiveState"] != "inactive" && p["ActiveState"] != "failed" {
-			return false, nil
-		}
-		return cursor != "" || p["InvocationID"] != "", nil
-	})
+			return cursor != "" || p["InvocationID"] != "", nil
+		})
+	}
 	if err != nil {
 		// Why the run did not end (or never began): its lines and the
 		// daemon's (which starts most runs) since the cursor.
@@ -469,7 +475,7 @@ func wantOneSlot(t *testing.T, f *firstBoot) {
 // values), and a bootstrap under the same Machine name joins as the same
 // Node with no cleanup on the cluster side, and runs the pod again.
 func TestResetThenBootstrapAgainUnderTheSameName(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	before := rootManifest(t, f.m.Root())
 	begin := time.Now()
@@ -585,7 +591,7 @@ func crashBootstrapAtEveryPoint(t *testing.T, f *firstBoot) {
 // an uninterrupted first boot gives. The same for reset, ending in the
 // host as it was before its first boot.
 func TestBootstrapAndResetCrashAtEveryPointConverge(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	before := rootManifest(t, f.m.Root())
 	crashBootstrapAtEveryPoint(t, f)

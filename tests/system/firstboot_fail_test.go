@@ -172,7 +172,7 @@ func wantConsistentAfterFailure(t *testing.T, f *firstBoot, phase string, slotBu
 // (a corrupted or tampered file): bootstrap stops at the artifacts, exit
 // 1, naming the artifact and both sums; the wrong bytes are not kept.
 func TestFirstBootArtifactChecksumMismatchExits1AndLeavesTheHostConsistent(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	kubelet := filepath.Join(f.mirrorDir, f.stage.Path("kubelet"))
 	want, err := nodestack.FileSHA256(kubelet)
@@ -221,7 +221,7 @@ func TestFirstBootArtifactChecksumMismatchExits1AndLeavesTheHostConsistent(t *te
 // bootstrap builds the slot, asks the fence, which refuses (77); no node
 // runs, the Machine says AllocationLaunchRefused.
 func TestFirstBootFencedAllocationExits77AndNoNodeRuns(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	uid := string(uuid.NewUUID())
 	f := newFirstBoot(t, firstBootOptions{extra: fmt.Sprintf("\n[allocation]\nuid = %q\n", uid)})
 	in := &v1alpha3.Machine{
@@ -259,7 +259,7 @@ func TestFirstBootFencedAllocationExits77AndNoNodeRuns(t *testing.T) {
 // the journal, ends with the code of the contract, and leaves the host
 // consistent.
 func TestFirstBootBadInput(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 
 	// A Kubernetes version the mirror does not have. The config is
 	// valid on its face ("1.99.0" is a version; lib/config cannot know
@@ -268,7 +268,7 @@ func TestFirstBootBadInput(t *testing.T) {
 	// itself would be a 404), and a retry asks the same mirror the same
 	// question: 1, naming the artifact's URL, not a loop of 75.
 	t.Run("UnknownKubernetesVersion", func(t *testing.T) {
-		t.Parallel()
+		defer scenario(t)()
 		f := newFirstBoot(t, firstBootOptions{})
 		f.m.WriteFile(hostpaths.ConfigDropinDirHost+"/50-version.toml", []byte("[cluster]\nkubernetes-version = \"1.99.0\"\n"), 0o644)
 		p := f.bootstrapEnded(t)
@@ -282,7 +282,7 @@ func TestFirstBootBadInput(t *testing.T) {
 	// An image reference the registry does not have (manifest unknown):
 	// final, 1, naming the reference.
 	t.Run("ImageNotInRegistry", func(t *testing.T) {
-		t.Parallel()
+		defer scenario(t)()
 		f := newFirstBoot(t, firstBootOptions{})
 		ref := f.reg.Host + "/unbounded/node:no-such-tag"
 		f.m.WriteFile(hostpaths.ConfigDropinDirHost+"/50-image.toml", []byte(fmt.Sprintf("[nspawn]\nimage = %q\n", ref)), 0o644)
@@ -297,7 +297,7 @@ func TestFirstBootBadInput(t *testing.T) {
 	// would register an address nothing answers on. 78 before anything
 	// on the host changes, naming the drop-in, its line and the key.
 	t.Run("NodeIPNotTheHosts", func(t *testing.T) {
-		t.Parallel()
+		defer scenario(t)()
 		f := newFirstBoot(t, firstBootOptions{})
 		f.m.WriteFile(hostpaths.ConfigDropinDirHost+"/50-ip.toml", []byte("[node]\nip = \"192.0.2.99\"\n"), 0o644)
 		p := f.bootstrapEnded(t)
@@ -320,7 +320,7 @@ func TestFirstBootBadInput(t *testing.T) {
 	// Machine say it; the next boot, or `systemctl start
 	// unbounded-bootstrap`, resumes once it is fixed.
 	t.Run("RegistryAnswersGarbage", func(t *testing.T) {
-		t.Parallel()
+		defer scenario(t)()
 		f := newFirstBoot(t, firstBootOptions{})
 		f.reg.SetGarbage(true)
 		p := f.bootstrapEnded(t)

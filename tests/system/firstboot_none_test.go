@@ -32,7 +32,7 @@ import (
 // is Ready and runs a Deployment's pod; nothing was written under /usr or
 // /opt while the host booted and bootstrapped (ARCHITECTURE section 4).
 func TestFirstBootNoneBringsUpAReadyNode(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	// The host's OS (iptables, writable cgroup v1 controllers) and
 	// containerd's store at /var/lib/containerd on the VM's file system:
 	// nodestack.FirstBootHost in mode none.
@@ -228,7 +228,7 @@ func manifestDiff(before, after map[string]string) []string {
 // and a Deployment's pod runs without a single try that could reach
 // anything.
 func TestFirstBootOfflineWithoutAnyNetwork(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{offline: true})
 	// Nothing answers behind these either, should anything get through.
 	f.mirror.Close()

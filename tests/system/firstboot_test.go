@@ -388,7 +388,7 @@ func (f *firstBoot) wantBootstrapped(t *testing.T, mode, supervisor string) {
 // without anyone touching the host. Then the node runs a Deployment's
 // pod.
 func TestFirstBootNspawnBringsUpAReadyNode(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	f.mirror.Close()
 	begin := time.Now()

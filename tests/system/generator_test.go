@@ -27,7 +27,7 @@ import (
 func TestMain(m *testing.M) { harness.Main(m) }
 
 func TestFreshHostWithConfigPullsInBootstrapAtBoot(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	m := harness.New(t, harness.Options{Package: true})
 	writeValidConfig(t, m)
 	m.Start()
@@ -45,7 +45,7 @@ func TestFreshHostWithConfigPullsInBootstrapAtBoot(t *testing.T) {
 }
 
 func TestAppliedNspawnConfigStartsSlotBehindFence(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	m := harness.New(t, harness.Options{Package: true})
 	writeValidConfig(t, m)
 	writeApplied(t, m, "kube2", "nspawn")
@@ -98,7 +98,7 @@ func TestAppliedNspawnConfigStartsSlotBehindFence(t *testing.T) {
 // server, so the fence refuses once its retry budget is spent. The node
 // unit is never started and the node target is not active.
 func TestFenceRefusalAtBootKeepsTheNodeTargetDown(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	m := harness.New(t, harness.Options{Package: true})
 	writeValidConfig(t, m)
 	writeAllocation(t, m, "6f0c7a52-3c1e-4d5e-9a8b-0c1d2e3f4a5b")
@@ -155,7 +155,7 @@ func wantNodeTargetRequires(t *testing.T, m *harness.Machine, modeTarget string)
 // yet: the node target requires the mode target, which requires both
 // units, each fenced, and all of it is up.
 func TestAppliedNoneConfigStartsHostStackBehindFence(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	m := harness.New(t, harness.Options{Package: true})
 	writeValidConfig(t, m)
 	writeApplied(t, m, "kube1", "none")
@@ -190,7 +190,7 @@ func TestAppliedNoneConfigStartsHostStackBehindFence(t *testing.T) {
 // on them at boot and reach unbounded-node.target over nothing; the
 // generator writes the safe state instead and says which units are masked.
 func TestNoneModeWithoutItsNodeUnitsBootsIntoSafeStateAndReportsToKmsg(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	m := harness.New(t, harness.Options{Package: true})
 	writeValidConfig(t, m)
 	writeApplied(t, m, "kube1", "none")
@@ -305,7 +305,7 @@ func fenceRuns(t *testing.T, m *harness.Machine) int {
 // does); up again, fence checked again, when the node target is started;
 // and refused, with nothing started, when the fence says no.
 func TestNodeTargetIsActiveExactlyWhileTheFencedNodeStackIsUp(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	m := harness.New(t, harness.Options{Package: true})
 	writeValidConfig(t, m)
 	writeApplied(t, m, "kube1", "none")
@@ -397,7 +397,7 @@ func TestNodeTargetIsActiveExactlyWhileTheFencedNodeStackIsUp(t *testing.T) {
 // installed but its fence unit gone, a bootstrapped host starts no node
 // and no daemon, pulls in recovery, and the generator says why on kmsg.
 func TestMissingFenceUnitBootsIntoSafeStateAndReportsToKmsg(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	m := harness.New(t, harness.Options{Package: true})
 	writeValidConfig(t, m)
 	writeApplied(t, m, "kube2", "nspawn")
@@ -428,7 +428,7 @@ func TestMissingFenceUnitBootsIntoSafeStateAndReportsToKmsg(t *testing.T) {
 }
 
 func TestOwnershipLockKeepsNodeAndDaemonDownAndResumesInstallation(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	m := harness.New(t, harness.Options{Package: true})
 	writeValidConfig(t, m)
 	writeApplied(t, m, "kube2", "nspawn")
@@ -462,7 +462,7 @@ func TestOwnershipLockKeepsNodeAndDaemonDownAndResumesInstallation(t *testing.T)
 }
 
 func TestCorruptAppliedConfigBootsIntoSafeStateAndReportsToKmsg(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	m := harness.New(t, harness.Options{Package: true})
 	writeValidConfig(t, m)
 	writeApplied(t, m, "kube2", "nspawn")
@@ -508,7 +508,7 @@ func TestCorruptAppliedConfigBootsIntoSafeStateAndReportsToKmsg(t *testing.T) {
 }
 
 func TestConfigWrittenAfterInstallPullsInBootstrapAtNextBoot(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	m := harness.Boot(t, harness.Options{Package: true})
 	if g := generated(t, m); len(g) != 0 {
 		t.Errorf("generator wrote %v on a host without config; want nothing", fmtGenerated(g))
@@ -566,7 +566,7 @@ func machineID(t *testing.T, m *harness.Machine) string {
 // one package layer, but, like the hosts of a fleet, not their identity
 // (TESTING.md: each node rootfs copy needs its own machine id).
 func TestEveryMachineHasItsOwnMachineID(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	a := harness.Boot(t, harness.Options{Package: true})
 	b := harness.Boot(t, harness.Options{Package: true})
 	ida, idb := machineID(t, a), machineID(t, b)

@@ -32,7 +32,7 @@ import (
 //     expired or is not yet valid: current time ... is before ..."). Then
 //     it presents the real one again (the clock is set).
 func TestHealthStartsTheNodeOnceTheFenceGetsAnAnswerAgainAfterBoot(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	uid := string(uuid.NewUUID())
 	f := newFirstBoot(t, firstBootOptions{mode: "none", extra: fmt.Sprintf("\n[allocation]\nuid = %q\n\n[fence]\nretry-budget = \"5s\"\n", uid)})
 	logJournalsOnFailure(t, f)

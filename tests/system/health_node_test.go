@@ -30,7 +30,7 @@ import (
 //     fence, and the kubelet is stopped too (the refused node is down,
 //     not half up); unfenced, the daemon starts the node again.
 func TestHealthCountsANodeTheClusterReportsNotReadyAndARefusedNoneRestartLeavesTheNodeDown(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	uid := string(uuid.NewUUID())
 	f := newFirstBoot(t, firstBootOptions{mode: "none", extra: fmt.Sprintf("\n[allocation]\nuid = %q\n\n[fence]\nretry-budget = \"10s\"\n", uid)})
 	logJournalsOnFailure(t, f)

@@ -41,7 +41,7 @@ const isolationUnit = unitnames.Isolation
 const modeDropIn = hostpaths.ConfigDropinDirHost + "/60-test-mode.toml"
 
 func TestIsolationChangeInPlaceNspawnToNoneAndBack(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f, ns := isolationHost(t, firstBootOptions{alsoNone: true})
 	if t.Failed() {
 		return
@@ -368,7 +368,7 @@ func (f *firstBoot) wantMode(t *testing.T, mode, slot string) {
 // the new mode, in the other slot, nothing of the old mode left, and the
 // Deployment's pod running again.
 func TestIsolationChangeInPlaceBetweenContainerAndTheOtherModes(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f, ns := isolationHost(t, firstBootOptions{alsoNone: true})
 	if t.Failed() {
 		return
@@ -430,7 +430,7 @@ func TestIsolationChangeInPlaceBetweenContainerAndTheOtherModes(t *testing.T) {
 //   - none -> nspawn, cut with both records written (the journal's
 //     running-slot names the new one).
 func TestIsolationChangeCrashAtEveryPointThenPowerCutsConverge(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f, ns := isolationHost(t, firstBootOptions{alsoNone: true})
 	if t.Failed() {
 		return
@@ -530,7 +530,7 @@ func (f *firstBoot) waitPodStartedSince(t *testing.T, ns string, since time.Time
 // nspawn, by the Machine's spec: its whole run and its downtime are
 // make bench's figures.
 func TestIsolationChangeByReprovisionRetriesWhileTheAPIServerIsUnreachable(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f, ns := isolationHost(t, firstBootOptions{alsoNone: true})
 	if t.Failed() {
 		return
@@ -632,7 +632,7 @@ func TestIsolationChangeByReprovisionRetriesWhileTheAPIServerIsUnreachable(t *te
 // bootstraps the host again in mode none, and its daemon reports the
 // change Failed on the Machine and removes the handoff.
 func TestIsolationChangeByReprovisionThatCannotSucceedGivesUpAtItsDeadline(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f, ns := isolationHost(t, firstBootOptions{mode: "none"})
 	if t.Failed() {
 		return

@@ -44,7 +44,7 @@ func joinHost(t *testing.T, env *kubeEnv, machine, mode, image, version string) 
 // daemon has no certificate here, no approver signed its CSR) and the
 // node stays down.
 func TestJoinedHostBootsFromJoinsFilesAndARevokedTokenKeepsItsNodeDown(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	// Launched for an allocation: the fence checks the host's credential
 	// only then (a host without one starts whatever its token says).
 	uid := string(uuid.NewUUID())

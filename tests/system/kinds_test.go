@@ -18,7 +18,7 @@ import (
 // daemon-reload (systemd empties the output directory before each run),
 // shows that the generator returned both times, with one kmsg line each.
 func TestStateFileThatIsNotARegularFileBootsIntoSafeStateWithoutStallingPID1(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	for _, tc := range []struct {
 		name string
 		file func(p hostpaths.Paths) string
@@ -30,7 +30,7 @@ func TestStateFileThatIsNotARegularFileBootsIntoSafeStateWithoutStallingPID1(t *
 			func(p hostpaths.Paths) string { return p.AppliedConfig("kube2") }, regfiletest.DevZero, "applied state not trusted"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
+			defer scenario(t)()
 			m := harness.New(t, harness.Options{Package: true})
 			writeValidConfig(t, m)
 			writeApplied(t, m, "kube2", "nspawn")

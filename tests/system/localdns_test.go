@@ -181,7 +181,7 @@ func (f *firstBoot) podOf(t *testing.T, ns string) string {
 // a repave to local-dns = false gives the node without a cache: the
 // kubelet's cluster DNS is cluster-dns again, the interface gone.
 func TestLocalDNSCacheServesPodsThroughAnOutageARestartAndARepave(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	ctx := context.Background()
 	c := f.env.kube

@@ -13,7 +13,7 @@ import (
 // protocol: the attributes are journal fields an operator can filter on,
 // and MESSAGE still reads as a whole line in `journalctl -u`.
 func TestOneShotLogsStructuredFieldsToTheJournal(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	m := harness.New(t, harness.Options{Package: true})
 	m.Start()
 	// No config on the host: the fence refuses with 78 and logs why.

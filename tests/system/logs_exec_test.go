@@ -36,7 +36,7 @@ import (
 // approves as a cluster's approver would). The calls are client-go's, the
 // same kubectl makes.
 func TestLogsExecAndPortForwardReachAPodOnTheAgentsNode(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	begin := time.Now()
 	f.m.Start()
@@ -198,7 +198,7 @@ func containsString(list []string, s string) bool {
 // a certificate error, not with a timeout or a success. (This is what the
 // default, "cluster", is for.)
 func TestSelfSignedServingCertIsNotTrustedByAVerifyingAPIServer(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	dropIn := filepath.Join(f.m.Root(), "etc/unbounded/agent.toml.d/50-serving-cert.toml")
 	if err := os.MkdirAll(filepath.Dir(dropIn), 0o755); err != nil {

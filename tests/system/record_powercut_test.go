@@ -23,7 +23,7 @@ import (
 // on the same host, the power cuts of its operations
 // (powerCutsOfOperations): no outcome and no owed write is lost.
 func TestPowerCutsAtFirstBootsRecordLeaveOneRecordAndTheMachineSucceeded(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	rec := f.paths.AppliedConfig("kube1")
 	staged := []string{rec + ".next", hostpaths.Checksum(rec + ".next")}

@@ -104,7 +104,7 @@ func wantSays(t *testing.T, what, text string, words ...string) {
 }
 
 func TestRecoveryReportsAFailedOneShotAndRepairsTheDaemon(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	units := map[string]int{
 		"unbounded-test-fails.service":    1,

@@ -71,7 +71,7 @@ func crashRepaveAtEveryPoint(t *testing.T, f *firstBoot) {
 // state, the generator resumes the repave, and it ends with exactly one
 // slot, healthy, and one consistent applied config.
 func TestRepaveCrashAtEveryPointThenPowerCutsConverge(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	ns := f.bootNode(t)
 

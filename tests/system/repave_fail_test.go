@@ -162,7 +162,7 @@ func (f *firstBoot) blockingBudget(t *testing.T, ns string) {
 // terminating is waited for, not evicted again, and the repave goes on
 // once it is gone.
 func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	ns := f.bootNode(t)
 	ctx := context.Background()

@@ -44,7 +44,7 @@ const repaveReadyTimeout = "3m"
 const neverHealthyReadyTimeout = "60s"
 
 func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{mode: "none"})
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -150,11 +150,13 @@ func TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy
 	// whose Node vanished (the repave deletes it), and its repave after
 	// this one must find nothing to do rather than try the broken
 	// version again.
+	cursor := journalCursor(t, f)
 	took, p = f.repaveNone(t, func() {
-		waitUntil(t, 2*time.Minute, "the repave planned", func(context.Context) (bool, error) {
-			j, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "-u", repaveUnit, "-n", "40")
-			return strings.Contains(j, "repave begun mode=none running=kube1 slot=kube1 old="+v2+" new="+v3), nil
-		})
+		planned := "repave begun mode=none running=kube1 slot=kube1 old=" + v2 + " new=" + v3
+		if _, err := f.m.WaitJournal(2*time.Minute, func(l string) bool { return strings.Contains(l, planned) },
+			"-u", repaveUnit, "--after-cursor", cursor); err != nil {
+			t.Fatalf("the repave planned: %v", err)
+		}
 		f.setKubernetesVersion(t, v3, v2)
 	})
 	t.Logf("repave %s -> %s (never healthy) ended after %v: %v", v2, v3, took, p)

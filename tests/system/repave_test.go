@@ -220,7 +220,7 @@ func (f *firstBoot) wantMachineSlot(t *testing.T, slot string) {
 // goes back to kube1 through the daemon: Complete, with an Event on the
 // Machine.
 func TestRepaveNspawnByHandThenByOperation(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	ns := f.bootNode(t)
 	before := f.nodeObject(t)

@@ -23,7 +23,7 @@ import (
 // object), the repave's run says it was for the vanished Node, and the
 // daemon records the NodeGone Event.
 func TestRepaveOfANodeThatVanishedWhileTheDaemonWasDown(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{})
 	ns := f.bootNode(t)
 	ctx := context.Background()
@@ -52,10 +52,10 @@ func TestRepaveOfANodeThatVanishedWhileTheDaemonWasDown(t *testing.T) {
 	}
 	// The grace, then the repave (the old node is not running: nothing to
 	// drain), bounded generously.
-	waitUntil(t, daemon.DefaultNodeGoneGrace+3*time.Minute, repaveService+" started by the daemon", func(context.Context) (bool, error) {
-		j, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "-u", repaveService, "--after-cursor", cursor)
-		return strings.TrimSpace(j) != "", nil
-	})
+	if _, err := f.m.WaitJournal(daemon.DefaultNodeGoneGrace+3*time.Minute, func(string) bool { return true },
+		"-u", repaveService, "--after-cursor", cursor); err != nil {
+		t.Fatalf("%s started by the daemon: %v", repaveService, err)
+	}
 	t.Logf("the daemon started the repave %v after its own start", time.Since(begin).Round(time.Millisecond))
 	p := waitUnitDone(t, f, repaveService, cursor, 10*time.Minute)
 	j, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "-u", repaveService, "--after-cursor", cursor)

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
-
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -40,7 +38,7 @@ import (
 // left, the daemon reporting the change and removing the handoff, the
 // Deployment's pod started again.
 func TestIsolationChangeByReprovisionCrashesAndPowerCutsConverge(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f, ns := isolationHost(t, firstBootOptions{alsoNone: true})
 	if t.Failed() {
 		return
@@ -148,20 +146,15 @@ func (f *firstBoot) waitCrashLine(t *testing.T, cursor, point string, timeout ti
 const crashLineLag = 30 * time.Second
 
 // waitJournalLine waits until the host's journal (narrowed by match:
-// journalctl's arguments) has a line containing line, and fails
-// with what it had at the end of timeout. The lines a unit writes just
-// before it ends reach journald through a stream it reads on its own
-// time: a single look right after the unit's end may miss them.
+// journalctl's arguments) has a line containing line, and fails with
+// what it had at the end of timeout. The lines a unit writes just before
+// it ends reach journald through a stream it reads on its own time: a
+// single look right after the unit's end may miss them. It follows the
+// journal (harness.Machine.WaitJournal): it ends on the line.
 func (f *firstBoot) waitJournalLine(t *testing.T, line string, timeout time.Duration, match ...string) {
 	t.Helper()
-	args := append([]string{"journalctl", "-q", "--no-pager", "-o", "cat"}, match...)
-	var out string
-	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		out, _ = f.m.Run(args...)
-		return strings.Contains(out, line), nil
-	})
-	if err != nil {
-		t.Fatalf("the journal (%s) has no line %q within %v:\n%s", strings.Join(match, " "), line, timeout, out)
+	if _, err := f.m.WaitJournal(timeout, func(l string) bool { return strings.Contains(l, line) }, match...); err != nil {
+		t.Fatalf("the journal (%s) has no line %q: %v", strings.Join(match, " "), line, err)
 	}
 }
 

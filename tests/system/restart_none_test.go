@@ -18,7 +18,7 @@ import (
 // hand once the payload stops dying brings the node back, and health
 // sees it healthy again.
 func TestRestartNoneKeepsPodsRunningAndHealthGivesUpOnAPayloadThatKeepsDying(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	f := newFirstBoot(t, firstBootOptions{mode: "none"})
 	logJournalsOnFailure(t, f)
 	healthTimings{interval: 3 * time.Second, failures: 2, maxRestarts: 1, restartTimeout: 30 * time.Second}.write(f)

@@ -24,7 +24,7 @@ import (
 // by name), a privileged pod uses them, and one that appears before the
 // restart is the node's after it.
 func TestRestartNspawnRebootsOnlyTheMachineAndAnUnfencedMachineComesBackByItself(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	uid := string(uuid.NewUUID())
 	devs := newHostDevices(t)
 	f := newFirstBoot(t, firstBootOptions{

@@ -37,7 +37,7 @@ import (
 // image fixed, --resume retries it and goes on to the second: both end
 // on the fixed image.
 func TestRollingRepaveOneHostAtATimeStopsAtAFailureAndResumes(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	hosts := []*firstBoot{newFirstBoot(t, firstBootOptions{}), newFirstBoot(t, firstBootOptions{})}
 	// -l takes the Machines in name order.
 	slices.SortFunc(hosts, func(a, b *firstBoot) int { return strings.Compare(a.name, b.name) })

@@ -200,7 +200,7 @@ func (f *firstBoot) agentUpgradedWithin(t *testing.T, within time.Duration, stat
 // finished at boot, the previous package back; (5) the host made
 // image-based: an override, then an image update supersedes it.
 func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(t *testing.T) {
-	t.Parallel()
+	defer scenario(t)()
 	// The package server of spec.agent: https on loopback, forwarded to
 	// the host, its certificate in the host's system roots (after boot).
 	pkgDir := t.TempDir()

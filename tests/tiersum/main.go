@@ -26,8 +26,10 @@
 // inside the unit step: its tests' own time is given).
 //
 // The system tier's scenarios log "timing: KIND SECONDS" lines
-// (tests/system/harness: boot and first-boot; tests/system: wait);
-// the summary lists every scenario with its wall time and those sums.
+// (tests/system/harness: boot and first-boot; tests/system: wait, and
+// queued: the wait for a place among the running scenarios); the summary
+// lists every scenario with its wall time from its place on and the sums
+// of the others.
 //
 // The tiers named in UNBOUNDED_TEST_REQUIRED (see tests/tiers; "kube" is
 // the "kubernetes" tier) must run: one that skipped every test or ran none
@@ -99,6 +101,11 @@ type timed struct {
 // of a host (first-boot: a host with agent.toml boots through its whole
 // bootstrap), and polls until a condition of the cluster or the host holds (wait).
 var timingKinds = []string{"first-boot", "boot", "wait"}
+
+// queuedKind is the "timing:" line of a scenario's wait for a place
+// (tests/system/schedule_test.go): its wall time is counted from the
+// place on.
+const queuedKind = "queued"
 
 // timingLine is a scenario's "timing: KIND SECONDS" line.
 var timingLine = regexp.MustCompile(`timing: ([a-z-]+) ([0-9.]+)s`)
@@ -287,6 +294,9 @@ type result struct {
 	// kinds and counts add up its "timing:" lines by kind.
 	kinds  map[string]float64
 	counts map[string]int
+	// queued is how long it waited for a place among the running
+	// scenarios ("timing: queued"), not counted in secs.
+	queued float64
 }
 
 // read tallies one go test -json stream into tier (or "kubernetes" for
@@ -351,7 +361,11 @@ func read(w io.Writer, file, tier string, get func(string) *tally) error {
 			if strings.Contains(e.Output, "kubeenv:") && tier == tiers.Unit {
 				r.kube = true
 			}
-			if m := timingLine.FindStringSubmatch(e.Output); m != nil {
+			if m := timingLine.FindStringSubmatch(e.Output); m != nil && m[1] == queuedKind {
+				if secs, err := strconv.ParseFloat(m[2], 64); err == nil {
+					r.queued += secs
+				}
+			} else if m != nil {
 				if secs, err := strconv.ParseFloat(m[2], 64); err == nil {
 					top := ps.tests[topLevel(e.Test)]
 					if top == nil {
@@ -366,7 +380,7 @@ func read(w io.Writer, file, tier string, get func(string) *tally) error {
 				}
 			}
 		case "pass", "fail", "skip":
-			r.action, r.secs = e.Action, e.Elapsed
+			r.action, r.secs = e.Action, max(e.Elapsed-r.queued, 0)
 			ps.ended = append(ps.ended, r)
 		}
 	}

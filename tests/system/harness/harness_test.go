@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"unbounded-cloud.io/agent/tests/system/harness"
 )
@@ -170,5 +171,31 @@ func TestNetworkIsNewAtEveryBootWithTheTestsListenersOnItsLoopback(t *testing.T)
 	}
 	if out, err := m.Run("ip", "link", "show", "ubt-probe"); err == nil {
 		t.Errorf("the link the first boot made is in the second boot's network:\n%s", out)
+	}
+}
+
+// TestWaitJournalEndsOnTheLine: a wait for a line that a unit writes later
+// ends with that line, one for a line never written ends at its timeout
+// with an error, and neither leaves a journalctl behind.
+func TestWaitJournalEndsOnTheLine(t *testing.T) {
+	t.Parallel()
+	m := harness.Boot(t, harness.Options{})
+	cursor := strings.TrimSpace(m.MustRun("sh", "-c", "journalctl -q -n 0 --show-cursor | sed -n 's/^-- cursor: //p'"))
+	m.MustRun("systemd-run", "--unit=probe-later", "--on-active=2", "--timer-property=AccuracySec=10ms", "/bin/echo", "probe-later-line")
+	begin := time.Now()
+	l, err := m.WaitJournal(time.Minute, func(l string) bool { return l == "probe-later-line" }, "--after-cursor", cursor)
+	if err != nil || l != "probe-later-line" {
+		t.Fatalf("WaitJournal = %q, %v; want the line", l, err)
+	}
+	if took := time.Since(begin); took > 30*time.Second {
+		t.Errorf("the wait took %v for a line written after 2 s", took)
+	}
+	if _, err := m.WaitJournal(3*time.Second, func(l string) bool { return l == "never-written" }, "--after-cursor", cursor); err == nil || !strings.Contains(err.Error(), "within 3s") {
+		t.Errorf("WaitJournal for a line never written = %v, want its timeout", err)
+	}
+	// Killed ones the machine's PID 1 has not reaped yet are no
+	// journalctl that runs.
+	if out, _ := m.Run("sh", "-c", "ps -C journalctl -o stat=,args= | grep -v '^Z' || true"); strings.TrimSpace(out) != "" {
+		t.Errorf("journalctl processes left in the machine: %s", out)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
@@ -276,6 +277,86 @@ func (m *Machine) Journal(unit string) string {
 	}
 	return out
 }
+
+// WaitJournal waits until a line of the machine's journal from its first
+// line or args' cursor (journalctl -q -o cat, with args narrowing it:
+// --after-cursor, -b, -u, field matches, --grep) satisfies want, and
+// returns that line. It follows the journal (journalctl -f, one process
+// for the whole wait, which ends on the line) and, because a follower
+// started near a boot's journal flush was seen to miss lines for good,
+// also reads it whole every journalFallback. At timeout, or when the
+// machine stops, it returns an error with the last lines it saw.
+func (m *Machine) WaitJournal(timeout time.Duration, want func(line string) bool, args ...string) (string, error) {
+	if m.Leader() == 0 {
+		return "", errors.New("machine not running")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	lines := make(chan string, 256)
+	follower := exec.Command("nsenter", append([]string{"-t", strconv.Itoa(m.Leader()), "-a", "--",
+		"journalctl", "-f", "--no-tail", "-q", "--no-pager", "-o", "cat"}, args...)...)
+	follower.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "SYSTEMD_COLORS=0"}
+	// Its own process group: nsenter forks journalctl (the machine's
+	// PID namespace), and both must end with the wait.
+	follower.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := follower.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	if err := follower.Start(); err != nil {
+		return "", err
+	}
+	defer func() {
+		_ = syscall.Kill(-follower.Process.Pid, syscall.SIGKILL)
+		_ = follower.Wait()
+	}()
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	var seen []string
+	tick := time.NewTicker(journalFallback)
+	defer tick.Stop()
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				lines = nil // the follower ended: the fallback reads on
+				continue
+			}
+			if want(l) {
+				return l, nil
+			}
+			if seen = append(seen, l); len(seen) > 80 {
+				seen = seen[1:]
+			}
+		case <-tick.C:
+			if m.Leader() == 0 {
+				return "", fmt.Errorf("journalctl %s: the machine stopped; its last lines:\n%s", strings.Join(args, " "), strings.Join(seen, "\n"))
+			}
+			whole, _ := m.runContext(ctx, append([]string{"journalctl", "-q", "--no-pager", "-o", "cat"}, args...)...)
+			all := strings.Split(strings.TrimSuffix(whole, "\n"), "\n")
+			for _, l := range all {
+				if want(l) {
+					return l, nil
+				}
+			}
+			if len(all) > len(seen) {
+				seen = all[max(len(all)-80, 0):]
+			}
+		case <-ctx.Done():
+			return "", fmt.Errorf("journalctl %s: no such line within %v; its last lines:\n%s", strings.Join(args, " "), timeout, strings.Join(seen, "\n"))
+		}
+	}
+}
+
+// journalFallback is how often WaitJournal reads the journal whole beside
+// its follower.
+const journalFallback = 2 * time.Second
 
 // Kmsg returns every line written to the machine's /dev/kmsg since it was
 // created (across reboots), without the "<N>" priority prefix.

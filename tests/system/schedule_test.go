@@ -1,0 +1,195 @@
+package system_test
+
+import (
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The tier runs its scenarios a few at a time (EnvParallel, default
+// defaultParallel) on a machine of two cores, and the tier ends when its
+// last scenario does: started in go test's order (which is the order in
+// which paused tests happen to wake, close to random), a 6-minute scenario
+// started late left the tier's last minutes to one or two scenarios. So
+// go test runs every scenario at once (-parallel in tests/run-tiers.sh is
+// above their number), and each waits here for a place, given to the
+// longest expected first (longest processing time first: the tail is
+// the short ones).
+
+// EnvParallel is how many scenarios run at once.
+const EnvParallel = "UNBOUNDED_TEST_SYSTEM_PARALLEL"
+
+const defaultParallel = 4
+
+// expected are the scenarios' wall times in a clean-clone run (A6,
+// 8cd6055, seconds, four at a time), for their order only: a scenario
+// not listed is taken for a short one. A stale figure costs only minutes
+// of the tier's tail, never a result.
+var expected = map[string]float64{
+	"TestRepaveFailuresLeaveTheNodeAsItWas":                                       412,
+	"TestPowerCutsAtFirstBootsRecordLeaveOneRecordAndTheMachineSucceeded":         354,
+	"TestRollingRepaveOneHostAtATimeStopsAtAFailureAndResumes":                    353,
+	"TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset":               338,
+	"TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp":  331,
+	"TestRepaveCrashAtEveryPointThenPowerCutsConverge":                            305,
+	"TestIsolationChangeCrashAtEveryPointThenPowerCutsConverge":                   257,
+	"TestIsolationChangeByReprovisionCrashesAndPowerCutsConverge":                 254,
+	"TestIsolationChangeByReprovisionRetriesWhileTheAPIServerIsUnreachable":       240,
+	"TestIsolationChangeInPlaceBetweenContainerAndTheOtherModes":                  207,
+	"TestRepaveNoneInPlaceToAnotherVersionAndRollBackFromOneThatNeverGetsHealthy": 189,
+	"TestLocalDNSCacheServesPodsThroughAnOutageARestartAndARepave":                188,
+	"TestRepaveOfANodeThatVanishedWhileTheDaemonWasDown":                          183,
+	"TestConformance/nspawn":    178,
+	"TestConformance/container": 171,
+	"TestIsolationChangeByReprovisionThatCannotSucceedGivesUpAtItsDeadline":                                            159,
+	"TestRepaveNspawnByHandThenByOperation":                                                                            151,
+	"TestIsolationChangeInPlaceNspawnToNoneAndBack":                                                                    143,
+	"TestBootstrapAndResetCrashAtEveryPointConverge":                                                                   130,
+	"TestHealthStartsTheNodeOnceTheFenceGetsAnAnswerAgainAfterBoot":                                                    128,
+	"TestResetThenBootstrapAgainUnderTheSameName":                                                                      124,
+	"TestRestartNoneKeepsPodsRunningAndHealthGivesUpOnAPayloadThatKeepsDying":                                          123,
+	"TestAdoptOlderAgentsHostKeepsItsNodeThenRepavesAndResets":                                                         119,
+	"TestFirstBootNspawnBringsUpAReadyNode":                                                                            110,
+	"TestRecoveryReportsAFailedOneShotAndRepairsTheDaemon":                                                             86,
+	"TestRestartNspawnRebootsOnlyTheMachineAndAnUnfencedMachineComesBackByItself":                                      78,
+	"TestStateFileThatIsNotARegularFileBootsIntoSafeStateWithoutStallingPID1/applied_config_is_a_symlink_to_/dev/zero": 39,
+	"TestStateFileThatIsNotARegularFileBootsIntoSafeStateWithoutStallingPID1/ownership_record_is_a_FIFO":               37,
+	"TestSelfSignedServingCertIsNotTrustedByAVerifyingAPIServer":                                                       62,
+	"TestFirstBootOfflineWithoutAnyNetwork":                                                                            54,
+	"TestLogsExecAndPortForwardReachAPodOnTheAgentsNode":                                                               54,
+	"TestHealthCountsANodeTheClusterReportsNotReadyAndARefusedNoneRestartLeavesTheNodeDown":                            49,
+}
+
+// settle is how long the first place waits for more scenarios to arrive
+// (go test lets them all go within milliseconds), so that the first
+// places go to the longest rather than to the first to arrive.
+const settle = 300 * time.Millisecond
+
+var places = newGate(parallelFromEnv())
+
+func parallelFromEnv() int {
+	if n, err := strconv.Atoi(os.Getenv(EnvParallel)); err == nil && n > 0 {
+		return n
+	}
+	return defaultParallel
+}
+
+// scenario runs t in parallel with the tier's other scenarios, once it has
+// a place among the ones running; the place is given back by calling what
+// it returns, deferred at the top of the test function:
+//
+//	defer scenario(t)()
+//
+// A test whose subtests run in parallel gives its place back when its own
+// function returns, before they run (each of them takes a place of its
+// own). The wait for a place is logged as "timing: queued" (the tier
+// summary does not count it in the scenario's time).
+func scenario(t *testing.T) (done func()) {
+	t.Helper()
+	t.Parallel()
+	begin := time.Now()
+	release := places.admit(t.Name())
+	if q := time.Since(begin); q >= time.Second {
+		t.Logf("timing: queued %.2fs", q.Seconds())
+	}
+	return release
+}
+
+type waiter struct {
+	name  string
+	ready chan struct{}
+}
+
+// gate gives n places to waiters, the longest expected first.
+type gate struct {
+	mu      sync.Mutex
+	free    int
+	waiting []*waiter
+	settled bool
+	timer   *time.Timer
+}
+
+func newGate(n int) *gate { return &gate{free: n} }
+
+func (g *gate) admit(name string) func() {
+	w := &waiter{name: name, ready: make(chan struct{})}
+	g.mu.Lock()
+	g.waiting = append(g.waiting, w)
+	if !g.settled {
+		if g.timer == nil {
+			g.timer = time.AfterFunc(settle, func() {
+				g.mu.Lock()
+				g.settled = true
+				g.dispatch()
+				g.mu.Unlock()
+			})
+		} else {
+			g.timer.Reset(settle)
+		}
+	} else {
+		g.dispatch()
+	}
+	g.mu.Unlock()
+	<-w.ready
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			g.free++
+			g.dispatch()
+			g.mu.Unlock()
+		})
+	}
+}
+
+// dispatch gives the free places to the longest expected waiters; g.mu is
+// held.
+func (g *gate) dispatch() {
+	for g.settled && g.free > 0 && len(g.waiting) > 0 {
+		best := 0
+		for i, w := range g.waiting {
+			if expected[w.name] > expected[g.waiting[best].name] {
+				best = i
+			}
+		}
+		w := g.waiting[best]
+		g.waiting = append(g.waiting[:best], g.waiting[best+1:]...)
+		g.free--
+		close(w.ready)
+	}
+}
+
+// TestPlacesGoToTheLongestExpectedFirst: with one place, the waiters that
+// arrive together get it longest expected first, and a place given back
+// goes to the next.
+func TestPlacesGoToTheLongestExpectedFirst(t *testing.T) {
+	g := newGate(1)
+	names := []string{"TestShortOne", "TestRepaveNspawnByHandThenByOperation", "TestRepaveFailuresLeaveTheNodeAsItWas", "TestConformance/container"}
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	for _, n := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			done := g.admit(n)
+			mu.Lock()
+			order = append(order, n)
+			mu.Unlock()
+			time.Sleep(10 * time.Millisecond) // holding the place
+			done()
+			done() // twice: given back once
+		}()
+	}
+	wg.Wait()
+	want := []string{"TestRepaveFailuresLeaveTheNodeAsItWas", "TestConformance/container", "TestRepaveNspawnByHandThenByOperation", "TestShortOne"}
+	if !slices.Equal(order, want) {
+		t.Errorf("places given in the order %v, want %v", order, want)
+	}
+	if g.free != 1 {
+		t.Errorf("%d places free at the end, want the one", g.free)
+	}
+}
