@@ -31,6 +31,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,7 +52,25 @@ import (
 const (
 	EnvRootfs = "UNBOUNDED_TEST_ROOTFS"
 	EnvDeb    = "UNBOUNDED_TEST_DEB"
+	// EnvMachineTmpfs set to 0 keeps machines' files on the disk's file
+	// system (newMachine).
+	EnvMachineTmpfs = "UNBOUNDED_TEST_MACHINE_TMPFS"
 )
+
+// idleGenerators are the stock systemd generators of the test rootfs that
+// have nothing to do in a container (no block devices, no kernel command
+// line, no rc.local); a machine masks them. The fstab, getty and SysV
+// generators, and the agent's, run.
+var idleGenerators = []string{
+	"systemd-cryptsetup-generator", "systemd-debug-generator", "systemd-gpt-auto-generator",
+	"systemd-hibernate-resume-generator", "systemd-integritysetup-generator", "systemd-rc-local-generator",
+	"systemd-run-generator", "systemd-system-update-generator", "systemd-veritysetup-generator",
+}
+
+// machineTmpfsSize bounds one machine's files in memory (a bound, not a
+// reservation: a host with two node trees and its journal takes well
+// under 1 GiB).
+const machineTmpfsSize = "8g"
 
 // Timeouts. A boot takes about a second here; these are generous so that a
 // loaded CI machine fails with a message instead of flaking (a mode none
@@ -123,6 +142,7 @@ type Machine struct {
 	args   []string
 
 	mounted bool
+	tmpfs   bool // m.dir is a tmpfs of its own
 	kmsg    *kmsgReader
 	starts  int // how many times it was started
 
@@ -238,6 +258,20 @@ func newMachine(lowers, args []string, logf func(string, ...any)) (*Machine, err
 		lowers: lowers,
 		args:   args,
 	}
+	// The machine's own files (its overlay's upper directory: the node
+	// trees a first boot or a repave unpacks, the journal, every atomic
+	// write's fsync) live in memory unless UNBOUNDED_TEST_MACHINE_TMPFS=0:
+	// a test host's writes need to outlive its power cuts, which they do
+	// (the tmpfs is the VM's), not the VM. On the disk's file system
+	// they cost the system tier a large part of its kernel time
+	// (journalling, writeback, and every machine's shutdown syncing
+	// every other machine's writes).
+	if os.Getenv(EnvMachineTmpfs) != "0" {
+		if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0700,size="+machineTmpfsSize); err != nil {
+			return m, fmt.Errorf("mount a tmpfs on %s: %w", dir, err)
+		}
+		m.tmpfs = true
+	}
 	for _, d := range []string{"upper", "work", "root"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
 			return m, err
@@ -262,6 +296,19 @@ func newMachine(lowers, args []string, logf func(string, ...any)) (*Machine, err
 	if err := writeUnder(m.Root(), "/etc/systemd/journald.conf.d/50-unbounded-tests.conf",
 		[]byte("# Written by the system test harness: the harness reads /dev/kmsg.\n[Journal]\nReadKMsg=no\n"), 0o644); err != nil {
 		return m, err
+	}
+	// systemd runs every generator at every boot and every daemon-reload
+	// (the agent reloads at each hand-over and slot start); these find
+	// nothing to do in a container, and masked they cost nothing.
+	gens := filepath.Join(m.Root(), "etc/systemd/system-generators")
+	if err := os.MkdirAll(gens, 0o755); err != nil {
+		return m, err
+	}
+	for _, g := range idleGenerators {
+		// A machine over the package layer has them from it.
+		if err := os.Symlink("/dev/null", filepath.Join(gens, g)); err != nil && !errors.Is(err, fs.ErrExist) {
+			return m, err
+		}
 	}
 	return m, nil
 }
@@ -628,6 +675,12 @@ func (m *Machine) destroy() error {
 	}
 	if err := m.unmount(); err != nil {
 		errs = append(errs, err)
+	}
+	if m.tmpfs {
+		if err := unix.Unmount(m.dir, unix.MNT_DETACH); err != nil {
+			errs = append(errs, fmt.Errorf("unmount the tmpfs %s: %w", m.dir, err))
+		}
+		m.tmpfs = false
 	}
 	if err := os.RemoveAll(m.dir); err != nil {
 		errs = append(errs, err)
