@@ -303,6 +303,16 @@ func waitUnitDone(t *testing.T, f *firstBoot, unit, cursor string, timeout time.
 			return strings.Contains(l, unit+": Deactivated successfully.") || strings.Contains(l, "Failed with result")
 		}, "-u", unit, "--after-cursor", cursor)
 	}
+	if err == nil && cursor != "" {
+		// The run's own last lines come through its output stream, which
+		// journald may read after the manager's line about its end:
+		// a sync returns once journald has stored what it had been sent
+		// (it handles a sync after the streams), so that the run's lines
+		// read next (lastRunJournal, Journal) are all there.
+		if out, serr := f.m.Run("journalctl", "--sync"); serr != nil {
+			t.Logf("journalctl --sync: %v %s", serr, out)
+		}
+	}
 	if err == nil {
 		err = wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, max(timeout-time.Since(begin), 10*time.Second), true, func(context.Context) (bool, error) {
 			p = showProps(t, f.m, unit, "ActiveState", "SubState", "Result", "ExecMainCode", "ExecMainStatus", "ExecMainPID", "InvocationID", "NRestarts")
