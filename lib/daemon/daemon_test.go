@@ -94,22 +94,23 @@ func TestRepaveOperationWritesRequestThenStartsRepaveUnitAndCompletes(t *testing
 		state v1alpha3.OperationState
 	}
 	seen := make(chan atStart, 4)
-	var opName atomic.Value
 	f.fake.onStart = func(unit string) {
 		req, err := request.Read(f.opts.Paths, "repave")
 		if err != nil {
 			t.Errorf("no request file when %s was started: %v", unit, err)
 		}
 		s := atStart{req: req}
-		if n, ok := opName.Load().(string); ok {
-			s.state = f.env.getOp(t, n).Status.State
+		// The operation by the request's name: the daemon may start the
+		// unit before createOp has returned the name to this test (a
+		// clean-clone run saw it).
+		if req != nil && req.Operation != "" {
+			s.state = f.env.getOp(t, req.Operation).Status.State
 		}
 		seen <- s
 	}
 	startDaemon(t, f.opts)
 
 	op := f.env.createOp(t, f.machine, v1alpha3.OperationRepave)
-	opName.Store(op.Name)
 	done := f.env.waitOp(t, op.Name, opTimeout)
 
 	if done.Status.State != v1alpha3.OperationComplete || done.Status.Reason != ReasonUnitSucceeded {

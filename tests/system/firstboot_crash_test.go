@@ -309,9 +309,7 @@ func waitUnitDone(t *testing.T, f *firstBoot, unit, cursor string, timeout time.
 		// a sync returns once journald has stored what it had been sent
 		// (it handles a sync after the streams), so that the run's lines
 		// read next (lastRunJournal, Journal) are all there.
-		if out, serr := f.m.Run("journalctl", "--sync"); serr != nil {
-			t.Logf("journalctl --sync: %v %s", serr, out)
-		}
+		f.m.SyncJournal()
 	}
 	if err == nil {
 		err = wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, max(timeout-time.Since(begin), 10*time.Second), true, func(context.Context) (bool, error) {

@@ -81,6 +81,7 @@ func (f *firstBoot) repave(t *testing.T, timeout time.Duration) (map[string]stri
 // invocation's lines.
 func (f *firstBoot) lastRunJournal(t *testing.T, p map[string]string) string {
 	t.Helper()
+	f.m.SyncJournal()
 	out, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "_SYSTEMD_INVOCATION_ID="+p["InvocationID"])
 	return out
 }

@@ -268,14 +268,29 @@ func (m *Machine) Wants(unit string) []string {
 	return m.UnitStrings(unit, "Wants")
 }
 
-// Journal returns the messages of unit in this boot's journal (-o cat).
+// Journal returns the messages of unit in this boot's journal (-o cat),
+// every one the unit wrote before the call: a unit's last lines may
+// still be in its output stream, unread by journald, when systemd already
+// says the unit ended; SyncJournal first.
 func (m *Machine) Journal(unit string) string {
 	m.helper()
+	m.SyncJournal()
 	out, err := m.Run("journalctl", "--no-pager", "-b", "-o", "cat", "-u", unit)
 	if err != nil {
 		m.fatalf("%v", err)
 	}
 	return out
+}
+
+// SyncJournal returns once the machine's journald has stored every line
+// written to it before the call (journalctl --sync: journald handles a
+// sync after what its streams and sockets hold), so that a read after it
+// sees the last lines of a unit that has ended.
+func (m *Machine) SyncJournal() {
+	m.helper()
+	if out, err := m.Run("journalctl", "--sync"); err != nil {
+		m.logf("machine %s: journalctl --sync: %v %s", m.Name, err, out)
+	}
 }
 
 // WaitJournal waits until a line of the machine's journal from its first
