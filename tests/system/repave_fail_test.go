@@ -82,7 +82,13 @@ func (f *firstBoot) repave(t *testing.T, timeout time.Duration) (map[string]stri
 func (f *firstBoot) lastRunJournal(t *testing.T, p map[string]string) string {
 	t.Helper()
 	f.m.SyncJournal()
-	out, _ := f.m.Run("journalctl", "-q", "--no-pager", "-o", "cat", "_SYSTEMD_INVOCATION_ID="+p["InvocationID"])
+	// By its invocation, or by its main process: journald gives a line it
+	// reads after the process is gone no unit fields (wantCrashedAt).
+	args := []string{"journalctl", "-q", "--no-pager", "-o", "cat", "-b", "_SYSTEMD_INVOCATION_ID=" + p["InvocationID"]}
+	if pid := p["ExecMainPID"]; pid != "" && pid != "0" {
+		args = append(args, "+", "_PID="+pid)
+	}
+	out, _ := f.m.Run(args...)
 	return out
 }
 
