@@ -60,9 +60,7 @@ func (m *Machine) runContext(ctx context.Context, args ...string) (string, error
 		return "", errors.New("machine not running")
 	}
 	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"-t", strconv.Itoa(leader), "-a", "--"}, args...)...)
-	// A clean environment: the test's own (GOFLAGS, TMPDIR, ...) means
-	// nothing inside the machine.
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "SYSTEMD_COLORS=0"}
+	cmd.Env = machineEnv()
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -70,6 +68,12 @@ func (m *Machine) runContext(ctx context.Context, args ...string) (string, error
 		err = fmt.Errorf("%s in %s: %w; stderr: %s", strings.Join(args, " "), m.Name, err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.String(), err
+}
+
+// machineEnv is the environment of a command run in the machine: a clean
+// one, since the test's own (GOFLAGS, TMPDIR, ...) means nothing there.
+func machineEnv() []string {
+	return []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "SYSTEMD_COLORS=0"}
 }
 
 // fsRoot is where the machine's whole file system is reachable from the
@@ -310,7 +314,7 @@ func (m *Machine) WaitJournal(timeout time.Duration, want func(line string) bool
 	lines := make(chan string, 256)
 	follower := exec.Command("nsenter", append([]string{"-t", strconv.Itoa(m.Leader()), "-a", "--",
 		"journalctl", "-f", "--no-tail", "-q", "--no-pager", "-o", "cat"}, args...)...)
-	follower.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "SYSTEMD_COLORS=0"}
+	follower.Env = machineEnv()
 	// Its own process group: nsenter forks journalctl (the machine's
 	// PID namespace), and both must end with the wait.
 	follower.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
