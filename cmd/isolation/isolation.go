@@ -6,9 +6,10 @@
 // the Node drained, the old node stopped, the new one started behind the
 // fence, waited healthy and recorded, the old mode's files and record
 // removed; rolled back to the old mode when the new node does not come
-// up. An interrupted change is resumed from its journal. It is lib/repave
-// run as an isolation change (Repave.Isolation): one step runner, one
-// journal format, the same drain, fence and readiness wait as a repave.
+// up. An interrupted change is resumed from its journal. It is
+// lib/isolation, which carries the change out on lib/repave's steps: one
+// step runner, one journal format, the same drain, fence and readiness
+// wait as a repave.
 //
 // Exit codes: 0 changed (or the desired mode runs already), 1 failed
 // (the message says whether it rolled back; a bootstrap token the API
@@ -27,8 +28,10 @@ import (
 
 	"unbounded-cloud.io/agent/lib/concern"
 	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/isolation"
 	"unbounded-cloud.io/agent/lib/logging"
 	"unbounded-cloud.io/agent/lib/repave"
+	"unbounded-cloud.io/agent/lib/steps"
 )
 
 type cli struct {
@@ -54,14 +57,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	log := logging.New(stderr, slog.LevelInfo)
-	r := &repave.Repave{Paths: paths, Isolation: true, Force: c.Force, DrainTimeout: c.DrainTimeout, DeleteUnmanaged: c.DeleteUnmanaged,
-		ReadyTimeout: c.ReadyTimeout, Method: c.Method, GiveUpAfter: c.GiveUpAfter, Log: log}
+	r := &isolation.Change{Repave: repave.Repave{Host: steps.Host{Paths: paths, Log: log}, Force: c.Force, DrainTimeout: c.DrainTimeout,
+		DeleteUnmanaged: c.DeleteUnmanaged, ReadyTimeout: c.ReadyTimeout}, Method: c.Method, GiveUpAfter: c.GiveUpAfter}
 	err := r.Run(ctx)
 	switch {
 	case errors.Is(err, repave.ErrNothingToDo):
 		log.Info("isolation: the desired isolation mode is the running one: nothing to change")
 		return exitcode.OK
-	case errors.Is(err, repave.ErrHandedOff):
+	case errors.Is(err, isolation.ErrHandedOff):
 		log.Info("isolation: handed off to unbounded-reprovision.service, which resets the host and bootstraps the new mode; the change is in progress")
 		return exitcode.OK
 	}

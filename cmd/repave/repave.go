@@ -20,6 +20,7 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/logging"
 	"unbounded-cloud.io/agent/lib/repave"
+	"unbounded-cloud.io/agent/lib/steps"
 )
 
 type cli struct {
@@ -43,7 +44,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	log := logging.New(stderr, slog.LevelInfo)
-	r := &repave.Repave{Paths: paths, Force: c.Force, DrainTimeout: c.DrainTimeout, DeleteUnmanaged: c.DeleteUnmanaged, ReadyTimeout: c.ReadyTimeout, Log: log}
+	r := &repave.Repave{Host: steps.Host{Paths: paths, Log: log}, Force: c.Force, DrainTimeout: c.DrainTimeout, DeleteUnmanaged: c.DeleteUnmanaged, ReadyTimeout: c.ReadyTimeout}
 	err := r.Run(ctx)
 	if errors.Is(err, repave.ErrNothingToDo) {
 		log.Info("repave: " + err.Error())

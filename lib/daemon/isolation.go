@@ -26,8 +26,8 @@ const OperationIsolationChange v1alpha3.OperationType = "IsolationChange"
 // The parameters of an isolation change's request: the running mode, the
 // spec's, and the spec's isolation.method when it names one (absent: the
 // build's method for the pair). The isolation unit reads the method as
-// lib/repave's ParamMethod (named here: lib/daemon does not link
-// lib/repave).
+// lib/isolation's ParamMethod (named here: lib/daemon does not link
+// lib/isolation).
 const (
 	paramFrom   = "from"
 	paramTo     = "to"
@@ -132,8 +132,8 @@ func (d *daemon) isolationJob() *job {
 	return &job{uid: uid, typ: OperationIsolationChange, params: params}
 }
 
-// isolationJournal is the in-place change's journal (lib/repave's
-// IsolationOperation, named here: lib/daemon does not link lib/repave).
+// isolationJournal is the in-place change's journal (lib/isolation's
+// Operation, named here: lib/daemon does not link lib/isolation).
 const isolationJournal = "isolation"
 
 // isolationReport puts the isolation change the host shows into want's

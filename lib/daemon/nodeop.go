@@ -20,7 +20,7 @@ import (
 // it again at its end.
 var nodeOperationOwners = map[string]bool{
 	"repave":    true, // lib/repave's Operation
-	"isolation": true, // lib/repave's IsolationOperation
+	"isolation": true, // lib/isolation's Operation
 }
 
 // busyUnit returns the node operation's unit that runs now without the

@@ -26,8 +26,8 @@ import (
 
 // RepaveJournal is the repave's journal's name (lib/repave's Operation,
 // named here so that this package does not link lib/repave's cluster
-// client); IsolationJournal the isolation change's (lib/repave's
-// IsolationOperation).
+// client); IsolationJournal the isolation change's (lib/isolation's
+// Operation).
 const (
 	RepaveJournal    = "repave"
 	IsolationJournal = "isolation"

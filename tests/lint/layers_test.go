@@ -54,6 +54,9 @@ var layers = [][]string{
 	// bootstrap's seams) sits beside the operations built on
 	// bootstrap, never above them: bootstrap's own tests use it.
 	{"lib/reset", "lib/repave", "lib/testhost"},
+	// The isolation change, carried out by the repave's steps, and the
+	// fakes of the tests of both.
+	{"lib/isolation", "lib/repave/repavetest"},
 	// The commands: one per concern, the CLI, the generator.
 	{"cmd/bootstrap", "cmd/daemon", "cmd/fence", "cmd/health", "cmd/lifecycle", "cmd/recover", "cmd/repave", "cmd/reset", "cmd/isolation", "cmd/reprovision",
 		"cmd/restart", "cmd/unbounded", "generators/unbounded-generator", "cmd/kubectl-unbounded", "cmd/upgrade"},

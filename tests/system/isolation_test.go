@@ -17,11 +17,11 @@ import (
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/isolation"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/container/bundle"
 	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/modes/none"
-	"unbounded-cloud.io/agent/lib/repave"
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -416,7 +416,7 @@ func TestIsolationChangeInPlaceBetweenContainerAndTheOtherModes(t *testing.T) {
 
 // TestIsolationChangeCrashAtEveryPointThenPowerCutsConverge: (1) one
 // in-place change nspawn -> none killed at every crash point in turn
-// (lib/repave's and modes.Change's inside the switch), each rerun of the
+// (lib/isolation's: the repave's steps' and modes.Change's inside the switch), each rerun of the
 // unit resuming the one before from its journal and going on to the next
 // point, then a run without a crash point: the host ends in mode none.
 // (2) The host loses power at three points of in-place changes and
@@ -441,7 +441,7 @@ func TestIsolationChangeCrashAtEveryPointThenPowerCutsConverge(t *testing.T) {
 	// (1) Every crash point of one change.
 	f.setMode(t, "none")
 	begin := time.Now()
-	for _, point := range repave.IsolationCrashPoints {
+	for _, point := range isolation.CrashPoints {
 		f.isolationDropIns(t, point)
 		_, p := f.changeIsolation(t)
 		wantCrashedAt(t, f, isolationUnit, point, p)
@@ -450,7 +450,7 @@ func TestIsolationChangeCrashAtEveryPointThenPowerCutsConverge(t *testing.T) {
 	if _, p := f.changeIsolation(t); p["Result"] != "success" {
 		t.Fatalf("the isolation change after the kills: %v\n%s", p, f.lastRunJournal(t, p))
 	}
-	t.Logf("isolation change nspawn -> none killed at %d points, then a clean run: %v", len(repave.IsolationCrashPoints), time.Since(begin).Round(time.Millisecond))
+	t.Logf("isolation change nspawn -> none killed at %d points, then a clean run: %v", len(isolation.CrashPoints), time.Since(begin).Round(time.Millisecond))
 	f.wantMode(t, "none", "kube2")
 	f.waitPodStartedSince(t, ns, begin)
 	if t.Failed() {

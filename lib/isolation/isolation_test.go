@@ -1,8 +1,10 @@
-package repave_test
+package isolation_test
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,9 +14,11 @@ import (
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/isolation"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/repave"
+	"unbounded-cloud.io/agent/lib/repave/repavetest"
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
@@ -22,22 +26,59 @@ import (
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
-// isolationEnv makes the test binary's child run an isolation change.
-const isolationEnv = "REPAVE_TEST_CHILD_ISOLATION"
+// childEnv makes the test binary run one isolation change on the world
+// whose root it names and exit with its code: a crash point then kills a
+// real process.
+const childEnv = "ISOLATION_TEST_CHILD_ROOT"
 
-// asIsolation makes r an isolation change whose bootstrap token the
-// fake API server accepts unless fake/token-rejected exists.
-func asIsolation(r *repave.Repave) {
-	r.Isolation = true
-	r.ReviewToken = func(context.Context, *config.Config) error {
-		if exists(fakeOf(r, "token-rejected")) {
-			return repave.ErrTokenRejected
+func TestMain(m *testing.M) {
+	if root := os.Getenv(childEnv); root != "" {
+		w := &testhost.World{Root: root}
+		w.P.Root = root
+		err := newChange(w, slog.New(slog.NewTextHandler(os.Stderr, nil))).Run(context.Background())
+		if errors.Is(err, repave.ErrNothingToDo) {
+			os.Exit(0)
 		}
-		return nil
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "isolation:", err)
+		}
+		os.Exit(exitcode.For(err))
 	}
+	os.Exit(m.Run())
 }
 
-func fakeOf(r *repave.Repave, name string) string { return r.Paths.Join("/fake/" + name) }
+// newChange is an isolation change on w's fakes (lib/repave/repavetest)
+// whose bootstrap token the fake API server accepts unless
+// fake/token-rejected exists.
+func newChange(w *testhost.World, log *slog.Logger) *isolation.Change {
+	return &isolation.Change{Repave: *repavetest.New(w, log), ReviewToken: func(context.Context, *config.Config) error {
+		if exists(fake(w, "token-rejected")) {
+			return isolation.ErrTokenRejected
+		}
+		return nil
+	}}
+}
+
+func run(t *testing.T, w *testhost.World, tweak ...func(*isolation.Change)) error {
+	t.Helper()
+	c := newChange(w, slog.New(slog.NewTextHandler(tWriter{t}, nil)))
+	c.CrashPoint = func(string) {}
+	for _, f := range tweak {
+		f(c)
+	}
+	return c.Run(context.Background())
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func fake(w *testhost.World, name string) string { return repavetest.Fake(w, name) }
+
+func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // toNone makes agent.toml's mode none: an isolation change's input.
 func toNone(t *testing.T, w *testhost.World) {
@@ -58,7 +99,7 @@ func wantMode(t *testing.T, w *testhost.World, mode, slot string) {
 	if exists(w.P.AppliedConfig(otherSlot(slot))) || exists(w.P.MachineDir(otherSlot(slot))) {
 		t.Errorf("slot %s is left (record or files)", otherSlot(slot))
 	}
-	for _, p := range []string{w.P.Journal(repave.IsolationOperation), w.P.Ownership()} {
+	for _, p := range []string{w.P.Journal(isolation.Operation), w.P.Ownership()} {
 		if exists(p) {
 			t.Errorf("%s left behind", w.P.Rel(p))
 		}
@@ -83,19 +124,19 @@ func otherSlot(s string) string {
 }
 
 func TestIsolationChangeBuildsTheNewModeBesideDrainsSwitchesAndRetiresTheOldMode(t *testing.T) {
-	w := bootstrapped(t)
+	w := repavetest.Bootstrapped(t)
 	toNone(t, w)
-	if err := run(t, w, asIsolation); err != nil {
+	if err := run(t, w); err != nil {
 		t.Fatalf("isolation change: %v", err)
 	}
-	order(t, w.Calls(), "prepare kube2", "cluster unschedulable=true", "cluster drain", "stop kube1",
+	repavetest.Order(t, w.Calls(), "prepare kube2", "cluster unschedulable=true", "cluster drain", "stop kube1",
 		"cluster delete-node", "start "+unitnames.Containerd+"(owned)", "start "+unitnames.Kubelet+"(owned)",
 		"destroy kube1", "start "+unitnames.NodeTarget, "enqueue "+unitnames.Daemon)
 	wantMode(t, w, "none", "kube2")
 	wantOutcome(t, w, "Succeeded", "nspawn", "none")
 	// Asked again: the desired mode runs, nothing to do.
 	w.ClearCalls()
-	if err := run(t, w, asIsolation); !errors.Is(err, repave.ErrNothingToDo) {
+	if err := run(t, w); !errors.Is(err, repave.ErrNothingToDo) {
 		t.Fatalf("second change: %v, want nothing to do", err)
 	}
 	if slices.ContainsFunc(w.Calls(), func(c string) bool { return strings.HasPrefix(c, "cluster") || strings.HasPrefix(c, "prepare") }) {
@@ -105,7 +146,7 @@ func TestIsolationChangeBuildsTheNewModeBesideDrainsSwitchesAndRetiresTheOldMode
 	if err := w.Write("/etc/unbounded/agent.toml", testhost.Config); err != nil {
 		t.Fatal(err)
 	}
-	if err := run(t, w, asIsolation); err != nil {
+	if err := run(t, w); err != nil {
 		t.Fatalf("isolation change back: %v", err)
 	}
 	wantMode(t, w, "nspawn", "kube1")
@@ -114,16 +155,16 @@ func TestIsolationChangeBuildsTheNewModeBesideDrainsSwitchesAndRetiresTheOldMode
 // The daemon's request carries the Machine's spec: its isolation.mode is
 // the desired mode, whatever agent.toml says.
 func TestIsolationChangeFollowsTheMachinesSpecInTheDaemonsRequest(t *testing.T) {
-	w := bootstrapped(t)
-	if err := request.Write(w.P, repave.IsolationConcern, &request.Request{UID: "isolation:none:2", Type: "IsolationChange",
+	w := repavetest.Bootstrapped(t)
+	if err := request.Write(w.P, isolation.Concern, &request.Request{UID: "isolation:none:2", Type: "IsolationChange",
 		Machine: testhost.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := run(t, w, asIsolation); err != nil {
+	if err := run(t, w); err != nil {
 		t.Fatalf("isolation change: %v", err)
 	}
 	wantMode(t, w, "none", "kube2")
-	if !request.Taken(w.P, repave.IsolationConcern, "isolation:none:2") {
+	if !request.Taken(w.P, isolation.Concern, "isolation:none:2") {
 		t.Error("the request is not marked carried out")
 	}
 }
@@ -131,13 +172,13 @@ func TestIsolationChangeFollowsTheMachinesSpecInTheDaemonsRequest(t *testing.T) 
 // A bootstrap token the API server refuses stops the change before
 // anything is touched: the new mode's kubelet could not join.
 func TestIsolationChangeWithARejectedTokenTouchesNothing(t *testing.T) {
-	w := bootstrapped(t)
+	w := repavetest.Bootstrapped(t)
 	toNone(t, w)
 	if err := os.WriteFile(fake(w, "token-rejected"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err := run(t, w, asIsolation)
-	if !errors.Is(err, repave.ErrTokenRejected) || exitcode.For(err) != exitcode.Failed {
+	err := run(t, w)
+	if !errors.Is(err, isolation.ErrTokenRejected) || exitcode.For(err) != exitcode.Failed {
 		t.Fatalf("isolation change with a rejected token: %v (exit %d), want ErrTokenRejected, exit 1", err, exitcode.For(err))
 	}
 	if slices.ContainsFunc(w.Calls(), func(c string) bool {
@@ -152,12 +193,12 @@ func TestIsolationChangeWithARejectedTokenTouchesNothing(t *testing.T) {
 // A new mode whose node never gets healthy is rolled back: the old
 // mode's node runs again, the new slot is gone, the Node uncordoned.
 func TestIsolationChangeRollsBackToTheOldModeWhenTheNewNodeIsNotHealthy(t *testing.T) {
-	w := bootstrapped(t)
+	w := repavetest.Bootstrapped(t)
 	toNone(t, w)
 	if err := os.WriteFile(fake(w, "unhealthy-kube2"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err := run(t, w, asIsolation)
+	err := run(t, w)
 	if !errors.Is(err, modes.ErrRolledBack) {
 		t.Fatalf("isolation change to a node never healthy: %v, want ErrRolledBack", err)
 	}
@@ -173,15 +214,15 @@ func TestIsolationChangeRollsBackToTheOldModeWhenTheNewNodeIsNotHealthy(t *testi
 // unit, the lock is released, the request taken; a second start finds the
 // live handoff and only starts its unit again.
 func TestIsolationChangeByReprovisionStagesTheHandoffAndStartsItsUnit(t *testing.T) {
-	w := bootstrapped(t)
-	if err := request.Write(w.P, repave.IsolationConcern, &request.Request{UID: "isolation:none:3", Type: "IsolationChange",
-		Machine: testhost.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`), Parameters: map[string]string{repave.ParamMethod: modes.MethodReprovision}}); err != nil {
+	w := repavetest.Bootstrapped(t)
+	if err := request.Write(w.P, isolation.Concern, &request.Request{UID: "isolation:none:3", Type: "IsolationChange",
+		Machine: testhost.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`), Parameters: map[string]string{isolation.ParamMethod: modes.MethodReprovision}}); err != nil {
 		t.Fatal(err)
 	}
 	self := filepath.Join(t.TempDir(), "unbounded-agent")
 	os.WriteFile(self, []byte("#!/bin/sh\n"), 0o755)
-	withSelf := func(r *repave.Repave) { asIsolation(r); r.Self = self }
-	if err := run(t, w, withSelf); !errors.Is(err, repave.ErrHandedOff) {
+	withSelf := func(c *isolation.Change) { c.Self = self }
+	if err := run(t, w, withSelf); !errors.Is(err, isolation.ErrHandedOff) {
 		t.Fatalf("a forced reprovision: %v, want ErrHandedOff", err)
 	}
 	if slices.ContainsFunc(w.Calls(), func(c string) bool {
@@ -200,7 +241,7 @@ func TestIsolationChangeByReprovisionStagesTheHandoffAndStartsItsUnit(t *testing
 		h.Deadline.Sub(h.StartedAt) != reprovision.DefaultGiveUpAfter {
 		t.Fatalf("handoff journal %+v (%v)", h, err)
 	}
-	if exists(w.P.Ownership()) || !request.Taken(w.P, repave.IsolationConcern, "isolation:none:3") {
+	if exists(w.P.Ownership()) || !request.Taken(w.P, isolation.Concern, "isolation:none:3") {
 		t.Error("the lock is held or the request not taken after the handoff")
 	}
 	cfg, err := os.ReadFile(filepath.Join(reprovision.Dir(w.P), reprovision.ConfigFile))
@@ -208,7 +249,7 @@ func TestIsolationChangeByReprovisionStagesTheHandoffAndStartsItsUnit(t *testing
 		t.Errorf("the staged target config: %v\n%s", err, cfg)
 	}
 	w.ClearCalls()
-	if err := run(t, w, withSelf); !errors.Is(err, repave.ErrHandedOff) || !slices.Contains(w.Calls(), "enqueue "+unitnames.Reprovision) {
+	if err := run(t, w, withSelf); !errors.Is(err, isolation.ErrHandedOff) || !slices.Contains(w.Calls(), "enqueue "+unitnames.Reprovision) {
 		t.Errorf("a second start with the handoff live: %v, calls %q", err, w.Calls())
 	}
 }
@@ -224,21 +265,20 @@ func TestIsolationChangeByReprovisionChecksTheTokenFirst(t *testing.T) {
 		want         error
 		wantIn       string
 	}{
-		{"a rejected token", modes.MethodReprovision, repave.ErrTokenRejected, "bootstrap token"},
+		{"a rejected token", modes.MethodReprovision, isolation.ErrTokenRejected, "bootstrap token"},
 		{"an unknown method", "Teleport", nil, `method "Teleport"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			w := bootstrapped(t)
-			if err := request.Write(w.P, repave.IsolationConcern, &request.Request{UID: "isolation:none:4", Type: "IsolationChange",
-				Machine: testhost.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`), Parameters: map[string]string{repave.ParamMethod: c.method}}); err != nil {
+			w := repavetest.Bootstrapped(t)
+			if err := request.Write(w.P, isolation.Concern, &request.Request{UID: "isolation:none:4", Type: "IsolationChange",
+				Machine: testhost.Machine, Desired: []byte(`{"isolation":{"mode":"none"}}`), Parameters: map[string]string{isolation.ParamMethod: c.method}}); err != nil {
 				t.Fatal(err)
 			}
 			if err := os.WriteFile(fake(w, "token-rejected"), nil, 0o644); err != nil {
 				t.Fatal(err)
 			}
 			reviewed := false
-			err := run(t, w, func(r *repave.Repave) {
-				asIsolation(r)
+			err := run(t, w, func(r *isolation.Change) {
 				r.Self = filepath.Join(t.TempDir(), "unbounded-agent")
 				review := r.ReviewToken
 				r.ReviewToken = func(ctx context.Context, cfg *config.Config) error { reviewed = true; return review(ctx, cfg) }
@@ -264,7 +304,7 @@ func TestIsolationChangeByReprovisionChecksTheTokenFirst(t *testing.T) {
 
 // isolationCrashPoints are the points an isolation change of the fake
 // modes passes.
-func isolationCrashPoints() []string { return repave.IsolationCrashPoints }
+func isolationCrashPoints() []string { return isolation.CrashPoints }
 
 func TestIsolationChangeCrashAtEveryPointThenRerunConverges(t *testing.T) {
 	if testing.Short() {
@@ -272,13 +312,13 @@ func TestIsolationChangeCrashAtEveryPointThenRerunConverges(t *testing.T) {
 	}
 	for _, point := range isolationCrashPoints() {
 		t.Run(strings.ReplaceAll(point, "/", "_"), func(t *testing.T) {
-			w := bootstrapped(t)
+			w := repavetest.Bootstrapped(t)
 			toNone(t, w)
-			code, out := testhost.RunChild(t, childEnv+"="+w.Root, isolationEnv+"=1", crashpoint.Env+"="+point)
+			code, out := testhost.RunChild(t, childEnv+"="+w.Root, crashpoint.Env+"="+point)
 			if code != crashpoint.ExitCode || !strings.Contains(out, "crash point "+point) {
 				t.Fatalf("crash at %s: exit %d, want %d there\n%s", point, code, crashpoint.ExitCode, out)
 			}
-			if code, out := testhost.RunChild(t, childEnv+"="+w.Root, isolationEnv+"=1", crashpoint.Env+"="); code != 0 {
+			if code, out := testhost.RunChild(t, childEnv+"="+w.Root, crashpoint.Env+"="); code != 0 {
 				t.Fatalf("rerun after the crash at %s: exit %d\n%s", point, code, out)
 			}
 			wantMode(t, w, "none", "kube2")
