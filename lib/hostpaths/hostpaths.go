@@ -239,8 +239,18 @@ func (p Paths) NspawnConfig(slot string) string {
 // NspawnDropInDir holds the drop-ins of a slot's systemd-nspawn@.service
 // instance.
 func (p Paths) NspawnDropInDir(slot string) string {
-	return filepath.Join(p.Join(UnitDirEtcHost), "systemd-nspawn@"+slot+".service.d")
+	return p.UnitDropInDir("systemd-nspawn@" + slot + ".service")
 }
+
+// UnitDropInDir is the operator's drop-in directory of unit
+// (/etc/systemd/system/<unit>.d): what must persist across boots.
+func (p Paths) UnitDropInDir(unit string) string {
+	return filepath.Join(p.Join(UnitDirEtcHost), unit+".d")
+}
+
+// AgentDir holds an image-based host's agent override: its record and
+// the one-shots of each version it staged (lib/upgrade).
+func (p Paths) AgentDir() string { return filepath.Join(p.HostRoot(), "agent") }
 
 // Kmsg is the kernel log, where the generator reports.
 func (p Paths) Kmsg() string { return p.Join(KmsgHost) }

@@ -42,14 +42,12 @@ type Override struct {
 	At      time.Time `json:"at"`
 }
 
-func agentDir(p hostpaths.Paths) string { return filepath.Join(p.HostRoot(), "agent") }
-
-func overrideRecord(p hostpaths.Paths) string { return filepath.Join(agentDir(p), "override.json") }
+func overrideRecord(p hostpaths.Paths) string { return filepath.Join(p.AgentDir(), "override.json") }
 
 // stagedLibexec is where version's one-shots are staged (a path on the
 // host, as units name it).
 func stagedLibexec(p hostpaths.Paths, version string) string {
-	return filepath.Join(agentDir(p), safeName(version), "libexec")
+	return filepath.Join(p.AgentDir(), safeName(version), "libexec")
 }
 
 // ReadOverride returns the active override, nil when the units run the
@@ -180,7 +178,7 @@ func pointUnits(p hostpaths.Paths, o *Override) error {
 	if o != nil {
 		keep = o.Units
 		for _, u := range o.Units {
-			d := p.Join(filepath.Join("/etc/systemd/system", u+".d"))
+			d := p.UnitDropInDir(u)
 			if err := os.MkdirAll(d, 0o755); err != nil {
 				return err
 			}
@@ -215,17 +213,17 @@ func pointUnits(p hostpaths.Paths, o *Override) error {
 }
 
 func removeDropIn(p hostpaths.Paths, unit string) {
-	d := p.Join(filepath.Join("/etc/systemd/system", unit+".d"))
+	d := p.UnitDropInDir(unit)
 	os.Remove(filepath.Join(d, OverrideDropIn))
 	os.Remove(d) // only when empty: an operator's drop-ins stay
 }
 
 // pruneStaged removes the staged versions but keep ("" keeps none).
 func pruneStaged(p hostpaths.Paths, keep string) {
-	ents, _ := os.ReadDir(agentDir(p))
+	ents, _ := os.ReadDir(p.AgentDir())
 	for _, e := range ents {
 		if e.IsDir() && (keep == "" || e.Name() != safeName(keep)) {
-			os.RemoveAll(filepath.Join(agentDir(p), e.Name()))
+			os.RemoveAll(filepath.Join(p.AgentDir(), e.Name()))
 		}
 	}
 }
