@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"unbounded-cloud.io/agent/lib/concern"
+	"unbounded-cloud.io/agent/lib/steps"
 
 	"unbounded-cloud.io/agent/lib/bootstrap"
 	"unbounded-cloud.io/agent/lib/exitcode"
@@ -38,7 +39,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	log := logging.New(stderr, slog.LevelInfo)
-	b := &bootstrap.Bootstrap{Paths: paths, ReadyTimeout: c.ReadyTimeout, Log: log}
+	b := &bootstrap.Bootstrap{Host: steps.Host{Paths: paths, Log: log}, ReadyTimeout: c.ReadyTimeout}
 	err := b.Run(ctx)
 	code = exitcode.For(err)
 	switch code {

@@ -15,6 +15,7 @@ import (
 	"unbounded-cloud.io/agent/lib/lifecycle"
 	"unbounded-cloud.io/agent/lib/logging"
 	"unbounded-cloud.io/agent/lib/modes/all"
+	"unbounded-cloud.io/agent/lib/steps"
 )
 
 type cli struct {
@@ -34,7 +35,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	log := logging.New(stderr, slog.LevelInfo)
-	l := &lifecycle.Lifecycle{Paths: paths, Mode: all.Func(paths, log), Log: log}
+	l := &lifecycle.Lifecycle{Host: steps.Host{Paths: paths, Log: log}, Mode: all.Func(paths, log)}
 	err := l.Run(ctx)
 	code = exitcode.For(err)
 	if code != exitcode.OK {

@@ -25,6 +25,7 @@ import (
 	"unbounded-cloud.io/agent/lib/logging"
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/reset"
+	"unbounded-cloud.io/agent/lib/steps"
 )
 
 type cli struct {
@@ -47,18 +48,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	log := logging.New(stderr, slog.LevelInfo)
+	host := steps.Host{Paths: paths, Log: log}
 	r := &reprovision.Reprovision{
-		Paths: paths,
+		Host: host,
 		Reset: func(ctx context.Context) error {
-			return (&reset.Reset{Paths: paths, KeepHandoff: true, Log: log}).Run(ctx)
+			return (&reset.Reset{Host: host, KeepHandoff: true}).Run(ctx)
 		},
 		Bootstrap: func(ctx context.Context, cfg *config.Config) error {
-			b := &bootstrap.Bootstrap{Paths: paths, Config: func() (*config.Config, error) { return cfg, nil },
-				ReadyTimeout: c.ReadyTimeout, Backoff: -1, Log: log}
+			b := &bootstrap.Bootstrap{Host: host, Config: func() (*config.Config, error) { return cfg, nil },
+				ReadyTimeout: c.ReadyTimeout, Backoff: -1}
 			return b.Run(ctx)
 		},
-		HandOver:   (&bootstrap.Bootstrap{Paths: paths, Log: log}).HandOver,
-		FirstDelay: c.FirstDelay, MaxDelay: c.MaxDelay, Log: log,
+		HandOver:   (&bootstrap.Bootstrap{Host: host}).HandOver,
+		FirstDelay: c.FirstDelay, MaxDelay: c.MaxDelay,
 	}
 	err := r.Run(ctx)
 	if errors.Is(err, reprovision.ErrNoHandoff) {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 
 	"unbounded-cloud.io/agent/lib/concern"
+	"unbounded-cloud.io/agent/lib/steps"
 
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/logging"
@@ -35,7 +36,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	log := logging.New(stderr, slog.LevelInfo)
-	r := &reset.Reset{Paths: paths, KeepHandoff: c.KeepHandoff, Log: log}
+	r := &reset.Reset{Host: steps.Host{Paths: paths, Log: log}, KeepHandoff: c.KeepHandoff}
 	err := r.Run(ctx)
 	code = exitcode.For(err)
 	if code != exitcode.OK && code != exitcode.Deferred {

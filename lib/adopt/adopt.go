@@ -67,7 +67,6 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/facts"
-	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -116,35 +115,9 @@ type Journal struct {
 // Adopt adopts an older agent's host. The zero value of every field but
 // Paths is the real host.
 type Adopt struct {
-	Paths hostpaths.Paths
-	// Systemd connects to the service manager; nil: the system bus.
-	Systemd func(ctx context.Context) (units.Manager, error)
-	// Notify sends an sd_notify state; nil: sd_notify.
-	Notify     func(state string)
-	CrashPoint func(name string)
-	Now        func() time.Time
-	Log        *slog.Logger
-}
-
-func (a *Adopt) log() *slog.Logger {
-	if a.Log != nil {
-		return a.Log
-	}
-	return slog.Default()
-}
-
-func (a *Adopt) now() time.Time {
-	if a.Now != nil {
-		return a.Now()
-	}
-	return time.Now()
-}
-
-func (a *Adopt) systemd(ctx context.Context) (units.Manager, error) {
-	if a.Systemd != nil {
-		return a.Systemd(ctx)
-	}
-	return units.Dial(ctx)
+	// Host is the host's seams (paths, service manager, notify, crash
+	// point, clock, logger); its zero value but Paths is the real host.
+	steps.Host
 }
 
 // Pending says whether there is anything to adopt or to finish: an older
@@ -180,7 +153,7 @@ func (a *Adopt) Run(ctx context.Context) error {
 	var rec *state.AppliedConfig
 	if !resumed || !j.IsDone(StepRecord) {
 		if len(state.LegacyAppliedConfigs(a.Paths)) > 0 {
-			sdstatus.Show(a.log(), a.Notify, "adopting the older agent's node: reading %s", strings.Join(state.LegacyAppliedConfigs(a.Paths), ", "))
+			a.Status("adopting the older agent's node: reading %s", strings.Join(state.LegacyAppliedConfigs(a.Paths), ", "))
 			var from []string
 			if rec, from, err = a.plan(ctx, resumed); err != nil {
 				// Nothing of this run changed the host.
@@ -198,7 +171,7 @@ func (a *Adopt) Run(ctx context.Context) error {
 	if j.Slot != "" {
 		if err := a.steps(ctx, &j, rec); err != nil {
 			if werr := state.WriteJournal(a.Paths, Operation, &j); werr != nil {
-				a.log().Error("adoption journal not written", "error", werr.Error())
+				a.Logger().Error("adoption journal not written", "error", werr.Error())
 			}
 			lock.Release()
 			return err
@@ -236,7 +209,7 @@ func (a *Adopt) plan(ctx context.Context, resumed bool) (*state.AppliedConfig, [
 			return nil, nil, fmt.Errorf("the older agent's applied config: %w", err)
 		}
 		if noSidecar {
-			a.log().Warn("the older agent's applied config has no checksum sidecar (the older agent accepted that too); taken as it is", "file", file)
+			a.Logger().Warn("the older agent's applied config has no checksum sidecar (the older agent accepted that too); taken as it is", "file", file)
 		}
 		fi, err := os.Stat(p.LegacyAppliedConfig(slot))
 		if err != nil {
@@ -296,7 +269,7 @@ func (a *Adopt) plan(ctx context.Context, resumed bool) (*state.AppliedConfig, [
 // record for each (it recorded the new slot of its repave before it
 // removed the old one's).
 func (a *Adopt) runningSlot(ctx context.Context, files []string) (string, error) {
-	sd, err := a.systemd(ctx)
+	sd, err := a.Manager(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -326,7 +299,7 @@ func (a *Adopt) steps(ctx context.Context, j *Journal, rec *state.AppliedConfig)
 			return sd, nil
 		}
 		var err error
-		sd, err = a.systemd(ctx)
+		sd, err = a.Manager(ctx)
 		return sd, err
 	}
 	defer func() {
@@ -334,7 +307,7 @@ func (a *Adopt) steps(ctx context.Context, j *Journal, rec *state.AppliedConfig)
 			sd.Close()
 		}
 	}()
-	run := &steps.Runner{Paths: a.Paths, Operation: Operation, Journal: j, Notify: a.Notify, CrashPoint: a.CrashPoint, Log: a.log()}
+	run := a.Runner(Operation, j)
 	return run.Run(ctx, []steps.Step{
 		// Taken in Run; journaled with the plan before anything changes.
 		{Name: StepLock},
@@ -346,13 +319,13 @@ func (a *Adopt) steps(ctx context.Context, j *Journal, rec *state.AppliedConfig)
 				if err != nil {
 					return err
 				}
-				return RetireOlderUnits(ctx, a.Paths, sd, a.log())
+				return RetireOlderUnits(ctx, a.Paths, sd, a.Logger())
 			}},
 		{Name: StepOlderFiles, Status: "removing the older agent's binaries and its state directory " + hostpaths.LegacyStateDirHost,
-			Run: func(context.Context) error { return RemoveOlderFiles(a.Paths, a.log()) }},
+			Run: func(context.Context) error { return RemoveOlderFiles(a.Paths, a.Logger()) }},
 		{Name: StepAdopted, Final: true, Status: "recording the adoption",
 			Run: func(context.Context) error {
-				return state.WriteAdopted(a.Paths, &state.Adopted{Slot: j.Slot, Machine: j.Machine, From: j.From, At: a.now().UTC()})
+				return state.WriteAdopted(a.Paths, &state.Adopted{Slot: j.Slot, Machine: j.Machine, From: j.From, At: a.Time().UTC()})
 			}},
 	})
 }
@@ -361,8 +334,8 @@ func (a *Adopt) steps(ctx context.Context, j *Journal, rec *state.AppliedConfig)
 // waiting for anything: this may run in unbounded-lifecycle.service,
 // which the daemon's start waits for.
 func (a *Adopt) handOver(ctx context.Context) error {
-	sdstatus.Show(a.log(), a.Notify, "adopted: daemon-reload, queueing %s and %s (the node keeps running)", unitnames.NodeTarget, unitnames.Daemon)
-	sd, err := a.systemd(ctx)
+	a.Status("adopted: daemon-reload, queueing %s and %s (the node keeps running)", unitnames.NodeTarget, unitnames.Daemon)
+	sd, err := a.Manager(ctx)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/testhost"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
@@ -47,7 +48,7 @@ func TestMain(m *testing.M) {
 }
 
 func adopter(w *testhost.World, log *slog.Logger) *adopt.Adopt {
-	return &adopt.Adopt{Paths: w.P, Systemd: w.Systemd, Notify: func(string) {}, Now: func() time.Time { return adoptedAt }, Log: log}
+	return &adopt.Adopt{Host: steps.Host{Paths: w.P, Systemd: w.Systemd, Notify: func(string) {}, Now: func() time.Time { return adoptedAt }, Log: log}}
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

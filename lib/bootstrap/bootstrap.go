@@ -57,7 +57,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"runtime"
 	"strings"
@@ -68,7 +67,6 @@ import (
 	"unbounded-cloud.io/agent/lib/artifacts"
 	"unbounded-cloud.io/agent/lib/backoff"
 	"unbounded-cloud.io/agent/lib/config"
-	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/fence"
 	"unbounded-cloud.io/agent/lib/hostpaths"
@@ -81,11 +79,9 @@ import (
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
 	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/report"
-	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/unitnames"
-	"unbounded-cloud.io/agent/lib/units"
 	"unbounded-cloud.io/agent/lib/version"
 )
 
@@ -188,7 +184,9 @@ type Probe struct {
 // Bootstrap runs the first boot on one host. The zero value of every field
 // but Paths is the real host; tests replace them.
 type Bootstrap struct {
-	Paths hostpaths.Paths
+	// Host is the host's seams (paths, service manager, notify, crash
+	// point, clock, logger); its zero value but Paths is the real host.
+	steps.Host
 	// Config is the config to bootstrap; nil: the config on disk
 	// (config.Load). A reprovision bootstraps its handoff's target
 	// config, whose mode the config on disk may not name.
@@ -196,8 +194,6 @@ type Bootstrap struct {
 	// Mode returns the isolation mode named by the config; nil: the real
 	// nspawn or none mode.
 	Mode func(name string) (modes.Mode, error)
-	// Systemd connects to the service manager; nil: the system bus.
-	Systemd func(ctx context.Context) (units.Manager, error)
 	// HostPrep prepares the host; nil: lib/hostprep on the real host.
 	HostPrep func(ctx context.Context) error
 	// Fetch fetches the verified artifacts; nil: lib/artifacts with the
@@ -225,48 +221,13 @@ type Bootstrap struct {
 	// Backoff is the first retry delay after an exit 75; 0 is
 	// DefaultBackoff, negative is none.
 	Backoff time.Duration
-	// Notify sends an sd_notify state ("STATUS=..."); nil: sd_notify.
-	Notify func(state string)
-	// CrashPoint is called at each named crash point; nil: crashpoint.Hit.
-	CrashPoint func(name string)
-	Now        func() time.Time
-	Log        *slog.Logger
-}
-
-func (b *Bootstrap) log() *slog.Logger {
-	if b.Log != nil {
-		return b.Log
-	}
-	return slog.Default()
-}
-
-func (b *Bootstrap) now() time.Time {
-	if b.Now != nil {
-		return b.Now()
-	}
-	return time.Now()
-}
-
-func (b *Bootstrap) crash(name string) { crashpoint.Via(b.CrashPoint, name) }
-
-// status shows what bootstrap does now in `systemctl status` (STATUS=)
-// and in the journal.
-func (b *Bootstrap) status(format string, args ...any) {
-	sdstatus.Show(b.log(), b.Notify, format, args...)
-}
-
-func (b *Bootstrap) systemd(ctx context.Context) (units.Manager, error) {
-	if b.Systemd != nil {
-		return b.Systemd(ctx)
-	}
-	return units.Dial(ctx)
 }
 
 func (b *Bootstrap) mode(name string) (modes.Mode, error) {
 	if b.Mode != nil {
 		return b.Mode(name)
 	}
-	return all.For(name, b.Paths, b.log())
+	return all.For(name, b.Paths, b.Logger())
 }
 
 // Run bootstraps the host, or hands over a host that is bootstrapped
@@ -278,7 +239,7 @@ func (b *Bootstrap) Run(ctx context.Context) error {
 	if err := b.adopt(ctx); err != nil {
 		return err
 	}
-	b.status("taking the ownership lock")
+	b.Status("taking the ownership lock")
 	lock, err := state.AcquireOwnership(b.Paths, Operation, Unit)
 	if err != nil {
 		// Another installation (reset, repave, reprovision) owns the
@@ -288,7 +249,7 @@ func (b *Bootstrap) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	b.crash("bootstrap/after-lock")
+	b.Crash("bootstrap/after-lock")
 
 	// The first writer after a boot that cut an earlier run between the
 	// staging of its record and the renames: the record goes under its
@@ -303,7 +264,7 @@ func (b *Bootstrap) Run(ctx context.Context) error {
 		return fmt.Errorf("applied state: %w", err)
 	}
 	if active != nil {
-		b.log().Info("host already bootstrapped; handing the node over to systemd instead of bootstrapping again",
+		b.Logger().Info("host already bootstrapped; handing the node over to systemd instead of bootstrapping again",
 			"slot", active.Slot, "mode", active.Mode)
 		if err := state.RemoveJournal(b.Paths, Operation); err != nil {
 			lock.Release()
@@ -325,7 +286,7 @@ func (b *Bootstrap) Run(ctx context.Context) error {
 	if err := lock.Release(); err != nil {
 		return fmt.Errorf("release the ownership lock: %w", err)
 	}
-	b.crash("bootstrap/after-release")
+	b.Crash("bootstrap/after-release")
 	return b.start(ctx)
 }
 
@@ -333,7 +294,7 @@ func (b *Bootstrap) Run(ctx context.Context) error {
 // nil at once on any other. Another installation owning the host is
 // deferred to, as for bootstrap's own lock.
 func (b *Bootstrap) adopt(ctx context.Context) error {
-	err := (&adopt.Adopt{Paths: b.Paths, Systemd: b.Systemd, Notify: b.Notify, CrashPoint: b.CrashPoint, Log: b.log()}).Run(ctx)
+	err := (&adopt.Adopt{Host: b.Host}).Run(ctx)
 	if errors.Is(err, state.ErrOwned) {
 		b.resumeOwner(ctx)
 	}
@@ -352,22 +313,22 @@ func (b *Bootstrap) resumeOwner(ctx context.Context) {
 	if own == nil || err != nil || own.Owner == Operation {
 		return
 	}
-	sd, err := b.systemd(ctx)
+	sd, err := b.Manager(ctx)
 	if err != nil {
-		b.log().Warn("cannot resume the installation that owns the host", "owner", own.Owner, "unit", own.Unit, "error", err.Error())
+		b.Logger().Warn("cannot resume the installation that owns the host", "owner", own.Owner, "unit", own.Unit, "error", err.Error())
 		return
 	}
 	defer sd.Close()
 	why := fmt.Sprintf("the installation %q owns the host (bootstrap defers to it)", own.Owner)
-	if err := lifecycle.Resume(ctx, sd, b.log(), own.Unit, why); err != nil {
-		b.log().Warn("cannot resume the installation that owns the host", "owner", own.Owner, "unit", own.Unit, "error", err.Error())
+	if err := lifecycle.Resume(ctx, sd, b.Logger(), own.Unit, why); err != nil {
+		b.Logger().Warn("cannot resume the installation that owns the host", "owner", own.Owner, "unit", own.Unit, "error", err.Error())
 	}
 }
 
 // load is the config phase: the config, the journal of an earlier run, and
 // the Running report.
 func (b *Bootstrap) load(ctx context.Context) (*config.Config, *Journal, Reporter, error) {
-	b.status("phase %s: loading %s", PhaseConfig, b.Paths.ConfigFile())
+	b.Status("phase %s: loading %s", PhaseConfig, b.Paths.ConfigFile())
 	load := b.Config
 	if load == nil {
 		load = func() (*config.Config, error) { return config.Load(b.Paths) }
@@ -409,7 +370,7 @@ func (b *Bootstrap) load(ctx context.Context) (*config.Config, *Journal, Reporte
 		// run: everything built from it is built again. The slot of the
 		// old input is rebuilt by the slot phase (destroyed first when
 		// it runs); the host preparation does not depend on the input.
-		b.log().Info("the configuration changed since the interrupted bootstrap; its phases run again")
+		b.Logger().Info("the configuration changed since the interrupted bootstrap; its phases run again")
 		if j.Mode != "" && j.Mode != cfg.Mode {
 			if err := b.destroyStale(ctx, j.Mode, j.Slot); err != nil {
 				return nil, nil, nil, err
@@ -435,7 +396,7 @@ func (b *Bootstrap) destroyStale(ctx context.Context, mode, slot string) error {
 	if err != nil {
 		return nil // a mode this build does not know built nothing
 	}
-	b.status("removing slot %s of mode %s left by an interrupted bootstrap", slot, mode)
+	b.Status("removing slot %s of mode %s left by an interrupted bootstrap", slot, mode)
 	return m.Destroy(ctx, slot)
 }
 
@@ -444,11 +405,11 @@ func (b *Bootstrap) wait(ctx context.Context, j *Journal) error {
 	if j.TempFailures == 0 || b.Backoff < 0 {
 		return nil
 	}
-	d := Backoff(b.Backoff, j.TempFailures) - b.now().Sub(j.LastTempFailure)
+	d := Backoff(b.Backoff, j.TempFailures) - b.Time().Sub(j.LastTempFailure)
 	if d <= 0 {
 		return nil
 	}
-	b.status("retry %d after a temporary failure (%s): waiting %s", j.TempFailures, j.LastError, d.Round(time.Second))
+	b.Status("retry %d after a temporary failure (%s): waiting %s", j.TempFailures, j.LastError, d.Round(time.Second))
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -476,7 +437,7 @@ func (b *Bootstrap) reporter(cfg *config.Config) Reporter {
 		Machine:     cfg.Machine,
 		Mode:        v1alpha3.IsolationMode(cfg.Mode),
 		Credentials: credentials(cfg, b.Paths),
-		Log:         b.log(),
+		Log:         b.Logger(),
 	}
 }
 
@@ -517,7 +478,7 @@ func (b *Bootstrap) phases(ctx context.Context, cfg *config.Config, j *Journal, 
 				j.TempFailures, j.LastTempFailure, j.LastError = 0, time.Time{}, ""
 			}
 		},
-		Notify: b.Notify, CrashPoint: b.CrashPoint, Log: b.log(),
+		Notify: b.Notify, CrashPoint: b.CrashPoint, Log: b.Logger(),
 	}
 	// Skipped when journaled done for this input: the host preparation
 	// and the slot. The others run again in every run: the config (load
@@ -554,7 +515,7 @@ func (b *Bootstrap) hostPrep(ctx context.Context) error {
 		return b.HostPrep(ctx)
 	}
 	// lib/hostprep logs each change as it makes it.
-	h := &hostprep.Host{Paths: b.Paths, CrashPoint: b.crash, Log: b.log()}
+	h := &hostprep.Host{Paths: b.Paths, CrashPoint: b.Crash, Log: b.Logger()}
 	_, err := h.Prepare(ctx, hostprep.DefaultPlan())
 	return err
 }
@@ -564,7 +525,7 @@ func (b *Bootstrap) fetch(ctx context.Context, cfg *config.Config) ([]artifacts.
 		return b.Fetch(ctx, cfg)
 	}
 	f := artifacts.New(cfg, b.Paths)
-	f.Log = b.log()
+	f.Log = b.Logger()
 	return f.FetchAll(ctx, artifacts.FromConfig(cfg, runtime.GOARCH))
 }
 
@@ -586,7 +547,7 @@ func (b *Bootstrap) prepareSlot(ctx context.Context, cfg *config.Config, m modes
 		// A node of an interrupted run (another config, or a journal
 		// that did not get written) runs in the slot. No applied config
 		// exists, so it is no node of the cluster's yet: rebuild it.
-		b.status("phase %s: slot %s runs a node of an interrupted bootstrap; removing it first", PhaseSlot, slot)
+		b.Status("phase %s: slot %s runs a node of an interrupted bootstrap; removing it first", PhaseSlot, slot)
 		if err := m.Destroy(ctx, slot); err != nil {
 			return err
 		}
@@ -601,8 +562,8 @@ func (b *Bootstrap) prepareSlot(ctx context.Context, cfg *config.Config, m modes
 // neither holds, so bootstrap starts the fence itself and waits for its
 // verdict.
 func (b *Bootstrap) fence(ctx context.Context) error {
-	b.status("phase %s: asking the cluster whether this host may start its node", PhaseFence)
-	sd, err := b.systemd(ctx)
+	b.Status("phase %s: asking the cluster whether this host may start its node", PhaseFence)
+	sd, err := b.Manager(ctx)
 	if err != nil {
 		return err
 	}
@@ -623,13 +584,13 @@ func (b *Bootstrap) record(ctx context.Context, cfg *config.Config, slot string,
 		Machine:           cfg.Machine,
 		KubernetesVersion: cfg.Cluster.KubernetesVersion,
 		AgentVersion:      version.Version,
-		AppliedAt:         b.now().UTC(),
+		AppliedAt:         b.Time().UTC(),
 		Config:            data,
 	}
 	if err := state.WriteApplied(b.Paths, a); err != nil {
 		return err
 	}
-	b.crash(CrashAfterApplied)
+	b.Crash(CrashAfterApplied)
 	// Best effort (lib/report): the node is up whatever the report does;
 	// a report that does not land is the daemon's to make (it reports
 	// Succeeded for a host with an applied record).
@@ -645,17 +606,17 @@ func (b *Bootstrap) fail(ctx context.Context, cfg *config.Config, j *Journal, re
 	temporary := exitcode.For(err) == exitcode.TempFail
 	if temporary {
 		j.TempFailures++
-		j.LastTempFailure = b.now().UTC()
+		j.LastTempFailure = b.Time().UTC()
 		j.LastError = steps.Truncate(err.Error(), steps.MaxReason)
 		j.Step = fmt.Sprintf("%s failed for now (retry %d follows): %s", phase, j.TempFailures, steps.Truncate(cause.Error(), steps.MaxReason))
-		b.log().Warn("bootstrap failed for now; the unit retries", "phase", phase, "retry", j.TempFailures,
+		b.Logger().Warn("bootstrap failed for now; the unit retries", "phase", phase, "retry", j.TempFailures,
 			"delay", Backoff(b.Backoff, j.TempFailures).String(), "error", err.Error())
 	} else {
-		b.log().Error("bootstrap failed", "phase", phase, "error", err.Error())
+		b.Logger().Error("bootstrap failed", "phase", phase, "error", err.Error())
 		j.SetFailed(phase, cause.Error())
 	}
 	if werr := state.WriteJournal(b.Paths, Operation, j); werr != nil {
-		b.log().Error("bootstrap journal not written", "error", werr.Error())
+		b.Logger().Error("bootstrap journal not written", "error", werr.Error())
 	}
 	// No node runs without its record: a node started by this run is
 	// stopped (the journal keeps the slot; the next run starts it again
@@ -664,17 +625,17 @@ func (b *Bootstrap) fail(ctx context.Context, cfg *config.Config, j *Journal, re
 		b.stopNode(ctx, cfg.Mode, j.Slot)
 		j.Forget(PhaseStart, PhaseReady)
 		if werr := state.WriteJournal(b.Paths, Operation, j); werr != nil {
-			b.log().Error("bootstrap journal not written", "error", werr.Error())
+			b.Logger().Error("bootstrap journal not written", "error", werr.Error())
 		}
 	}
 	if !temporary {
-		b.status("failed in phase %s: %v", phase, cause)
+		b.Status("failed in phase %s: %v", phase, cause)
 		_ = rep.Failed(ctx, reason(phase, err), err.Error())
 	} else {
-		b.status("phase %s failed for now (retry %d follows): %v", phase, j.TempFailures, cause)
+		b.Status("phase %s failed for now (retry %d follows): %v", phase, j.TempFailures, cause)
 	}
 	if rerr := lock.Release(); rerr != nil {
-		b.log().Error("ownership lock not released", "error", rerr.Error())
+		b.Logger().Error("ownership lock not released", "error", rerr.Error())
 	}
 	return err
 }
@@ -683,16 +644,16 @@ func (b *Bootstrap) stopNode(ctx context.Context, mode, slot string) {
 	// A context that a SIGTERM ended must still let the stop through.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
-	sd, err := b.systemd(ctx)
+	sd, err := b.Manager(ctx)
 	if err != nil {
-		b.log().Error("node not stopped after the failed bootstrap", "error", err.Error())
+		b.Logger().Error("node not stopped after the failed bootstrap", "error", err.Error())
 		return
 	}
 	defer sd.Close()
 	us := facts.Supervising(mode, slot)
 	for i := len(us) - 1; i >= 0; i-- {
 		if err := sd.StopUnit(ctx, us[i]); err != nil {
-			b.log().Error("node unit not stopped after the failed bootstrap", "unit", us[i], "error", err.Error())
+			b.Logger().Error("node unit not stopped after the failed bootstrap", "unit", us[i], "error", err.Error())
 		}
 	}
 }
@@ -736,7 +697,7 @@ func (b *Bootstrap) handOver(ctx context.Context, lock *state.Lock) error {
 	if err := lock.Release(); err != nil {
 		return fmt.Errorf("release the ownership lock: %w", err)
 	}
-	b.crash("bootstrap/after-release")
+	b.Crash("bootstrap/after-release")
 	return b.start(ctx)
 }
 
@@ -749,15 +710,15 @@ func (b *Bootstrap) HandOver(ctx context.Context) error { return b.start(ctx) }
 // wires the node target), start the node target without waiting (it is
 // ordered after this unit), and start the daemon.
 func (b *Bootstrap) start(ctx context.Context) error {
-	b.status("handing over: daemon-reload, starting %s and %s", unitnames.NodeTarget, unitnames.Daemon)
-	sd, err := b.systemd(ctx)
+	b.Status("handing over: daemon-reload, starting %s and %s", unitnames.NodeTarget, unitnames.Daemon)
+	sd, err := b.Manager(ctx)
 	if err != nil {
 		return err
 	}
 	defer sd.Close()
-	if err := steps.HandOver(ctx, sd, steps.WaitDaemon, func() { b.crash("bootstrap/after-reload") }); err != nil {
+	if err := steps.HandOver(ctx, sd, steps.WaitDaemon, func() { b.Crash("bootstrap/after-reload") }); err != nil {
 		return err
 	}
-	b.status("bootstrapped: %s queued, %s started", unitnames.NodeTarget, unitnames.Daemon)
+	b.Status("bootstrapped: %s queued, %s started", unitnames.NodeTarget, unitnames.Daemon)
 	return nil
 }

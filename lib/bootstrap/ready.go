@@ -26,9 +26,9 @@ func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string, 
 	if interval <= 0 {
 		interval = 2 * time.Second
 	}
-	b.status("phase %s: waiting (at most %s) for the node units, kubelet healthz and Node %s Ready", PhaseReady, timeout, cfg.Machine)
+	b.Status("phase %s: waiting (at most %s) for the node units, kubelet healthz and Node %s Ready", PhaseReady, timeout, cfg.Machine)
 	probe := b.probe(cfg, m, slot)
-	sd, err := b.systemd(ctx)
+	sd, err := b.Manager(ctx)
 	if err != nil {
 		return err
 	}
@@ -37,7 +37,7 @@ func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string, 
 		LocalDNS: cfg.Node.LocalDNS, DNSReady: probe.DNSReady}
 	// The first looks come fast and back off to interval: the kubelet,
 	// told its address, registers in its first second.
-	w := readiness.Wait{Timeout: timeout, Poll: interval, FirstPoll: readiness.QuickPoll, Log: b.log(),
+	w := readiness.Wait{Timeout: timeout, Poll: interval, FirstPoll: readiness.QuickPoll, Log: b.Logger(),
 		Status: func(line string) { b.notifyOnly(fmt.Sprintf("STATUS=phase %s: %s", PhaseReady, line)) },
 		CSINode: &readiness.CSINode{Grace: b.CSINodeGrace, AfterStart: b.CSINodeAfterStart,
 			Restart: func(ctx context.Context) error { return m.Restart(ctx, slot) }},
@@ -45,7 +45,7 @@ func (b *Bootstrap) ready(ctx context.Context, cfg *config.Config, slot string, 
 	if err := kube.NotUpExit(chk.Wait(ctx, w)); err != nil {
 		return err
 	}
-	b.log().Info("node up", "node", cfg.Machine)
+	b.Logger().Info("node up", "node", cfg.Machine)
 	return nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 	"unbounded-cloud.io/agent/lib/upgrade"
@@ -44,30 +45,15 @@ var resumedByJournal = []struct{ journal, unit, what string }{
 // Lifecycle runs on one host; the zero value of each field but Paths is
 // the real host.
 type Lifecycle struct {
-	Paths hostpaths.Paths
+	// Host is the host's seams (paths, service manager, notify, crash
+	// point, clock, logger); its zero value but Paths is the real host.
+	steps.Host
 	// Mode returns the isolation mode of name; required.
 	Mode func(name string) (modes.Mode, error)
-	// Systemd connects to the service manager; nil: the system bus.
-	Systemd func(ctx context.Context) (units.Manager, error)
 	// ImageVersion is the version of the agent /usr holds (the image's,
 	// whatever an upgrade's override makes the units run); nil asks
 	// /usr/bin/unbounded, which no override replaces.
 	ImageVersion func(ctx context.Context) (string, error)
-	Log          *slog.Logger
-}
-
-func (l *Lifecycle) log() *slog.Logger {
-	if l.Log != nil {
-		return l.Log
-	}
-	return slog.Default()
-}
-
-func (l *Lifecycle) systemd(ctx context.Context) (units.Manager, error) {
-	if l.Systemd != nil {
-		return l.Systemd(ctx)
-	}
-	return units.Dial(ctx)
 }
 
 // Run does, in order:
@@ -100,7 +86,7 @@ func (l *Lifecycle) systemd(ctx context.Context) (units.Manager, error) {
 // agent's state. An adoption another installation defers to that
 // installation, which step 1 resumes.
 func (l *Lifecycle) Run(ctx context.Context) error {
-	ad := &adopt.Adopt{Paths: l.Paths, Systemd: l.Systemd, Log: l.log()}
+	ad := &adopt.Adopt{Host: l.Host}
 	if err := ad.Run(ctx); err != nil && !errors.Is(err, state.ErrOwned) {
 		return fmt.Errorf("adopting the older agent's node: %w", err)
 	}
@@ -109,7 +95,7 @@ func (l *Lifecycle) Run(ctx context.Context) error {
 		if err != nil {
 			// Unreadable: still owned (fail closed); recovery is the
 			// generator's answer to that, not this unit's.
-			l.log().Warn("the ownership record is unreadable; nothing done while the host reads as owned", "error", err.Error())
+			l.Logger().Warn("the ownership record is unreadable; nothing done while the host reads as owned", "error", err.Error())
 			return nil
 		}
 		return l.resume(ctx, own.Unit, fmt.Sprintf("the installation %q owns the host", own.Owner))
@@ -138,7 +124,7 @@ func (l *Lifecycle) Run(ctx context.Context) error {
 		return fmt.Errorf("applied state: %w", err)
 	}
 	if active == nil {
-		l.log().Info("no applied config: no node whose hooks to keep current")
+		l.Logger().Info("no applied config: no node whose hooks to keep current")
 		return nil
 	}
 	m, err := l.Mode(active.Mode)
@@ -147,7 +133,7 @@ func (l *Lifecycle) Run(ctx context.Context) error {
 	}
 	err = m.EnsureHooks(ctx, active.Slot)
 	if errors.Is(err, modes.ErrNotImplemented) {
-		l.log().Info("the mode keeps no lifecycle hooks in this release", "mode", active.Mode)
+		l.Logger().Info("the mode keeps no lifecycle hooks in this release", "mode", active.Mode)
 		return nil
 	}
 	return err
@@ -156,15 +142,15 @@ func (l *Lifecycle) Run(ctx context.Context) error {
 // resume queues unit unless it runs (or is queued) already.
 func (l *Lifecycle) resume(ctx context.Context, unit, why string) error {
 	if !resumable(unit) {
-		l.log().Info(why+"; it names no unit to resume", "unit", unit)
+		l.Logger().Info(why+"; it names no unit to resume", "unit", unit)
 		return nil
 	}
-	sd, err := l.systemd(ctx)
+	sd, err := l.Manager(ctx)
 	if err != nil {
 		return err
 	}
 	defer sd.Close()
-	return Resume(ctx, sd, l.log(), unit, why)
+	return Resume(ctx, sd, l.Logger(), unit, why)
 }
 
 func resumable(unit string) bool {
@@ -219,15 +205,15 @@ func (l *Lifecycle) supersede(ctx context.Context) error {
 	}
 	image, err := l.imageVersion(ctx)
 	if err != nil {
-		l.log().Warn("the image's agent version is unknown; the upgrade's override stays", "override", o.Version, "error", err.Error())
+		l.Logger().Warn("the image's agent version is unknown; the upgrade's override stays", "override", o.Version, "error", err.Error())
 		return nil
 	}
 	removed, err := upgrade.Supersede(l.Paths, image)
 	if err != nil || removed == nil {
 		return err
 	}
-	l.log().Info("the image's agent supersedes the upgrade's override; the units run the image's again", "image", image, "override", removed.Version)
-	sd, err := l.systemd(ctx)
+	l.Logger().Info("the image's agent supersedes the upgrade's override; the units run the image's again", "image", image, "override", removed.Version)
+	sd, err := l.Manager(ctx)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"unbounded-cloud.io/agent/lib/lifecycle"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/testhost"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
@@ -49,13 +50,11 @@ func run(t *testing.T, w *testhost.World) error {
 	t.Helper()
 	b := w.Bootstrap(nil)
 	l := &lifecycle.Lifecycle{
-		Paths: w.P,
+		Host: steps.Host{Paths: w.P, Systemd: func(ctx context.Context) (units.Manager, error) { return b.Systemd(ctx) }, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
 		Mode: func(name string) (modes.Mode, error) {
 			m, err := w.Mode(name)
 			return hooksMode{m, w}, err
 		},
-		Systemd: func(ctx context.Context) (units.Manager, error) { return b.Systemd(ctx) },
-		Log:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	return l.Run(context.Background())
 }
@@ -178,11 +177,9 @@ func TestLifecycleRemovesAnOverrideANewerImageSupersedes(t *testing.T) {
 		gone  bool
 	}{{"1.0.0", false}, {"1.1.0-rc.1", false}, {"1.1.0", true}} {
 		l := &lifecycle.Lifecycle{
-			Paths:        w.P,
+			Host:         steps.Host{Paths: w.P, Systemd: func(ctx context.Context) (units.Manager, error) { return b.Systemd(ctx) }, Log: slog.New(slog.NewTextHandler(io.Discard, nil))},
 			Mode:         func(name string) (modes.Mode, error) { m, err := w.Mode(name); return hooksMode{m, w}, err },
-			Systemd:      func(ctx context.Context) (units.Manager, error) { return b.Systemd(ctx) },
 			ImageVersion: func(context.Context) (string, error) { return tc.image, nil },
-			Log:          slog.New(slog.NewTextHandler(io.Discard, nil)),
 		}
 		if err := l.Run(context.Background()); err != nil {
 			t.Fatal(err)

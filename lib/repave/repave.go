@@ -339,7 +339,7 @@ func (r *Repave) Run(ctx context.Context) error {
 	k, n := r.kind(), r.names()
 	// A host the older agent installed is adopted first (lib/adopt): the
 	// repave then replaces the adopted node as any other.
-	ad := &adopt.Adopt{Paths: r.Paths, Systemd: r.Systemd, Notify: r.Notify, CrashPoint: r.CrashPoint, Log: r.Logger()}
+	ad := &adopt.Adopt{Host: r.Host}
 	if err := ad.Run(ctx); err != nil {
 		return err
 	}

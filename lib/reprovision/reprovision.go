@@ -41,7 +41,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -52,8 +51,8 @@ import (
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
-	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/steps"
 )
 
 // Files of the handoff directory.
@@ -208,7 +207,9 @@ func Remove(p hostpaths.Paths) error {
 // function field is an error: cmd/reprovision wires the real reset and
 // bootstrap.
 type Reprovision struct {
-	Paths hostpaths.Paths
+	// Host is the host's seams (paths, service manager, notify, crash
+	// point, clock, logger); its zero value but Paths is the real host.
+	steps.Host
 	// Reset resets the host, keeping the handoff.
 	Reset func(ctx context.Context) error
 	// Bootstrap bootstraps the target configuration.
@@ -220,25 +221,7 @@ type Reprovision struct {
 	// FirstDelay and MaxDelay bound the delay between attempts; 0: the
 	// defaults.
 	FirstDelay, MaxDelay time.Duration
-	Notify               func(state string)
-	CrashPoint           func(name string)
-	Now                  func() time.Time
 	Sleep                func(ctx context.Context, d time.Duration) error
-	Log                  *slog.Logger
-}
-
-func (r *Reprovision) log() *slog.Logger {
-	if r.Log != nil {
-		return r.Log
-	}
-	return slog.Default()
-}
-
-func (r *Reprovision) now() time.Time {
-	if r.Now != nil {
-		return r.Now()
-	}
-	return time.Now()
 }
 
 func (r *Reprovision) sleep(ctx context.Context, d time.Duration) error {
@@ -246,10 +229,6 @@ func (r *Reprovision) sleep(ctx context.Context, d time.Duration) error {
 		return r.Sleep(ctx, d)
 	}
 	return backoff.Sleep(ctx, d)
-}
-
-func (r *Reprovision) status(format string, args ...any) {
-	sdstatus.Show(r.log(), r.Notify, format, args...)
 }
 
 // ErrNoHandoff: nothing to run (no journal, or one that ended).
@@ -268,7 +247,7 @@ func (r *Reprovision) Run(ctx context.Context) error {
 		return err
 	}
 	if !j.Live() {
-		r.log().Info("the reprovision handoff has ended; nothing to do", "state", j.State, "message", j.Message)
+		r.Logger().Info("the reprovision handoff has ended; nothing to do", "state", j.State, "message", j.Message)
 		return ErrNoHandoff
 	}
 	first, max := r.FirstDelay, r.MaxDelay
@@ -278,17 +257,17 @@ func (r *Reprovision) Run(ctx context.Context) error {
 	if max <= 0 {
 		max = DefaultMaxDelay
 	}
-	if !r.now().Before(j.Deadline) {
+	if !r.Time().Before(j.Deadline) {
 		return r.giveUp(j)
 	}
-	if wait := j.NextAttempt.Sub(r.now()); wait > 0 {
-		wait = min(wait, j.Deadline.Sub(r.now()))
-		r.status("attempt %d of the reprovision %s -> %s: waiting %s (growing delay after: %s); gives up at %s",
+	if wait := j.NextAttempt.Sub(r.Time()); wait > 0 {
+		wait = min(wait, j.Deadline.Sub(r.Time()))
+		r.Status("attempt %d of the reprovision %s -> %s: waiting %s (growing delay after: %s); gives up at %s",
 			j.Attempts+1, j.FromMode, j.ToMode, wait.Round(time.Second), j.LastError, j.Deadline.UTC().Format(time.RFC3339))
 		if err := r.sleep(ctx, wait); err != nil {
 			return fmt.Errorf("%w: %w", exitcode.ErrTemporary, err)
 		}
-		if !r.now().Before(j.Deadline) {
+		if !r.Time().Before(j.Deadline) {
 			return r.giveUp(j)
 		}
 	}
@@ -296,19 +275,19 @@ func (r *Reprovision) Run(ctx context.Context) error {
 	if err := writeJournal(r.Paths, j); err != nil {
 		return err
 	}
-	r.status("attempt %d of the reprovision %s -> %s (machine %s); gives up at %s", j.Attempts, j.FromMode, j.ToMode, j.Machine, j.Deadline.UTC().Format(time.RFC3339))
+	r.Status("attempt %d of the reprovision %s -> %s (machine %s); gives up at %s", j.Attempts, j.FromMode, j.ToMode, j.Machine, j.Deadline.UTC().Format(time.RFC3339))
 	if err := r.attempt(ctx, j); err != nil {
 		delay := backoff.Doubling(first, max, j.Attempts)
-		j.NextAttempt = r.now().Add(delay)
+		j.NextAttempt = r.Time().Add(delay)
 		j.LastError = err.Error()
 		if werr := writeJournal(r.Paths, j); werr != nil {
 			return werr
 		}
-		r.log().Error("reprovision attempt failed; the next one after a growing delay", "attempt", j.Attempts, "delay", delay.String(),
+		r.Logger().Error("reprovision attempt failed; the next one after a growing delay", "attempt", j.Attempts, "delay", delay.String(),
 			"next", j.NextAttempt.UTC().Format(time.RFC3339), "deadline", j.Deadline.UTC().Format(time.RFC3339), "error", err.Error())
 		return fmt.Errorf("%w: attempt %d: %w", exitcode.ErrTemporary, j.Attempts, err)
 	}
-	j.State, j.EndedAt = StateSucceeded, r.now().UTC()
+	j.State, j.EndedAt = StateSucceeded, r.Time().UTC()
 	j.Message = fmt.Sprintf("reprovisioned from mode %s to %s in %d attempt(s)", j.FromMode, j.ToMode, j.Attempts)
 	j.LastError, j.NextAttempt = "", time.Time{}
 	if err := r.removeStaged(); err != nil {
@@ -322,7 +301,7 @@ func (r *Reprovision) Run(ctx context.Context) error {
 			return fmt.Errorf("%s; the hand-over of the node to systemd failed (the next boot does it): %w", j.Message, err)
 		}
 	}
-	r.status("%s", j.Message)
+	r.Status("%s", j.Message)
 	return nil
 }
 
@@ -332,7 +311,7 @@ func (r *Reprovision) attempt(ctx context.Context, j *Journal) error {
 		if r.Reset == nil {
 			return errors.New("reprovision: no reset")
 		}
-		r.status("step %s: resetting the host, the handoff kept", StepReset)
+		r.Status("step %s: resetting the host, the handoff kept", StepReset)
 		if err := r.Reset(ctx); err != nil {
 			return fmt.Errorf("step %s: %w", StepReset, err)
 		}
@@ -353,7 +332,7 @@ func (r *Reprovision) attempt(ctx context.Context, j *Journal) error {
 	if r.Bootstrap == nil {
 		return errors.New("reprovision: no bootstrap")
 	}
-	r.status("step %s: bootstrapping the host in mode %s", StepBootstrap, cfg.Mode)
+	r.Status("step %s: bootstrapping the host in mode %s", StepBootstrap, cfg.Mode)
 	if err := r.Bootstrap(ctx, cfg); err != nil {
 		return fmt.Errorf("step %s: %w", StepBootstrap, err)
 	}
@@ -365,7 +344,7 @@ func (r *Reprovision) attempt(ctx context.Context, j *Journal) error {
 // giveUp ends a handoff past its deadline as Failed: the staged
 // executable and configuration go, the journal stays for the daemon.
 func (r *Reprovision) giveUp(j *Journal) error {
-	j.State, j.EndedAt = StateFailed, r.now().UTC()
+	j.State, j.EndedAt = StateFailed, r.Time().UTC()
 	j.Message = fmt.Sprintf("reprovision from mode %s to %s given up at its deadline %s after %d attempt(s): %s",
 		j.FromMode, j.ToMode, j.Deadline.UTC().Format(time.RFC3339), j.Attempts, orNone(j.LastError))
 	if err := r.removeStaged(); err != nil {
@@ -374,7 +353,7 @@ func (r *Reprovision) giveUp(j *Journal) error {
 	if err := writeJournal(r.Paths, j); err != nil {
 		return err
 	}
-	r.log().Error(j.Message)
+	r.Logger().Error(j.Message)
 	return nil
 }
 

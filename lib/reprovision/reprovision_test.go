@@ -14,6 +14,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/testhost"
 )
 
@@ -50,14 +51,12 @@ func newFixture(t *testing.T) *fixture {
 
 func (f *fixture) run() error {
 	r := &reprovision.Reprovision{
-		Paths: f.p,
+		Host:  steps.Host{Paths: f.p, Notify: func(string) {}, Now: func() time.Time { return f.clock }},
 		Reset: func(context.Context) error { f.calls = append(f.calls, "reset"); return f.resetE },
 		Bootstrap: func(_ context.Context, cfg *config.Config) error {
 			f.calls = append(f.calls, "bootstrap "+cfg.Mode)
 			return f.bootE
 		},
-		Notify: func(string) {},
-		Now:    func() time.Time { return f.clock },
 		Sleep: func(_ context.Context, d time.Duration) error {
 			f.slept = append(f.slept, d)
 			f.clock = f.clock.Add(d)
@@ -206,7 +205,7 @@ func TestNoHandoffIsNothingToDo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &reprovision.Reprovision{Paths: w.P}
+	r := &reprovision.Reprovision{Host: steps.Host{Paths: w.P}}
 	if err := r.Run(context.Background()); !errors.Is(err, reprovision.ErrNoHandoff) {
 		t.Errorf("%v, want ErrNoHandoff", err)
 	}

@@ -47,7 +47,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -55,13 +54,11 @@ import (
 
 	"unbounded-cloud.io/agent/lib/adopt"
 	"unbounded-cloud.io/agent/lib/bootstrap"
-	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/hostprep"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/all"
 	"unbounded-cloud.io/agent/lib/modes/facts"
-	"unbounded-cloud.io/agent/lib/sdstatus"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -104,42 +101,25 @@ type Journal struct {
 // Reset removes the agent's node and state. The zero value of every field
 // but Paths is the real host.
 type Reset struct {
-	Paths hostpaths.Paths
+	// Host is the host's seams (paths, service manager, notify, crash
+	// point, clock, logger); its zero value but Paths is the real host.
+	steps.Host
 	// KeepHandoff keeps /var/lib/unbounded-agent-reprovision (the
 	// reprovision handoff runs reset from there).
 	KeepHandoff bool
 	// Mode returns the mode named; nil: the real modes.
 	Mode func(name string) (modes.Mode, error)
-	// Systemd connects to the service manager; nil: the system bus.
-	Systemd func(ctx context.Context) (units.Manager, error)
 	// HostPrep undoes the host preparation; nil: lib/hostprep's Undo.
 	HostPrep func(ctx context.Context) ([]string, error)
-	// Notify sends an sd_notify state; nil: sd_notify.
-	Notify     func(state string)
-	CrashPoint func(name string)
 	// MountInfo reads the mount table; nil: /proc/self/mountinfo.
 	MountInfo func() ([]byte, error)
-	Log       *slog.Logger
-}
-
-func (r *Reset) log() *slog.Logger {
-	if r.Log != nil {
-		return r.Log
-	}
-	return slog.Default()
-}
-
-func (r *Reset) crash(name string) { crashpoint.Via(r.CrashPoint, name) }
-
-func (r *Reset) status(format string, args ...any) {
-	sdstatus.Show(r.log(), r.Notify, format, args...)
 }
 
 func (r *Reset) mode(name string) (modes.Mode, error) {
 	if r.Mode != nil {
 		return r.Mode(name)
 	}
-	return all.For(name, r.Paths, r.log())
+	return all.For(name, r.Paths, r.Logger())
 }
 
 // stoppedFirst are the units that would act on the node while it goes
@@ -168,7 +148,7 @@ func (r *Reset) Run(ctx context.Context) error {
 	}
 	defer sd.Close()
 
-	r.status("stopping %s and the units that act on the node", unitnames.Daemon)
+	r.Status("stopping %s and the units that act on the node", unitnames.Daemon)
 	first := stoppedFirst
 	if !r.KeepHandoff {
 		// An operator's reset removes the handoff too: a reprovision
@@ -185,10 +165,10 @@ func (r *Reset) Run(ctx context.Context) error {
 	// installed that was not adopted (or whose adoption was cut): its
 	// units go the way an adoption retires them, files first, so that
 	// its recovery cannot start it again.
-	if err := adopt.RetireOlderUnits(ctx, r.Paths, sd, r.log()); err != nil {
+	if err := adopt.RetireOlderUnits(ctx, r.Paths, sd, r.Logger()); err != nil {
 		return fmt.Errorf("the older agent's units: %w", err)
 	}
-	r.crash("reset/after-daemon")
+	r.Crash("reset/after-daemon")
 
 	lock, err := r.lock()
 	if err != nil {
@@ -196,10 +176,10 @@ func (r *Reset) Run(ctx context.Context) error {
 	}
 	var j Journal
 	if _, err := state.ReadJournal(r.Paths, Operation, &j); err != nil {
-		r.log().Warn("reset journal unreadable; going on without it", "error", err.Error())
+		r.Logger().Warn("reset journal unreadable; going on without it", "error", err.Error())
 	}
 	j.KeepHandoff = j.KeepHandoff || r.KeepHandoff
-	run := &steps.Runner{Paths: r.Paths, Operation: Operation, Journal: &j, Notify: r.Notify, CrashPoint: r.CrashPoint, Log: r.log()}
+	run := r.Runner(Operation, &j)
 	err = run.Run(ctx, []steps.Step{
 		// Taken above; journaled before anything is removed, so that a
 		// resumed run keeps KeepHandoff.
@@ -208,7 +188,7 @@ func (r *Reset) Run(ctx context.Context) error {
 		{Name: StepHostPrep, Always: true, Status: "undoing the host preparation", Run: func(ctx context.Context) error {
 			leftovers, err := r.undo(ctx)
 			for _, l := range leftovers {
-				r.log().Warn("left as is", "what", l)
+				r.Logger().Warn("left as is", "what", l)
 			}
 			return err
 		}},
@@ -219,7 +199,7 @@ func (r *Reset) Run(ctx context.Context) error {
 	})
 	if err != nil {
 		if werr := state.WriteJournal(r.Paths, Operation, &j); werr != nil {
-			r.log().Error("reset journal not written", "error", werr.Error())
+			r.Logger().Error("reset journal not written", "error", werr.Error())
 		}
 		lock.Release()
 		return err
@@ -230,7 +210,7 @@ func (r *Reset) Run(ctx context.Context) error {
 	if err := sd.Reload(ctx); err != nil {
 		return err
 	}
-	r.status("reset done; /etc/unbounded left as it was")
+	r.Status("reset done; /etc/unbounded left as it was")
 	return nil
 }
 
@@ -263,7 +243,7 @@ func (r *Reset) lock() (*state.Lock, error) {
 	if rerr != nil || o == nil || (o.Owner != bootstrap.Operation && o.Owner != adopt.Operation) {
 		return nil, err
 	}
-	r.log().Warn("superseding the ownership of an interrupted "+o.Owner, "since", o.Since.Format(time.RFC3339))
+	r.Logger().Warn("superseding the ownership of an interrupted "+o.Owner, "since", o.Since.Format(time.RFC3339))
 	if err := state.RemoveDurable(r.Paths.Ownership()); err != nil {
 		return nil, err
 	}
@@ -318,11 +298,11 @@ func (r *Reset) node(ctx context.Context, sd units.Manager) error {
 	for _, name := range r.modesInUse() {
 		m, err := r.mode(name)
 		if err != nil {
-			r.log().Warn("mode not in this build; nothing of it destroyed", "mode", name, "error", err.Error())
+			r.Logger().Warn("mode not in this build; nothing of it destroyed", "mode", name, "error", err.Error())
 			continue
 		}
 		for _, slot := range hostpaths.Slots {
-			r.status("destroying slot %s of mode %s", slot, name)
+			r.Status("destroying slot %s of mode %s", slot, name)
 			if err := m.Destroy(ctx, slot); err != nil {
 				return fmt.Errorf("destroy slot %s (%s): %w", slot, name, err)
 			}
@@ -353,7 +333,7 @@ func (r *Reset) undo(ctx context.Context) ([]string, error) {
 	if r.HostPrep != nil {
 		return r.HostPrep(ctx)
 	}
-	h := &hostprep.Host{Paths: r.Paths, CrashPoint: r.crash, Log: r.log()}
+	h := &hostprep.Host{Paths: r.Paths, CrashPoint: r.Crash, Log: r.Logger()}
 	return h.Undo(ctx)
 }
 
@@ -370,7 +350,7 @@ func (r *Reset) removeState(keepHandoff bool) error {
 	// The older agent's files, on a host it installed (its units went
 	// first): its binaries, its machines' enablement and its state
 	// directory. Reset leaves nothing of either layout.
-	if err := adopt.RemoveOlderFiles(r.Paths, r.log()); err != nil {
+	if err := adopt.RemoveOlderFiles(r.Paths, r.Logger()); err != nil {
 		return fmt.Errorf("the older agent's files: %w", err)
 	}
 	root := r.Paths.HostRoot()
@@ -400,7 +380,7 @@ func (r *Reset) removeState(keepHandoff bool) error {
 	}
 	emptied, err := modes.RemoveVerifiedKeepingMounts(points, paths...)
 	for _, p := range emptied {
-		r.log().Info("emptied, not removed: a file system is mounted on it", "dir", r.Paths.Rel(p))
+		r.Logger().Info("emptied, not removed: a file system is mounted on it", "dir", r.Paths.Rel(p))
 	}
 	if err != nil {
 		return err

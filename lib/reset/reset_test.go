@@ -15,6 +15,7 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/reset"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/testhost"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
@@ -259,12 +260,9 @@ func resetOn(w *testhost.World, log *slog.Logger) *reset.Reset {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return &reset.Reset{
-		Paths:    w.P,
+		Host:     steps.Host{Paths: w.P, Systemd: w.Systemd, Notify: func(string) {}, Log: log},
 		Mode:     w.Mode,
-		Systemd:  w.Systemd,
 		HostPrep: func(ctx context.Context) ([]string, error) { return w.HostPrep(log).Undo(ctx) },
-		Notify:   func(string) {},
-		Log:      log,
 	}
 }
 
@@ -362,7 +360,7 @@ func TestResetOfAnOlderAgentsHostLeavesNothingOfEitherLayout(t *testing.T) {
 			before := pristine(t, w)
 			olderLayout(t, w)
 			if adopted {
-				a := &adopt.Adopt{Paths: w.P, Systemd: w.Systemd, Notify: func(string) {}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+				a := &adopt.Adopt{Host: steps.Host{Paths: w.P, Systemd: w.Systemd, Notify: func(string) {}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}}
 				if err := a.Run(context.Background()); err != nil {
 					t.Fatal(err)
 				}

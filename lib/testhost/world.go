@@ -45,6 +45,7 @@ import (
 	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/steps"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/lib/units"
 )
@@ -268,9 +269,8 @@ func (w *World) Bootstrap(log *slog.Logger) *bootstrap.Bootstrap {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return &bootstrap.Bootstrap{
-		Paths:   w.P,
-		Mode:    w.Mode,
-		Systemd: func(context.Context) (units.Manager, error) { return &Manager{w}, nil },
+		Host: steps.Host{Paths: w.P, Systemd: func(context.Context) (units.Manager, error) { return &Manager{w}, nil }, Notify: func(string) {}, Log: log},
+		Mode: w.Mode,
 		HostPrep: func(ctx context.Context) error {
 			_, err := w.HostPrep(log).Prepare(ctx, hostprep.DefaultPlan())
 			return err
@@ -322,8 +322,6 @@ func (w *World) Bootstrap(log *slog.Logger) *bootstrap.Bootstrap {
 		PollInterval: 10 * time.Millisecond,
 		CSINodeGrace: 100 * time.Millisecond,
 		Backoff:      -1,
-		Notify:       func(string) {},
-		Log:          log,
 	}
 }
 
