@@ -142,7 +142,7 @@ var stoppedFirst = []string{
 // 69 when another installation (a live bootstrap that will not stop, a
 // reprovision) owns the host.
 func (r *Reset) Run(ctx context.Context) error {
-	sd, err := r.systemdManager(ctx)
+	sd, err := r.Manager(ctx)
 	if err != nil {
 		return err
 	}
@@ -212,13 +212,6 @@ func (r *Reset) Run(ctx context.Context) error {
 	}
 	r.Status("reset done; /etc/unbounded left as it was")
 	return nil
-}
-
-func (r *Reset) systemdManager(ctx context.Context) (units.Manager, error) {
-	if r.Systemd != nil {
-		return r.Systemd(ctx)
-	}
-	return units.Dial(ctx)
 }
 
 // stop stops unit; a unit that is not loaded (not installed) is stopped.
