@@ -294,23 +294,11 @@ type daemon struct {
 	handled    map[string]bool // UIDs this process finished or must leave alone
 	resumed    map[string]bool
 	inflight   string
-	readyNode  types.UID // UID of the Node last seen Ready
-	nodeRepave *job
-	nodeGone   bool // the Node was deleted and no job of the daemon ran
-	// nodeAbsent fires when the Node, absent from the first list, has
-	// not appeared within the grace (nodeop.go).
-	nodeAbsent  <-chan time.Time
+	// The job sources' own state (jobSources): the Node's loss
+	// (nodeop.go) and the isolation change (isolation.go).
+	loss        nodeLoss
+	iso         isolationState
 	statusRetry <-chan time.Time
-	// isolationStarted is the isolation change this process handed to
-	// its unit, InProgress until the unit has ended (startIsolation,
-	// isolationEnded).
-	isolationStarted *v1alpha3.IsolationChangeStatus
-	// isolationResume is an isolation change to resume: its job was
-	// retried (D-Bus or the cluster failed it), or an earlier process
-	// handed it to its request and stopped before its unit ran
-	// (isolationUnrecorded). Like nodeRepave, it has no operation that
-	// would bring it back.
-	isolationResume *job
 
 	// Following the Node and the operations while the Machine lives.
 	wg          *sync.WaitGroup // serve's, for the follow goroutines
@@ -387,11 +375,11 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 			}
 			if r.interrupted || r.retry {
 				delete(d.resumed, r.uid)
-				if r.job.op == nil && r.job.typ == v1alpha3.OperationRepave && r.job.wait == "" && d.nodeRepave == nil && d.followStop != nil {
-					d.nodeRepave = r.job
+				if r.job.op == nil && r.job.typ == v1alpha3.OperationRepave && r.job.wait == "" && d.loss.repave == nil && d.followStop != nil {
+					d.loss.repave = r.job
 				}
 				if r.retry && r.job.typ == OperationIsolationChange && r.job.wait == "" {
-					d.isolationResume = r.job
+					d.iso.resume = r.job
 				}
 				if r.interrupted {
 					continue
@@ -417,8 +405,8 @@ func (d *daemon) serve(ctx context.Context, cfg *rest.Config) error {
 				stopErr = r.err
 				continue
 			}
-		case <-d.nodeAbsent:
-			d.nodeAbsent = nil
+		case <-d.loss.absent:
+			d.loss.absent = nil
 			d.nodeStillAbsent()
 		case <-d.statusRetry:
 			d.statusRetry = nil
@@ -598,7 +586,7 @@ func (d *daemon) unfollow() {
 	d.forgetNode()
 	d.synced[kindNode], d.synced[kindOps] = false, false
 	d.ops = map[string]*v1alpha3.MachineOperation{}
-	d.readyNode, d.nodeRepave, d.nodeAbsent = "", nil, nil
+	d.loss = nodeLoss{}
 }
 
 // olderRV reports whether a is an older resourceVersion than b. Resource
@@ -622,88 +610,57 @@ func olderRV(a, b string) bool {
 // builds the new one.
 func (d *daemon) observeNode(node *corev1.Node) {
 	if node != nil {
-		if d.nodeAbsent != nil {
-			d.nodeAbsent = nil
+		if d.loss.absent != nil {
+			d.loss.absent = nil
 			d.log.Info("Node registered within the grace after the daemon's start; no repave", "node", node.Name)
 		}
 		d.nodeSeen = node.Name
 		if nodeReady(node) {
-			d.readyNode = node.UID
+			d.loss.readyUID = node.UID
 		}
 		return
 	}
 	if d.inflight != "" {
-		if d.readyNode != "" {
+		if d.loss.readyUID != "" {
 			d.log.Info("Node deleted while a unit runs; not a loss", "node", d.node, "running", d.inflight)
 		}
-		d.readyNode = ""
+		d.loss.readyUID = ""
 		return
 	}
 	// A unit the daemon did not start (a repave by hand) may have
 	// deleted it: step looks (waitBusy) before anything else.
-	d.nodeGone = true
-	if d.readyNode == "" {
+	d.loss.gone = true
+	if d.loss.readyUID == "" {
 		return
 	}
-	uid := "node:" + string(d.readyNode)
-	d.readyNode = ""
-	if d.handled[uid] || (d.nodeRepave != nil && d.nodeRepave.uid == uid) {
+	uid := "node:" + string(d.loss.readyUID)
+	d.loss.readyUID = ""
+	if d.handled[uid] || (d.loss.repave != nil && d.loss.repave.uid == uid) {
 		return
 	}
-	d.nodeRepave = &job{uid: uid, typ: v1alpha3.OperationRepave}
+	d.loss.repave = &job{uid: uid, typ: v1alpha3.OperationRepave}
 }
 
 func nodeReady(n *corev1.Node) bool { return kube.Readiness(n).Ready }
 
-// step starts the next job when none runs: first the operations an
-// earlier daemon process left InProgress (resume), then the repave of a
-// vanished Node, then Pending operations oldest first. One at a time:
-// operations on one host change the same node stack.
+// step starts the next job when none runs, from the first of jobSources
+// that has one. One at a time: operations on one host change the same
+// node stack.
 func (d *daemon) step(ctx context.Context) error {
 	// The Machine first: a repave's request carries its spec as the
 	// desired config.
 	if d.inflight != "" || !d.live() || !d.synced[kindOps] || !d.synced[kindMachine] {
 		return nil
 	}
-	var pending, inProgress []*v1alpha3.MachineOperation
-	for _, op := range d.ops {
-		uid := string(op.UID)
-		if d.handled[uid] || op.Spec.MachineRef.Name != d.machine || op.DeletionTimestamp != nil {
-			continue
-		}
-		switch op.Status.State {
-		case v1alpha3.OperationInProgress:
-			if !d.resumed[uid] {
-				inProgress = append(inProgress, op)
-			}
-		case "", v1alpha3.OperationPending:
-			pending = append(pending, op)
-		}
-	}
 	var j *job
-	switch {
-	case len(inProgress) > 0:
-		op := oldest(inProgress)
-		d.resumed[string(op.UID)] = true
-		j = &job{op: op, uid: string(op.UID), typ: op.Spec.Operation, resume: true}
-	case d.nodeRepave != nil:
-		j, d.nodeRepave = d.nodeRepave, nil
-	case d.isolationResume != nil:
-		j, d.isolationResume = d.isolationResume, nil
-	case len(pending) > 0:
-		op := oldest(pending)
-		j = &job{op: op, uid: string(op.UID), typ: op.Spec.Operation}
-	default:
-		// The agent first: a change of mode runs on the agent the
-		// spec asks for (the new agent's isolation change, not the old
-		// one's), and an upgrade never waits behind a change that
-		// failed (which is not asked again at its generation).
-		if j = d.agentUpgradeJob(); j == nil {
-			j = d.isolationJob()
+	for _, src := range jobSources {
+		if j = src.next(d); j != nil {
+			d.log.Debug("next job", "source", src.name, "uid", j.uid, "type", j.typ)
+			break
 		}
 	}
-	gone := d.nodeGone
-	d.nodeGone = false
+	gone := d.loss.gone
+	d.loss.gone = false
 	if j == nil && !gone {
 		return nil
 	}
@@ -754,6 +711,68 @@ func (d *daemon) step(ctx context.Context) error {
 	return nil
 }
 
+// A jobSource is one place the daemon's next job comes from, owning its
+// own state: step asks the sources in the order of jobSources and starts
+// the first job one has (one job at a time).
+type jobSource struct {
+	name string
+	next func(d *daemon) *job
+}
+
+// jobSources, in the order step asks them: an operation an earlier
+// process left InProgress (resumed), the repave of a vanished Node, an
+// isolation change to resume (neither has an operation that would bring
+// it back), the Pending operations oldest first, then what the
+// Machine's spec asks for: the agent first (a change of mode runs on the
+// agent the spec asks for, not the old one's, and an upgrade never waits
+// behind a change that failed, which is not asked again at its
+// generation), then the isolation mode.
+var jobSources = []jobSource{
+	{"operation in progress", (*daemon).inProgressOperation},
+	{"vanished Node", func(d *daemon) *job { j := d.loss.repave; d.loss.repave = nil; return j }},
+	{"isolation change to resume", func(d *daemon) *job { j := d.iso.resume; d.iso.resume = nil; return j }},
+	{"pending operation", (*daemon).pendingOperation},
+	{"spec.agent", (*daemon).agentUpgradeJob},
+	{"spec.isolation", (*daemon).isolationJob},
+}
+
+// ownOperations are this Machine's operations in state, not finished by
+// this process nor being deleted.
+func (d *daemon) ownOperations(states ...v1alpha3.OperationState) []*v1alpha3.MachineOperation {
+	var out []*v1alpha3.MachineOperation
+	for _, op := range d.ops {
+		if d.handled[string(op.UID)] || op.Spec.MachineRef.Name != d.machine || op.DeletionTimestamp != nil {
+			continue
+		}
+		if slices.Contains(states, op.Status.State) {
+			out = append(out, op)
+		}
+	}
+	return out
+}
+
+// inProgressOperation resumes the oldest operation an earlier process
+// left InProgress (once per process).
+func (d *daemon) inProgressOperation() *job {
+	ops := slices.DeleteFunc(d.ownOperations(v1alpha3.OperationInProgress), func(op *v1alpha3.MachineOperation) bool { return d.resumed[string(op.UID)] })
+	if len(ops) == 0 {
+		return nil
+	}
+	op := oldest(ops)
+	d.resumed[string(op.UID)] = true
+	return &job{op: op, uid: string(op.UID), typ: op.Spec.Operation, resume: true}
+}
+
+// pendingOperation is the oldest Pending operation.
+func (d *daemon) pendingOperation() *job {
+	ops := d.ownOperations("", v1alpha3.OperationPending)
+	if len(ops) == 0 {
+		return nil
+	}
+	op := oldest(ops)
+	return &job{op: op, uid: string(op.UID), typ: op.Spec.Operation}
+}
+
 func oldest(ops []*v1alpha3.MachineOperation) *v1alpha3.MachineOperation {
 	return slices.MinFunc(ops, func(a, b *v1alpha3.MachineOperation) int {
 		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
@@ -797,7 +816,7 @@ func (d *daemon) reportMachine(ctx context.Context) {
 	if d.nodeSeen != "" && !d.tokenOnly {
 		want.Status.NodeName = d.nodeSeen
 	}
-	if !d.tokenOnly && d.active != nil && d.readyNode != "" && want.Status.Phase == v1alpha3.MachinePending &&
+	if !d.tokenOnly && d.active != nil && d.loss.readyUID != "" && want.Status.Phase == v1alpha3.MachinePending &&
 		!meta.IsStatusConditionTrue(want.Status.Conditions, v1alpha3.ConditionAllocationLaunchRefused) {
 		// The fence leaves a node it allowed after a refusal Pending (it
 		// cannot tell when the node is up); the daemon sees the Node

@@ -34,6 +34,20 @@ const (
 	paramMethod = "method"
 )
 
+// isolationState is the isolation change's job source's own state.
+type isolationState struct {
+	// started is the change this process handed to its unit,
+	// InProgress until the unit has ended (startIsolation,
+	// isolationEnded).
+	started *v1alpha3.IsolationChangeStatus
+	// resume is a change to resume: its job was retried (D-Bus or the
+	// cluster failed it), or an earlier process handed it to its
+	// request and stopped before its unit ran (isolationUnrecorded).
+	// Like a vanished Node's repave, it has no operation that would
+	// bring it back.
+	resume *job
+}
+
 // isolationJob is the isolation change the Machine's spec.isolation.mode
 // asks for (a mode other than the running one), or nil. It is asked once
 // per generation of the Machine: not while a change runs (its journal,
@@ -176,7 +190,7 @@ func (d *daemon) isolationReport(ctx context.Context, want *v1alpha3.Machine) fu
 	} else if o, err := state.ReadIsolationOutcome(d.p); err != nil {
 		d.log.Warn("the isolation change's outcome is unreadable", "error", err)
 		return nil
-	} else if o != nil && d.isolationStarted == nil {
+	} else if o != nil && d.iso.started == nil {
 		// (The outcome of the daemon's own change waits for its unit's
 		// end: isolationEnded adds the unit's result to it.)
 		ch = outcomeStatus(*o)
@@ -269,7 +283,7 @@ func isolationPhase(want *v1alpha3.Machine, s v1alpha3.IsolationChangeState) {
 func (d *daemon) startIsolation(ctx context.Context, j *job) {
 	from, to := j.params[paramFrom], j.params[paramTo]
 	method, _ := d.host.changeMethod(from, to, j.params[paramMethod]) // a change isolationJob let through
-	d.isolationStarted = &v1alpha3.IsolationChangeStatus{From: v1alpha3.IsolationMode(from), To: v1alpha3.IsolationMode(to),
+	d.iso.started = &v1alpha3.IsolationChangeStatus{From: v1alpha3.IsolationMode(from), To: v1alpha3.IsolationMode(to),
 		Method: v1alpha3.IsolationChangeMethod(method), State: v1alpha3.IsolationChangeInProgress, StartTime: statusTime(d.host.now()),
 		Message: fmt.Sprintf("%s started for spec.isolation.mode %s (generation %d)", targets[OperationIsolationChange].unit, to, d.machineObj.Generation)}
 	d.reportMachine(ctx)
@@ -287,10 +301,10 @@ func (d *daemon) startIsolation(ctx context.Context, j *job) {
 // (retried: the daemon asks again later) only stops holding the status.
 func (d *daemon) isolationEnded(r result) {
 	if r.retry {
-		return // resumed (isolationResume): still InProgress
+		return // resumed (iso.resume): still InProgress
 	}
-	started := d.isolationStarted
-	d.isolationStarted = nil
+	started := d.iso.started
+	d.iso.started = nil
 	if started == nil || r.state == "" || d.isolationGoesOn() {
 		return
 	}
@@ -360,8 +374,8 @@ func (d *daemon) isolationJudged(from, to, method string, started *metav1.Time, 
 // resumed. While the unit runs it is looked at again in 5 s. nil:
 // nothing to report.
 func (d *daemon) isolationUnrecorded(ctx context.Context) *v1alpha3.IsolationChangeStatus {
-	if d.isolationStarted != nil {
-		return d.isolationStarted.DeepCopy()
+	if d.iso.started != nil {
+		return d.iso.started.DeepCopy()
 	}
 	prev := d.machineObj.Status.IsolationChange
 	unit := targets[OperationIsolationChange].unit
@@ -383,8 +397,8 @@ func (d *daemon) isolationUnrecorded(ctx context.Context) *v1alpha3.IsolationCha
 		!request.Taken(d.p, concern, req.UID) && !d.handled[req.UID] {
 		d.log.Info("resuming the isolation change an earlier daemon process handed to its request", "uid", req.UID, "to", prev.To)
 		d.markIsolationAsked(string(prev.To))
-		d.isolationResume = &job{uid: req.UID, typ: OperationIsolationChange, params: req.Parameters, resume: true}
-		d.isolationStarted = prev.DeepCopy()
+		d.iso.resume = &job{uid: req.UID, typ: OperationIsolationChange, params: req.Parameters, resume: true}
+		d.iso.started = prev.DeepCopy()
 		return prev.DeepCopy()
 	}
 	// Shown InProgress by an earlier process that stopped before it

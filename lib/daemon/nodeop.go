@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/state"
 )
@@ -75,7 +76,7 @@ func (d *daemon) waitBusy(ctx context.Context, j *job) bool {
 			d.log.Info("Node deleted while "+unit+" runs; not a loss", "node", d.node)
 			d.handled[j.uid] = true
 		} else {
-			d.nodeRepave = j
+			d.loss.repave = j
 		}
 	}
 	d.log.Info("a node operation runs; waiting for it before anything else", "unit", unit)
@@ -107,6 +108,22 @@ func (d *daemon) refreshActive(ctx context.Context) {
 	d.reportMachine(ctx)
 }
 
+// nodeLoss is the job source of a Node that vanished (observeNode,
+// armNodeAbsent): the repave of the Machine, since the node stack lost
+// its registration.
+type nodeLoss struct {
+	// readyUID is the UID of the Node last seen Ready.
+	readyUID types.UID
+	// repave is the repave to run for the vanished Node.
+	repave *job
+	// gone: the Node was deleted and no job of the daemon ran (step
+	// looks whether a unit started by hand runs).
+	gone bool
+	// absent fires when the Node, absent from the first list, has not
+	// appeared within the grace.
+	absent <-chan time.Time
+}
+
 // DefaultNodeGoneGrace is Options.NodeGoneGrace's default: time for a
 // node stack that starts with the daemon (at boot) to register a Node
 // deleted while the host was down.
@@ -124,17 +141,17 @@ func (d *daemon) armNodeAbsent() {
 	}
 	d.log.Info("no Node on this bootstrapped host at the daemon's start: it vanished while the daemon was down; repaving unless it registers within the grace",
 		"node", d.node, "grace", d.grace.String())
-	d.nodeAbsent = time.After(d.grace)
+	d.loss.absent = time.After(d.grace)
 }
 
 // nodeStillAbsent queues the repave of a Node that vanished while the
 // daemon was down and has not registered within the grace.
 func (d *daemon) nodeStillAbsent() {
-	if d.followStop == nil || d.nodeRepave != nil {
+	if d.followStop == nil || d.loss.repave != nil {
 		return
 	}
 	d.log.Warn("the Node vanished while the daemon was down and has not registered again", "node", d.node, "grace", d.grace.String())
 	// Unique per daemon start: the repave takes a request UID once
 	// (lib/repave), and a Node can vanish again another time.
-	d.nodeRepave = &job{uid: "node:absent-since-" + d.started.UTC().Format("20060102T150405.000000000Z"), typ: v1alpha3.OperationRepave}
+	d.loss.repave = &job{uid: "node:absent-since-" + d.started.UTC().Format("20060102T150405.000000000Z"), typ: v1alpha3.OperationRepave}
 }
