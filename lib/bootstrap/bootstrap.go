@@ -344,13 +344,8 @@ func (b *Bootstrap) load(ctx context.Context) (*config.Config, *Journal, Reporte
 		return nil, nil, nil, fmt.Errorf("%w: %s: [nspawn] image is not set; mode %s builds the node from that image",
 			exitcode.ErrConfigInvalid, strings.Join(cfg.Files, ", "), cfg.Mode)
 	}
-	// node.ip must be an address of this host: said now, not once the
-	// host is prepared and the slot is built.
-	if _, err := modes.NodeIPs(cfg); err != nil {
-		return nil, nil, nil, err
-	}
-	// So must every device devices.allow names.
-	if _, err := modes.Devices(cfg); err != nil {
+	// node.ip and devices.allow against this host: said now, not once the host is prepared and the slot is built.
+	if err := modes.CheckHost(cfg); err != nil {
 		return nil, nil, nil, err
 	}
 	input, err := inputSum(cfg)

@@ -313,6 +313,19 @@ func (s Slot) Check() error {
 	return nil
 }
 
+// CheckHost runs the configuration's checks against this host (node.ip,
+// devices.allow: NodeIPs, Devices), each a configuration error at its
+// key's line (exit 78). The operations that change the host call it
+// once, before their first change: bootstrap in its config phase, the
+// repave and the isolation change in their plan, before the drain.
+func CheckHost(c *config.Config) error {
+	if _, err := NodeIPs(c); err != nil {
+		return err
+	}
+	_, err := Devices(c)
+	return err
+}
+
 // NodeIPs is the Node's address on this host for the configuration c
 // (HostNet.NodeIPs of node.ip): a configured address that is not the
 // host's is a configuration error at node.ip's line (exit 78), a host

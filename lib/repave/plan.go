@@ -66,12 +66,8 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 		return nil, nil, nil, fmt.Errorf("%w: the desired config names machine %q, the node runs as %q: a repave keeps the Node's name (reset and bootstrap the host to rename it)",
 			exitcode.ErrConfigInvalid, cfg.Machine, active.Machine)
 	}
-	// node.ip must be an address of this host: said before the drain.
-	if _, err := modes.NodeIPs(cfg); err != nil {
-		return nil, nil, nil, err
-	}
-	// So must every device devices.allow names.
-	if _, err := modes.Devices(cfg); err != nil {
+	// node.ip and devices.allow against this host: said before the drain.
+	if err := modes.CheckHost(cfg); err != nil {
 		return nil, nil, nil, err
 	}
 	want, err := effective(cfg)
