@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
@@ -80,7 +81,7 @@ var ChangeCrashPoints = []string{CrashChangeOldStopped, CrashChangeFence, CrashC
 // rollback destroys the new slot (to.Destroy, checked gone) and starts
 // the old one again (from.Start). A mode joining the table of changes
 // brings no switch of its own.
-func Change(ctx context.Context, sd Systemd, from Mode, running string, to Mode, s Slot, h RepaveHooks) error {
+func Change(ctx context.Context, p hostpaths.Paths, sd Systemd, from Mode, running string, to Mode, s Slot, h RepaveHooks) error {
 	if s.Name == running {
 		return fmt.Errorf("isolation change: the new slot must be the other one than %s", running)
 	}
@@ -93,6 +94,7 @@ func Change(ctx context.Context, sd Systemd, from Mode, running string, to Mode,
 	w := Switch{
 		What:      "isolation change",
 		Operation: "isolation",
+		Paths:     p,
 		Old: Side{
 			Desc:  fmt.Sprintf("slot %s of mode %s", running, from.Name()),
 			Slot:  running,

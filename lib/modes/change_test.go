@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
@@ -15,6 +16,7 @@ import (
 
 // changeWorld is two recording modes and the unit states they change.
 type changeWorld struct {
+	p      hostpaths.Paths
 	events []string
 	active map[string]string
 }
@@ -84,7 +86,7 @@ func (m *fakeMode) Destroy(ctx context.Context, slot string) error {
 }
 
 func changeFixture(t *testing.T) (*changeWorld, *fakeMode, *fakeMode, modes.Slot) {
-	w := &changeWorld{active: map[string]string{}}
+	w := &changeWorld{p: hostpaths.New(t.TempDir()), active: map[string]string{}}
 	from, to := &fakeMode{name: "nspawn", w: w}, &fakeMode{name: "none", w: w}
 	from.Start(context.Background(), "kube1")
 	w.events = nil
@@ -109,7 +111,7 @@ func ok(string) error { return nil }
 // new node started only stops the old one again and waits.
 func TestChangeStopsTheOldModeBeforeTheFenceAndStartsTheNewMode(t *testing.T) {
 	w, from, to, s := changeFixture(t)
-	if err := modes.Change(context.Background(), w, from, "kube1", to, s, changeHooks(w, nil, ok)); err != nil {
+	if err := modes.Change(context.Background(), w.p, w, from, "kube1", to, s, changeHooks(w, nil, ok)); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{"stop nspawn kube1", modes.CrashChangeOldStopped, "fence", modes.CrashChangeFence,
@@ -118,10 +120,10 @@ func TestChangeStopsTheOldModeBeforeTheFenceAndStartsTheNewMode(t *testing.T) {
 		t.Errorf("events\n%q, want\n%q", w.events, want)
 	}
 	w.events = nil
-	if err := modes.Change(context.Background(), w, from, "kube1", to, s, changeHooks(w, nil, ok)); err != nil {
+	if err := modes.Change(context.Background(), w.p, w, from, "kube1", to, s, changeHooks(w, nil, ok)); err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"stop nspawn kube1", "healthy kube2", modes.CrashChangeHealthy}; !slices.Equal(w.events, want) {
+	if want := []string{"stop nspawn kube1", "fence", modes.CrashChangeFence, "start none kube2", modes.CrashChangeNewStarted, "healthy kube2", modes.CrashChangeHealthy}; !slices.Equal(w.events, want) {
 		t.Errorf("rerun: events %q, want %q", w.events, want)
 	}
 }
@@ -130,7 +132,7 @@ func TestChangeStopsTheOldModeBeforeTheFenceAndStartsTheNewMode(t *testing.T) {
 // and the old mode's node started and waited for: ErrRolledBack.
 func TestChangeRollsBackToTheOldModeWhenTheNewNodeIsNotHealthy(t *testing.T) {
 	w, from, to, s := changeFixture(t)
-	err := modes.Change(context.Background(), w, from, "kube1", to, s, changeHooks(w, nil, func(slot string) error {
+	err := modes.Change(context.Background(), w.p, w, from, "kube1", to, s, changeHooks(w, nil, func(slot string) error {
 		if slot == "kube2" {
 			return errors.New("kubelet healthz: connection refused")
 		}
@@ -140,8 +142,9 @@ func TestChangeRollsBackToTheOldModeWhenTheNewNodeIsNotHealthy(t *testing.T) {
 		t.Fatalf("error %v, want one that wraps ErrRolledBack and says why", err)
 	}
 	want := []string{"stop nspawn kube1", modes.CrashChangeOldStopped, "fence", modes.CrashChangeFence,
-		"start none kube2", modes.CrashChangeNewStarted, "healthy kube2",
-		"destroy none kube2", "stop none kube2", "fence", "start nspawn kube1", "healthy kube1"}
+		"start none kube2", modes.CrashChangeNewStarted, "healthy kube2", "isolation/after-rollback-begun",
+		"destroy none kube2", "stop none kube2", "isolation/after-undo-healthy",
+		"fence", "start nspawn kube1", "healthy kube1", "isolation/after-undo-old-stopped"}
 	if !slices.Equal(w.events, want) {
 		t.Errorf("events\n%q, want\n%q", w.events, want)
 	}
@@ -151,7 +154,7 @@ func TestChangeRollsBackToTheOldModeWhenTheNewNodeIsNotHealthy(t *testing.T) {
 	// A new node that does not even start rolls back the same way.
 	w, from, to, s = changeFixture(t)
 	to.startErr = errors.New("job failed")
-	if err := modes.Change(context.Background(), w, from, "kube1", to, s, changeHooks(w, nil, ok)); !errors.Is(err, modes.ErrRolledBack) {
+	if err := modes.Change(context.Background(), w.p, w, from, "kube1", to, s, changeHooks(w, nil, ok)); !errors.Is(err, modes.ErrRolledBack) {
 		t.Fatalf("start failure: %v, want ErrRolledBack", err)
 	}
 }
@@ -160,7 +163,7 @@ func TestChangeRollsBackToTheOldModeWhenTheNewNodeIsNotHealthy(t *testing.T) {
 // rerun asks again (nothing starts without a fence that allowed it).
 func TestChangeStartsNothingAfterTheFenceRefused(t *testing.T) {
 	w, from, to, s := changeFixture(t)
-	err := modes.Change(context.Background(), w, from, "kube1", to, s, changeHooks(w, errors.New("refused"), ok))
+	err := modes.Change(context.Background(), w.p, w, from, "kube1", to, s, changeHooks(w, errors.New("refused"), ok))
 	if err == nil || errors.Is(err, modes.ErrRolledBack) {
 		t.Fatalf("error %v, want a failure that is no rollback", err)
 	}
@@ -172,11 +175,11 @@ func TestChangeStartsNothingAfterTheFenceRefused(t *testing.T) {
 func TestChangeRefusesWhatItCannotDo(t *testing.T) {
 	w, from, to, s := changeFixture(t)
 	s.Name = "kube1"
-	if err := modes.Change(context.Background(), w, from, "kube1", to, s, changeHooks(w, nil, ok)); err == nil {
+	if err := modes.Change(context.Background(), w.p, w, from, "kube1", to, s, changeHooks(w, nil, ok)); err == nil {
 		t.Error("a change into the running slot was not refused")
 	}
 	s.Name = "kube2"
-	if err := modes.Change(context.Background(), w, from, "kube1", to, s, modes.RepaveHooks{}); !errors.Is(err, modes.ErrHookMissing) {
+	if err := modes.Change(context.Background(), w.p, w, from, "kube1", to, s, modes.RepaveHooks{}); !errors.Is(err, modes.ErrHookMissing) {
 		t.Errorf("no hooks: %v, want ErrHookMissing", err)
 	}
 	if len(w.events) != 0 {

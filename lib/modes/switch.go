@@ -2,9 +2,14 @@ package modes
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
+
+	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/steps"
 )
 
 // Side is one side of a Switch: the node that runs before it (Old) or the
@@ -41,54 +46,78 @@ const (
 )
 
 // Switch is the one switch from a running node to a new one, with its
-// rollback, that every change of node stack in place is written on: the
-// blue/green repave of modes nspawn and container (lib/modes/bluegreen)
-// and the change between modes (Change). What differs between them is
-// in Old, New and Build; the order, the crash points, the rollback and
-// what an error says are written here once:
+// rollback, that every change of node stack between slots is written on:
+// the blue/green repave of modes nspawn and container
+// (lib/modes/bluegreen) and the change between modes (Change). It is a
+// list of steps on lib/steps, whose journal (SwitchJournal, beside the
+// operation's) it keeps, and whose undo is its rollback; mode none's
+// in-place switch is another list on the same runner. What differs
+// between the switches is in Old, New and Build; the order, the crash
+// points, the rollback and what an error says are written here once:
 //
-//  1. Build, when set, makes the new node ready to start while the old
-//     one serves; "<op>/after-new-built"
-//  2. the old node is stopped; "<op>/after-old-stopped"
-//  3. Old.Clean, when set; "<op>/after-network-cleaned"
-//  4. Hooks.Fence (the caller deletes the Node, then runs the allocation
-//     fence); a refusal stops here with no node running and both kept (a
-//     rerun tries again); "<op>/after-fence"
-//  5. the new node is started; "<op>/after-new-started"
-//  6. Hooks.Healthy waits for it, bounded; "<op>/after-healthy".
+//  1. new-built: Build, when set, makes the new node ready to start while
+//     the old one serves; "<op>/after-new-built"
+//  2. network-cleaned (old-stopped without Old.Clean): the old node is
+//     stopped, "<op>/after-old-stopped"; Old.Clean, when set,
+//     "<op>/after-network-cleaned"
+//  3. healthy: Hooks.Fence (the caller deletes the Node, then runs the
+//     allocation fence), "<op>/after-fence"; the new node is started,
+//     "<op>/after-new-started"; Hooks.Healthy waits for it, bounded,
+//     "<op>/after-healthy".
 //
-// A new node that does not start or get healthy is rolled back: New
-// destroyed (checked gone) and cleaned, the fence run again, the old node
-// started and waited for; the error says each of these and wraps
-// ErrRolledBack. A rollback that itself fails returns an error that does
-// not wrap it and says what is left.
+// A failure of Build, of the old node's stop or of the fence holds the
+// switch where it is (steps.ErrHold): a refusal starts no node, the old
+// no more than the new, and a rerun tries that step again. A new node
+// that does not start or get healthy is rolled back, journaled and
+// resumable (steps.Step.Undo, crash points "<op>/after-rollback-begun",
+// "<op>/after-undo-<step>"): New destroyed (checked gone) and cleaned,
+// the fence run again, the old node started and waited for; the error
+// says each of these and wraps ErrRolledBack. A rollback that stops
+// returns an error that does not wrap it and says what is left; the
+// next run goes on with it.
 //
-// Each step is decided from what runs, so a rerun after a crash anywhere
-// goes on from there: NewRunning true (a crash after 5) makes sure the
-// old node is stopped and goes on at 6; otherwise it starts at 1 (a
-// built node is not built again, stopping a stopped node is a no-op).
+// A rerun after a crash goes on from the journal: a step journaled done
+// is not done again (the old network is never cleaned under a new node
+// that runs), the last one always starts what a reboot stopped. A switch
+// an earlier build began has no journal: when its new node runs
+// (NewRunning) the old one is stopped again and the steps before the
+// last are taken as done.
 type Switch struct {
 	// What begins every error ("nspawn repave", "isolation change").
 	What string
 	// Operation names the crash points: "<Operation>/after-<step>".
 	Operation string
-	Old, New  Side
+	// Paths is the host whose journal directory keeps the switch's
+	// journal (SwitchJournal(Operation)).
+	Paths    hostpaths.Paths
+	Old, New Side
 	// Build, when set, is step 1 (see Switch).
 	Build func(ctx context.Context) error
-	// NewRunning says whether the new node's units run already.
+	// NewRunning says whether the new node's units run already (asked
+	// only when there is no journal).
 	NewRunning func(ctx context.Context) (bool, error)
 	Hooks      RepaveHooks
 	Log        *slog.Logger
 }
 
-// SwitchPoints are the crash points of a Switch of operation, in the
-// order it reaches them (Build's and Old.Clean's included).
+// SwitchJournal is the name of the journal of operation's switch
+// (/var/lib/unbounded/journal/<operation>-switch.json): the operation
+// removes a stale one when it plans anew.
+func SwitchJournal(operation string) string { return operation + "-switch" }
+
+// SwitchPoints are the crash points of a Switch of operation with Build
+// and Old.Clean, in the order it reaches them.
 func SwitchPoints(operation string) []string {
 	var out []string
 	for _, s := range []string{SwitchBuilt, SwitchOldStopped, SwitchCleaned, SwitchFence, SwitchNewStarted, SwitchHealthy} {
 		out = append(out, operation+"/after-"+s)
 	}
 	return out
+}
+
+// switchJournal is what a Switch keeps: the runner's record.
+type switchJournal struct {
+	steps.Record
 }
 
 func (w *Switch) log() *slog.Logger {
@@ -104,78 +133,147 @@ func (w *Switch) crash(step string) {
 	}
 }
 
-// Run carries the switch out (see Switch).
+// Run carries the switch out, or goes on with one a crash cut (see
+// Switch).
 func (w *Switch) Run(ctx context.Context) error {
 	if err := w.Hooks.Check(); err != nil {
 		return fmt.Errorf("%s: %w", w.What, err)
 	}
-	up, err := w.NewRunning(ctx)
+	name := SwitchJournal(w.Operation)
+	var j switchJournal
+	found, err := state.ReadJournal(w.Paths, name, &j)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", w.What, err)
 	}
-	if up {
-		// A rerun after the new node started: the old one was stopped
-		// before it (step 2), but make sure.
-		if err := w.Old.Stop(ctx); err != nil {
-			return fmt.Errorf("%s: stop the old node (%s): %w", w.What, w.Old.Desc, err)
+	list := w.steps()
+	if !found {
+		up, err := w.NewRunning(ctx)
+		if err != nil {
+			return err
 		}
-	} else {
-		if w.Build != nil {
-			if err := w.Build(ctx); err != nil {
-				return err
+		if up {
+			// An earlier build's switch cut after the new node started:
+			// the old one was stopped before it, but make sure (its
+			// network was cleaned then: never under a new node).
+			if err := w.Old.Stop(ctx); err != nil {
+				return fmt.Errorf("%s: stop the old node (%s): %w", w.What, w.Old.Desc, err)
 			}
-			w.crash(SwitchBuilt)
+			for _, s := range list[:len(list)-1] {
+				j.Done = append(j.Done, s.Name)
+			}
 		}
-		stopped := time.Now()
-		if err := w.Old.Stop(ctx); err != nil {
-			return fmt.Errorf("%s: stop the old node (%s): %w", w.What, w.Old.Desc, err)
-		}
-		w.log().Info("old node stopped", "node", w.Old.Desc, "took", time.Since(stopped).Round(time.Millisecond).String())
-		w.crash(SwitchOldStopped)
-		if w.Old.Clean != nil {
-			w.Old.Clean(ctx)
-			w.crash(SwitchCleaned)
-		}
-		if err := w.Hooks.Fence(ctx); err != nil {
-			return fmt.Errorf("%s: before starting %s: %w; no node runs (%s stopped, %s built; a rerun tries again)", w.What, w.New.Desc, err, w.Old.Desc, w.New.Desc)
-		}
-		w.crash(SwitchFence)
-		if err := w.New.Start(ctx); err != nil {
-			return w.rollback(ctx, fmt.Errorf("start of %s failed: %w", w.New.Desc, err))
-		}
-		w.log().Info("new node started", "node", w.New.Desc, "old_stopped_ago", time.Since(stopped).Round(time.Millisecond).String())
-		w.crash(SwitchNewStarted)
 	}
-	if err := w.Hooks.Healthy(ctx, w.New.Slot); err != nil {
-		return w.rollback(ctx, fmt.Errorf("%s did not become healthy: %w", w.New.Desc, err))
+	crash := w.Hooks.Crash
+	if crash == nil {
+		crash = func(string) {}
 	}
-	w.crash(SwitchHealthy)
-	return nil
+	run := &steps.Runner{Paths: w.Paths, Operation: w.Operation, JournalName: name, Journal: &j, Notify: func(string) {}, CrashPoint: crash, Log: w.log()}
+	err = run.Run(ctx, list)
+	var rb *steps.RolledBackError
+	var ue *steps.UndoError
+	switch {
+	case err == nil:
+		return state.RemoveJournal(w.Paths, name)
+	case errors.As(err, &rb):
+		if rerr := state.RemoveJournal(w.Paths, name); rerr != nil {
+			return fmt.Errorf("%s: %w; rolled back, but its journal was not removed: %w", w.What, causeOf(rb.Cause, rb.Reason), rerr)
+		}
+		w.log().Info("rolled back", "running", w.Old.Desc, "removed", w.New.Desc)
+		return fmt.Errorf("%s: %w; rolled back: %s stopped and removed (checked gone), %s started again and healthy: %w", w.What, causeOf(rb.Cause, rb.Reason), w.New.Desc, w.Old.Desc, ErrRolledBack)
+	case errors.As(err, &ue):
+		return fmt.Errorf("%s: %w; %w", w.What, causeOf(ue.Cause, ue.Reason), ue.Err)
+	}
+	step, cause := steps.Failed(err)
+	if step == SwitchBuilt {
+		return cause // Build's error says whose build it is
+	}
+	return fmt.Errorf("%s: %w", w.What, cause)
 }
 
-// rollback undoes a switch that failed at cause (see Switch).
-func (w *Switch) rollback(ctx context.Context, cause error) error {
-	// A context that a SIGTERM or a timeout ended must still let the
-	// rollback through.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Minute)
-	defer cancel()
-	w.log().Error("new node failed; rolling back", "new", w.New.Desc, "old", w.Old.Desc, "error", cause.Error())
-	start := time.Now()
-	if err := w.New.Destroy(ctx); err != nil {
-		return fmt.Errorf("%s: %w; rollback failed: %s not removed: %v (%s is stopped)", w.What, cause, w.New.Desc, err, w.Old.Desc)
+// causeOf is the failure that began a rollback: the step's error when
+// this run saw it, else the reason the journal kept.
+func causeOf(cause error, reason string) error {
+	if cause != nil {
+		return cause
 	}
-	if w.New.Clean != nil {
-		w.New.Clean(ctx)
+	return errors.New(reason)
+}
+
+// rollbackContext is the context of a rollback's undo: one that a
+// SIGTERM or a timeout ended must still let the rollback through.
+func rollbackContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 15*time.Minute)
+}
+
+// steps are the switch's steps (see Switch).
+func (w *Switch) steps() []steps.Step {
+	var list []steps.Step
+	if w.Build != nil {
+		list = append(list, steps.Step{Name: SwitchBuilt, Run: func(ctx context.Context) error { return steps.Hold(w.Build(ctx)) }})
 	}
-	if err := w.Hooks.Fence(ctx); err != nil {
-		return fmt.Errorf("%s: %w; %s stopped and removed; rollback stopped before starting %s again: %v; no node runs", w.What, cause, w.New.Desc, w.Old.Desc, err)
+	stopName := SwitchOldStopped
+	if w.Old.Clean != nil {
+		stopName = SwitchCleaned
 	}
-	if err := w.Old.Start(ctx); err != nil {
-		return fmt.Errorf("%s: %w; %s stopped and removed; rollback failed: %s did not start again: %v", w.What, cause, w.New.Desc, w.Old.Desc, err)
-	}
-	if err := w.Hooks.Healthy(ctx, w.Old.Slot); err != nil {
-		return fmt.Errorf("%s: %w; %s stopped and removed; %s started again but is not healthy: %v", w.What, cause, w.New.Desc, w.Old.Desc, err)
-	}
-	w.log().Info("rolled back", "running", w.Old.Desc, "removed", w.New.Desc, "took", time.Since(start).Round(time.Millisecond).String())
-	return fmt.Errorf("%s: %w; rolled back: %s stopped and removed (checked gone), %s started again and healthy: %w", w.What, cause, w.New.Desc, w.Old.Desc, ErrRolledBack)
+	list = append(list, steps.Step{
+		Name: stopName,
+		Run: func(ctx context.Context) error {
+			stopped := time.Now()
+			if err := w.Old.Stop(ctx); err != nil {
+				return steps.Hold(fmt.Errorf("stop the old node (%s): %w", w.Old.Desc, err))
+			}
+			w.log().Info("old node stopped", "node", w.Old.Desc, "took", time.Since(stopped).Round(time.Millisecond).String())
+			if w.Old.Clean != nil {
+				w.crash(SwitchOldStopped)
+				w.Old.Clean(ctx)
+			}
+			return nil
+		},
+		// The rollback's start of the old node, fenced like any start.
+		Undo: func(ctx context.Context) error {
+			ctx, cancel := rollbackContext(ctx)
+			defer cancel()
+			if err := w.Hooks.Fence(ctx); err != nil {
+				return fmt.Errorf("%s stopped and removed; rollback stopped before starting %s again: %v; no node runs", w.New.Desc, w.Old.Desc, err)
+			}
+			if err := w.Old.Start(ctx); err != nil {
+				return fmt.Errorf("%s stopped and removed; rollback failed: %s did not start again: %v", w.New.Desc, w.Old.Desc, err)
+			}
+			if err := w.Hooks.Healthy(ctx, w.Old.Slot); err != nil {
+				return fmt.Errorf("%s stopped and removed; %s started again but is not healthy: %v", w.New.Desc, w.Old.Desc, err)
+			}
+			return nil
+		},
+	})
+	return append(list, steps.Step{
+		Name: SwitchHealthy,
+		Run: func(ctx context.Context) error {
+			if err := w.Hooks.Fence(ctx); err != nil {
+				return steps.Hold(fmt.Errorf("before starting %s: %w; no node runs (%s stopped, %s built; a rerun tries again)", w.New.Desc, err, w.Old.Desc, w.New.Desc))
+			}
+			w.crash(SwitchFence)
+			if err := w.New.Start(ctx); err != nil {
+				return fmt.Errorf("start of %s failed: %w", w.New.Desc, err)
+			}
+			w.log().Info("new node started", "node", w.New.Desc)
+			w.crash(SwitchNewStarted)
+			if err := w.Hooks.Healthy(ctx, w.New.Slot); err != nil {
+				return fmt.Errorf("%s did not become healthy: %w", w.New.Desc, err)
+			}
+			return nil
+		},
+		// The new node goes first in a rollback, checked gone.
+		Undo: func(ctx context.Context) error {
+			ctx, cancel := rollbackContext(ctx)
+			defer cancel()
+			w.log().Error("new node failed; rolling back", "new", w.New.Desc, "old", w.Old.Desc)
+			if err := w.New.Destroy(ctx); err != nil {
+				return fmt.Errorf("rollback failed: %s not removed: %v (%s is stopped)", w.New.Desc, err, w.Old.Desc)
+			}
+			if w.New.Clean != nil {
+				w.New.Clean(ctx)
+			}
+			return nil
+		},
+	})
 }

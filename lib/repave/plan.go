@@ -94,6 +94,11 @@ func (r *Repave) plan(ctx context.Context) (*Journal, *config.Config, modes.Mode
 	if err := k.Plan(ctx, &j, active, cfg, req); err != nil {
 		return nil, nil, nil, err
 	}
+	// A switch's journal (modes.Switch) belongs to the plan whose run
+	// left it: a new plan never goes on with it.
+	if err := state.RemoveJournal(r.Paths, modes.SwitchJournal(n.Operation)); err != nil {
+		return nil, nil, nil, err
+	}
 	r.Logger().Info("repave planned", "from", j.From, "to", j.To, "mode", j.Mode,
 		"kubernetes_version", cfg.Cluster.KubernetesVersion, "force", opts.Force, "delete_unmanaged", opts.DeleteUnmanaged, "drain_timeout", opts.DrainTimeout.String())
 	return &j, cfg, m, nil

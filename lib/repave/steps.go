@@ -283,7 +283,7 @@ func (r *Repave) switchOver(ctx context.Context, j *Journal, cfg *config.Config,
 			return err
 		}
 		defer sd.Close()
-		if err := modes.Change(ctx, sd, old, j.From, m, s, h); err != nil {
+		if err := modes.Change(ctx, r.Paths, sd, old, j.From, m, s, h); err != nil {
 			return err
 		}
 		r.Logger().Info("node stack switched across modes", "from", j.From, "from_mode", j.RunningMode(), "to", j.To, "mode", j.Mode, "took", time.Since(start).Round(time.Millisecond).String())

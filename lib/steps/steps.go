@@ -174,10 +174,11 @@ func (r *Runner) writeJournal() error { return state.WriteJournal(r.Paths, r.jou
 // whose record it is.
 //
 // When the failed step or a step done has an Undo, the failure begins a
-// rollback instead: the journal says so (RollingBack, written before
-// anything is undone), then each such step is undone in reverse order
-// (RollBack). A journal that says rolling back makes Run go on with the
-// rollback and run no step forward.
+// rollback instead, unless the step's error wraps ErrHold: the journal
+// says so (RollingBack, written before anything is undone), then each
+// such step is undone in reverse order (RollBack). A journal that says
+// rolling back makes Run go on with the rollback and run no step
+// forward.
 func (r *Runner) Run(ctx context.Context, steps []Step) error {
 	rec := r.Journal.Steps()
 	if rec.RollingBack != "" {
@@ -193,7 +194,7 @@ func (r *Runner) Run(ctx context.Context, steps []Step) error {
 		}
 		if s.Run != nil {
 			if err := s.Run(ctx); err != nil {
-				if undoable(steps, rec, s.Name) {
+				if !errors.Is(err, ErrHold) && undoable(steps, rec, s.Name) {
 					return r.beginRollback(ctx, steps, s.Name, err)
 				}
 				return r.fail(s.Name, err)
@@ -294,6 +295,20 @@ func (r *Runner) rollBack(ctx context.Context, steps []Step, cause error) error 
 		crashpoint.Via(r.CrashPoint, CrashUndone(r.Operation, s.Name))
 	}
 	return &RolledBackError{Label: r.label(), Step: failed, Reason: rec.RollingBack, Cause: cause}
+}
+
+// ErrHold, wrapped by a step's error, fails the run without a rollback
+// although steps have an Undo: what the step met holds the operation
+// where it is (an allocation fence's refusal: no node may start, the old
+// one no more than the new), and the next run does the step again.
+var ErrHold = errors.New("held")
+
+// Hold wraps err with ErrHold (nil stays nil); its text is err's.
+func Hold(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w%.0w", err, ErrHold)
 }
 
 // ErrRolledBack is wrapped by the error of a run whose rollback is done:

@@ -327,6 +327,32 @@ func TestAFailureWithNothingToUndoIsAPlainFailure(t *testing.T) {
 	}
 }
 
+// A step whose error wraps ErrHold fails the run without a rollback
+// although steps done have an undo; the next run does that step again.
+func TestAHeldFailureIsNotRolledBackAndTheNextRunDoesTheStepAgain(t *testing.T) {
+	w := newWorld(t)
+	refused := errors.New("refused by the allocation fence")
+	steps := []Step{w.undoable("a", nil, nil), w.undoable("b", Hold(refused), nil)}
+	err := w.runner().Run(context.Background(), steps)
+	if errors.Is(err, ErrRolledBack) || !errors.Is(err, refused) || !errors.Is(err, ErrHold) || w.j.RollingBack != "" || strings.Contains(err.Error(), "held") {
+		t.Fatalf("err %v, journal %+v: want step b's failure with its own words, held, no rollback", err, w.j)
+	}
+	if want := []string{"run a", "run b"}; !slices.Equal(runs(w.events), want) {
+		t.Errorf("runs %q, want %q", runs(w.events), want)
+	}
+	j, ok := w.read(t)
+	if !ok || !slices.Equal(j.Done, []string{"a"}) {
+		t.Fatalf("journal after the held failure: %+v (found %v), want a done", j, ok)
+	}
+	w2 := &world{p: w.p, j: j}
+	if err := w2.runner().Run(context.Background(), []Step{w2.undoable("a", nil, nil), w2.undoable("b", nil, nil)}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"run b"}; !slices.Equal(runs(w2.events), want) {
+		t.Errorf("the next run: %q, want %q", runs(w2.events), want)
+	}
+}
+
 // A rollback cut at every one of its points (the journal says rolling
 // back before the first undo, each undo journaled before its crash
 // point) is finished by the next run: each step is undone, none twice

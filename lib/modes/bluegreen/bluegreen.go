@@ -156,6 +156,7 @@ func Repave(ctx context.Context, p hostpaths.Paths, m Slots, sd modes.Systemd, l
 	w := modes.Switch{
 		What:      mode + " repave",
 		Operation: "repave",
+		Paths:     p,
 		Old: modes.Side{
 			Desc:  "slot " + running,
 			Slot:  running,
