@@ -34,7 +34,7 @@ func Main(args []string) int {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c cli
-	paths, code, done := concern.Start("bootstrap", "First boot: prepare the host, fetch the node stack, build slot kube1, run the fence, start the node, wait until its Node is Ready, record the applied config, then start unbounded-node.target and the daemon. A host bootstrapped already is only handed over. Exit 0: done; 1: failed; 69: another installation owns the host; 75: temporary (retried); 77: refused by the allocation fence; 78: configuration invalid.", &c, args, stdout, stderr)
+	paths, code, done := concern.Start("bootstrap", "First boot: prepare the host, fetch the node stack, build slot kube1, run the fence, start the node, wait until its Node is Ready, record the applied config, then start unbounded-node.target and the daemon. A host bootstrapped already is only handed over. Exit 0: done; 1: failed; 69: another installation owns the host; 75: temporary (retried); 77: refused by the allocation fence; 78: configuration invalid.\n\n"+steps.Help("phase", bootstrap.PhaseDocs), &c, args, stdout, stderr)
 	if done {
 		return code
 	}

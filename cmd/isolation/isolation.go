@@ -52,7 +52,7 @@ func Main(args []string) int {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c cli
-	paths, code, done := concern.Start("isolation", "Change the node's isolation mode to the desired one (the daemon's request, else /etc/unbounded/agent.toml), in place: build the new mode's node in the other slot while the node serves, check the bootstrap token, cordon and drain the Node, stop the old node, start the new one behind the allocation fence, wait until the Node is Ready, record it, remove the old mode; roll back to the old mode when the new node does not come up. An interrupted change is resumed. Exit 0: changed or nothing to do; 1: failed (the message says whether it rolled back); 69: an installation owns the host; 75: the cluster could not be asked, nothing changed; 77: refused by the allocation fence; 78: configuration invalid.", &c, args, stdout, stderr)
+	paths, code, done := concern.Start("isolation", "Change the node's isolation mode to the desired one (the daemon's request, else /etc/unbounded/agent.toml), in place: build the new mode's node in the other slot while the node serves, check the bootstrap token, cordon and drain the Node, stop the old node, start the new one behind the allocation fence, wait until the Node is Ready, record it, remove the old mode; roll back to the old mode when the new node does not come up. An interrupted change is resumed. Exit 0: changed or nothing to do; 1: failed (the message says whether it rolled back); 69: an installation owns the host; 75: the cluster could not be asked, nothing changed; 77: refused by the allocation fence; 78: configuration invalid.\n\n"+steps.Help("step", isolation.StepDocs), &c, args, stdout, stderr)
 	if done {
 		return code
 	}

@@ -39,7 +39,7 @@ func Main(args []string) int {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c cli
-	paths, code, done := concern.Start("repave", "Replace the node stack from the desired config (the daemon's request, else /etc/unbounded/agent.toml): build the other slot while the node serves, cordon and drain the Node, switch, wait until the new Node is Ready, record it; roll back when it does not come up. An interrupted repave is resumed. Exit 0: repaved or nothing to do; 1: failed (the message says whether it rolled back); 69: an installation owns the host; 75: the cluster could not be asked, nothing changed; 77: refused by the allocation fence; 78: configuration invalid.", &c, args, stdout, stderr)
+	paths, code, done := concern.Start("repave", "Replace the node stack from the desired config (the daemon's request, else /etc/unbounded/agent.toml): build the other slot while the node serves, cordon and drain the Node, switch, wait until the new Node is Ready, record it; roll back when it does not come up. An interrupted repave is resumed. Exit 0: repaved or nothing to do; 1: failed (the message says whether it rolled back); 69: an installation owns the host; 75: the cluster could not be asked, nothing changed; 77: refused by the allocation fence; 78: configuration invalid.\n\n"+steps.Help("step", repave.StepDocs), &c, args, stdout, stderr)
 	if done {
 		return code
 	}

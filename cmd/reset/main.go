@@ -31,7 +31,7 @@ func Main(args []string) int {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c cli
-	paths, code, done := concern.Start("reset", "Remove the node (both slots), the host preparation, the artifacts and every file under /var/lib/unbounded; /etc/unbounded stays. Exit 0: done; 1: failed; 69: another installation owns the host.", &c, args, stdout, stderr)
+	paths, code, done := concern.Start("reset", "Remove the node (both slots), the host preparation, the artifacts and every file under /var/lib/unbounded; /etc/unbounded stays. Exit 0: done; 1: failed; 69: another installation owns the host.\n\n"+steps.Help("step", reset.StepDocs), &c, args, stdout, stderr)
 	if done {
 		return code
 	}

@@ -2,8 +2,16 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
+
+	"unbounded-cloud.io/agent/lib/bootstrap"
+	"unbounded-cloud.io/agent/lib/isolation"
+	"unbounded-cloud.io/agent/lib/repave"
+	"unbounded-cloud.io/agent/lib/reset"
+	"unbounded-cloud.io/agent/lib/steps"
+	"unbounded-cloud.io/agent/lib/upgrade"
 )
 
 func TestHelpExitsZeroAndListsEveryConcern(t *testing.T) {
@@ -47,6 +55,39 @@ func TestConcernHelpThroughBothSpellings(t *testing.T) {
 	for _, argv := range [][]string{{"/usr/libexec/unbounded/fence", "--help"}, {"unbounded-agent", "fence", "--help"}} {
 		if code := run(argv, &bytes.Buffer{}, &bytes.Buffer{}); code != 0 {
 			t.Errorf("%q: exit %d", argv, code)
+		}
+	}
+}
+
+// The help of each concern that runs journaled steps lists them in order,
+// from the one list the runner follows (lib/steps.Doc).
+func TestConcernHelpListsItsStepsInOrder(t *testing.T) {
+	for concern, docs := range map[string][]steps.Doc{
+		"bootstrap": bootstrap.PhaseDocs, "repave": repave.StepDocs, "isolation": isolation.StepDocs,
+		"reset": reset.StepDocs, "upgrade": upgrade.StepDocs,
+	} {
+		// A concern's main writes its help to the process's stdout.
+		f, err := os.CreateTemp(t.TempDir(), "help")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stdout := os.Stdout
+		os.Stdout = f
+		code := run([]string{"unbounded-agent", concern, "--help"}, &bytes.Buffer{}, &bytes.Buffer{})
+		os.Stdout = stdout
+		f.Close()
+		out, _ := os.ReadFile(f.Name())
+		if code != 0 {
+			t.Fatalf("%s --help: exit %d", concern, code)
+		}
+		help := strings.Join(strings.Fields(string(out)), " ")
+		last := -1
+		for _, d := range docs {
+			i := strings.Index(help, d.Name+": "+strings.Join(strings.Fields(d.Does), " "))
+			if i < 0 || i < last {
+				t.Errorf("%s --help: step %q missing or out of order (at %d after %d):\n%s", concern, d.Name, i, last, help)
+			}
+			last = i
 		}
 	}
 }

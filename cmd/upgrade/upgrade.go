@@ -26,6 +26,8 @@ import (
 	"log/slog"
 	"time"
 
+	"unbounded-cloud.io/agent/lib/steps"
+
 	"unbounded-cloud.io/agent/lib/concern"
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/exitcode"
@@ -49,7 +51,7 @@ func Main(args []string) int {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var c cli
-	paths, code, done := concern.Start("upgrade", "Upgrade the agent on this package-managed host (dpkg or rpm): fetch and verify the package the daemon's request names (else the one staged in /var/lib/unbounded/upgrade/staged with its .sha256), keep the installed one, install the new one, restart the daemon and wait until it runs the new executable; roll back on failure. The node keeps running. Exit 0: upgraded or nothing to do; 1: failed (the message says whether it rolled back); 69: an installation owns the host; 75: the package's source did not answer, nothing changed; 78: a host the upgrade does not serve (image-based, its agent installed by rpm).", &c, args, stdout, stderr)
+	paths, code, done := concern.Start("upgrade", "Upgrade the agent on this package-managed host (dpkg or rpm): fetch and verify the package the daemon's request names (else the one staged in /var/lib/unbounded/upgrade/staged with its .sha256), keep the installed one, install the new one, restart the daemon and wait until it runs the new executable; roll back on failure. The node keeps running. Exit 0: upgraded or nothing to do; 1: failed (the message says whether it rolled back); 69: an installation owns the host; 75: the package's source did not answer, nothing changed; 78: a host the upgrade does not serve (image-based, its agent installed by rpm).\n\n"+steps.Help("step", upgrade.StepDocs), &c, args, stdout, stderr)
 	if done {
 		return code
 	}

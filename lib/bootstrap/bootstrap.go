@@ -106,8 +106,21 @@ const (
 	PhaseRecord    = "record"
 )
 
+// PhaseDocs are the phases in the order they run, each with what it
+// does: the one list of them (--help shows them).
+var PhaseDocs = []steps.Doc{
+	{Name: PhaseConfig, Does: "the configuration read and checked against this host (node.ip, devices)"},
+	{Name: PhaseHostPrep, Does: "kernel modules, sysctls and swap as a node needs them, each change recorded for reset"},
+	{Name: PhaseArtifacts, Does: "kubelet, containerd, runc and CNI plugins fetched and verified"},
+	{Name: PhaseSlot, Does: "the node built in slot " + FirstSlot + " (the node image's tree, the container's bundle, or mode none's version)"},
+	{Name: PhaseFence, Does: "the allocation fence asked whether this host may run a node"},
+	{Name: PhaseStart, Does: "the node's supervising units started"},
+	{Name: PhaseReady, Does: "the node units, the kubelet's healthz and the Node Ready, bounded"},
+	{Name: PhaseRecord, Does: "the slot's applied config recorded, Succeeded reported"},
+}
+
 // Phases lists the phases in the order they run.
-var Phases = []string{PhaseConfig, PhaseHostPrep, PhaseArtifacts, PhaseSlot, PhaseFence, PhaseStart, PhaseReady, PhaseRecord}
+var Phases = steps.Names(PhaseDocs)
 
 // CrashPoints are bootstrap's own named crash points, in the order a run
 // reaches them ("bootstrap/after-<phase>" for each phase, then the hand

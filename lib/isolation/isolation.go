@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -69,6 +70,26 @@ var CrashPoints = func() []string {
 		out = append(out, steps.CrashPoint(Operation, s))
 	}
 	return append(out, Operation+"/after-release")
+}()
+
+// StepDocs are the change's steps in the order they run, each with what
+// it does: the repave's (repave.StepDocs), planned and switched as a
+// change of mode.
+var StepDocs = func() []steps.Doc {
+	docs := slices.Clone(repave.StepDocs)
+	for i := range docs {
+		switch docs[i].Name {
+		case repave.StepPlan:
+			docs[i].Does = "the desired mode against the running one, the method, and the bootstrap token checked with the API server before anything is touched (a reprovision is handed off here)"
+		case repave.StepBuild:
+			docs[i].Does = "the new mode's node built into the other slot while the old node serves"
+		case repave.StepSwitch:
+			docs[i].Does = "the old mode's node stopped entirely, the Node deleted, the allocation fence, the new node started and waited for until Ready; rolled back to the old mode when it does not come up"
+		case repave.StepRetire:
+			docs[i].Does = "the old slot's record, then every file of the old mode, removed"
+		}
+	}
+	return docs
 }()
 
 // ErrTokenRejected: the change found the bootstrap token refused by the

@@ -129,8 +129,22 @@ const (
 	StepRetire    = "retire"
 )
 
+// StepDocs are the steps in the order they run, each with what it does:
+// the one list of them (the package doc details each; --help shows
+// them).
+var StepDocs = []steps.Doc{
+	{Name: StepPlan, Does: "the desired config against the applied one (unchanged: nothing to do unless forced), journaled"},
+	{Name: StepArtifacts, Does: "kubelet, containerd, runc and CNI plugins of the desired config, verified"},
+	{Name: StepBuild, Does: "blue/green: the other slot built while the old node serves"},
+	{Name: StepCordon, Does: "the Node cordoned"},
+	{Name: StepDrain, Does: "its pods evicted (PodDisruptionBudgets honoured), bounded by the drain timeout"},
+	{Name: StepSwitch, Does: "the old node stopped, the Node deleted, the allocation fence, the new node started and waited for until Ready; rolled back when it does not come up"},
+	{Name: StepRecord, Does: "the new slot's applied config recorded"},
+	{Name: StepRetire, Does: "the old slot's record, then its files, removed"},
+}
+
 // Steps lists the steps in the order they run.
-var Steps = []string{StepPlan, StepArtifacts, StepBuild, StepCordon, StepDrain, StepSwitch, StepRecord, StepRetire}
+var Steps = steps.Names(StepDocs)
 
 // CrashPoints are the crash points of lib/repave, in the order a repave
 // reaches them; the mode's own ("repave/after-old-stopped", ...) come in

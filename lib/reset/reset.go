@@ -80,12 +80,21 @@ const (
 	StepState    = "state"
 )
 
+// StepDocs are the steps in the order they run, each with what it does:
+// the one list of them (--help shows them).
+var StepDocs = []steps.Doc{
+	{Name: StepLock, Does: "the installation lock (the daemon and the upgrade path stopped first)"},
+	{Name: StepNode, Does: "the node stopped and removed, in every mode the host shows"},
+	{Name: StepHostPrep, Does: "the recorded host preparation undone"},
+	{Name: StepState, Does: "the agent's state removed (/etc/unbounded stays)"},
+}
+
 // CrashPoints are reset's own named crash points in the order a run
 // reaches them; lib/hostprep's "hostprep/after-undo" is reached inside
 // the hostprep step.
 var CrashPoints = func() []string {
 	out := []string{"reset/after-daemon"}
-	for _, s := range []string{StepLock, StepNode, StepHostPrep, StepState} {
+	for _, s := range steps.Names(StepDocs) {
 		out = append(out, steps.CrashPoint(Operation, s))
 	}
 	return out

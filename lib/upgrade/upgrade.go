@@ -52,6 +52,17 @@ const (
 	StepRecord   = "record"
 )
 
+// StepDocs are the steps in the order they run, each with what it does:
+// the one list of them (--help shows them).
+var StepDocs = []steps.Doc{
+	{Name: StepFetch, Does: "the package fetched (https or a file) or taken from upgrade/staged"},
+	{Name: StepVerify, Does: "its SHA-256, name, architecture and version checked"},
+	{Name: StepPrevious, Does: "the installed package kept in upgrade/previous"},
+	{Name: StepInstall, Does: "installed by the package manager that installed the agent (or staged as an override on an image-based host)"},
+	{Name: StepActivate, Does: "the daemon restarted on the new executable and waited for until it stays up; a failure reinstalls the previous"},
+	{Name: StepRecord, Does: "the package kept in upgrade/installed, the outcome left for the daemon"},
+}
+
 // The upgrade's named crash points besides its steps' ("upgrade/after-
 // <step>", lib/steps) and CrashAfterUnpack (inside dpkg's install); see
 // CrashPoints.
