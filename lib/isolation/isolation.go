@@ -58,14 +58,17 @@ const (
 // (modes.ChangeMethodAsked).
 const ParamMethod = "method"
 
-// CrashPoints are the crash points of an isolation change in order: the
-// repave's steps', with modes.Change's inside the switch.
+// CrashPoints are the crash points of an isolation change in the order
+// a run reaches them: the repave's steps', with modes.Change's inside the
+// switch and the Node's deletion (the Fence hook's) after the old node's
+// stop. The order is the one a chain of runs each cut at the next point
+// follows: a point a run passed and journaled is not passed again.
 var CrashPoints = func() []string {
 	out := []string{Operation + "/after-lock"}
 	for _, s := range repave.Steps {
 		if s == repave.StepSwitch {
-			out = append(out, Operation+"/after-node-deleted")
-			out = append(out, modes.ChangeCrashPoints...)
+			out = append(out, modes.ChangeCrashPoints[0], Operation+"/after-node-deleted")
+			out = append(out, modes.ChangeCrashPoints[1:]...)
 		}
 		out = append(out, steps.CrashPoint(Operation, s))
 	}
