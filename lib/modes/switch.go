@@ -60,9 +60,10 @@ const (
 //  2. network-cleaned (old-stopped without Old.Clean): the old node is
 //     stopped, "<op>/after-old-stopped"; Old.Clean, when set,
 //     "<op>/after-network-cleaned"
-//  3. healthy: Hooks.Fence (the caller deletes the Node, then runs the
-//     allocation fence), "<op>/after-fence"; the new node is started,
-//     "<op>/after-new-started"; Hooks.Healthy waits for it, bounded,
+//  3. healthy: unless the new node runs already (a run cut after its
+//     start), Hooks.Fence (the caller deletes the Node, then runs the
+//     allocation fence), "<op>/after-fence", and the new node is started,
+//     "<op>/after-new-started"; then Hooks.Healthy waits for it, bounded,
 //     "<op>/after-healthy".
 //
 // A failure of Build, of the old node's stop or of the fence holds the
@@ -93,8 +94,7 @@ type Switch struct {
 	Old, New Side
 	// Build, when set, is step 1 (see Switch).
 	Build func(ctx context.Context) error
-	// NewRunning says whether the new node's units run already (asked
-	// only when there is no journal).
+	// NewRunning says whether the new node's units run already.
 	NewRunning func(ctx context.Context) (bool, error)
 	Hooks      RepaveHooks
 	Log        *slog.Logger
@@ -248,15 +248,24 @@ func (w *Switch) steps() []steps.Step {
 	return append(list, steps.Step{
 		Name: SwitchHealthy,
 		Run: func(ctx context.Context) error {
-			if err := w.Hooks.Fence(ctx); err != nil {
-				return steps.Hold(fmt.Errorf("before starting %s: %w; no node runs (%s stopped, %s built; a rerun tries again)", w.New.Desc, err, w.Old.Desc, w.New.Desc))
+			// A run cut after the new node's start finds it running:
+			// only the wait is left (the fence hook would delete the
+			// Node under its kubelet, which would not register it again).
+			up, err := w.NewRunning(ctx)
+			if err != nil {
+				return steps.Hold(err)
 			}
-			w.crash(SwitchFence)
-			if err := w.New.Start(ctx); err != nil {
-				return fmt.Errorf("start of %s failed: %w", w.New.Desc, err)
+			if !up {
+				if err := w.Hooks.Fence(ctx); err != nil {
+					return steps.Hold(fmt.Errorf("before starting %s: %w; no node runs (%s stopped, %s built; a rerun tries again)", w.New.Desc, err, w.Old.Desc, w.New.Desc))
+				}
+				w.crash(SwitchFence)
+				if err := w.New.Start(ctx); err != nil {
+					return fmt.Errorf("start of %s failed: %w", w.New.Desc, err)
+				}
+				w.log().Info("new node started", "node", w.New.Desc)
+				w.crash(SwitchNewStarted)
 			}
-			w.log().Info("new node started", "node", w.New.Desc)
-			w.crash(SwitchNewStarted)
 			if err := w.Hooks.Healthy(ctx, w.New.Slot); err != nil {
 				return fmt.Errorf("%s did not become healthy: %w", w.New.Desc, err)
 			}
