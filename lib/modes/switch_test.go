@@ -58,14 +58,14 @@ func (r *switchRig) sw() *modes.Switch {
 			Start: func(context.Context) error { return r.step("start old") },
 		},
 		New: modes.Side{
-			Desc:    "slot kube2",
-			Slot:    "kube2",
+			Desc: "slot kube2",
+			Slot: "kube2",
 			Start: func(context.Context) error {
 				err := r.step("start new")
 				r.running = err == nil
 				return err
 			},
-			Clean:   func(context.Context) { r.step("clean new") },
+			Clean: func(context.Context) { r.step("clean new") },
 			Destroy: func(context.Context) error {
 				err := r.step("destroy new")
 				r.running = r.running && err != nil
