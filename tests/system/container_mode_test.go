@@ -118,6 +118,7 @@ func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T)
 	// the kubelet ended the pod (its PID 1 ignores SIGTERM) in its
 	// graceful node shutdown, not the container's final kill.
 	wantEndedByShutdown(t, f.env.kube, ns, pod.Name)
+	logNodeShutdownEvent(t, f.env.kube, f.name)
 	waitUntil(t, 2*time.Minute, "Node Ready after the restart", f.nodeReady)
 	f.waitPodRunning(t, ns, 3*time.Minute)
 	if t.Failed() {

@@ -154,6 +154,7 @@ func (f *firstBoot) powerOffEndsPod(t *testing.T, ns, pod string, poweroff func(
 		t.Errorf("the poweroff with a pod running took %v, want under node.shutdown-grace-period + 10 s (%v)", took.Round(time.Millisecond), bound)
 	}
 	wantEndedByShutdown(t, f.env.kube, ns, pod)
+	logNodeShutdownEvent(t, f.env.kube, f.name)
 }
 
 // wantEndedByShutdown: pod was ended by its kubelet's graceful node
@@ -172,6 +173,24 @@ func wantEndedByShutdown(t *testing.T, c kubernetes.Interface, ns, pod string) {
 		return
 	}
 	t.Logf("pod %s ended by the kubelet's graceful node shutdown: %s", pod, p.Status.Message)
+}
+
+// logNodeShutdownEvent logs the Node's events from the kubelet's shutdown
+// manager (reason NodeShutdown: how the Node says why it went away). Only
+// logged: the kubelet sends events asynchronously and may be gone first.
+func logNodeShutdownEvent(t *testing.T, c kubernetes.Interface, node string) {
+	t.Helper()
+	evs, err := c.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node + ",reason=NodeShutdown"})
+	if err != nil {
+		t.Logf("the Node's NodeShutdown events: %v", err)
+		return
+	}
+	for _, e := range evs.Items {
+		t.Logf("Node %s event %s: %s (%d, last %s)", node, e.Reason, e.Message, e.Count, e.LastTimestamp.Format(time.RFC3339))
+	}
+	if len(evs.Items) == 0 {
+		t.Logf("Node %s: no NodeShutdown event (the kubelet may have gone before sending it)", node)
+	}
 }
 
 // drainAndPowerOff deletes the pod's namespace, waits until the pod is

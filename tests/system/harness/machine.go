@@ -638,7 +638,8 @@ func (m *Machine) stopBy(poweroff func(leader int)) error {
 // shutdownJobs is what a shutting-down machine's manager still runs: its
 // jobs and the units being stopped; ours says whether one of them is an
 // agent unit (unbounded-*, not a test's own unbounded-test-* helpers, or
-// a node machine, systemd-nspawn@kube1/kube2, stop-bounded at 10 s).
+// a node machine, systemd-nspawn@kube1/kube2, whose stop is bounded by
+// the node's graceful shutdown period + 15 s and then its units' 10 s).
 func (m *Machine) shutdownJobs() (text string, ours bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
