@@ -17,12 +17,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"unbounded-cloud.io/agent/lib/concern/small"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/container/bundle"
 	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
+	"unbounded-cloud.io/agent/lib/modes/softreboot"
 	"unbounded-cloud.io/agent/lib/restart"
 	"unbounded-cloud.io/agent/lib/units"
 )
@@ -34,8 +36,33 @@ func run(args []string) int {
 	timeout := cmd.Flags.Duration("timeout", restart.DefaultTimeout, "how long to wait for the node to be healthy after the restart")
 	settle := cmd.Flags.Duration("settle", restart.DefaultSettle, "how long the node must stay healthy, on every check, before the restart counts as done")
 	devicesOf := cmd.Flags.String("devices-of", "", "find the host devices of slot `SLOT`'s node again under its rules and rewrite its machine's settings file (or its container's config.json) when they changed, then exit (systemd-nspawn@SLOT.service and unbounded-container@SLOT.service run it before every start)")
+	powerOffOf := cmd.Flags.String("poweroff-of", "", "power slot `SLOT`'s node machine off through its own logind, so that its kubelet ends the pods within their grace periods (graceful node shutdown), and wait until the machine's supervisor ($MAINPID) has exited, at most the kubelet's shutdownGracePeriod + 15 s; then exit (the ExecStop= of systemd-nspawn@SLOT.service and unbounded-container@SLOT.service)")
 	if code, done := cmd.Parse(args); done {
 		return code
+	}
+	if *powerOffOf != "" {
+		if !hostpaths.ValidSlot(*powerOffOf) {
+			return cmd.Usage(fmt.Sprintf("--poweroff-of: slot %q: must be one of %v", *powerOffOf, hostpaths.Slots))
+		}
+		return cmd.Run("it asks the machine's logind to power the machine off", func(ctx context.Context, _ units.Manager, log *slog.Logger) int {
+			// The slot's node is an nspawn machine, or a container
+			// where the slot holds a bundle (as --devices-of).
+			rootfs := cmd.Paths().MachineDir(*powerOffOf)
+			if _, err := os.Stat(filepath.Join(bundle.Dir(cmd.Paths(), *powerOffOf), bundle.ConfigFile)); err == nil {
+				rootfs = filepath.Join(bundle.Dir(cmd.Paths(), *powerOffOf), bundle.RootfsDir)
+			}
+			grace, err := softreboot.ShutdownGrace(filepath.Join(rootfs, machinefile.KubeletConfig))
+			if err != nil {
+				log.Warn("restart: the kubelet's shutdownGracePeriod of slot " + *powerOffOf + " (the unit's stop signal powers the machine off): " + err.Error())
+				return exitcode.Failed
+			}
+			pid, _ := strconv.Atoi(os.Getenv("MAINPID"))
+			if err := softreboot.PowerOff(ctx, *powerOffOf, pid, grace, log); err != nil {
+				log.Warn("restart: graceful poweroff (the unit's stop signal powers the machine off): " + err.Error())
+				return exitcode.Failed
+			}
+			return 0
+		})
 	}
 	if *devicesOf != "" {
 		if !hostpaths.ValidSlot(*devicesOf) {

@@ -113,6 +113,16 @@ type Node struct {
 	// artifact) on link-local addresses, and points the kubelet's
 	// clusterDNS at it (lib/modes/nodestack's LocalDNS).
 	LocalDNS bool `toml:"local-dns"`
+	// ShutdownGracePeriod is the kubelet's graceful node shutdown
+	// (shutdownGracePeriod): how long a shutdown of the node (the host's
+	// poweroff or reboot, a restart of the node stack) waits, behind a
+	// logind delay inhibitor, while the kubelet ends its pods within their
+	// grace periods. 0 turns it off: pods are killed at the end.
+	ShutdownGracePeriod Duration `toml:"shutdown-grace-period"`
+	// ShutdownGracePeriodCriticalPods is the part of ShutdownGracePeriod
+	// kept for critical pods, ended after the others
+	// (shutdownGracePeriodCriticalPods).
+	ShutdownGracePeriodCriticalPods Duration `toml:"shutdown-grace-period-critical-pods"`
 }
 
 // The values of node.serving-cert.

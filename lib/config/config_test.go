@@ -195,6 +195,9 @@ func TestLoadAcceptsTheArchitectureExampleAndFillsDefaults(t *testing.T) {
 	if cfg.Fence.RetryBudget.D() != 2*time.Minute {
 		t.Errorf("fence.retry-budget default = %v, want 2m", cfg.Fence.RetryBudget.D())
 	}
+	if cfg.Node.ShutdownGracePeriod.D() != 30*time.Second || cfg.Node.ShutdownGracePeriodCriticalPods.D() != 10*time.Second {
+		t.Errorf("node.shutdown-grace-period defaults = %v, %v; want 30s, 10s", cfg.Node.ShutdownGracePeriod.D(), cfg.Node.ShutdownGracePeriodCriticalPods.D())
+	}
 	if cfg.Daemon.LogLevel != "info" {
 		t.Errorf("daemon.log-level default = %q", cfg.Daemon.LogLevel)
 	}

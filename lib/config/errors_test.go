@@ -73,6 +73,15 @@ func TestLoadReportsEachErrorClassWithFileLineAndKey(t *testing.T) {
 		{"duration out of range", func(h *host) {
 			h.edit(mainFile, "[allocation]", "[fence]\nretry-budget = \"0s\"\n[allocation]")
 		}, want{mainFile, 19, "fence.retry-budget", "must be between 1s and 1h0m0s"}},
+		{"shutdown grace not in whole seconds", func(h *host) {
+			h.edit(mainFile, `taints = ["dedicated=gpu:NoSchedule"]`, "taints = [\"dedicated=gpu:NoSchedule\"]\nshutdown-grace-period = \"1500ms\"")
+		}, want{mainFile, 14, "node.shutdown-grace-period", "must be whole seconds between 0s and 10m0s, got 1.5s"}},
+		{"shutdown grace too long", func(h *host) {
+			h.edit(mainFile, `taints = ["dedicated=gpu:NoSchedule"]`, "taints = [\"dedicated=gpu:NoSchedule\"]\nshutdown-grace-period = \"2h\"")
+		}, want{mainFile, 14, "node.shutdown-grace-period", "must be whole seconds between 0s and 10m0s, got 2h0m0s"}},
+		{"critical pods' shutdown grace longer than the whole", func(h *host) {
+			h.edit(mainFile, `taints = ["dedicated=gpu:NoSchedule"]`, "taints = [\"dedicated=gpu:NoSchedule\"]\nshutdown-grace-period = \"5s\"\nshutdown-grace-period-critical-pods = \"10s\"")
+		}, want{mainFile, 15, "node.shutdown-grace-period-critical-pods", "must be at most node.shutdown-grace-period (5s), got 10s"}},
 		{"required machine missing", func(h *host) {
 			h.edit(mainFile, "machine = \"site-w1\"\n", "")
 		}, want{mainFile, 0, "machine", "required key is not set"}},

@@ -42,6 +42,10 @@ var (
 	taintEffects  = []string{"NoSchedule", "PreferNoSchedule", "NoExecute"}
 	minFenceRetry = time.Second
 	maxFenceRetry = time.Hour
+	// maxShutdownGrace bounds node.shutdown-grace-period: a host's
+	// shutdown waits that long at most for its pods, and the container
+	// mode's unit (a static TimeoutStopSec=, 630 s) covers it.
+	maxShutdownGrace = 10 * time.Minute
 )
 
 func k(parts ...string) toml.Key { return toml.Key(parts) }
@@ -150,6 +154,20 @@ func (l *loader) validate(c *Config) {
 		case ServingCertCluster, ServingCertSelfSigned:
 		default:
 			l.at(k("node", "serving-cert"), "must be one of %s, %s, got %q", ServingCertCluster, ServingCertSelfSigned, c.Node.ServingCert)
+		}
+	})
+	check(k("node", "shutdown-grace-period"), func() {
+		if d := c.Node.ShutdownGracePeriod.D(); d < 0 || d > maxShutdownGrace || d%time.Second != 0 {
+			l.at(k("node", "shutdown-grace-period"), "must be whole seconds between 0s and %s, got %s", maxShutdownGrace, d)
+		}
+	})
+	check(k("node", "shutdown-grace-period-critical-pods"), func() {
+		d, all := c.Node.ShutdownGracePeriodCriticalPods.D(), c.Node.ShutdownGracePeriod.D()
+		switch {
+		case d < 0 || d%time.Second != 0:
+			l.at(k("node", "shutdown-grace-period-critical-pods"), "must be whole seconds, at least 0s, got %s", d)
+		case d > all && !l.broken["node.shutdown-grace-period"]:
+			l.at(k("node", "shutdown-grace-period-critical-pods"), "must be at most node.shutdown-grace-period (%s), got %s: it is the last part of that period", all, d)
 		}
 	})
 	check(k("nspawn", "image"), func() {

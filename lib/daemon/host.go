@@ -28,9 +28,10 @@ type Systemd interface {
 	StartUnit(ctx context.Context, unit string) (string, error)
 	// UnitState reads the unit's current state.
 	UnitState(ctx context.Context, unit string) (UnitState, error)
-	// Reboot asks the service manager to reboot the host and returns once
-	// the request is queued (mode "replace-irreversibly": nothing started
-	// afterwards cancels it).
+	// Reboot asks for the host's reboot through systemd-logind, as
+	// `systemctl reboot` does (lib/units.Bus.Reboot: the kubelet's
+	// graceful node shutdown is told first), and returns once the
+	// request is queued; logind's reboot is irreversible.
 	Reboot(ctx context.Context) error
 	Close()
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/devices"
@@ -241,6 +242,10 @@ type Node struct {
 	// LocalDNS runs the node-local DNS cache (lib/modes/nodestack's
 	// LocalDNSFiles) and makes it the kubelet's clusterDNS.
 	LocalDNS bool
+	// ShutdownGracePeriod and ShutdownGracePeriodCriticalPods are the
+	// kubelet's graceful node shutdown (node.shutdown-grace-period and
+	// node.shutdown-grace-period-critical-pods); 0 turns it off.
+	ShutdownGracePeriod, ShutdownGracePeriodCriticalPods time.Duration
 }
 
 // Slot is what Prepare builds.
@@ -403,20 +408,22 @@ func SlotFromConfig(c *config.Config, slot string, a Artifacts) (Slot, error) {
 	s := Slot{
 		Name: slot,
 		Node: Node{
-			Name:                  c.Machine,
-			APIServer:             c.Cluster.APIServer,
-			CACert:                ca,
-			BootstrapToken:        tok,
-			KubernetesVersion:     c.Cluster.KubernetesVersion,
-			ClusterDNS:            c.Cluster.ClusterDNS,
-			Labels:                c.Node.Labels,
-			Taints:                c.Node.Taints,
-			SandboxImage:          c.Node.SandboxImage,
-			PodCIDR:               c.Node.PodCIDR,
-			SelfSignedServingCert: c.Node.ServingCert == config.ServingCertSelfSigned,
-			IPs:                   ips,
-			CDI:                   ContainerdHasCDI(c.Artifacts.ContainerdVersion),
-			LocalDNS:              c.Node.LocalDNS,
+			Name:                            c.Machine,
+			APIServer:                       c.Cluster.APIServer,
+			CACert:                          ca,
+			BootstrapToken:                  tok,
+			KubernetesVersion:               c.Cluster.KubernetesVersion,
+			ClusterDNS:                      c.Cluster.ClusterDNS,
+			Labels:                          c.Node.Labels,
+			Taints:                          c.Node.Taints,
+			SandboxImage:                    c.Node.SandboxImage,
+			PodCIDR:                         c.Node.PodCIDR,
+			SelfSignedServingCert:           c.Node.ServingCert == config.ServingCertSelfSigned,
+			IPs:                             ips,
+			CDI:                             ContainerdHasCDI(c.Artifacts.ContainerdVersion),
+			LocalDNS:                        c.Node.LocalDNS,
+			ShutdownGracePeriod:             c.Node.ShutdownGracePeriod.D(),
+			ShutdownGracePeriodCriticalPods: c.Node.ShutdownGracePeriodCriticalPods.D(),
 		},
 		Artifacts:   a,
 		Image:       Image{Ref: c.Nspawn.Image},

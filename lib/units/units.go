@@ -105,12 +105,32 @@ func (b *Bus) Unmask(ctx context.Context, unit string) error {
 	return nil
 }
 
-// Reboot queues the host's reboot as `systemctl reboot` does:
-// reboot.target with replace-irreversibly, a shutdown transaction that a
-// later job cannot cancel.
+// RebootUnit is the transient unit Reboot starts.
+const RebootUnit = "unbounded-host-reboot.service"
+
+// Reboot asks for the host's reboot as an operator's `systemctl reboot`
+// does, through systemd-logind: a transient unit (RebootUnit) runs that
+// command with the service manager's privileges, which this caller (the
+// daemon, without capabilities) lacks for logind's Reboot (CAP_SYS_BOOT).
+// logind first tells the holders of delay locks, the kubelet's graceful
+// node shutdown in mode none among them (in modes nspawn and container the
+// machine's stop asks the machine's own logind), waits for them at most
+// its InhibitDelayMaxSec, then queues reboot.target (replace-irreversibly).
+// Without logind, systemctl queues reboot.target itself. A reboot already
+// asked (the unit still there) is not asked twice. It returns once the
+// unit's start is queued.
 func (b *Bus) Reboot(ctx context.Context) error {
-	if _, err := b.conn.StartUnitContext(ctx, "reboot.target", "replace-irreversibly", nil); err != nil {
-		return fmt.Errorf("queue reboot.target: %w", err)
+	props := []sdbus.Property{
+		sdbus.PropDescription("unbounded-agent: the host's reboot (a Reboot MachineOperation), through systemd-logind"),
+		sdbus.PropType("oneshot"),
+		sdbus.PropExecStart([]string{"/usr/bin/systemctl", "--no-ask-password", "reboot"}, true),
+	}
+	if _, err := b.conn.StartTransientUnitContext(ctx, RebootUnit, "replace", props, nil); err != nil {
+		var de dbus.Error
+		if errors.As(err, &de) && de.Name == "org.freedesktop.systemd1.UnitExists" {
+			return nil
+		}
+		return fmt.Errorf("start %s (systemctl reboot): %w", RebootUnit, err)
 	}
 	return nil
 }

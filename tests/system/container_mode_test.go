@@ -106,6 +106,7 @@ func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T)
 		t.Fatalf("systemctl start %s: %v\n%s\n%s", restartUnit, err, out, f.m.Journal(restartUnit))
 	}
 	t.Logf("restart (container stop, boot, kubelet healthy): %v", time.Since(begin).Round(time.Millisecond))
+	logRestartTimeline(t, f.m, begin, container.Unit("kube1"), "kube1")
 	if pid1 := mainPID(t, f.m, container.Unit("kube1")); pid1 == pid0 || pid1 == "0" {
 		t.Errorf("%s main pid %s -> %s: want a new, running container", container.Unit("kube1"), pid0, pid1)
 	}
@@ -113,6 +114,11 @@ func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T)
 	if out, err := f.m.Run("systemd-run", "-M", "kube1", "--wait", "--pipe", "-q", "test", "-c", "/dev/vhost-net"); err != nil {
 		t.Errorf("/dev/vhost-net, made on the host before the restart, is not in the node after it: %v\n%s", err, out)
 	}
+	// The restart's stop is the container's poweroff through its logind:
+	// the kubelet ended the pod (its PID 1 ignores SIGTERM) in its
+	// graceful node shutdown, not the container's final kill.
+	wantEndedByShutdown(t, f.env.kube, ns, pod.Name)
+	logNodeShutdownEvent(t, f.env.kube, f.name)
 	waitUntil(t, 2*time.Minute, "Node Ready after the restart", f.nodeReady)
 	f.waitPodRunning(t, ns, 3*time.Minute)
 	if t.Failed() {
@@ -150,7 +156,7 @@ func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T)
 	f.repaveFlags(t)
 	f.wantSlot(t, "kube2", "")
 	waitUntil(t, 3*time.Minute, "Node Ready after the rollback", f.nodeReady)
-	f.waitPodRunning(t, ns, 3*time.Minute)
+	pod = f.waitPodRunning(t, ns, 3*time.Minute)
 	if t.Failed() {
 		return
 	}
@@ -160,8 +166,12 @@ func TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset(t *testing.T)
 	// fenced allocation). Unfenced, the operator starts the node; it
 	// comes back behind the fence, with no second bootstrap.
 	setAllocationFenced(t, f, uid, true)
+	// The host's poweroff stops the container through its logind: the
+	// kubelet ends the pod first, and the poweroff is bounded by the
+	// graceful shutdown's period.
 	rebooted := time.Now()
-	f.m.Reboot()
+	f.powerOffEndsPod(t, ns, pod.Name, f.m.Stop)
+	f.m.Start()
 	t.Logf("reboot (poweroff with the node running, then boot): %v", time.Since(rebooted).Round(time.Millisecond))
 	wantFencedUnit(t, f.m, "unbounded-mode-container.target", container.Unit("kube2"))
 	waitUntil(t, 2*time.Minute, fenceUnit+" refused", func(context.Context) (bool, error) {

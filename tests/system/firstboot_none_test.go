@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	stack "unbounded-cloud.io/agent/lib/modes/nodestack"
@@ -126,7 +128,69 @@ func TestFirstBootNoneBringsUpAReadyNode(t *testing.T) {
 		t.Errorf("written under /usr or /opt at run time (ARCHITECTURE section 4):\n%s", strings.Join(diff, "\n"))
 	}
 
-	f.drainAndPowerOff(t, ns)
+	f.powerOffEndsPod(t, ns, pod, f.m.PowerOffThroughLogind)
+}
+
+// shutdownGrace is node.shutdown-grace-period as the test hosts have it:
+// the product's default (lib/config/reference.toml).
+const shutdownGrace = 30 * time.Second
+
+// powerOffEndsPod powers the node off by poweroff with the namespace's pod
+// (a busybox sleep, whose PID 1 ignores SIGTERM; terminationGracePeriodSeconds
+// 1) running, and checks that the kubelet's graceful node shutdown ended
+// it: the pod is Failed with the shutdown manager's reason and message,
+// so the kubelet was told before the node went down and sent its
+// SIGTERM (then SIGKILL after the pod's grace), and the poweroff took
+// less than node.shutdown-grace-period + 10 s. Without it the pod's
+// process meets the final kill of the shutdown: a mode none host waits
+// its DefaultTimeoutStopSec (90 s) for it (issue 41).
+func (f *firstBoot) powerOffEndsPod(t *testing.T, ns, pod string, poweroff func()) {
+	t.Helper()
+	begin := time.Now()
+	poweroff()
+	took := time.Since(begin)
+	t.Logf("powered off with a pod running in %v", took.Round(time.Millisecond))
+	if bound := shutdownGrace + 10*time.Second; took > bound {
+		t.Errorf("the poweroff with a pod running took %v, want under node.shutdown-grace-period + 10 s (%v)", took.Round(time.Millisecond), bound)
+	}
+	wantEndedByShutdown(t, f.env.kube, ns, pod)
+	logNodeShutdownEvent(t, f.env.kube, f.name)
+}
+
+// wantEndedByShutdown: pod was ended by its kubelet's graceful node
+// shutdown (its status says so; only the kubelet's shutdown manager
+// writes that reason and message).
+func wantEndedByShutdown(t *testing.T, c kubernetes.Interface, ns, pod string) {
+	t.Helper()
+	p, err := c.CoreV1().Pods(ns).Get(context.Background(), pod, metav1.GetOptions{})
+	if err != nil {
+		t.Errorf("pod %s after the shutdown: %v", pod, err)
+		return
+	}
+	if p.Status.Phase != corev1.PodFailed || p.Status.Reason != "Terminated" || !strings.Contains(p.Status.Message, "node shutdown") {
+		t.Errorf("pod %s after the node's shutdown: phase %s, reason %q, message %q; want Failed, Terminated, \"...node shutdown.\" (the kubelet's graceful node shutdown)",
+			pod, p.Status.Phase, p.Status.Reason, p.Status.Message)
+		return
+	}
+	t.Logf("pod %s ended by the kubelet's graceful node shutdown: %s", pod, p.Status.Message)
+}
+
+// logNodeShutdownEvent logs the Node's events from the kubelet's shutdown
+// manager (reason NodeShutdown: how the Node says why it went away). Only
+// logged: the kubelet sends events asynchronously and may be gone first.
+func logNodeShutdownEvent(t *testing.T, c kubernetes.Interface, node string) {
+	t.Helper()
+	evs, err := c.CoreV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node + ",reason=NodeShutdown"})
+	if err != nil {
+		t.Logf("the Node's NodeShutdown events: %v", err)
+		return
+	}
+	for _, e := range evs.Items {
+		t.Logf("Node %s event %s: %s (%d, last %s)", node, e.Reason, e.Message, e.Count, e.LastTimestamp.Format(time.RFC3339))
+	}
+	if len(evs.Items) == 0 {
+		t.Logf("Node %s: no NodeShutdown event (the kubelet may have gone before sending it)", node)
+	}
 }
 
 // drainAndPowerOff deletes the pod's namespace, waits until the pod is
@@ -135,9 +199,12 @@ func TestFirstBootNoneBringsUpAReadyNode(t *testing.T) {
 // systemd's final SIGKILL, DefaultTimeoutStopSec (90 s) later: the pod's
 // PID 1 (busybox sleep, no SIGTERM handler) outlives the node stack's
 // units (KillMode=process keeps pods across a runtime restart) and
-// ignores the shutdown's SIGTERM. (Mode nspawn bounds its machine's stop
-// with DefaultTimeoutStopSec=10s inside the machine; on a mode none host
-// that setting is the operator's, not the product's.)
+// ignores the shutdown's SIGTERM. Stop's poweroff (SIGRTMIN+4 to the
+// host's systemd) does not go through logind, so the kubelet's graceful
+// node shutdown is not told (an operator's `systemctl poweroff` is:
+// powerOffEndsPod). (Mode nspawn bounds its machine's stop with
+// DefaultTimeoutStopSec=10s inside the machine; on a mode none host that
+// setting is the operator's, not the product's.)
 func (f *firstBoot) drainAndPowerOff(t *testing.T, ns string) {
 	t.Helper()
 	drained := time.Now()

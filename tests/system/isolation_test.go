@@ -311,7 +311,10 @@ func (f *firstBoot) wantMode(t *testing.T, mode, slot string) {
 		}
 	case "nspawn", "container":
 		wantFencedUnit(t, f.m, "unbounded-mode-"+mode+".target", facts.KubeletHost(mode, slot))
-		gone = append(gone, f.paths.MachineDir(hostpaths.OtherSlot(slot)), f.paths.NspawnConfig(hostpaths.OtherSlot(slot)), f.paths.VersionsDir())
+		// Mode none's kubelet raised the host's logind delay for its
+		// graceful node shutdown (its own drop-in): gone with its node.
+		gone = append(gone, f.paths.MachineDir(hostpaths.OtherSlot(slot)), f.paths.NspawnConfig(hostpaths.OtherSlot(slot)), f.paths.VersionsDir(),
+			f.paths.Join(none.KubeletLogindOverride))
 		if mode == "container" {
 			gone = append(gone, f.paths.MachineDir(slot), f.paths.NspawnConfig(slot), f.paths.NspawnDropInDir(slot))
 		}

@@ -251,6 +251,12 @@ func TestLocalDNSCacheServesPodsThroughAnOutageARestartAndARepave(t *testing.T) 
 	if out, err := f.m.Systemctl("start", restartUnit); err != nil {
 		t.Fatalf("restart: %v\n%s\n%s", err, out, f.m.Journal(restartUnit))
 	}
+	t.Logf("restart (machine stop, boot, kubelet healthy): %v", time.Since(restarted).Round(time.Millisecond))
+	logRestartTimeline(t, f.m, restarted, "systemd-nspawn@kube1.service", "kube1")
+	// The machine's stop went through its logind: the kubelet ended the
+	// pod (a busybox sleep, which ignores SIGTERM) in its graceful node
+	// shutdown, not the machine's final kill.
+	wantEndedByShutdown(t, f.env.kube, ns, pod)
 	f.waitPodStartedSince(t, ns, restarted)
 	pod = f.podOf(t, ns)
 	f.wantLookup(t, ns, pod, svcName, svc.Spec.ClusterIP, "after the restart, cluster name")

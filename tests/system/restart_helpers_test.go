@@ -291,3 +291,30 @@ func progLog(m *harness.Machine, prog string) string {
 	out, _ := m.Run("journalctl", "--no-pager", "-b", "-o", "cat", "-t", prog)
 	return out
 }
+
+// logRestartTimeline logs, with microsecond times, what the host's journal
+// and the node machine's (machine, its slot) say between since and now
+// about a restart: the restart unit's lines, the node unit's stop and
+// start (the graceful poweroff's), the fence, and in the machine its
+// systemd's and the kubelet's lines on shutdown and start. Where the
+// restart's seconds go (issue 41); only logged.
+func logRestartTimeline(t *testing.T, m *harness.Machine, since time.Time, nodeUnit, machine string) {
+	t.Helper()
+	m.SyncJournal()
+	at := since.Add(-time.Second).Format("2006-01-02 15:04:05")
+	host, err := m.Run("journalctl", "--no-pager", "-o", "short-precise", "--since", at,
+		"-u", restartUnit, "-u", nodeUnit, "-u", fenceUnit, "-u", "systemd-machined.service")
+	if err != nil {
+		t.Logf("restart timeline: the host's journal: %v", err)
+	}
+	t.Logf("restart timeline, the host's journal:\n%s", host)
+	if machine == "" {
+		return
+	}
+	node, err := m.Run("sh", "-c", `journalctl --no-pager -o short-precise -M "$1" --since "$2" -t systemd -t kubelet -t systemd-logind -t systemd-shutdown 2>&1 |
+		grep -E 'Shutdown manager|shutdown|Stopp|Stopped|Reached target|Startup finished|Started|Sending SIGTERM|Waiting for process|Killing|Power|inhibit|Successfully registered node|NodeReady|Starting' | head -n 150`, "sh", machine, at)
+	if err != nil {
+		t.Logf("restart timeline: the machine's journal: %v", err)
+	}
+	t.Logf("restart timeline, machine %s's journal:\n%s", machine, node)
+}

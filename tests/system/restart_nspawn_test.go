@@ -71,6 +71,7 @@ func TestRestartNspawnRebootsOnlyTheMachineAndAnUnfencedMachineComesBackByItself
 		t.Fatalf("systemctl start %s: %v\n%s\n%s", restartUnit, err, out, f.m.Journal(restartUnit))
 	}
 	t.Logf("restart by hand (machine stop, boot, kubelet healthy): %v", time.Since(begin).Round(time.Millisecond))
+	logRestartTimeline(t, f.m, begin, nspawnKube1, "kube1")
 	machine1 := mainPID(t, f.m, nspawnKube1)
 	if machine1 == machine0 || machine1 == "0" {
 		t.Errorf("%s main pid %s -> %s: want a new, running machine", nspawnKube1, machine0, machine1)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/modes"
@@ -37,6 +38,9 @@ func Node() modes.Node {
 		IPs:               []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10")},
 		// On, as node.local-dns is by default.
 		LocalDNS: true,
+		// node.shutdown-grace-period's defaults.
+		ShutdownGracePeriod:             30 * time.Second,
+		ShutdownGracePeriodCriticalPods: 10 * time.Second,
 	}
 }
 

@@ -301,6 +301,13 @@ func kubeletConfig(n modes.Node, l Layout, cg Cgroup) ([]byte, error) {
 	if l.VolumePluginDir != "" {
 		c["volumePluginDir"] = l.VolumePluginDir
 	}
+	if n.ShutdownGracePeriod > 0 {
+		// Graceful node shutdown: on logind's PrepareForShutdown the
+		// kubelet ends the pods, critical ones last, each within its
+		// grace period, holding a logind delay lock meanwhile.
+		c["shutdownGracePeriod"] = n.ShutdownGracePeriod.String()
+		c["shutdownGracePeriodCriticalPods"] = n.ShutdownGracePeriodCriticalPods.String()
+	}
 	if len(taints) > 0 {
 		c["registerWithTaints"] = taints
 	}
@@ -318,6 +325,29 @@ func kubeletConfig(n modes.Node, l Layout, cg Cgroup) ([]byte, error) {
 		c["cgroupDriver"] = "systemd"
 	}
 	return yaml.Marshal(c)
+}
+
+// LogindConf is the node's logind drop-in (a machine's own systemd-logind,
+// in modes nspawn and container), LogindFiles.
+const LogindConf = "/etc/systemd/logind.conf.d/50-unbounded-node.conf"
+
+// LogindFiles are the files a node machine's logind needs for the
+// kubelet's graceful node shutdown: InhibitDelayMaxSec at least
+// n.ShutdownGracePeriod (logind's default, 5 s, would cut the kubelet's
+// delay lock short), read by logind at the machine's boot, before the
+// kubelet starts (which would otherwise write one itself and reload
+// logind). None when the shutdown is off. Mode none's is the host's
+// logind, which the kubelet raises itself (its 99-kubelet.conf).
+func LogindFiles(n modes.Node) []File {
+	if n.ShutdownGracePeriod <= 0 {
+		return nil
+	}
+	return []File{{Path: LogindConf, Mode: 0o644, Data: fmt.Appendf(nil, `# Written by unbounded-agent: the kubelet's graceful node shutdown
+# (node.shutdown-grace-period) holds a delay lock of logind for up to this
+# long while it ends the pods.
+[Login]
+InhibitDelayMaxSec=%d
+`, int(n.ShutdownGracePeriod.Seconds()))}}
 }
 
 // KubeletArgs are kubelet's command-line flags for n in layout l, the

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/BurntSushi/toml"
 	"sigs.k8s.io/yaml"
@@ -328,6 +329,44 @@ func TestKubeletServingCertificateFromTheClusterUnlessSelfSigned(t *testing.T) {
 			t.Errorf("self-signed %v: serverTLSBootstrap %v rotateCertificates %v, want %v and true",
 				selfSigned, kc["serverTLSBootstrap"], kc["rotateCertificates"], !selfSigned)
 		}
+	}
+}
+
+// Graceful node shutdown: the kubelet's periods from the config, none
+// (off) when it is 0; a machine's logind lets the kubelet's delay lock
+// last that long.
+func TestKubeletGracefulShutdownFromTheConfigAndTheMachinesLogindDelay(t *testing.T) {
+	n := modestest.Node()
+	n.ShutdownGracePeriod, n.ShutdownGracePeriodCriticalPods = 45*time.Second, 15*time.Second
+	files, err := Files(n, layout, Unified)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kc map[string]any
+	if err := yaml.Unmarshal(byPath(t, files)[layout.KubeletConfig].Data, &kc); err != nil {
+		t.Fatal(err)
+	}
+	if kc["shutdownGracePeriod"] != "45s" || kc["shutdownGracePeriodCriticalPods"] != "15s" {
+		t.Errorf("shutdownGracePeriod %v, shutdownGracePeriodCriticalPods %v; want 45s, 15s", kc["shutdownGracePeriod"], kc["shutdownGracePeriodCriticalPods"])
+	}
+	lf := LogindFiles(n)
+	if len(lf) != 1 || lf[0].Path != LogindConf || !strings.Contains(string(lf[0].Data), "\n[Login]\nInhibitDelayMaxSec=45\n") {
+		t.Errorf("the machine's logind drop-in: %+v", lf)
+	}
+	n.ShutdownGracePeriod, n.ShutdownGracePeriodCriticalPods = 0, 0
+	files, err = Files(n, layout, Unified)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc = nil
+	if err := yaml.Unmarshal(byPath(t, files)[layout.KubeletConfig].Data, &kc); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := kc["shutdownGracePeriod"]; ok {
+		t.Errorf("graceful node shutdown off, but the kubelet has shutdownGracePeriod %v", kc["shutdownGracePeriod"])
+	}
+	if lf := LogindFiles(n); len(lf) != 0 {
+		t.Errorf("graceful node shutdown off, but a logind drop-in: %+v", lf)
 	}
 }
 

@@ -462,6 +462,19 @@ func (m *Mode) Destroy(ctx context.Context, slot string) error {
 		return fmt.Errorf("destroy slot %s: %w", slot, err)
 	}
 	remove := append([]string{m.Paths.VersionsDir(), m.Paths.Join(path.Join(Layout.CNIConfDir, nodestack.CNIConfName))}, dirs...)
+	// The kubelet's own logind drop-in (its graceful node shutdown raised
+	// the host's InhibitDelayMaxSec), recognized by its first line, and
+	// its directory when nothing else is in it: the node's, not the
+	// operator's. logind keeps the raised delay until its next start.
+	override := m.Paths.Join(KubeletLogindOverride)
+	if b, err := os.ReadFile(override); err == nil && strings.HasPrefix(string(b), kubeletLogindOverrideHeader) {
+		if err := os.Remove(override); err != nil {
+			return fmt.Errorf("destroy slot %s: %w", slot, err)
+		}
+		if err := os.Remove(filepath.Dir(override)); err != nil && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+			m.log().Warn("the kubelet's logind drop-in directory stays", "dir", m.Paths.Rel(filepath.Dir(override)), "error", err.Error())
+		}
+	}
 	emptied, err := modes.RemoveVerifiedKeepingMounts(points, remove...)
 	if err != nil {
 		return fmt.Errorf("destroy slot %s: %w", slot, err)
@@ -475,6 +488,15 @@ func (m *Mode) Destroy(ctx context.Context, slot string) error {
 	m.log().Info("slot destroyed", "slot", slot, "mode", "none")
 	return nil
 }
+
+// KubeletLogindOverride is the drop-in the kubelet writes into the host's
+// logind configuration when its shutdownGracePeriod is longer than
+// logind's InhibitDelayMaxSec (node.shutdown-grace-period: graceful node
+// shutdown); Destroy removes it.
+const KubeletLogindOverride = "/etc/systemd/logind.conf.d/99-kubelet.conf"
+
+// kubeletLogindOverrideHeader is the first line the kubelet writes there.
+const kubeletLogindOverrideHeader = "# Kubelet logind override\n"
 
 // leftoverCgroups are the cgroups (relative to each hierarchy) whose
 // processes outlive the units' stop: the pods (cgroupfs and systemd

@@ -233,9 +233,18 @@ func TestDestroyKillsWhatOutlivesTheUnitsUnmountsAndRemovesEverything(t *testing
 	var unmounted []string
 	m.Unmount = func(target string) error { unmounted = append(unmounted, target); return nil }
 	sd.Calls = nil
+	// The kubelet raised the host's logind delay for its graceful node
+	// shutdown (its own drop-in, in a directory it made); an operator's
+	// drop-in of the same name is not the node's.
+	override := p.Join(KubeletLogindOverride)
+	os.MkdirAll(filepath.Dir(override), 0o755)
+	os.WriteFile(override, []byte("# Kubelet logind override\n[Login]\nInhibitDelayMaxSec=30\n"), 0o644)
 
 	if err := m.Destroy(ctx, "kube1"); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Dir(override)); !os.IsNotExist(err) {
+		t.Errorf("the kubelet's logind drop-in (or its directory, empty) is still there: %v", err)
 	}
 	if err := <-reaped; err == nil || !strings.Contains(err.Error(), "killed") {
 		t.Errorf("the pod process was not killed: %v", err)
@@ -254,8 +263,13 @@ func TestDestroyKillsWhatOutlivesTheUnitsUnmountsAndRemovesEverything(t *testing
 			t.Errorf("%s is still there (%v)", p.Rel(gone), err)
 		}
 	}
+	os.MkdirAll(filepath.Dir(override), 0o755)
+	os.WriteFile(override, []byte("[Login]\nInhibitDelayMaxSec=45\n"), 0o644)
 	if err := m.Destroy(ctx, "kube1"); err != nil {
 		t.Errorf("destroying again: %v", err)
+	}
+	if _, err := os.Stat(override); err != nil {
+		t.Errorf("an operator's logind drop-in was removed: %v", err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/coreos/go-systemd/v22/unit"
 
@@ -11,6 +12,7 @@ import (
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
 	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
+	"unbounded-cloud.io/agent/lib/modes/softreboot"
 	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
@@ -21,7 +23,7 @@ var Layout = nodestack.Layout{
 	BinDir:              "/usr/local/bin",
 	CNIBinDir:           "/opt/cni/bin",
 	CNIConfDir:          "/etc/cni/net.d",
-	KubeletConfig:       "/var/lib/kubelet/config.yaml",
+	KubeletConfig:       machinefile.KubeletConfig,
 	BootstrapKubeconfig: "/etc/kubernetes/bootstrap-kubelet.conf",
 	Kubeconfig:          "/etc/kubernetes/kubelet.conf",
 	CACert:              "/etc/kubernetes/pki/ca.crt",
@@ -49,13 +51,20 @@ const (
 const DropInName = "50-unbounded-node.conf"
 
 // dropIn is /etc/systemd/system/systemd-nspawn@<slot>.service.d/DropInName.
-func dropIn(slot string, cg nodestack.Cgroup) string {
+// grace is the node's graceful shutdown period (the kubelet's
+// shutdownGracePeriod), which the stop's bound covers.
+func dropIn(slot string, cg nodestack.Cgroup, grace time.Duration) string {
 	unified, why := "0", "the host binds the kubelet's controllers (cpu, memory, pids) to cgroup v1, so\n# a unified machine would have no working controllers: legacy"
 	if cg == nodestack.Unified {
 		unified, why = "1", "the host's cgroup2 hierarchy carries the kubelet's controllers: unified"
 	}
 	return fmt.Sprintf(`# Written by unbounded-agent for node slot %[1]s; regenerated at every
 # prepare of the slot, removed with it.
+[Unit]
+# The stop below reaches the machine through machined's record of it: at
+# the host's shutdown the machine stops before machined does.
+After=systemd-machined.service
+
 [Service]
 # /proc/sys and /sys writable in the machine: kubelet sets sysctls
 # (vm.overcommit_memory, kernel.panic, ...) at start and refuses to run
@@ -80,7 +89,26 @@ ExecStartPre=-%[4]s --devices-of=%[1]s
 # processes and threads are the machine's); kubelet limits pods itself
 # (podPidsLimit).
 TasksMax=infinity
-`, slot, why, unified, RestartBinary)
+# The stop is the machine's poweroff through its own logind (graceful node
+# shutdown: the kubelet ends the pods in order, each within its grace
+# period, and says so on the Node and the pods), waited for at most the
+# kubelet's shutdownGracePeriod + 15 s; then (or at once, where that
+# fails) the stock stop: SIGTERM to nspawn, the machine's poweroff by
+# SIGRTMIN+4, which logind never sees. "-": the stop goes on either way.
+ExecStop=-%[4]s --poweroff-of=%[1]s
+# Covers the wait above and then the machine's own stop (its units bounded
+# to 10 s each); never below the host's usual 90 s.
+TimeoutStopSec=%[5]s
+`, slot, why, unified, RestartBinary, StopTimeout(grace))
+}
+
+// StopTimeout is a node machine's TimeoutStopSec for a graceful shutdown
+// period grace: the graceful poweroff's bound
+// (grace + softreboot.PowerOffMargin) and 15 s more for the stock stop
+// after it, at least 90 s, in whole seconds.
+func StopTimeout(grace time.Duration) string {
+	d := max(grace+softreboot.PowerOffMargin+15*time.Second, 90*time.Second)
+	return fmt.Sprintf("%ds", int(d.Round(time.Second)/time.Second))
 }
 
 // RestartBinary is unbounded-restart, which also finds a slot's devices

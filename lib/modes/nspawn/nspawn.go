@@ -220,7 +220,7 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 		return err
 	}
 	if err := state.WriteFileAtomic(filepath.Join(m.Paths.NspawnDropInDir(s.Name), DropInName),
-		[]byte(dropIn(s.Name, cg)), 0o644); err != nil {
+		[]byte(dropIn(s.Name, cg, s.Node.ShutdownGracePeriod)), 0o644); err != nil {
 		return err
 	}
 	// Last: the stamp says the slot is complete for this input (Repave).
@@ -322,8 +322,10 @@ const stopConfText = `# Written by unbounded-agent: how long the node machine's 
 # kill of a stop, systemd would wait its default 90 s for each such process
 # before SIGKILL, holding systemd-nspawn@<slot>.service's stop (a host
 # reboot, a restart, a repave's switch) for that long. A graceful end of
-# the pods is the drain's job, before the node stops; by then the kubelet
-# that honours grace periods is gone already.
+# the pods is the kubelet's (graceful node shutdown, node.shutdown-grace-period:
+# the machine's stop goes through its logind, and the kubelet ends them
+# before its units stop) and the drain's, before a repave; what is left
+# by then is killed 10 s after its SIGTERM.
 [Manager]
 DefaultTimeoutStopSec=10s
 `
@@ -351,6 +353,7 @@ func (m *Mode) writeNode(rootfs string, s modes.Slot, cg nodestack.Cgroup) error
 		nodestack.File{Path: units + "/" + KubeletUnit, Mode: 0o644, Data: []byte(kubeletUnit(s.Node))},
 		nodestack.File{Path: StopConf, Mode: 0o644, Data: []byte(stopConfText)},
 	)
+	files = append(files, nodestack.LogindFiles(s.Node)...)
 	enabled := []string{ContainerdUnit, KubeletUnit}
 	if s.Node.LocalDNS {
 		dns, err := LocalDNSUnitFile()
@@ -546,9 +549,15 @@ func (m *Mode) EnsureHooks(ctx context.Context, slot string) error {
 	if rec != nil {
 		found = rec.Found
 	}
+	// The node's graceful shutdown period, as its kubelet has it (an
+	// older slot's config without one: 0).
+	grace, err := softreboot.ShutdownGrace(filepath.Join(m.Paths.MachineDir(slot), machinefile.KubeletConfig))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("lifecycle hooks of slot %s: %w", slot, err)
+	}
 	want := map[string]string{
 		m.Paths.NspawnConfig(slot):                               machinefile.File(slot, m.Paths.Rel(machinefile.ContainerdDir(m.Paths, slot)), found),
-		filepath.Join(m.Paths.NspawnDropInDir(slot), DropInName): dropIn(slot, nodestack.Cgroup(cgs)),
+		filepath.Join(m.Paths.NspawnDropInDir(slot), DropInName): dropIn(slot, nodestack.Cgroup(cgs), grace),
 	}
 	var changed []string
 	for file, text := range want {

@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/coreos/go-systemd/v22/unit"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -274,11 +275,32 @@ func (f *fixture) checkTree(t *testing.T, cg string) {
 			t.Errorf("%s not enabled: %q %v", u, l, err)
 		}
 	}
+	if !strings.Contains(read("etc/systemd/logind.conf.d/50-unbounded-node.conf"), "\nInhibitDelayMaxSec=30\n") {
+		t.Error("the machine's logind does not let the kubelet's delay lock last its shutdownGracePeriod")
+	}
 	if !strings.Contains(read("etc/systemd/system.conf.d/50-unbounded-node.conf"), "\nDefaultTimeoutStopSec=10s\n") {
 		t.Error("the machine's stop is not bounded (DefaultTimeoutStopSec)")
 	}
 	if !strings.Contains(read("etc/systemd/system/kubelet.service"), "--hostname-override=site-w1") {
 		t.Error("kubelet unit does not name the node")
+	}
+}
+
+// StopTimeout covers the graceful poweroff's bound and the stop after
+// it; the container mode's unit, which cannot take the configured
+// period, has the one of the longest period lib/config allows (10 min).
+func TestStopTimeoutCoversTheGracefulShutdown(t *testing.T) {
+	for grace, want := range map[time.Duration]string{0: "90s", 30 * time.Second: "90s", 2 * time.Minute: "150s", 10 * time.Minute: "630s"} {
+		if got := StopTimeout(grace); got != want {
+			t.Errorf("StopTimeout(%v) = %s, want %s", grace, got, want)
+		}
+	}
+	data, err := os.ReadFile("../../../units/unbounded-container@.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "\nTimeoutStopSec=" + StopTimeout(10*time.Minute) + "\n"; !strings.Contains(string(data), want) {
+		t.Errorf("unbounded-container@.service lacks %q", want)
 	}
 }
 
@@ -334,6 +356,17 @@ func (f *fixture) checkMachineSettings(t *testing.T, cg string) {
 	}
 	if got := values(di, "Service", "ExecStartPre"); !slices.Equal(got, []string{"-/usr/libexec/unbounded/restart --devices-of=kube1"}) {
 		t.Errorf("drop-in: ExecStartPre %q, want the device refresh before every start", got)
+	}
+	// The stop goes through the machine's logind (graceful node
+	// shutdown), bounded past the kubelet's period (30 s).
+	if got := values(di, "Service", "ExecStop"); !slices.Equal(got, []string{"-/usr/libexec/unbounded/restart --poweroff-of=kube1"}) {
+		t.Errorf("drop-in: ExecStop %q, want the poweroff through the machine's logind", got)
+	}
+	if got := values(di, "Service", "TimeoutStopSec"); !slices.Equal(got, []string{"90s"}) {
+		t.Errorf("drop-in: TimeoutStopSec %q, want 90s (30 s grace + 15 s + 15 s, at least 90 s)", got)
+	}
+	if got := values(di, "Unit", "After"); !slices.Equal(got, []string{"systemd-machined.service"}) {
+		t.Errorf("drop-in: After %q, want systemd-machined.service (the stop reaches the machine through it)", got)
 	}
 	f.verifyWithSystemd(t)
 }

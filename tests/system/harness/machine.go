@@ -337,6 +337,25 @@ func (m *Machine) Stop() {
 	}
 }
 
+// PowerOffThroughLogind powers the machine off as an operator's
+// `systemctl poweroff` in it does: a client of its systemd-logind, which
+// first tells the holders of delay locks (the kubelet's graceful node
+// shutdown) and waits for them, unlike Stop's SIGRTMIN+4, which its
+// systemd acts on at once. It returns once the machine is gone, and kills
+// it if that takes longer than the poweroff timeout, as Stop does.
+func (m *Machine) PowerOffThroughLogind() {
+	m.helper()
+	if err := m.stopBy(func(int) {
+		// The call returns once logind has queued the poweroff; the
+		// connection may break as the machine goes down.
+		if out, err := m.Run("systemctl", "--no-ask-password", "poweroff"); err != nil {
+			m.logf("machine %s: systemctl poweroff: %v: %s", m.Name, err, out)
+		}
+	}); err != nil {
+		m.fatalf("poweroff of %s: %v", m.Name, err)
+	}
+}
+
 // Reboot powers the machine off and boots it again from the same overlay:
 // what was written to its persistent file systems survives, /run does not,
 // and generators run again at the new boot.
@@ -556,6 +575,11 @@ func (m *Machine) waitBooted(done <-chan struct{}) (string, error) {
 }
 
 func (m *Machine) stop() error {
+	return m.stopBy(func(leader int) { _ = syscall.Kill(leader, sigPoweroff) })
+}
+
+// stopBy is stop with the poweroff asked by poweroff (given the leader).
+func (m *Machine) stopBy(poweroff func(leader int)) error {
 	m.mu.Lock()
 	leader, done, bus := m.leader, m.done, m.bus
 	m.bus = nil
@@ -568,7 +592,7 @@ func (m *Machine) stop() error {
 	}
 	var errs []error
 	if leader != 0 {
-		_ = syscall.Kill(leader, sigPoweroff)
+		poweroff(leader)
 	}
 	begin := time.Now()
 	select {
@@ -614,7 +638,8 @@ func (m *Machine) stop() error {
 // shutdownJobs is what a shutting-down machine's manager still runs: its
 // jobs and the units being stopped; ours says whether one of them is an
 // agent unit (unbounded-*, not a test's own unbounded-test-* helpers, or
-// a node machine, systemd-nspawn@kube1/kube2, stop-bounded at 10 s).
+// a node machine, systemd-nspawn@kube1/kube2, whose stop is bounded by
+// the node's graceful shutdown period + 15 s and then its units' 10 s).
 func (m *Machine) shutdownJobs() (text string, ours bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

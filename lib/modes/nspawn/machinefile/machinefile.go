@@ -29,6 +29,11 @@ import (
 // slot's own directory on the host.
 const ContainerdRoot = "/var/lib/containerd"
 
+// KubeletConfig is the kubelet's configuration file inside the machine
+// (and the container mode's node): its shutdownGracePeriod bounds the
+// machine's graceful stop (softreboot.PowerOff).
+const KubeletConfig = "/var/lib/kubelet/config.yaml"
+
 // CDISpecPath is the CDI specification of the node's NVIDIA GPUs inside
 // the machine, where containerd looks (cdi_spec_dirs' first).
 const CDISpecPath = "/etc/cdi/nvidia.yaml"
