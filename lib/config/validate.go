@@ -53,21 +53,8 @@ func k(parts ...string) toml.Key { return toml.Key(parts) }
 // validate checks the values of the merged config. Keys whose value had the
 // wrong type were reported already and are skipped here.
 func (l *loader) validate(c *Config) {
-	check := func(key toml.Key, f func()) {
-		if !l.broken[key.String()] {
-			f()
-		}
-	}
-	required := func(key toml.Key, v string) bool {
-		if v == "" && !l.broken[key.String()] {
-			l.at(key, "required key is not set (see `unbounded config check --reference`)")
-			return false
-		}
-		return v != ""
-	}
-
-	if required(k("machine"), c.Machine) {
-		check(k("machine"), func() {
+	if l.required(k("machine"), c.Machine) {
+		l.check(k("machine"), func() {
 			// A DNS label, not a subdomain: the name becomes part of the
 			// bootstrap token's group (system:bootstrappers:unbounded:<name>),
 			// which may not contain a dot, and the Machine CRD enforces the
@@ -77,44 +64,75 @@ func (l *loader) validate(c *Config) {
 			}
 		})
 	}
-	check(k("mode"), func() {
+	l.check(k("mode"), func() {
 		if !facts.Valid(c.Mode) {
 			l.at(k("mode"), "must be one of nspawn, container, none, got %q", c.Mode)
 		}
 	})
 
-	if required(k("cluster", "api-server"), c.Cluster.APIServer) {
-		check(k("cluster", "api-server"), func() {
+	l.validateCluster(c)
+	l.validateNode(c)
+	l.validateNspawnAndDevices(c)
+	l.validateArtifactKeys(c)
+	l.validateArtifacts(c)
+	l.validateAllocationFenceDaemon(c)
+}
+
+// check runs f, the check of key, unless key's value had the wrong type
+// (reported already).
+func (l *loader) check(key toml.Key, f func()) {
+	if !l.broken[key.String()] {
+		f()
+	}
+}
+
+// required reports key when v, its value, is empty, and says whether v
+// is set.
+func (l *loader) required(key toml.Key, v string) bool {
+	if v == "" && !l.broken[key.String()] {
+		l.at(key, "required key is not set (see `unbounded config check --reference`)")
+		return false
+	}
+	return v != ""
+}
+
+// validateCluster checks [cluster].
+func (l *loader) validateCluster(c *Config) {
+	if l.required(k("cluster", "api-server"), c.Cluster.APIServer) {
+		l.check(k("cluster", "api-server"), func() {
 			if msg := checkURL(c.Cluster.APIServer, "https"); msg != "" {
 				l.at(k("cluster", "api-server"), "must be an https:// URL, got %q%s", shownURL(c.Cluster.APIServer), msg)
 			}
 		})
 	}
-	check(k("cluster", "ca-file"), func() { l.checkCA(c, k("cluster", "ca-file"), c.Cluster.CAFile) })
-	check(k("cluster", "bootstrap-token-file"), func() {
+	l.check(k("cluster", "ca-file"), func() { l.checkCA(c, k("cluster", "ca-file"), c.Cluster.CAFile) })
+	l.check(k("cluster", "bootstrap-token-file"), func() {
 		l.checkToken(c, k("cluster", "bootstrap-token-file"), c.Cluster.BootstrapTokenFile)
 	})
-	if required(k("cluster", "kubernetes-version"), c.Cluster.KubernetesVersion) {
-		check(k("cluster", "kubernetes-version"), func() {
+	if l.required(k("cluster", "kubernetes-version"), c.Cluster.KubernetesVersion) {
+		l.check(k("cluster", "kubernetes-version"), func() {
 			if !versionRE.MatchString(c.Cluster.KubernetesVersion) {
 				l.at(k("cluster", "kubernetes-version"), "must be a version MAJOR.MINOR.PATCH such as \"1.36.3\", got %q", c.Cluster.KubernetesVersion)
 			}
 		})
 	}
-	check(k("cluster", "cluster-dns"), func() {
+	l.check(k("cluster", "cluster-dns"), func() {
 		if _, err := netip.ParseAddr(c.Cluster.ClusterDNS); err != nil {
 			l.at(k("cluster", "cluster-dns"), "must be an IP address, got %q", c.Cluster.ClusterDNS)
 		}
 	})
+}
 
-	check(k("node", "labels"), func() {
+// validateNode checks [node].
+func (l *loader) validateNode(c *Config) {
+	l.check(k("node", "labels"), func() {
 		for _, name := range sortedStrings(c.Node.Labels) {
 			if msg := checkLabel(name, c.Node.Labels[name]); msg != "" {
 				l.at(k("node", "labels", name), "%s", msg)
 			}
 		}
 	})
-	check(k("node", "taints"), func() {
+	l.check(k("node", "taints"), func() {
 		seen := map[string]int{}
 		for i, t := range c.Node.Taints {
 			key, effect, msg := checkTaint(t)
@@ -129,14 +147,14 @@ func (l *loader) validate(c *Config) {
 		}
 	})
 
-	if required(k("node", "sandbox-image"), c.Node.SandboxImage) {
-		check(k("node", "sandbox-image"), func() {
+	if l.required(k("node", "sandbox-image"), c.Node.SandboxImage) {
+		l.check(k("node", "sandbox-image"), func() {
 			if !imageRefRE.MatchString(c.Node.SandboxImage) {
 				l.at(k("node", "sandbox-image"), "must be an image reference such as \"registry.k8s.io/pause:3.10\", got %q", c.Node.SandboxImage)
 			}
 		})
 	}
-	check(k("node", "pod-cidr"), func() {
+	l.check(k("node", "pod-cidr"), func() {
 		if c.Node.PodCIDR == "" {
 			return
 		}
@@ -144,24 +162,24 @@ func (l *loader) validate(c *Config) {
 			l.at(k("node", "pod-cidr"), "must be a network in CIDR notation such as \"10.244.1.0/24\", got %q", c.Node.PodCIDR)
 		}
 	})
-	check(k("node", "ip"), func() {
+	l.check(k("node", "ip"), func() {
 		if _, err := ParseNodeIPs(c.Node.IP); err != nil {
 			l.at(k("node", "ip"), "%v", err)
 		}
 	})
-	check(k("node", "serving-cert"), func() {
+	l.check(k("node", "serving-cert"), func() {
 		switch c.Node.ServingCert {
 		case ServingCertCluster, ServingCertSelfSigned:
 		default:
 			l.at(k("node", "serving-cert"), "must be one of %s, %s, got %q", ServingCertCluster, ServingCertSelfSigned, c.Node.ServingCert)
 		}
 	})
-	check(k("node", "shutdown-grace-period"), func() {
+	l.check(k("node", "shutdown-grace-period"), func() {
 		if d := c.Node.ShutdownGracePeriod.D(); d < 0 || d > maxShutdownGrace || d%time.Second != 0 {
 			l.at(k("node", "shutdown-grace-period"), "must be whole seconds between 0s and %s, got %s", maxShutdownGrace, d)
 		}
 	})
-	check(k("node", "shutdown-grace-period-critical-pods"), func() {
+	l.check(k("node", "shutdown-grace-period-critical-pods"), func() {
 		d, all := c.Node.ShutdownGracePeriodCriticalPods.D(), c.Node.ShutdownGracePeriod.D()
 		switch {
 		case d < 0 || d%time.Second != 0:
@@ -170,7 +188,11 @@ func (l *loader) validate(c *Config) {
 			l.at(k("node", "shutdown-grace-period-critical-pods"), "must be at most node.shutdown-grace-period (%s), got %s: it is the last part of that period", all, d)
 		}
 	})
-	check(k("nspawn", "image"), func() {
+}
+
+// validateNspawnAndDevices checks [nspawn] and [devices].
+func (l *loader) validateNspawnAndDevices(c *Config) {
+	l.check(k("nspawn", "image"), func() {
 		img := c.Nspawn.Image
 		switch {
 		case img == "":
@@ -185,7 +207,7 @@ func (l *loader) validate(c *Config) {
 	})
 
 	for _, key := range []string{"allow", "deny"} {
-		check(k("devices", key), func() {
+		l.check(k("devices", key), func() {
 			list := c.Devices.Allow
 			if key == "deny" {
 				list = c.Devices.Deny
@@ -197,15 +219,19 @@ func (l *loader) validate(c *Config) {
 			}
 		})
 	}
-	check(k("devices", "allow"), func() {
+	l.check(k("devices", "allow"), func() {
 		for _, p := range c.Devices.Allow {
 			if slices.Contains(c.Devices.Deny, p) {
 				l.at(k("devices", "allow"), "%s is in devices.deny too: give it or deny it", p)
 			}
 		}
 	})
+}
 
-	check(k("artifacts", "base-url"), func() {
+// validateArtifactKeys checks [artifacts]' keys (validateArtifacts their
+// combination).
+func (l *loader) validateArtifactKeys(c *Config) {
+	l.check(k("artifacts", "base-url"), func() {
 		if c.Artifacts.BaseURL == "" {
 			return
 		}
@@ -213,10 +239,10 @@ func (l *loader) validate(c *Config) {
 			l.at(k("artifacts", "base-url"), "must be an http:// or https:// URL, got %q%s", shownURL(c.Artifacts.BaseURL), msg)
 		}
 	})
-	if required(k("artifacts", "offline-dir"), c.Artifacts.OfflineDir) {
-		check(k("artifacts", "offline-dir"), func() { l.checkAbs(k("artifacts", "offline-dir"), c.Artifacts.OfflineDir) })
+	if l.required(k("artifacts", "offline-dir"), c.Artifacts.OfflineDir) {
+		l.check(k("artifacts", "offline-dir"), func() { l.checkAbs(k("artifacts", "offline-dir"), c.Artifacts.OfflineDir) })
 	}
-	check(k("artifacts", "overrides"), func() {
+	l.check(k("artifacts", "overrides"), func() {
 		for _, name := range sortedStrings(c.Artifacts.Overrides) {
 			o := c.Artifacts.Overrides[name]
 			key := k("artifacts", "overrides", name)
@@ -235,15 +261,16 @@ func (l *loader) validate(c *Config) {
 			}
 		}
 	})
+}
 
-	l.validateArtifacts(c)
-
-	check(k("allocation", "uid"), func() {
+// validateAllocationFenceDaemon checks [allocation], [fence] and [daemon].
+func (l *loader) validateAllocationFenceDaemon(c *Config) {
+	l.check(k("allocation", "uid"), func() {
 		if c.Allocation.UID != "" && !uuidRE.MatchString(c.Allocation.UID) {
 			l.at(k("allocation", "uid"), "must be the MachineAllocation's UID (a UUID), got %q", c.Allocation.UID)
 		}
 	})
-	check(k("allocation", "name"), func() {
+	l.check(k("allocation", "name"), func() {
 		if c.Allocation.Name == "" {
 			return
 		}
@@ -254,12 +281,12 @@ func (l *loader) validate(c *Config) {
 		}
 	})
 
-	check(k("fence", "retry-budget"), func() {
+	l.check(k("fence", "retry-budget"), func() {
 		if d := c.Fence.RetryBudget.D(); d < minFenceRetry || d > maxFenceRetry {
 			l.at(k("fence", "retry-budget"), "must be between %s and %s, got %s", minFenceRetry, maxFenceRetry, d)
 		}
 	})
-	check(k("daemon", "log-level"), func() {
+	l.check(k("daemon", "log-level"), func() {
 		if !contains(logLevels, c.Daemon.LogLevel) {
 			l.at(k("daemon", "log-level"), "must be one of %s, got %q", strings.Join(logLevels, ", "), c.Daemon.LogLevel)
 		}
