@@ -368,6 +368,17 @@ func (r Report) Text(out io.Writer) error {
 		}
 		row("applied", "%s%s: mode %s, kubernetes %s, agent %s%s", a.Slot, mark, a.Mode, orNone(a.KubernetesVersion), orNone(a.AgentVersion), at)
 	}
+	r.textOwnership(row)
+	r.textWork(row)
+	r.textNode(row)
+	return w.err
+}
+
+// row writes one "key: value" line of Text.
+type row func(k, format string, args ...any)
+
+// textOwnership writes the ownership and the older agent's layout.
+func (r Report) textOwnership(row row) {
 	if o := r.Ownership; o == nil {
 		row("ownership", "not owned")
 	} else {
@@ -412,6 +423,11 @@ func (r Report) Text(out io.Writer) error {
 	case l.Adopted == nil && l.AdoptedError == "":
 		row("legacy root", "not detected")
 	}
+}
+
+// textWork writes the journals, the handoff and the owed writes: the
+// work under way or left.
+func (r Report) textWork(row row) {
 	if len(r.Journals) == 0 {
 		row("journals", "none")
 	}
@@ -448,6 +464,11 @@ func (r Report) Text(out io.Writer) error {
 	if r.OwedError != "" {
 		row("owed", "unreadable: %s", r.OwedError)
 	}
+}
+
+// textNode writes the agent's upgrade, the local DNS cache and the
+// devices.
+func (r Report) textNode(row row) {
 	if u := r.Upgrade; u != nil {
 		if o := u.Override; o != nil {
 			row("upgrade", "override active: the agent's units run %s from %s, not the image's (a newer image supersedes it)", o.Version, o.Dir)
@@ -490,7 +511,6 @@ func (r Report) Text(out io.Writer) error {
 			row("devices", "%d NVIDIA driver %s bound read-only; %d GPU(s) in %s", len(d.Driver), plural(len(d.Driver), "file", "files"), len(d.GPUs), machinefile.CDISpecPath)
 		}
 	}
-	return w.err
 }
 
 // errWriter keeps the first write error and writes nothing after it.
