@@ -213,33 +213,8 @@ func (c *Check) run(ctx context.Context) error {
 	}()
 
 	nodeUp, _ := c.Units.ActiveState(ctx, unitnames.NodeTarget)
-	rec, err := record.Read(c.Paths)
-	if err != nil {
-		log.Warn("fence record unreadable", "error", err.Error())
-	}
-	if rec != nil && nodeUp != "active" && nodeUp != "activating" {
-		switch rec.Outcome {
-		case record.Refused:
-			st.BootChecked = true
-			log.Info("the node is kept down by the allocation fence; the daemon starts it once the Machine no longer refuses",
-				"reason", rec.Reason, "message", rec.Message, "since", rec.At.Format(time.RFC3339))
-			return nil
-		case record.NoAnswer:
-			st.BootChecked = true
-			return c.retryFence(ctx, log, st, rec)
-		}
-	}
-	if rec == nil && err == nil && nodeUp != "active" && nodeUp != "activating" {
-		// The fence failed without deciding: it never ran (its sandbox
-		// could not be set up, its executable could not be started) or
-		// it crashed, so it wrote no record. Nobody said no: the node's
-		// start failed by a dependency, which is not an operator's stop.
-		// Retried like a fence without an answer.
-		if fs, ferr := c.Units.ActiveState(ctx, unitnames.Fence); ferr == nil && fs == "failed" {
-			st.BootChecked = true
-			return c.retryFence(ctx, log, st, &record.Record{Reason: "FenceFailed",
-				Message: unitnames.Fence + " failed before it decided (no " + record.File(c.Paths) + "); see its journal"})
-		}
+	if done, err := c.fenceKeepsDown(ctx, log, st, nodeUp); done {
+		return err
 	}
 	st.FenceRetries, st.NextFenceRetry = 0, time.Time{}
 	if nodeUp == "inactive" && c.stoppedCleanly(ctx, active) {
@@ -304,6 +279,48 @@ func (c *Check) run(ctx context.Context) error {
 		*st = State{Applied: applied, BootChecked: true}
 		return nil
 	}
+	return c.judgeUnhealthy(ctx, log, st, active, probs, k, maxRestarts, wait)
+}
+
+// fenceKeepsDown handles a node the allocation fence keeps down (refused,
+// no answer, or a fence that failed before it decided): done says the
+// check ends there, with err.
+func (c *Check) fenceKeepsDown(ctx context.Context, log *slog.Logger, st *State, nodeUp string) (done bool, err error) {
+	rec, err := record.Read(c.Paths)
+	if err != nil {
+		log.Warn("fence record unreadable", "error", err.Error())
+	}
+	if rec != nil && nodeUp != "active" && nodeUp != "activating" {
+		switch rec.Outcome {
+		case record.Refused:
+			st.BootChecked = true
+			log.Info("the node is kept down by the allocation fence; the daemon starts it once the Machine no longer refuses",
+				"reason", rec.Reason, "message", rec.Message, "since", rec.At.Format(time.RFC3339))
+			return true, nil
+		case record.NoAnswer:
+			st.BootChecked = true
+			return true, c.retryFence(ctx, log, st, rec)
+		}
+	}
+	if rec == nil && err == nil && nodeUp != "active" && nodeUp != "activating" {
+		// The fence failed without deciding: it never ran (its sandbox
+		// could not be set up, its executable could not be started) or
+		// it crashed, so it wrote no record. Nobody said no: the node's
+		// start failed by a dependency, which is not an operator's stop.
+		// Retried like a fence without an answer.
+		if fs, ferr := c.Units.ActiveState(ctx, unitnames.Fence); ferr == nil && fs == "failed" {
+			st.BootChecked = true
+			return true, c.retryFence(ctx, log, st, &record.Record{Reason: "FenceFailed",
+				Message: unitnames.Fence + " failed before it decided (no " + record.File(c.Paths) + "); see its journal"})
+		}
+	}
+	return false, nil
+}
+
+// judgeUnhealthy counts a check that found the node unhealthy (probs):
+// the boot's verdict, a failure, a restart once Failures (k) were
+// counted, or the give-up after maxRestarts.
+func (c *Check) judgeUnhealthy(ctx context.Context, log *slog.Logger, st *State, active *state.AppliedConfig, probs []string, k, maxRestarts int, wait time.Duration) error {
 	what := strings.Join(probs, "; ")
 	if !st.BootChecked {
 		// The boot's assessment: a node that does not come up is a bad
