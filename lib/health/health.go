@@ -160,15 +160,7 @@ func (c *Check) run(ctx context.Context) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	k := max(c.Failures, 1)
-	if c.Failures == 0 {
-		k = DefaultFailures
-	}
-	maxRestarts := c.MaxRestarts
-	if maxRestarts < 0 {
-		maxRestarts = 0
-	}
-
+	k, maxRestarts, wait, settle, interval := c.limits()
 	active, err := state.ReadActive(c.Paths)
 	if err != nil {
 		return fmt.Errorf("applied state: %w", err)
@@ -225,21 +217,8 @@ func (c *Check) run(ctx context.Context) error {
 		return nil
 	}
 
-	wait := c.BootWait
-	if wait <= 0 {
-		wait = DefaultBootWait
-	}
 	chk := c.readiness(active)
 	probs := chk.Look(ctx).Problems
-	settle := c.Settle
-	if settle == 0 {
-		settle = DefaultSettle
-	}
-	settle = max(settle, 0)
-	interval := c.PollInterval
-	if interval <= 0 {
-		interval = 2 * time.Second
-	}
 	if !st.BootChecked {
 		// The boot's verdict (boot-complete.target waits for it): healthy
 		// means healthy for the settle window, not one lucky answer.
@@ -280,6 +259,31 @@ func (c *Check) run(ctx context.Context) error {
 		return nil
 	}
 	return c.judgeUnhealthy(ctx, log, st, active, probs, k, maxRestarts, wait)
+}
+
+// limits are the check's bounds, defaults filled in: failures before a
+// restart, restarts before the give-up, the boot's wait, the settle
+// window and the poll interval.
+func (c *Check) limits() (k, maxRestarts int, wait, settle, interval time.Duration) {
+	k = max(c.Failures, 1)
+	if c.Failures == 0 {
+		k = DefaultFailures
+	}
+	maxRestarts = max(c.MaxRestarts, 0)
+	wait = c.BootWait
+	if wait <= 0 {
+		wait = DefaultBootWait
+	}
+	settle = c.Settle
+	if settle == 0 {
+		settle = DefaultSettle
+	}
+	settle = max(settle, 0)
+	interval = c.PollInterval
+	if interval <= 0 {
+		interval = 2 * time.Second
+	}
+	return k, maxRestarts, wait, settle, interval
 }
 
 // fenceKeepsDown handles a node the allocation fence keeps down (refused,
