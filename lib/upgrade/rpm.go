@@ -304,6 +304,35 @@ func (r Rpm) Repack(ctx context.Context, name, dst string) error {
 			pkg.AddCustomTag(s.prog, rpmpack.EntryStringSlice(p))
 		}
 	}
+	if err := repackDependencies(pkg, name, q); err != nil {
+		return err
+	}
+	files, err := r.repackFiles(ctx, name)
+	if err != nil {
+		return err
+	}
+	// rpmpack writes the files in the order of their names; the verify
+	// flags follow it.
+	slices.SortFunc(files, func(a, b repackFile) int { return strings.Compare(a.Name, b.Name) })
+	verify := make([]int32, len(files))
+	for i, f := range files {
+		pkg.AddFile(f.RPMFile)
+		verify[i] = f.verify
+	}
+	if len(files) > 0 {
+		pkg.AddCustomTag(tagFileVerifyFlags, rpmpack.EntryInt32(verify))
+	}
+	var b bytes.Buffer
+	if err := pkg.Write(&b); err != nil {
+		return fmt.Errorf("repack %s: %w", name, err)
+	}
+	return state.WriteFileAtomic(dst, b.Bytes(), 0o600)
+}
+
+// repackDependencies copies the installed package's dependencies (as
+// rpm -q, q, says them) into pkg, rpmlib's own requirements written as
+// this build's rpmpack needs them.
+func repackDependencies(pkg *rpmpack.RPM, name string, q func(format string) (string, error)) error {
 	for _, d := range rpmDependencies {
 		out, err := q(`[%{` + d.kind + `NAME}\t%{` + d.kind + `FLAGS}\t%{` + d.kind + `VERSION}\n]`)
 		if err != nil {
@@ -339,26 +368,7 @@ func (r Rpm) Repack(ctx context.Context, name, dst string) error {
 			pkg.AddCustomTag(d.flags, rpmpack.EntryUint32(flags))
 		}
 	}
-	files, err := r.repackFiles(ctx, name)
-	if err != nil {
-		return err
-	}
-	// rpmpack writes the files in the order of their names; the verify
-	// flags follow it.
-	slices.SortFunc(files, func(a, b repackFile) int { return strings.Compare(a.Name, b.Name) })
-	verify := make([]int32, len(files))
-	for i, f := range files {
-		pkg.AddFile(f.RPMFile)
-		verify[i] = f.verify
-	}
-	if len(files) > 0 {
-		pkg.AddCustomTag(tagFileVerifyFlags, rpmpack.EntryInt32(verify))
-	}
-	var b bytes.Buffer
-	if err := pkg.Write(&b); err != nil {
-		return fmt.Errorf("repack %s: %w", name, err)
-	}
-	return state.WriteFileAtomic(dst, b.Bytes(), 0o600)
+	return nil
 }
 
 type repackFile struct {
