@@ -425,12 +425,15 @@ func TestFirstBootNspawnBringsUpAReadyNode(t *testing.T) {
 		return
 	}
 	before := f.waitPodRunning(t, ns, time.Minute)
-	oldContainer := before.Status.ContainerStatuses[0].ContainerID
 
-	// Reboot of the same host: the generator brings the node back behind
-	// the fence, bootstrap does not run again, the pod comes back.
+	// Reboot of the same host: its poweroff stops the machine through the
+	// machine's logind, so the kubelet's graceful node shutdown ends the
+	// pod (Failed, Terminated) within the period; the generator brings the
+	// node back behind the fence, bootstrap does not run again, and the
+	// Deployment's pod runs on the node again.
 	rebooted := time.Now()
-	f.m.Reboot()
+	f.powerOffEndsPod(t, ns, before.Name, f.m.Stop)
+	f.m.Start()
 	t.Logf("reboot (poweroff with the node running, then boot): %v", time.Since(rebooted).Round(time.Millisecond))
 	if p := showProps(t, f.m, bootstrapUnit, "InvocationID"); p["InvocationID"] != "" {
 		t.Errorf("bootstrap ran again at the reboot:\n%s", f.m.Journal(bootstrapUnit))
@@ -444,17 +447,10 @@ func TestFirstBootNspawnBringsUpAReadyNode(t *testing.T) {
 	if p := showProps(t, f.m, fenceUnit, "InvocationID", "ExecMainStatus"); p["InvocationID"] == "" || p["ExecMainStatus"] != "0" {
 		t.Errorf("the fence did not run and allow at the reboot: %v", p)
 	}
-	// The Node's and the pod's status from before the reboot may still
-	// say Ready and Running: what counts is a container the kubelet
-	// started after the reboot, and a Ready the kubelet reported since.
-	waitUntil(t, 4*time.Minute, "the pod's container started again after the reboot", func(ctx context.Context) (bool, error) {
-		pods, err := f.env.kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		if err != nil || len(pods.Items) != 1 {
-			return false, nil
-		}
-		cs := pods.Items[0].Status.ContainerStatuses
-		return len(cs) == 1 && cs[0].State.Running != nil && cs[0].ContainerID != oldContainer, nil
-	})
+	// The Node's status from before the reboot may still say Ready: what
+	// counts is the Deployment's new pod Running on the node and a Ready
+	// the kubelet reported since.
+	f.waitPodRunningAgain(t, ns, before.Name)
 	waitUntil(t, 2*time.Minute, "Node Ready reported after the reboot", func(ctx context.Context) (bool, error) {
 		n, err := f.env.kube.CoreV1().Nodes().Get(ctx, f.name, metav1.GetOptions{})
 		if err != nil {
