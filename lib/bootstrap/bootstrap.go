@@ -76,6 +76,7 @@ import (
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/all"
 	"unbounded-cloud.io/agent/lib/modes/facts"
+	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/report"
 	"unbounded-cloud.io/agent/lib/state"
@@ -602,5 +603,15 @@ func (b *Bootstrap) record(ctx context.Context, cfg *config.Config, slot string,
 	// a report that does not land is the daemon's to make (it reports
 	// Succeeded for a host with an applied record).
 	_ = rep.Succeeded(ctx)
+	b.recordOutcome(outcome.Record{State: outcome.Succeeded, To: cfg.Mode, Message: fmt.Sprintf("the node runs in mode %s in slot %s", cfg.Mode, slot)})
 	return nil
+}
+
+// recordOutcome leaves the bootstrap's end on the host (lib/outcome), for
+// `unbounded status` (the Machine has it from lib/report).
+func (b *Bootstrap) recordOutcome(o outcome.Record) {
+	o.Concern, o.Time = outcome.Bootstrap, b.Time().UTC()
+	if err := outcome.Write(b.Paths, o); err != nil {
+		b.Logger().Error("the bootstrap's outcome was not recorded", "error", err.Error())
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/modes/facts"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
+	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/report"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/steps"
@@ -51,6 +52,7 @@ func (b *Bootstrap) fail(ctx context.Context, cfg *config.Config, j *Journal, re
 	if !temporary {
 		b.Status("failed in phase %s: %v", phase, cause)
 		_ = rep.Failed(ctx, reason(phase, err), err.Error())
+		b.recordOutcome(outcome.Record{State: outcome.Failed, Reason: reason(phase, err), Step: phase, To: cfg.Mode, Message: err.Error()})
 	} else {
 		b.Status("phase %s failed for now (retry %d follows): %v", phase, j.TempFailures, cause)
 	}

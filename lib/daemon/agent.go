@@ -2,9 +2,8 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,18 +11,18 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
-	"unbounded-cloud.io/agent/lib/state"
+	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/upgrade"
 	"unbounded-cloud.io/agent/lib/version"
 )
 
 // upgradeOutcome puts the outcome of the agent's last self-upgrade into
-// want's AgentUpgraded condition, from the signal the upgrade left
-// (lib/upgrade: failed.json, or upgraded.json from a run that succeeded),
-// and returns what to do once the status holds it (the signal removed,
-// an Event), or nil. While an upgrade's journal exists the outcome is not
-// known yet: the report is looked at again in 5 s (a local read; nothing
-// is written until it changes).
+// want's AgentUpgraded condition, from the record the upgrade left
+// (lib/outcome: a failure, or a success that made this daemon's
+// version), and returns what to do once the status holds it (the record
+// removed, an Event), or nil. While an upgrade's journal exists the
+// outcome is not known yet: the report is looked at again in 5 s (a local
+// read; nothing is written until it changes).
 func (d *daemon) upgradeOutcome(ctx context.Context, want *v1alpha3.Machine) func() {
 	if upgrade.InProgress(d.p) {
 		if d.statusRetry == nil {
@@ -31,35 +30,33 @@ func (d *daemon) upgradeOutcome(ctx context.Context, want *v1alpha3.Machine) fun
 		}
 		return nil
 	}
-	cond := metav1.Condition{Type: v1alpha3.ConditionAgentUpgraded, ObservedGeneration: want.Generation}
-	var file, evType, msg string
-	if f, err := upgrade.ReadFailed(d.p); err != nil {
-		d.log.Warn("the upgrade's failure signal is unreadable", "error", err)
-		return nil
-	} else if f != nil {
-		cond.Status, cond.Reason = metav1.ConditionFalse, "UpgradeFailed"
-		if f.RolledBack {
-			cond.Reason = "RolledBack"
-		}
-		cond.Message = truncate(fmt.Sprintf("upgrade from %s to %s failed at step %s: %s", orUnknown(f.From), orUnknown(f.To), f.Step, f.Message), 1024)
-		cond.LastTransitionTime = metav1.NewTime(f.At)
-		file, evType = d.p.UpgradeFailed(), corev1.EventTypeWarning
-	} else if u, err := upgrade.ReadUpgraded(d.p); err != nil {
-		d.log.Warn("the upgrade's success signal is unreadable", "error", err)
-		return nil
-	} else if u != nil && upgrade.SameVersion(u.To, version.Version) {
-		cond.Status, cond.Reason = metav1.ConditionTrue, "Upgraded"
-		cond.Message = fmt.Sprintf("agent upgraded from %s to %s", u.From, u.To)
-		cond.LastTransitionTime = metav1.NewTime(u.At)
-		file, evType = upgrade.UpgradedFile(d.p), corev1.EventTypeNormal
-	} else {
+	o, err := outcome.Read(d.p, outcome.Upgrade)
+	if err != nil {
+		d.log.Warn("the upgrade's outcome is unreadable", "error", err)
 		return nil
 	}
-	msg = cond.Message
+	if o == nil || (o.State == outcome.Succeeded && !upgrade.SameVersion(o.To, version.Version)) {
+		return nil
+	}
+	cond := metav1.Condition{Type: v1alpha3.ConditionAgentUpgraded, ObservedGeneration: want.Generation,
+		LastTransitionTime: metav1.NewTime(o.Time)}
+	evType := corev1.EventTypeNormal
+	if o.State == outcome.Failed {
+		cond.Status, cond.Reason = metav1.ConditionFalse, "UpgradeFailed"
+		if o.RolledBack() {
+			cond.Reason = outcome.ReasonRolledBack
+		}
+		cond.Message = truncate(fmt.Sprintf("upgrade from %s to %s failed at step %s: %s", orUnknown(o.From), orUnknown(o.To), o.Step, o.Message), 1024)
+		evType = corev1.EventTypeWarning
+	} else {
+		cond.Status, cond.Reason = metav1.ConditionTrue, "Upgraded"
+		cond.Message = fmt.Sprintf("agent upgraded from %s to %s", o.From, o.To)
+	}
+	msg := cond.Message
 	meta.SetStatusCondition(&want.Status.Conditions, cond)
 	return func() {
-		if err := state.RemoveDurable(file); err != nil && !errors.Is(err, os.ErrNotExist) {
-			d.log.Warn("the upgrade's signal was reported but not removed", "file", file, "error", err)
+		if err := outcome.Remove(d.p, outcome.Upgrade); err != nil {
+			d.log.Warn("the upgrade's outcome was reported but not removed", "error", err)
 			return
 		}
 		d.log.Info("reported the agent upgrade's outcome", "status", cond.Status, "reason", cond.Reason, "message", msg)
@@ -94,7 +91,7 @@ func (d *daemon) agentUpgradeJob() *job {
 	if upgrade.InProgress(d.p) {
 		return nil
 	}
-	if f, err := upgrade.ReadFailed(d.p); err != nil || f != nil {
+	if o, err := outcome.Read(d.p, outcome.Upgrade); err != nil || (o != nil && o.State == outcome.Failed) {
 		return nil // reported first (reportMachine), then judged
 	}
 	if c := meta.FindStatusCondition(m.Status.Conditions, v1alpha3.ConditionAgentUpgraded); c != nil &&
@@ -102,5 +99,6 @@ func (d *daemon) agentUpgradeJob() *job {
 		return nil
 	}
 	d.log.Info("spec.agent asks for another version: upgrading", "from", version.Version, "to", a.Version)
-	return &job{uid: uid, typ: v1alpha3.OperationAgentUpgrade, params: map[string]string{"version": a.Version, "url": a.URL, "sha256": a.SHA256}}
+	return &job{uid: uid, typ: v1alpha3.OperationAgentUpgrade, params: map[string]string{"version": a.Version, "url": a.URL, "sha256": a.SHA256,
+		outcome.ParamGeneration: strconv.FormatInt(m.Generation, 10)}}
 }

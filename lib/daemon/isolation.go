@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
@@ -111,7 +113,7 @@ func (d *daemon) isolationJob() *job {
 	if d.isolationGoesOn() {
 		return nil
 	}
-	if o, err := state.ReadIsolationOutcome(d.p); err != nil || o != nil {
+	if o, err := outcome.Read(d.p, outcome.Isolation); err != nil || o != nil {
 		return nil // reported first (reportMachine), then judged
 	}
 	asked := string(m.Spec.Isolation.Method)
@@ -122,9 +124,9 @@ func (d *daemon) isolationJob() *job {
 		}
 		d.log.Warn("spec.isolation asks for a change this build does not make", "from", d.active.Mode, "to", to, "method", asked, "error", err)
 		now := d.host.now().UTC()
-		o := state.IsolationOutcome{From: d.active.Mode, To: to, State: string(v1alpha3.IsolationChangeFailed), StartedAt: now, EndedAt: now,
-			Message: err.Error() + "; the node was left as it is"}
-		if werr := state.WriteIsolationOutcome(d.p, o); werr != nil {
+		o := outcome.Record{Concern: outcome.Isolation, Generation: m.Generation, UID: uid, From: d.active.Mode, To: to, State: outcome.Failed,
+			Reason: "MethodRefused", StartedAt: now, Time: now, Message: err.Error() + "; the node was left as it is"}
+		if werr := outcome.Write(d.p, o); werr != nil {
 			d.log.Error("the refused isolation change's outcome not recorded", "error", werr)
 		}
 		d.statusRetry = time.After(0)
@@ -139,7 +141,7 @@ func (d *daemon) isolationJob() *job {
 	// once its plan is made, carries the change's own start time, and
 	// isolationReport looks again every 5 s while it exists.
 	d.statusRetry = time.After(2 * time.Second)
-	params := map[string]string{paramFrom: d.active.Mode, paramTo: to}
+	params := map[string]string{paramFrom: d.active.Mode, paramTo: to, outcome.ParamGeneration: strconv.FormatInt(m.Generation, 10)}
 	if asked != "" {
 		params[paramMethod] = asked
 	}
@@ -154,7 +156,7 @@ const isolationJournal = "isolation"
 // status.isolationChange (and, once ended, the IsolationChanged
 // condition), from, in this order: a reprovision handoff's journal, the
 // in-place change's journal (InProgress, looked at again in 5 s), the
-// outcome an isolation change left (state.IsolationOutcome), then what
+// outcome an isolation change left (lib/outcome), then what
 // the host has no record of (isolationUnrecorded). The phase follows
 // (isolationPhase). It returns what to do once the status holds it (an
 // Event when the state changed; an ended change's record removed), or
@@ -187,14 +189,14 @@ func (d *daemon) isolationReport(ctx context.Context, want *v1alpha3.Machine) fu
 		if d.statusRetry == nil {
 			d.statusRetry = time.After(5 * time.Second)
 		}
-	} else if o, err := state.ReadIsolationOutcome(d.p); err != nil {
+	} else if o, err := outcome.Read(d.p, outcome.Isolation); err != nil {
 		d.log.Warn("the isolation change's outcome is unreadable", "error", err)
 		return nil
 	} else if o != nil && d.iso.started == nil {
 		// (The outcome of the daemon's own change waits for its unit's
 		// end: isolationEnded adds the unit's result to it.)
 		ch = outcomeStatus(*o)
-		remove = func() error { return state.RemoveIsolationOutcome(d.p) }
+		remove = func() error { return outcome.Remove(d.p, outcome.Isolation) }
 	} else if ch = d.isolationUnrecorded(ctx); ch == nil {
 		return nil
 	}
@@ -252,7 +254,7 @@ func statusTime(t time.Time) *metav1.Time {
 }
 
 // outcomeStatus is an ended change's status.isolationChange.
-func outcomeStatus(o state.IsolationOutcome) *v1alpha3.IsolationChangeStatus {
+func outcomeStatus(o outcome.Record) *v1alpha3.IsolationChangeStatus {
 	return &v1alpha3.IsolationChangeStatus{From: v1alpha3.IsolationMode(o.From), To: v1alpha3.IsolationMode(o.To),
 		Method: v1alpha3.IsolationChangeMethod(o.Method), State: v1alpha3.IsolationChangeState(o.State), StartTime: statusTime(o.StartedAt), Message: o.Message}
 }
@@ -308,21 +310,22 @@ func (d *daemon) isolationEnded(r result) {
 	if started == nil || r.state == "" || d.isolationGoesOn() {
 		return
 	}
-	o, err := state.ReadIsolationOutcome(d.p)
+	o, err := outcome.Read(d.p, outcome.Isolation)
 	if err != nil {
 		d.log.Warn("the isolation change's outcome is unreadable", "error", err)
 		return
 	}
 	switch {
-	case o != nil && o.State == string(v1alpha3.IsolationChangeFailed) && r.state == v1alpha3.OperationFailed:
+	case o != nil && o.State == outcome.Failed && r.state == v1alpha3.OperationFailed:
 		o.Message += "\n" + r.message
 	case o != nil:
 		return
 	default:
 		j := d.isolationJudged(r.job.params[paramFrom], r.job.params[paramTo], string(started.Method), started.StartTime, r.message)
+		j.UID, j.Generation = r.job.uid, outcome.GenerationOf(r.job.params)
 		o = &j
 	}
-	if err := state.WriteIsolationOutcome(d.p, *o); err != nil {
+	if err := outcome.Write(d.p, *o); err != nil {
 		d.log.Error("the isolation change's outcome not recorded", "error", err)
 	}
 }
@@ -342,8 +345,8 @@ func (d *daemon) isolationGoesOn() bool {
 // judged by the host: Succeeded when the active applied config (read
 // again: the change's unit may just have switched it) runs the target
 // mode, else Failed. why says how the change ended.
-func (d *daemon) isolationJudged(from, to, method string, started *metav1.Time, why string) state.IsolationOutcome {
-	o := state.IsolationOutcome{From: from, To: to, Method: method, EndedAt: d.host.now().UTC(), State: string(v1alpha3.IsolationChangeFailed)}
+func (d *daemon) isolationJudged(from, to, method string, started *metav1.Time, why string) outcome.Record {
+	o := outcome.Record{Concern: outcome.Isolation, From: from, To: to, Method: method, Time: d.host.now().UTC(), State: outcome.Failed, Reason: "JudgedByHost"}
 	if started != nil {
 		o.StartedAt = started.Time
 	}
@@ -354,7 +357,7 @@ func (d *daemon) isolationJudged(from, to, method string, started *metav1.Time, 
 		mode = d.active.Mode
 	}
 	if mode == to {
-		o.State, o.Message = string(v1alpha3.IsolationChangeSucceeded), "the node runs in mode "+to
+		o.State, o.Reason, o.Message = outcome.Succeeded, "", "the node runs in mode "+to
 	} else {
 		o.Message = "the change ended with the node in mode " + mode
 	}

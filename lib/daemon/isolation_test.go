@@ -19,6 +19,7 @@ import (
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
@@ -99,7 +100,7 @@ func TestSpecIsolationAsksForOneChangePerGeneration(t *testing.T) {
 		t.Errorf("while a change's journal exists: %+v", j)
 	}
 	d = isolationDaemon(t, "none")
-	if err := state.WriteIsolationOutcome(d.p, state.IsolationOutcome{From: "nspawn", To: "none", State: "Failed"}); err != nil {
+	if err := outcome.Write(d.p, outcome.Record{Concern: outcome.Isolation, From: "nspawn", To: "none", State: "Failed"}); err != nil {
 		t.Fatal(err)
 	}
 	if j := d.isolationJob(); j != nil {
@@ -137,7 +138,7 @@ func TestSpecIsolationAsksForOneChangePerGeneration(t *testing.T) {
 	if j := d.isolationJob(); j != nil || !d.handled["isolation:container:7"] {
 		t.Fatalf("a pair this build does not change between: %+v, handled %v", j, d.handled)
 	}
-	o, err := state.ReadIsolationOutcome(d.p)
+	o, err := outcome.Read(d.p, outcome.Isolation)
 	if err != nil || o == nil || o.State != "Failed" || !strings.Contains(o.Message, "not carried out by this build") {
 		t.Errorf("its outcome %+v (%v), want Failed saying why", o, err)
 	}
@@ -175,7 +176,7 @@ func TestSpecIsolationMethodIsTheRequestsMethod(t *testing.T) {
 			t.Errorf("%s: %+v, handled %v", name, j, d.handled)
 			continue
 		}
-		o, err := state.ReadIsolationOutcome(d.p)
+		o, err := outcome.Read(d.p, outcome.Isolation)
 		if err != nil || o == nil || o.State != "Failed" || !strings.Contains(o.Message, "not carried out by this build") || !strings.Contains(o.Message, string(c.method)) {
 			t.Errorf("%s: outcome %+v (%v), want Failed saying why", name, o, err)
 		}
@@ -203,7 +204,7 @@ func TestIsolationReportFollowsTheHost(t *testing.T) {
 	}
 
 	d = isolationDaemon(t, "none")
-	if err := state.WriteIsolationOutcome(d.p, state.IsolationOutcome{From: "nspawn", To: "none", Method: "InPlace", State: "Failed", Message: "rolled back: kubelet never Ready"}); err != nil {
+	if err := outcome.Write(d.p, outcome.Record{Concern: outcome.Isolation, From: "nspawn", To: "none", Method: "InPlace", State: "Failed", Message: "rolled back: kubelet never Ready"}); err != nil {
 		t.Fatal(err)
 	}
 	want = d.machineObj.DeepCopy()
@@ -217,7 +218,7 @@ func TestIsolationReportFollowsTheHost(t *testing.T) {
 	d.machineObj = want
 	again := d.machineObj.DeepCopy()
 	d.isolationReport(context.Background(), again)()
-	if o, _ := state.ReadIsolationOutcome(d.p); o != nil {
+	if o, _ := outcome.Read(d.p, outcome.Isolation); o != nil {
 		t.Error("the reported outcome was not removed")
 	}
 
@@ -337,8 +338,8 @@ func TestIsolationChangeBySpecIsDispatchedAndReported(t *testing.T) {
 		// The unit's work (lib/repave): the node runs in mode none, its
 		// outcome left for the daemon.
 		changedToNone(t, f.opts.Paths, f.machine)
-		if err := state.WriteIsolationOutcome(f.opts.Paths, state.IsolationOutcome{From: "nspawn", To: "none", Method: "InPlace", State: "Succeeded",
-			StartedAt: time.Now(), EndedAt: time.Now(), Message: "the node runs in mode none (isolation changed InPlace from nspawn)"}); err != nil {
+		if err := outcome.Write(f.opts.Paths, outcome.Record{Concern: outcome.Isolation, From: "nspawn", To: "none", Method: "InPlace", State: "Succeeded",
+			StartedAt: time.Now(), Time: time.Now(), Message: "the node runs in mode none (isolation changed InPlace from nspawn)"}); err != nil {
 			t.Error(err)
 		}
 	}
@@ -376,7 +377,7 @@ func TestIsolationChangeBySpecIsDispatchedAndReported(t *testing.T) {
 	})
 	f.waitEvents(t, "IsolationChangeInProgress", "IsolationChangeSucceeded")
 	eventually(t, opTimeout, "the reported outcome removed from the host", func() bool {
-		o, err := state.ReadIsolationOutcome(f.opts.Paths)
+		o, err := outcome.Read(f.opts.Paths, outcome.Isolation)
 		return o == nil && err == nil
 	})
 	if !strings.Contains(m.Status.IsolationChange.Message, "isolation changed InPlace") {
@@ -461,8 +462,8 @@ func TestFailedIsolationChangeIsReportedOncePerGeneration(t *testing.T) {
 		if unit != isolationUnit || runs.Add(1) != 1 {
 			return // the second run is killed before it records anything
 		}
-		if err := state.WriteIsolationOutcome(f.opts.Paths, state.IsolationOutcome{From: "nspawn", To: "none", Method: "InPlace", State: "Failed",
-			EndedAt: time.Now(), Message: "rolled back to mode nspawn: the Node did not become Ready"}); err != nil {
+		if err := outcome.Write(f.opts.Paths, outcome.Record{Concern: outcome.Isolation, From: "nspawn", To: "none", Method: "InPlace", State: "Failed",
+			Time: time.Now(), Message: "rolled back to mode nspawn: the Node did not become Ready"}); err != nil {
 			t.Error(err)
 		}
 	}
@@ -622,8 +623,8 @@ func TestIsolationChangeHandedToItsRequestIsResumed(t *testing.T) {
 			t.Errorf("%s started for request %+v (%v), want %s", unit, req, err, uid)
 		}
 		changedToNone(t, f.opts.Paths, f.machine)
-		if err := state.WriteIsolationOutcome(f.opts.Paths, state.IsolationOutcome{From: "nspawn", To: "none", Method: "InPlace", State: "Succeeded",
-			StartedAt: time.Now(), EndedAt: time.Now(), Message: "the node runs in mode none (isolation changed InPlace from nspawn)"}); err != nil {
+		if err := outcome.Write(f.opts.Paths, outcome.Record{Concern: outcome.Isolation, From: "nspawn", To: "none", Method: "InPlace", State: "Succeeded",
+			StartedAt: time.Now(), Time: time.Now(), Message: "the node runs in mode none (isolation changed InPlace from nspawn)"}); err != nil {
 			t.Error(err)
 		}
 	}
@@ -656,8 +657,8 @@ func TestIsolationChangeRunningAtStartIsWaitedForAndReported(t *testing.T) {
 	}
 
 	changedToNone(t, f.opts.Paths, f.machine)
-	if err := state.WriteIsolationOutcome(f.opts.Paths, state.IsolationOutcome{From: "nspawn", To: "none", Method: "InPlace", State: "Succeeded",
-		EndedAt: time.Now(), Message: "the node runs in mode none (isolation changed InPlace from nspawn)"}); err != nil {
+	if err := outcome.Write(f.opts.Paths, outcome.Record{Concern: outcome.Isolation, From: "nspawn", To: "none", Method: "InPlace", State: "Succeeded",
+		Time: time.Now(), Message: "the node runs in mode none (isolation changed InPlace from nspawn)"}); err != nil {
 		t.Fatal(err)
 	}
 	f.fake.configure(isolationUnit, func(u *fakeUnit) {
@@ -710,8 +711,8 @@ func TestIsolationChangeCutAtItsHandOverIsCarriedOutOnce(t *testing.T) {
 					return
 				}
 				changedToNone(t, f.opts.Paths, f.machine)
-				if err := state.WriteIsolationOutcome(f.opts.Paths, state.IsolationOutcome{From: "nspawn", To: "none", Method: "InPlace", State: "Succeeded",
-					StartedAt: time.Now(), EndedAt: time.Now(), Message: "the node runs in mode none (isolation changed InPlace from nspawn)"}); err != nil {
+				if err := outcome.Write(f.opts.Paths, outcome.Record{Concern: outcome.Isolation, From: "nspawn", To: "none", Method: "InPlace", State: "Succeeded",
+					StartedAt: time.Now(), Time: time.Now(), Message: "the node runs in mode none (isolation changed InPlace from nspawn)"}); err != nil {
 					t.Error(err)
 				}
 			}

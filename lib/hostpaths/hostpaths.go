@@ -163,14 +163,29 @@ func (p Paths) OwedDir() string { return filepath.Join(p.HostRoot(), "owed") }
 // .sha256 triggers unbounded-upgrade.path), previous/ (the package a
 // rollback reinstalls), installed/ (the package of the running version,
 // once an upgrade installed it), rejected/ (what a refused upgrade
-// staged), and failed.json (the failure signal the next daemon reports).
+// staged), and failed.json or upgraded.json (the signals of builds before
+// lib/outcome's record, still written for one release).
 func (p Paths) UpgradeDir() string { return filepath.Join(p.HostRoot(), "upgrade") }
 
 // UpgradeStaged is the upgrade's staging directory.
 func (p Paths) UpgradeStaged() string { return filepath.Join(p.UpgradeDir(), "staged") }
 
-// UpgradeFailed is the failure signal of the last upgrade.
+// UpgradeFailed is the failure signal of the last upgrade of builds
+// before lib/outcome's record (read and written for one release).
 func (p Paths) UpgradeFailed() string { return filepath.Join(p.UpgradeDir(), "failed.json") }
+
+// UpgradeSucceeded is the success signal of the last upgrade of builds
+// before lib/outcome's record (read and written for one release).
+func (p Paths) UpgradeSucceeded() string { return filepath.Join(p.UpgradeDir(), "upgraded.json") }
+
+// OutcomeDir holds how each concern's last run ended (lib/outcome), one
+// record a concern, until the daemon has reported it.
+func (p Paths) OutcomeDir() string { return filepath.Join(p.HostRoot(), "outcome") }
+
+// Outcome is concern's outcome record (lib/outcome).
+func (p Paths) Outcome(concern string) string {
+	return filepath.Join(p.OutcomeDir(), concern+".json")
+}
 
 // PKIDir holds the daemon's client key and certificate.
 func (p Paths) PKIDir() string { return filepath.Join(p.HostRoot(), "pki") }
@@ -252,6 +267,9 @@ func (p Paths) UnitDropInDir(unit string) string {
 // the one-shots of each version it staged (lib/upgrade).
 func (p Paths) AgentDir() string { return filepath.Join(p.HostRoot(), "agent") }
 
+// AgentOverride is the agent override's record (lib/state).
+func (p Paths) AgentOverride() string { return filepath.Join(p.AgentDir(), "override.json") }
+
 // Kmsg is the kernel log, where the generator reports.
 func (p Paths) Kmsg() string { return p.Join(KmsgHost) }
 
@@ -277,9 +295,9 @@ func (p Paths) LegacyMachineWants(slot string) string {
 // shows it. It goes with the host root at reset.
 func (p Paths) Adopted() string { return filepath.Join(p.HostRoot(), "adopted.json") }
 
-// IsolationOutcome is where an isolation change's outcome waits for the
-// daemon (lib/state).
-func (p Paths) IsolationOutcome() string {
+// LegacyIsolationOutcome is where builds before lib/outcome's record left
+// an isolation change's outcome for the daemon (read for one release).
+func (p Paths) LegacyIsolationOutcome() string {
 	return filepath.Join(p.HostRoot(), "isolation-outcome.json")
 }
 

@@ -8,7 +8,7 @@
 // review before anything is touched (the new mode's kubelet joins with
 // it), the reprovision handoff (lib/reprovision: reset and bootstrap,
 // from a handoff that survives the reset), and the change's outcome for
-// the daemon (state.IsolationOutcome). In place, the change is carried
+// the daemon (lib/outcome's record). In place, the change is carried
 // out by the repave's steps (lib/repave, as its Kind): its lock (owner
 // "isolation"), journal (journal/isolation.json, whose running-slot says
 // which of two records runs), drain, fence, readiness wait and failure
@@ -34,6 +34,7 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/kube"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/repave"
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/request"
@@ -127,7 +128,7 @@ type Change struct {
 
 	// outcome is the change this run carries out, once planned or
 	// resumed: its end is recorded for the daemon.
-	outcome *state.IsolationOutcome
+	outcome *outcome.Record
 }
 
 // Run changes the host's isolation mode, or resumes an interrupted
@@ -174,7 +175,10 @@ func (c *Change) Decide(active *state.AppliedConfig, cfg *config.Config) (bool, 
 // bootstrap token checked with the API server, all before anything on
 // the host is touched.
 func (c *Change) Plan(ctx context.Context, j *repave.Journal, active *state.AppliedConfig, cfg *config.Config, req *request.Request) error {
-	c.outcome = &state.IsolationOutcome{From: active.Mode, To: cfg.Mode, StartedAt: j.StartedAt}
+	c.outcome = &outcome.Record{Concern: outcome.Isolation, From: active.Mode, To: cfg.Mode, StartedAt: j.StartedAt}
+	if req != nil {
+		c.outcome.Operation, c.outcome.UID, c.outcome.Generation = req.Operation, req.UID, outcome.GenerationOf(req.Parameters)
+	}
 	// The method asked for: the request's (the Machine's
 	// spec.isolation.method), else --method, else the table's.
 	asked, by := c.Method, "--method"
@@ -207,7 +211,7 @@ func (c *Change) Plan(ctx context.Context, j *repave.Journal, active *state.Appl
 // journal's; a change by reprovision is handed off.
 func (c *Change) Planned(ctx context.Context, lock *state.Lock, j *repave.Journal, cfg *config.Config) (bool, error) {
 	if c.outcome == nil {
-		c.outcome = &state.IsolationOutcome{From: j.RunningMode(), To: j.Mode, Method: j.Method, StartedAt: j.StartedAt}
+		c.outcome = &outcome.Record{Concern: outcome.Isolation, From: j.RunningMode(), To: j.Mode, Method: j.Method, StartedAt: j.StartedAt}
 	}
 	if j.Method != modes.MethodReprovision {
 		return false, nil
@@ -222,7 +226,7 @@ func (c *Change) Done(j *repave.Journal) string {
 }
 
 // recordOutcome leaves the change's end on the host for the daemon
-// (state.IsolationOutcome), which reports it on the Machine: a change
+// (lib/outcome), which reports it on the Machine: a change
 // carried out, or one that failed (rolled back, refused before it
 // touched the host, or stopped with its journal left for the next run).
 // Nothing to do, a handoff (the reprovision reports itself), another
@@ -233,15 +237,16 @@ func (c *Change) recordOutcome(ctx context.Context, err error) {
 		return
 	}
 	o := *c.outcome
-	o.EndedAt = c.Time().UTC()
+	o.Time = c.Time().UTC()
 	if err == nil {
-		o.State = "Succeeded"
+		o.State = outcome.Succeeded
 		o.Message = fmt.Sprintf("the node runs in mode %s (isolation changed %s from %s)", o.To, o.Method, o.From)
 	} else {
-		o.State = "Failed"
+		o.State, o.Reason = outcome.Failed, "IsolationChangeFailed"
+		o.Step, _ = steps.Failed(err)
 		o.Message = err.Error()
 	}
-	if werr := state.WriteIsolationOutcome(c.Paths, o); werr != nil {
+	if werr := outcome.Write(c.Paths, o); werr != nil {
 		c.Logger().Error("the isolation change's outcome was not recorded for the daemon", "error", werr.Error())
 	}
 }

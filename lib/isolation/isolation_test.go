@@ -17,6 +17,7 @@ import (
 	"unbounded-cloud.io/agent/lib/isolation"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/facts"
+	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/repave"
 	"unbounded-cloud.io/agent/lib/repave/repavetest"
 	"unbounded-cloud.io/agent/lib/reprovision"
@@ -233,7 +234,7 @@ func TestIsolationChangeByReprovisionStagesTheHandoffAndStartsItsUnit(t *testing
 	if !slices.Contains(w.Calls(), "enqueue "+unitnames.Reprovision) {
 		t.Errorf("%s not started: %q", unitnames.Reprovision, w.Calls())
 	}
-	if o, err := state.ReadIsolationOutcome(w.P); o != nil || err != nil {
+	if o, err := outcome.Read(w.P, outcome.Isolation); o != nil || err != nil {
 		t.Errorf("a handoff recorded an outcome %+v (%v): the reprovision reports itself", o, err)
 	}
 	h, err := reprovision.ReadJournal(w.P)
@@ -332,8 +333,8 @@ func TestIsolationChangeCrashAtEveryPointThenRerunConverges(t *testing.T) {
 // wantOutcome asserts the outcome the change left for the daemon.
 func wantOutcome(t *testing.T, w *testhost.World, st, from, to string, words ...string) {
 	t.Helper()
-	o, err := state.ReadIsolationOutcome(w.P)
-	if err != nil || o == nil || o.State != st || o.From != from || o.To != to || o.Method != modes.MethodInPlace || o.EndedAt.IsZero() {
+	o, err := outcome.Read(w.P, outcome.Isolation)
+	if err != nil || o == nil || string(o.State) != st || o.From != from || o.To != to || o.Method != modes.MethodInPlace || o.Time.IsZero() {
 		t.Fatalf("isolation outcome %+v (%v), want %s %s -> %s in place", o, err, st, from, to)
 	}
 	for _, word := range words {

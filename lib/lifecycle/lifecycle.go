@@ -199,7 +199,7 @@ func journalExists(p hostpaths.Paths, operation string) (bool, error) {
 // image's agent is as new or newer: the units run the image's agent from
 // the next start on (the daemon's comes after this unit).
 func (l *Lifecycle) supersede(ctx context.Context) error {
-	o, err := upgrade.ReadOverride(l.Paths)
+	o, err := state.ReadAgentOverride(l.Paths)
 	if err != nil || o == nil {
 		return err
 	}

@@ -184,7 +184,7 @@ func TestLifecycleRemovesAnOverrideANewerImageSupersedes(t *testing.T) {
 		if err := l.Run(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		o, _ := upgrade.ReadOverride(w.P)
+		o, _ := state.ReadAgentOverride(w.P)
 		_, derr := os.Stat(dropIn)
 		if gone := o == nil && os.IsNotExist(derr); gone != tc.gone {
 			t.Errorf("image %s: override %+v, drop-in %v; want gone=%v", tc.image, o, derr, tc.gone)

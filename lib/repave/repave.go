@@ -81,6 +81,7 @@ import (
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/all"
+	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
@@ -264,6 +265,9 @@ type Repave struct {
 	Fence func(ctx context.Context) error
 
 	early *earlyFence
+	// planned is the journal this run carries out, once planned or
+	// resumed (its outcome's names).
+	planned *Journal
 }
 
 // Names are an operation's names: the lock's owner, the journal's name
@@ -350,6 +354,37 @@ var ErrNothingToDo = errors.New("the desired config is the applied one: nothing 
 // to the exit code with exitcode.For (ErrNothingToDo is a success: the
 // caller says so and exits 0).
 func (r *Repave) Run(ctx context.Context) error {
+	err := r.run(ctx)
+	if r.Kind == nil {
+		r.recordOutcome(ctx, err)
+	}
+	return err
+}
+
+// recordOutcome leaves the repave's end on the host (lib/outcome), for
+// `unbounded status` (the operation's own status is the daemon's, from
+// the unit's result). Nothing to do, another installation's lock and a
+// stop by SIGTERM (the journal resumes) are no outcome.
+func (r *Repave) recordOutcome(ctx context.Context, err error) {
+	j := r.planned
+	if j == nil || errors.Is(err, ErrNothingToDo) || errors.Is(err, state.ErrOwned) || ctx.Err() != nil {
+		return
+	}
+	o := outcome.Record{Concern: outcome.Repave, UID: j.Request, From: j.From, To: j.To, StartedAt: j.StartedAt, Time: r.Time().UTC(),
+		State: outcome.Succeeded, Message: r.kind().Done(j)}
+	if err != nil {
+		o.State, o.Reason, o.Message = outcome.Failed, "RepaveFailed", err.Error()
+		o.Step, _ = steps.Failed(err)
+		if errors.Is(err, modes.ErrRolledBack) {
+			o.Reason = outcome.ReasonRolledBack
+		}
+	}
+	if werr := outcome.Write(r.Paths, o); werr != nil {
+		r.Logger().Error("the repave's outcome was not recorded", "error", werr.Error())
+	}
+}
+
+func (r *Repave) run(ctx context.Context) error {
 	k, n := r.kind(), r.names()
 	// A host the older agent installed is adopted first (lib/adopt): the
 	// repave then replaces the adopted node as any other.
@@ -383,6 +418,7 @@ func (r *Repave) Run(ctx context.Context) error {
 		}
 		return ErrNothingToDo
 	}
+	r.planned = j
 	if done, err := k.Planned(ctx, lock, j, cfg); done {
 		return err
 	}

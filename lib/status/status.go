@@ -26,11 +26,11 @@ import (
 	"unbounded-cloud.io/agent/lib/generator"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
+	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/owed"
 	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/reprovision"
 	"unbounded-cloud.io/agent/lib/state"
-	"unbounded-cloud.io/agent/lib/upgrade"
 )
 
 // States of a host, the first line of the summary.
@@ -73,9 +73,15 @@ type Report struct {
 	Owed []owed.Write `json:"owed"`
 	// OwedError says why some owed writes could not be read.
 	OwedError string `json:"owed-error,omitempty"`
+	// Outcomes are how each concern's last run ended (lib/outcome), until
+	// the daemon has reported them (the upgrade's, the isolation
+	// change's) or the next run replaces them.
+	Outcomes []outcome.Record `json:"outcomes"`
+	// OutcomesError says why some outcomes could not be read.
+	OutcomesError string `json:"outcomes-error,omitempty"`
 	// Upgrade is the outcome of the agent's last self-upgrade that the
-	// daemon has not reported yet (lib/upgrade's signals), and what is
-	// staged for the next; null when there is neither.
+	// daemon has not reported yet (lib/outcome), and what is staged for
+	// the next; null when there is neither.
 	Upgrade *Upgrade `json:"upgrade"`
 	// Devices are the host devices the active slot's node was given
 	// (lib/devices' record, found at its last prepare or restart); null
@@ -92,11 +98,13 @@ type Report struct {
 type Upgrade struct {
 	// Override is an image-based host's staged agent that the units run
 	// in place of the image's.
-	Override *upgrade.Override `json:"override,omitempty"`
-	Failed   *upgrade.Failed   `json:"failed,omitempty"`
-	Upgraded *upgrade.Upgraded `json:"upgraded,omitempty"`
-	Staged   []string          `json:"staged,omitempty"`
-	Error    string            `json:"error,omitempty"`
+	Override *state.AgentOverride `json:"override,omitempty"`
+	// Failed or Upgraded is the last upgrade's outcome (as the signal
+	// builds before lib/outcome wrote), until the daemon reported it.
+	Failed   *outcome.UpgradeFailed    `json:"failed,omitempty"`
+	Upgraded *outcome.UpgradeSucceeded `json:"upgraded,omitempty"`
+	Staged   []string                  `json:"staged,omitempty"`
+	Error    string                    `json:"error,omitempty"`
 }
 
 // Devices is what the node has of the host's devices.
@@ -233,6 +241,13 @@ func Gather(p hostpaths.Paths) Report {
 	}
 
 	r.Upgrade = readUpgrade(p)
+	r.Outcomes = []outcome.Record{}
+	if recs, err := outcome.List(p); err != nil {
+		r.OutcomesError = err.Error()
+		r.Outcomes = append(r.Outcomes, recs...)
+	} else if len(recs) > 0 {
+		r.Outcomes = recs
+	}
 
 	if active != nil {
 		on := active.LocalDNS()
@@ -486,6 +501,22 @@ func (r Report) textNode(row row) {
 			row("upgrade", "unreadable: %s", u.Error)
 		}
 	}
+	for _, o := range r.Outcomes {
+		if o.Concern == outcome.Upgrade {
+			continue // above
+		}
+		what := string(o.State)
+		if o.Reason != "" && o.State == outcome.Failed {
+			what += " (" + o.Reason + ")"
+		}
+		if o.Step != "" {
+			what += " at step " + o.Step
+		}
+		row("outcome", "%s %s at %s: %s", o.Concern, what, o.Time.Format(time.RFC3339), o.Message)
+	}
+	if r.OutcomesError != "" {
+		row("outcome", "unreadable: %s", r.OutcomesError)
+	}
 	if r.LocalDNS != nil {
 		if *r.LocalDNS {
 			row("local DNS", "on: the node stack runs the node-local DNS cache, the pods' cluster DNS")
@@ -546,13 +577,12 @@ func readUpgrade(p hostpaths.Paths) *Upgrade {
 	var u Upgrade
 	var errs []string
 	var err error
-	if u.Failed, err = upgrade.ReadFailed(p); err != nil {
+	if o, err := outcome.Read(p, outcome.Upgrade); err != nil {
 		errs = append(errs, err.Error())
+	} else if o != nil {
+		u.Failed, u.Upgraded = o.UpgradeSignals()
 	}
-	if u.Upgraded, err = upgrade.ReadUpgraded(p); err != nil {
-		errs = append(errs, err.Error())
-	}
-	if u.Override, err = upgrade.ReadOverride(p); err != nil {
+	if u.Override, err = state.ReadAgentOverride(p); err != nil {
 		errs = append(errs, err.Error())
 	}
 	ents, err := os.ReadDir(p.UpgradeStaged())

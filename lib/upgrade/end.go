@@ -2,7 +2,6 @@ package upgrade
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,6 +10,7 @@ import (
 	"strings"
 
 	"unbounded-cloud.io/agent/lib/crashpoint"
+	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
 	"unbounded-cloud.io/agent/lib/steps"
@@ -46,11 +46,7 @@ func (u *Upgrade) record(ctx context.Context, j *Journal) error {
 		return err
 	}
 	os.Remove(j.Staged + ".sha256")
-	if err := state.RemoveDurable(u.Paths.UpgradeFailed()); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	data, _ := json.Marshal(Upgraded{UID: j.UID, Operation: j.OperationName, From: j.From, To: j.To, At: u.now().UTC()})
-	if err := state.WriteFileAtomic(UpgradedFile(u.Paths), append(data, '\n'), 0o600); err != nil {
+	if err := u.writeOutcome(j, outcome.Record{State: outcome.Succeeded, Reason: "Upgraded"}); err != nil {
 		return err
 	}
 	if err := request.MarkTaken(u.Paths, Concern, j.UID); err != nil {
@@ -90,13 +86,13 @@ func (u *Upgrade) fail(ctx context.Context, j *Journal, err error) error {
 func (u *Upgrade) rollback(ctx context.Context, j *Journal) error {
 	if j.Image {
 		// Back to the override it replaced, or to the image's agent.
-		var o *Override
+		var o *state.AgentOverride
 		if v := j.PreviousOverride; v != "" {
 			units, err := overriddenUnits(u.Paths)
 			if err != nil {
 				return err
 			}
-			o = &Override{Version: v, Dir: u.Paths.Rel(stagedLibexec(u.Paths, v)), Units: units, At: u.now().UTC()}
+			o = &state.AgentOverride{Version: v, Dir: u.Paths.Rel(stagedLibexec(u.Paths, v)), Units: units, At: u.now().UTC()}
 		}
 		if err := pointUnits(u.Paths, o); err != nil {
 			return err
@@ -122,14 +118,12 @@ func (u *Upgrade) refuse(j *Journal, step string, err error) error {
 }
 
 func (u *Upgrade) refuseAfter(j *Journal, step string, err error, rolledBack bool) error {
-	f := Failed{UID: j.UID, Operation: j.OperationName, From: j.From, To: j.To, Step: step,
-		Message: steps.Truncate(err.Error(), 2048), RolledBack: rolledBack, At: u.now().UTC()}
-	data, _ := json.Marshal(f)
-	os.Remove(UpgradedFile(u.Paths)) // an earlier success is not this outcome
-	if werr := os.MkdirAll(u.Paths.UpgradeDir(), 0o700); werr == nil {
-		if werr := state.WriteFileAtomic(u.Paths.UpgradeFailed(), append(data, '\n'), 0o600); werr != nil {
-			u.log().Error("the upgrade's failure signal was not written", "error", werr)
-		}
+	r := outcome.Record{State: outcome.Failed, Reason: "UpgradeFailed", Step: step, Message: err.Error()}
+	if rolledBack {
+		r.Reason = outcome.ReasonRolledBack
+	}
+	if werr := u.writeOutcome(j, r); werr != nil {
+		u.log().Error("the upgrade's outcome was not recorded", "error", werr)
 	}
 	u.reject(j)
 	if terr := request.MarkTaken(u.Paths, Concern, j.UID); terr != nil {
@@ -139,6 +133,18 @@ func (u *Upgrade) refuseAfter(j *Journal, step string, err error, rolledBack boo
 		u.log().Warn("journal not removed", "error", rerr)
 	}
 	return err
+}
+
+// writeOutcome records how j ended (r, with j's names filled in): the
+// record the daemon reports (lib/outcome), and, for one release, the
+// signal a daemon of an older build reads, which a rollback may start.
+func (u *Upgrade) writeOutcome(j *Journal, r outcome.Record) error {
+	r.Concern, r.Operation, r.UID, r.Generation = outcome.Upgrade, j.OperationName, j.UID, j.Generation
+	r.From, r.To, r.Time = j.From, j.To, u.now().UTC()
+	if err := outcome.WriteLegacyUpgrade(u.Paths, r); err != nil {
+		return err
+	}
+	return outcome.Write(u.Paths, r)
 }
 
 // reject moves what the upgrade staged into rejected/ (the .sha256 that

@@ -33,32 +33,10 @@ import (
 // OverrideDropIn is the drop-in's name in /etc/systemd/system/<unit>.d.
 const OverrideDropIn = "50-unbounded-agent-override.conf"
 
-// Override is the record of the staged agent the units run
-// (/var/lib/unbounded/agent/override.json).
-type Override struct {
-	Version string    `json:"version"`
-	Dir     string    `json:"dir"` // host path of the staged libexec directory
-	Units   []string  `json:"units"`
-	At      time.Time `json:"at"`
-}
-
-func overrideRecord(p hostpaths.Paths) string { return filepath.Join(p.AgentDir(), "override.json") }
-
 // stagedLibexec is where version's one-shots are staged (a path on the
 // host, as units name it).
 func stagedLibexec(p hostpaths.Paths, version string) string {
 	return filepath.Join(p.AgentDir(), safeName(version), "libexec")
-}
-
-// ReadOverride returns the active override, nil when the units run the
-// image's agent.
-func ReadOverride(p hostpaths.Paths) (*Override, error) {
-	var o Override
-	ok, err := readSignal(overrideRecord(p), &o)
-	if !ok {
-		return nil, err
-	}
-	return &o, nil
 }
 
 // usrReadOnly says whether /usr is mounted read-only (statfs ST_RDONLY).
@@ -134,7 +112,7 @@ BindReadOnlyPaths=%s:%s
 // writeOverride stages the package's one-shots for version and points the
 // units at them: the staged directory first (a temporary name, synced,
 // renamed), then the drop-ins, then the record.
-func writeOverride(p hostpaths.Paths, pkg, version string, now time.Time) (*Override, error) {
+func writeOverride(p hostpaths.Paths, pkg, version string, now time.Time) (*state.AgentOverride, error) {
 	units, err := overriddenUnits(p)
 	if err != nil {
 		return nil, err
@@ -163,7 +141,7 @@ func writeOverride(p hostpaths.Paths, pkg, version string, now time.Time) (*Over
 	if err := os.Rename(tmp, dir); err != nil {
 		return nil, err
 	}
-	o := &Override{Version: version, Dir: p.Rel(dir), Units: units, At: now.UTC()}
+	o := &state.AgentOverride{Version: version, Dir: p.Rel(dir), Units: units, At: now.UTC()}
 	if err := pointUnits(p, o); err != nil {
 		return nil, err
 	}
@@ -172,8 +150,8 @@ func writeOverride(p hostpaths.Paths, pkg, version string, now time.Time) (*Over
 
 // pointUnits writes o's drop-ins and record (o nil: removes every
 // drop-in and the record, the units run the image's agent again).
-func pointUnits(p hostpaths.Paths, o *Override) error {
-	old, _ := ReadOverride(p)
+func pointUnits(p hostpaths.Paths, o *state.AgentOverride) error {
+	old, _ := state.ReadAgentOverride(p)
 	var keep []string
 	if o != nil {
 		keep = o.Units
@@ -187,7 +165,7 @@ func pointUnits(p hostpaths.Paths, o *Override) error {
 			}
 		}
 		data, _ := json.Marshal(o)
-		if err := state.WriteFileAtomic(overrideRecord(p), append(data, '\n'), 0o600); err != nil {
+		if err := state.WriteFileAtomic(p.AgentOverride(), append(data, '\n'), 0o600); err != nil {
 			return err
 		}
 	}
@@ -205,7 +183,7 @@ func pointUnits(p hostpaths.Paths, o *Override) error {
 				removeDropIn(p, u)
 			}
 		}
-		if err := state.RemoveDurable(overrideRecord(p)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := state.RemoveDurable(p.AgentOverride()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
 	}
@@ -236,8 +214,8 @@ func DebVersion(stamp string) string { return strings.Replace(stamp, "-", "~", 1
 // version stamp) is as new as the override's or newer: a newer image was
 // booted, and the units run its agent again. It says whether it removed
 // one; the caller reloads the service manager.
-func Supersede(p hostpaths.Paths, image string) (*Override, error) {
-	o, err := ReadOverride(p)
+func Supersede(p hostpaths.Paths, image string) (*state.AgentOverride, error) {
+	o, err := state.ReadAgentOverride(p)
 	if err != nil || o == nil {
 		return nil, err
 	}

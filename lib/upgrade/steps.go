@@ -13,6 +13,7 @@ import (
 	"unbounded-cloud.io/agent/lib/artifacts"
 	"unbounded-cloud.io/agent/lib/crashpoint"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/regfile"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
@@ -35,7 +36,7 @@ func (u *Upgrade) plan(ctx context.Context) (*Journal, error) {
 	req, err := request.Read(u.Paths, Concern)
 	switch {
 	case err == nil && !request.Taken(u.Paths, Concern, req.UID):
-		j.UID, j.OperationName = req.UID, req.Operation
+		j.UID, j.OperationName, j.Generation = req.UID, req.Operation, outcome.GenerationOf(req.Parameters)
 		j.To, j.Source, j.SHA256 = req.Parameters["version"], req.Parameters["url"], strings.ToLower(req.Parameters["sha256"])
 		var missing []string
 		for _, k := range []string{"version", "url", "sha256"} {
@@ -184,7 +185,7 @@ func (u *Upgrade) keepPrevious(ctx context.Context, j *Journal) error {
 	if j.Image {
 		// The image's agent stays in /usr; an override it replaces
 		// stays staged until the record.
-		o, err := ReadOverride(u.Paths)
+		o, err := state.ReadAgentOverride(u.Paths)
 		if err != nil {
 			return err
 		}

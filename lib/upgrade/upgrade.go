@@ -9,9 +9,10 @@
 // Its input is the daemon's request (an AgentUpgrade MachineOperation:
 // parameters version, url, sha256) or, without one, a package an operator
 // dropped into the staging directory with its .sha256 (which
-// unbounded-upgrade.path watches for). Every outcome but success leaves
-// the failure signal failed.json, which the daemon reports on the Machine
-// (AgentUpgraded=False) and removes.
+// unbounded-upgrade.path watches for). Every end leaves its outcome
+// record (lib/outcome, with the signal failed.json or upgraded.json that
+// a daemon of an older build reads), which the daemon reports on the
+// Machine (AgentUpgraded) and removes.
 package upgrade
 
 import (
@@ -73,7 +74,7 @@ const (
 	// run.
 	CrashAfterDaemonRestart = Operation + "/after-daemon-restart"
 	// CrashAfterRequestTaken: the record's last write done (the package
-	// in installed/, upgraded.json, the request taken), its journal not
+	// in installed/, the outcome recorded, the request taken), its journal not
 	// removed yet.
 	CrashAfterRequestTaken = Operation + "/after-request-taken"
 	// CrashRollingBack: a rollback journaled, nothing of it done yet.
@@ -128,6 +129,9 @@ type Journal struct {
 	// UID and OperationName are the request's, "" for a staged package.
 	UID           string `json:"uid,omitempty"`
 	OperationName string `json:"operation,omitempty"`
+	// Generation is the Machine's generation a spec.agent upgrade was
+	// asked at (lib/outcome's record carries it), 0 otherwise.
+	Generation int64 `json:"generation,omitempty"`
 	// From is the version installed when the upgrade began; To the one
 	// asked for (or, for a staged package, the package's).
 	From string `json:"from,omitempty"`
@@ -161,51 +165,6 @@ type Journal struct {
 	Resumes int `json:"resumes,omitempty"`
 }
 
-// Failed is the failure signal (failed.json) the next daemon reports.
-type Failed struct {
-	UID        string    `json:"uid,omitempty"`
-	Operation  string    `json:"operation,omitempty"`
-	From       string    `json:"from,omitempty"`
-	To         string    `json:"to,omitempty"`
-	Step       string    `json:"step"`
-	Message    string    `json:"message"`
-	RolledBack bool      `json:"rolledBack"`
-	At         time.Time `json:"at"`
-}
-
-// Upgraded is the success signal (upgraded.json) the daemon of the new
-// version reports (AgentUpgraded=True) and removes.
-type Upgraded struct {
-	UID       string    `json:"uid,omitempty"`
-	Operation string    `json:"operation,omitempty"`
-	From      string    `json:"from"`
-	To        string    `json:"to"`
-	At        time.Time `json:"at"`
-}
-
-// UpgradedFile is the success signal's path.
-func UpgradedFile(p hostpaths.Paths) string { return filepath.Join(p.UpgradeDir(), "upgraded.json") }
-
-// ReadFailed returns the failure signal, nil when there is none.
-func ReadFailed(p hostpaths.Paths) (*Failed, error) {
-	var f Failed
-	ok, err := readSignal(p.UpgradeFailed(), &f)
-	if !ok {
-		return nil, err
-	}
-	return &f, nil
-}
-
-// ReadUpgraded returns the success signal, nil when there is none.
-func ReadUpgraded(p hostpaths.Paths) (*Upgraded, error) {
-	var u Upgraded
-	ok, err := readSignal(UpgradedFile(p), &u)
-	if !ok {
-		return nil, err
-	}
-	return &u, nil
-}
-
 // SameVersion says whether a package's version is the executable's
 // version stamp. nfpm writes a semver pre-release "1.2.0-rc.1" as
 // "1.2.0~rc.1" (which sorts before 1.2.0) in both formats, and an rpm's
@@ -222,8 +181,6 @@ func InProgress(p hostpaths.Paths) bool {
 	_, err := os.Lstat(p.Journal(Operation))
 	return err == nil
 }
-
-func readSignal(file string, v any) (bool, error) { return state.ReadRecord(file, 64<<10, v) }
 
 // Upgrade is one run of the upgrade.
 type Upgrade struct {

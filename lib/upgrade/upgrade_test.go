@@ -21,6 +21,7 @@ import (
 	"unbounded-cloud.io/agent/lib/artifacts"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/request"
 	"unbounded-cloud.io/agent/lib/state"
 )
@@ -244,7 +245,7 @@ func TestStagedPackageUpgradesAndKeepsThePreviousForARollback(t *testing.T) {
 	if ents, _ := os.ReadDir(h.p.UpgradeStaged()); len(ents) != 0 {
 		t.Errorf("staging directory not empty: %v", ents)
 	}
-	u, err := ReadUpgraded(h.p)
+	u, err := readUpgraded(h.p)
 	if err != nil || u == nil || u.From != "1.0.0" || u.To != "1.1.0" {
 		t.Errorf("success signal %+v %v", u, err)
 	}
@@ -290,7 +291,7 @@ func TestAPackageThatIsNotTheOneAskedForIsRefusedAndChangesNothing(t *testing.T)
 			if len(h.installs) != 0 || h.pid != 0 {
 				t.Errorf("installed %v, daemon restarted %d times: want nothing", h.installs, h.pid)
 			}
-			f, _ := ReadFailed(h.p)
+			f, _ := readFailed(h.p)
 			if f == nil || f.Step != StepVerify || f.RolledBack || !strings.Contains(f.Message, tc.words[0]) {
 				t.Errorf("failure signal %+v", f)
 			}
@@ -318,10 +319,10 @@ func TestADaemonThatDoesNotStayUpIsRolledBack(t *testing.T) {
 	if strings.Join(h.installs, " ") != "1.1.0 1.0.0" || h.runningVer != "1.0.0" {
 		t.Errorf("installs %v, daemon runs %s: want 1.1.0 then 1.0.0 again, the daemon on 1.0.0", h.installs, h.runningVer)
 	}
-	if f, _ := ReadFailed(h.p); f == nil || !f.RolledBack || f.From != "1.0.0" || f.To != "1.1.0" || f.Step != StepActivate {
+	if f, _ := readFailed(h.p); f == nil || !f.RolledBack || f.From != "1.0.0" || f.To != "1.1.0" || f.Step != StepActivate {
 		t.Errorf("failure signal %+v", f)
 	}
-	if exists(UpgradedFile(h.p)) || InProgress(h.p) {
+	if exists(h.p.UpgradeSucceeded()) || InProgress(h.p) {
 		t.Error("a success signal or a journal remains")
 	}
 }
@@ -358,7 +359,7 @@ func TestARequestFetchesResumablyOverHTTPSAndInstalls(t *testing.T) {
 	if !request.Taken(h.p, Concern, "op-1") {
 		t.Error("the request is not taken")
 	}
-	if u, _ := ReadUpgraded(h.p); u == nil || u.UID != "op-1" {
+	if u, _ := readUpgraded(h.p); u == nil || u.UID != "op-1" {
 		t.Errorf("success signal %+v", u)
 	}
 
@@ -374,7 +375,7 @@ func TestARequestFetchesResumablyOverHTTPSAndInstalls(t *testing.T) {
 		if err := h.upgrade().Run(context.Background()); err == nil || len(h.installs) != 0 || len(ranges) != 0 {
 			t.Errorf("request %v: %v, installs %v, %d fetches: want a refusal with nothing fetched", params, err, h.installs, len(ranges))
 		}
-		if f, _ := ReadFailed(h.p); f == nil || f.UID != "op-2" {
+		if f, _ := readFailed(h.p); f == nil || f.UID != "op-2" {
 			t.Errorf("request %v: failure signal %+v", params, f)
 		}
 	}
@@ -450,7 +451,7 @@ func TestAnUpgradeCutAfterTheInstallOrInItsRollbackIsFinishedByTheNextRun(t *tes
 	if h.runningVer != "1.1.0" || InProgress(h.p) {
 		t.Errorf("resumed: daemon runs %s, journal %v", h.runningVer, InProgress(h.p))
 	}
-	if u, _ := ReadUpgraded(h.p); u == nil || u.To != "1.1.0" {
+	if u, _ := readUpgraded(h.p); u == nil || u.To != "1.1.0" {
 		t.Errorf("success signal %+v", u)
 	}
 
@@ -462,10 +463,10 @@ func TestAnUpgradeCutAfterTheInstallOrInItsRollbackIsFinishedByTheNextRun(t *tes
 	if err == nil || !strings.Contains(err.Error(), "rolled back to 1.1.0") {
 		t.Fatalf("resumed rollback: %v", err)
 	}
-	if h.installed.Version != "1.1.0" || h.runningVer != "1.1.0" || InProgress(h.p) || exists(UpgradedFile(h.p)) {
+	if h.installed.Version != "1.1.0" || h.runningVer != "1.1.0" || InProgress(h.p) || exists(h.p.UpgradeSucceeded()) {
 		t.Errorf("after the resumed rollback: installed %s, daemon runs %s, journal %v", h.installed.Version, h.runningVer, InProgress(h.p))
 	}
-	if f, _ := ReadFailed(h.p); f == nil || !f.RolledBack || f.To != "1.2.0" {
+	if f, _ := readFailed(h.p); f == nil || !f.RolledBack || f.To != "1.2.0" {
 		t.Errorf("failure signal %+v", f)
 	}
 }
@@ -517,7 +518,7 @@ func TestImageBasedHostUpgradesThroughAnOverride(t *testing.T) {
 	if err := up().Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	o, err := ReadOverride(h.p)
+	o, err := state.ReadAgentOverride(h.p)
 	if err != nil || o == nil || o.Version != "1.1.0" || strings.Join(o.Units, " ") != "unbounded-daemon.service unbounded-fence.service unbounded-lifecycle.service" {
 		t.Fatalf("override %+v %v", o, err)
 	}
@@ -555,7 +556,7 @@ func TestImageBasedHostUpgradesThroughAnOverride(t *testing.T) {
 	if err := up().Run(context.Background()); err == nil || !strings.Contains(err.Error(), "rolled back") {
 		t.Fatalf("an override whose daemon never comes up: %v", err)
 	}
-	if o, _ := ReadOverride(h.p); o == nil || o.Version != "1.1.0" || h.runningVer != "1.1.0" {
+	if o, _ := state.ReadAgentOverride(h.p); o == nil || o.Version != "1.1.0" || h.runningVer != "1.1.0" {
 		t.Errorf("after the rollback: override %+v, daemon runs %s: want 1.1.0 again", o, h.runningVer)
 	}
 	if exists(filepath.Dir(stagedLibexec(h.p, "1.2.0"))) {
@@ -568,7 +569,7 @@ func TestImageBasedHostUpgradesThroughAnOverride(t *testing.T) {
 	if o, err := Supersede(h.p, "1.1.0"); err != nil || o == nil {
 		t.Fatalf("an image as new as the override did not supersede it: %+v %v", o, err)
 	}
-	if o, _ := ReadOverride(h.p); o != nil || exists(h.p.Join("/etc/systemd/system/unbounded-daemon.service.d/"+OverrideDropIn)) || exists(filepath.Dir(stagedLibexec(h.p, "1.1.0"))) {
+	if o, _ := state.ReadAgentOverride(h.p); o != nil || exists(h.p.Join("/etc/systemd/system/unbounded-daemon.service.d/"+OverrideDropIn)) || exists(filepath.Dir(stagedLibexec(h.p, "1.1.0"))) {
 		t.Errorf("after the supersede: override %+v, or its drop-in or staged agent, is left", o)
 	}
 }
@@ -586,7 +587,7 @@ func TestAStagedSumThatIsNotOneIsRefusedAndMovedOut(t *testing.T) {
 	if exists(staged+".sha256") || !exists(filepath.Join(h.p.UpgradeDir(), "rejected", filepath.Base(staged)+".sha256")) {
 		t.Error("the staged files are not moved to rejected/")
 	}
-	if f, _ := ReadFailed(h.p); f == nil {
+	if f, _ := readFailed(h.p); f == nil {
 		t.Error("no failure signal")
 	}
 }
@@ -631,7 +632,7 @@ func TestAnRpmHostUpgradesToThePackageOfTheVersionAsked(t *testing.T) {
 	if !exists(filepath.Join(h.p.UpgradeDir(), "installed", Package+"_1.1.0.rpm")) {
 		t.Error("the fetched package is not kept in installed/ as an .rpm")
 	}
-	u, _ := ReadUpgraded(h.p)
+	u, _ := readUpgraded(h.p)
 	if u == nil || u.From != "1.0.0-1" || u.To != "1.1.0-1" || !SameVersion(u.To, "1.1.0") {
 		t.Errorf("success signal %+v: want from 1.0.0-1 to 1.1.0-1, the new daemon's version", u)
 	}
@@ -660,7 +661,7 @@ func TestAnImageBasedRpmHostIsRefused(t *testing.T) {
 	if len(h.installs) != 0 || h.pid != 0 || exists(staged) || !exists(filepath.Join(h.p.UpgradeDir(), "rejected", filepath.Base(staged))) {
 		t.Errorf("installs %v, restarts %d, staged file left %v: want nothing changed and the package in rejected/", h.installs, h.pid, exists(staged))
 	}
-	if f, _ := ReadFailed(h.p); f == nil || !strings.Contains(f.Message, "image-based") {
+	if f, _ := readFailed(h.p); f == nil || !strings.Contains(f.Message, "image-based") {
 		t.Errorf("failure signal %+v", f)
 	}
 
@@ -673,7 +674,7 @@ func TestAnImageBasedRpmHostIsRefused(t *testing.T) {
 	if err := u.Run(context.Background()); exitcode.For(err) != exitcode.ConfigInvalid || fetched != 0 {
 		t.Errorf("request: %v, %d fetches: want 78 and nothing fetched", err, fetched)
 	}
-	if f, _ := ReadFailed(h.p); f == nil || f.UID != "op-1" || !request.Taken(h.p, Concern, "op-1") {
+	if f, _ := readFailed(h.p); f == nil || f.UID != "op-1" || !request.Taken(h.p, Concern, "op-1") {
 		t.Errorf("request: failure signal %+v, or the request is not taken", f)
 	}
 }
@@ -790,9 +791,9 @@ func TestAnUpgradeCutInItsRecordIsFinishedWithoutARollback(t *testing.T) {
 	writeRequest(t, h.p, "op-1", map[string]string{"version": "1.1.0", "url": file, "sha256": sum})
 	staged := filepath.Join(h.p.UpgradeStaged(), Package+"_1.1.0.deb")
 	h.cutAt(h.upgrade(), CrashAfterRequestTaken)
-	if !InProgress(h.p) || exists(staged) || !exists(UpgradedFile(h.p)) || !request.Taken(h.p, Concern, "op-1") || !h.upgradeOwns() {
+	if !InProgress(h.p) || exists(staged) || !exists(h.p.UpgradeSucceeded()) || !request.Taken(h.p, Concern, "op-1") || !h.upgradeOwns() {
 		t.Fatalf("after the cut: journal %v, staged %v, success signal %v, request taken %v, owned %v: want the record done but for its journal's removal",
-			InProgress(h.p), exists(staged), exists(UpgradedFile(h.p)), request.Taken(h.p, Concern, "op-1"), h.upgradeOwns())
+			InProgress(h.p), exists(staged), exists(h.p.UpgradeSucceeded()), request.Taken(h.p, Concern, "op-1"), h.upgradeOwns())
 	}
 	if err := h.upgrade().Run(context.Background()); err != nil {
 		t.Fatalf("resumed: %v", err)
@@ -800,10 +801,10 @@ func TestAnUpgradeCutInItsRecordIsFinishedWithoutARollback(t *testing.T) {
 	if strings.Join(h.installs, " ") != "1.1.0" || h.installed.Version != "1.1.0" || h.runningVer != "1.1.0" {
 		t.Errorf("installs %v, installed %s, daemon runs %q: want 1.1.0 once and the daemon on it", h.installs, h.installed.Version, h.runningVer)
 	}
-	if u, _ := ReadUpgraded(h.p); u == nil || u.UID != "op-1" || u.From != "1.0.0" || u.To != "1.1.0" {
+	if u, _ := readUpgraded(h.p); u == nil || u.UID != "op-1" || u.From != "1.0.0" || u.To != "1.1.0" {
 		t.Errorf("success signal %+v", u)
 	}
-	if f, _ := ReadFailed(h.p); f != nil || !request.Taken(h.p, Concern, "op-1") {
+	if f, _ := readFailed(h.p); f != nil || !request.Taken(h.p, Concern, "op-1") {
 		t.Errorf("failure signal %+v, or the request is not taken", f)
 	}
 	if !exists(filepath.Join(h.p.UpgradeDir(), "installed", filepath.Base(staged))) {
@@ -879,12 +880,12 @@ func TestAnUpgradeResumedTooOftenIsRolledBackAndNotTriedAgain(t *testing.T) {
 	if strings.Join(h.installs, " ") != "1.1.0 1.0.0" || h.installed.Version != "1.0.0" || h.runningVer != "1.0.0" {
 		t.Errorf("installs %v, installed %s, daemon runs %q: want 1.0.0 back and the daemon on it", h.installs, h.installed.Version, h.runningVer)
 	}
-	f, _ := ReadFailed(h.p)
+	f, _ := readFailed(h.p)
 	if f == nil || !f.RolledBack || f.From != "1.0.0" || f.To != "1.1.0" || f.Step != StepActivate || !strings.Contains(f.Message, "resumed") {
 		t.Errorf("failure signal %+v", f)
 	}
-	if InProgress(h.p) || h.upgradeOwns() || exists(UpgradedFile(h.p)) || exists(staged) {
-		t.Errorf("journal %v, owned %v, success signal %v, staged %v: want none", InProgress(h.p), h.upgradeOwns(), exists(UpgradedFile(h.p)), exists(staged))
+	if InProgress(h.p) || h.upgradeOwns() || exists(h.p.UpgradeSucceeded()) || exists(staged) {
+		t.Errorf("journal %v, owned %v, success signal %v, staged %v: want none", InProgress(h.p), h.upgradeOwns(), exists(h.p.UpgradeSucceeded()), exists(staged))
 	}
 	if err := h.upgrade().Run(context.Background()); !errors.Is(err, ErrNothingToDo) || len(h.installs) != 2 {
 		t.Errorf("the next run: %v, installs %v: want nothing to do", err, h.installs)
@@ -921,7 +922,7 @@ func TestAHalfInstalledPackageIsRepairedFirst(t *testing.T) {
 			if h.status != Installed || h.runningVer != "1.1.0" {
 				t.Errorf("%s, daemon runs %q: want installed, 1.1.0", h.status, h.runningVer)
 			}
-			if u, _ := ReadUpgraded(h.p); u == nil || u.To != "1.1.0" {
+			if u, _ := readUpgraded(h.p); u == nil || u.To != "1.1.0" {
 				t.Errorf("success signal %+v", u)
 			}
 		})
@@ -938,10 +939,10 @@ func TestAHalfInstalledPackageIsRepairedFirst(t *testing.T) {
 	if len(h.calls) == 0 || h.calls[0] != "repair" || strings.Join(h.installs, " ") != "1.2.0" {
 		t.Errorf("calls %v, installs %v: want the repair first, then 1.2.0 installed", h.calls, h.installs)
 	}
-	if o, _ := ReadOverride(h.p); o != nil {
+	if o, _ := state.ReadAgentOverride(h.p); o != nil {
 		t.Errorf("the upgrade staged an override %+v on a host dpkg installed the agent on", o)
 	}
-	if u, _ := ReadUpgraded(h.p); u == nil || u.From != "1.1.0" || u.To != "1.2.0" {
+	if u, _ := readUpgraded(h.p); u == nil || u.From != "1.1.0" || u.To != "1.2.0" {
 		t.Errorf("success signal %+v, want from the repaired 1.1.0", u)
 	}
 
@@ -1047,4 +1048,40 @@ func TestDpkgInstallCutAfterTheUnpackIsHalfInstalledAndRepaired(t *testing.T) {
 	if err := d.Verify(ctx, Package); err != nil {
 		t.Errorf("repaired: %v", err)
 	}
+}
+
+// readFailed is the upgrade's outcome when it failed, as the signal of
+// builds before lib/outcome (nil otherwise); readUpgraded when it
+// succeeded. Each also holds the legacy file the upgrade still writes to
+// the same outcome: the daemon of an older build a rollback starts reads
+// only that file.
+func readFailed(p hostpaths.Paths) (*outcome.UpgradeFailed, error) {
+	f, _, err := readSignals(p)
+	return f, err
+}
+
+func readUpgraded(p hostpaths.Paths) (*outcome.UpgradeSucceeded, error) {
+	_, u, err := readSignals(p)
+	return u, err
+}
+
+func readSignals(p hostpaths.Paths) (*outcome.UpgradeFailed, *outcome.UpgradeSucceeded, error) {
+	o, err := outcome.Read(p, outcome.Upgrade)
+	if o == nil || err != nil {
+		return nil, nil, err
+	}
+	f, u := o.UpgradeSignals()
+	var lf outcome.UpgradeFailed
+	var lu outcome.UpgradeSucceeded
+	okF, errF := state.ReadRecord(p.UpgradeFailed(), 64<<10, &lf)
+	okU, errU := state.ReadRecord(p.UpgradeSucceeded(), 64<<10, &lu)
+	switch {
+	case errF != nil || errU != nil:
+		return nil, nil, errors.Join(errF, errU)
+	case f != nil && (!okF || okU || lf != *f):
+		return nil, nil, fmt.Errorf("the failure record %+v: legacy failed.json %v %+v, upgraded.json %v", *f, okF, lf, okU)
+	case u != nil && (!okU || okF || lu != *u):
+		return nil, nil, fmt.Errorf("the success record %+v: legacy upgraded.json %v %+v, failed.json %v", *u, okU, lu, okF)
+	}
+	return f, u, nil
 }

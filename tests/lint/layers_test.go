@@ -23,9 +23,9 @@ var layers = [][]string{
 	// State files: atomic writes, verified records, journals, the lock.
 	{"lib/state", "lib/units/unitstest"},
 	// What the state means: exit codes, host preparation, the small
-	// records, the generator's decision, the one runner of journaled
+	// records (the one outcome record), the generator's decision, the one runner of journaled
 	// steps.
-	{"lib/exitcode", "lib/hostprep", "lib/noderecord", "lib/owed", "lib/request", "lib/fence/record", "lib/generator", "lib/steps",
+	{"lib/exitcode", "lib/hostprep", "lib/noderecord", "lib/outcome", "lib/owed", "lib/request", "lib/fence/record", "lib/generator", "lib/steps",
 		"lib/devices"},
 	{"lib/privilege", "lib/modes/softreboot", "lib/readiness", "lib/modes/nspawn/machinefile"},
 	// The container mode's bundle on the host (unbounded-restart

@@ -19,6 +19,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/upgrade"
 )
 
@@ -363,7 +364,7 @@ func TestRPMHostUpgradeRunsAndRollsBack(t *testing.T) {
 	if got, err := (upgrade.Rpm{}).Inspect(ctx, previous); err != nil || got != m {
 		t.Errorf("previous/ holds %+v (%v), want the repacked %+v", got, err, m)
 	}
-	if u, err := upgrade.ReadUpgraded(paths); err != nil || u == nil || u.From != m.Version || u.To != "9.9.9~up1-1" ||
+	if u, err := outcome.Read(paths, outcome.Upgrade); err != nil || u == nil || u.State != outcome.Succeeded || u.From != m.Version || u.To != "9.9.9~up1-1" ||
 		!upgrade.SameVersion(u.To, "9.9.9-up1") {
 		t.Errorf("success signal %+v %v", u, err)
 	}
@@ -380,7 +381,7 @@ func TestRPMHostUpgradeRunsAndRollsBack(t *testing.T) {
 	if got := rpmQuery(t, root); got != upgrade.Package+"-9.9.9~up1-1."+m.Arch {
 		t.Errorf("after the rollback rpm -q says %s", got)
 	}
-	if f, _ := upgrade.ReadFailed(paths); f == nil || !f.RolledBack || f.To != "9.9.9~up2-1" {
+	if f, _ := outcome.Read(paths, outcome.Upgrade); f == nil || !f.RolledBack() || f.To != "9.9.9~up2-1" {
 		t.Errorf("failure signal %+v", f)
 	}
 	if out := run(t, nil, "rpm", "--root", root, "-V", "--nodeps", upgrade.Package); strings.TrimSpace(out) != "" {
