@@ -17,7 +17,10 @@ import (
 var layers = [][]string{
 	// Leaves: names, paths, file and protocol helpers.
 	{"lib/api/identity", "lib/api/manifests", "lib/api/v1alpha3", "lib/backoff", "lib/crashpoint", "lib/hostpaths", "lib/logging",
-		"lib/regfile", "lib/regfile/regfiletest", "lib/sdstatus", "lib/unitjournal", "lib/unitnames", "lib/units", "lib/version"},
+		"lib/regfile", "lib/regfile/regfiletest", "lib/sdstatus", "lib/unitjournal", "lib/unitnames", "lib/version"},
+	// The service manager over D-Bus: above the unit names, for the
+	// name of the transient unit it starts (unitnames.HostReboot).
+	{"lib/units"},
 	// The one table of the modes' facts (over the unit names).
 	{"lib/modes/facts"},
 	// State files: atomic writes, verified records, journals, the lock.
