@@ -61,7 +61,7 @@ type Mode struct {
 	ResolvConf string
 	// NetworkCleaner cleans what a stopped node stack left in the host's
 	// network namespace (Repave); nil is the real host
-	// (nspawn.CleanHostNetwork).
+	// (bluegreen.CleanHostNetwork).
 	NetworkCleaner func(ctx context.Context, slot string)
 	// Modprobe loads kernel modules (Slot.RDMAModules); nil runs
 	// modprobe(8).
@@ -338,7 +338,7 @@ func (m *Mode) CleanNetwork(ctx context.Context, slot string) {
 		m.NetworkCleaner(ctx, slot)
 		return
 	}
-	nspawn.CleanHostNetwork(ctx, m.log(), m.NodeRoot, slot)
+	bluegreen.CleanHostNetwork(ctx, m.log(), m.NodeRoot, slot)
 }
 
 // EnsureHooks: everything the container mode writes on the host for a

@@ -50,7 +50,8 @@ type Mode struct {
 	// /etc/resolv.conf.
 	ResolvConf string
 	// NetworkCleaner cleans what a stopped node stack left in the host's
-	// network namespace (Repave); nil is the real host (netclean.go).
+	// network namespace (Repave); nil is the real host
+	// (bluegreen.CleanHostNetwork).
 	NetworkCleaner func(ctx context.Context, slot string)
 	// Modprobe loads kernel modules (Slot.RDMAModules); nil runs
 	// modprobe(8).
