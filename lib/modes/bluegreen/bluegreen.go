@@ -6,7 +6,8 @@
 // if it does not come up. Each such mode implements modes.Mode itself and
 // calls Repave and Stop here with what differs (Slots): the step runner is
 // written once. Both modes also clean the host networking a stopped node
-// left with CleanHostNetwork (netclean.go).
+// left with CleanHostNetwork (netclean.go), and build a slot's tree, the
+// node's rootfs, with lib/modes/bluegreen/tree.
 package bluegreen
 
 import (

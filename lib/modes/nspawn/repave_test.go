@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree/treetest"
+
 	"unbounded-cloud.io/agent/lib/modes"
 )
 
@@ -15,8 +17,8 @@ import (
 // input (the same node, another image tag).
 func repaveFixture(t *testing.T) (*fixture, modes.Slot, *[]string) {
 	t.Helper()
-	requireRoot(t)
-	ref := serveRegistry(t, "unbounded/node:1.36.3", nodeImage(t))
+	treetest.RequireRoot(t)
+	ref := treetest.ServeRegistry(t, "unbounded/node:1.36.3", treetest.NodeImage(t))
 	f := newFixture(t, mountsLegacy, ref)
 	ctx := context.Background()
 	if err := f.m.Prepare(ctx, f.slot); err != nil {
