@@ -29,3 +29,12 @@ func TestEveryUnitNameOfTheTableIsShipped(t *testing.T) {
 		}
 	}
 }
+
+// unitnames.HostReboot is a transient unit the daemon starts over D-Bus
+// with its properties (lib/units.RebootProperties): a file of that name
+// would be a second definition, which the transient start refuses.
+func TestTheTransientRebootUnitIsNotShipped(t *testing.T) {
+	if _, err := os.Stat(unitnames.HostReboot); err == nil {
+		t.Errorf("units/ ships %s, the transient unit the daemon defines at its start", unitnames.HostReboot)
+	}
+}

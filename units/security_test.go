@@ -17,7 +17,7 @@ import (
 	"github.com/coreos/go-systemd/v22/unit"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
-	"unbounded-cloud.io/agent/lib/modes/nspawn"
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree"
 )
 
 // exposure is what `systemd-analyze security` may score one service.
@@ -198,7 +198,7 @@ func TestEveryServiceMeetsItsExposureThreshold(t *testing.T) {
 }
 
 // nodeLocalDNSExposure is what the node-local DNS cache's unit inside an
-// nspawn or container node (lib/modes/nspawn.LocalDNSUnitFile, written
+// nspawn or container node (lib/modes/bluegreen/tree.LocalDNSUnitFile, written
 // into the node's rootfs by both modes) may score: the sandbox of mode
 // none's unbounded-local-dns.service, held alike.
 var nodeLocalDNSExposure = exposure{held: 1.4, contract: 2.5}
@@ -212,35 +212,35 @@ func TestTheNodesLocalDNSUnitMeetsItsExposureThreshold(t *testing.T) {
 	analyze := requireSystemdAnalyze(t)
 	row := nodeLocalDNSExposure
 	if tenths(row.held) > tenths(row.contract) {
-		t.Errorf("the node's %s is held to %.1f, above its bound of %.1f", nspawn.LocalDNSUnit, row.held, row.contract)
+		t.Errorf("the node's %s is held to %.1f, above its bound of %.1f", tree.LocalDNSUnit, row.held, row.contract)
 	}
-	tree := installTree(t, true)
-	data, err := nspawn.LocalDNSUnitFile()
+	root := installTree(t, true)
+	data, err := tree.LocalDNSUnitFile()
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := filepath.Join(tree, "etc/systemd/system", nspawn.LocalDNSUnit)
+	file := filepath.Join(root, "etc/systemd/system", tree.LocalDNSUnit)
 	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(file, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	u := parseUnit(t, nspawn.LocalDNSUnit, file)
+	u := parseUnit(t, tree.LocalDNSUnit, file)
 	for _, p := range u.execPaths() {
 		// The node image's files (the artifact, the link script) are
 		// not on this host: stubs, as for the agent's binaries.
-		if strings.HasPrefix(p, nspawn.Layout.BinDir+"/") {
-			copyStub(t, filepath.Join(tree, p))
+		if strings.HasPrefix(p, tree.Layout.BinDir+"/") {
+			copyStub(t, filepath.Join(root, p))
 		}
 	}
-	provideExecutables(t, tree, u)
-	verifyFile(t, analyze, tree, file)
-	score, out, verdict := security(t, analyze, tree, nspawn.LocalDNSUnit, row.held)
-	t.Logf("the node's %s: exposure %.1f, threshold %.1f, bound %.1f", nspawn.LocalDNSUnit, score, row.held, row.contract)
+	provideExecutables(t, root, u)
+	verifyFile(t, analyze, root, file)
+	score, out, verdict := security(t, analyze, root, tree.LocalDNSUnit, row.held)
+	t.Logf("the node's %s: exposure %.1f, threshold %.1f, bound %.1f", tree.LocalDNSUnit, score, row.held, row.contract)
 	if verdict != nil {
 		t.Errorf("the node's %s: exposure %.1f is above its threshold %.1f; what systemd counts against it:\n%s",
-			nspawn.LocalDNSUnit, score, row.held, exposed(out))
+			tree.LocalDNSUnit, score, row.held, exposed(out))
 	}
 }
 

@@ -10,8 +10,8 @@ import (
 	"unbounded-cloud.io/agent/lib/artifacts"
 	"unbounded-cloud.io/agent/lib/config"
 	"unbounded-cloud.io/agent/lib/exitcode"
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree"
 	"unbounded-cloud.io/agent/lib/modes/facts"
-	"unbounded-cloud.io/agent/lib/modes/nspawn"
 	"unbounded-cloud.io/agent/lib/outcome"
 	"unbounded-cloud.io/agent/lib/report"
 	"unbounded-cloud.io/agent/lib/state"
@@ -87,7 +87,7 @@ func reason(phase string, err error) string {
 		return v1alpha3.ConditionAllocationLaunchRefused
 	case errors.Is(err, artifacts.ErrChecksumMismatch):
 		return "ArtifactChecksumMismatch"
-	case errors.Is(err, nspawn.ErrImageNotFound):
+	case errors.Is(err, tree.ErrImageNotFound):
 		// The usual cause is a typo in [nspawn] image, or an image not
 		// pushed yet: say it on the Machine, not only "the slot failed".
 		return "NodeImageNotFound"

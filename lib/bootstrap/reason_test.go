@@ -7,7 +7,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/artifacts"
 	"unbounded-cloud.io/agent/lib/exitcode"
-	"unbounded-cloud.io/agent/lib/modes/nspawn"
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree"
 	"unbounded-cloud.io/agent/lib/steps"
 )
 
@@ -21,7 +21,7 @@ func TestFailureReasonNamesTheCauseBeforeThePhase(t *testing.T) {
 	}{
 		{PhaseFence, fmt.Errorf("%w: exited 77", exitcode.ErrRefused), "AllocationLaunchRefused"},
 		{PhaseArtifacts, errors.Join(&artifacts.MismatchError{Artifact: "kubelet"}), "ArtifactChecksumMismatch"},
-		{PhaseSlot, fmt.Errorf("prepare slot kube1: node image r/x:1: %w: MANIFEST_UNKNOWN", nspawn.ErrImageNotFound), "NodeImageNotFound"},
+		{PhaseSlot, fmt.Errorf("prepare slot kube1: node image r/x:1: %w: MANIFEST_UNKNOWN", tree.ErrImageNotFound), "NodeImageNotFound"},
 		{PhaseSlot, errors.New("prepare slot kube1: node image r/x:1: not an image manifest"), "SlotPreparationFailed"},
 		{PhaseArtifacts, artifacts.ErrNoChecksum, "ArtifactsFailed"},
 		{PhaseConfig, fmt.Errorf("%w: agent.toml:3: key", exitcode.ErrConfigInvalid), "ConfigurationInvalid"},

@@ -40,6 +40,11 @@ const (
 	// LocalDNS mode none's, on the host (node.local-dns).
 	MachineLocalDNS = "node-local-dns.service"
 	LocalDNS        = "unbounded-local-dns.service"
+	// HostReboot is the transient unit (no file in units/) that the
+	// daemon starts over D-Bus for a Reboot operation: it runs
+	// `systemctl reboot` with the service manager's privileges
+	// (lib/units' Bus.Reboot).
+	HostReboot = "unbounded-host-reboot.service"
 )
 
 // The older agent's units (hostpaths' legacy root), which adoption

@@ -18,6 +18,8 @@ import (
 
 	sdbus "github.com/coreos/go-systemd/v22/dbus"
 	"github.com/godbus/dbus/v5"
+
+	"unbounded-cloud.io/agent/lib/unitnames"
 )
 
 // Manager is the service manager. The real one is Dial's; tests have
@@ -105,34 +107,56 @@ func (b *Bus) Unmask(ctx context.Context, unit string) error {
 	return nil
 }
 
-// RebootUnit is the transient unit Reboot starts.
-const RebootUnit = "unbounded-host-reboot.service"
-
 // Reboot asks for the host's reboot as an operator's `systemctl reboot`
-// does, through systemd-logind: a transient unit (RebootUnit) runs that
-// command with the service manager's privileges, which this caller (the
-// daemon, without capabilities) lacks for logind's Reboot (CAP_SYS_BOOT).
-// logind first tells the holders of delay locks, the kubelet's graceful
-// node shutdown in mode none among them (in modes nspawn and container the
-// machine's stop asks the machine's own logind), waits for them at most
-// its InhibitDelayMaxSec, then queues reboot.target (replace-irreversibly).
-// Without logind, systemctl queues reboot.target itself. A reboot already
-// asked (the unit still there) is not asked twice. It returns once the
-// unit's start is queued.
+// does, through systemd-logind: a transient unit (unitnames.HostReboot)
+// runs that command with the service manager's privileges, which this
+// caller (the daemon, without capabilities) lacks for logind's Reboot
+// (CAP_SYS_BOOT). logind first tells the holders of delay locks, the
+// kubelet's graceful node shutdown in mode none among them (in modes
+// nspawn and container the machine's stop asks the machine's own logind),
+// waits for them at most its InhibitDelayMaxSec, then queues
+// reboot.target (replace-irreversibly). Without logind, systemctl queues
+// reboot.target itself. A reboot already asked (the unit still there) is
+// not asked twice. It returns once the unit's start is queued.
 func (b *Bus) Reboot(ctx context.Context) error {
-	props := []sdbus.Property{
-		sdbus.PropDescription("unbounded-agent: the host's reboot (a Reboot MachineOperation), through systemd-logind"),
-		sdbus.PropType("oneshot"),
-		sdbus.PropExecStart([]string{"/usr/bin/systemctl", "--no-ask-password", "reboot"}, true),
-	}
-	if _, err := b.conn.StartTransientUnitContext(ctx, RebootUnit, "replace", props, nil); err != nil {
+	if _, err := b.conn.StartTransientUnitContext(ctx, unitnames.HostReboot, "replace", RebootProperties(), nil); err != nil {
 		var de dbus.Error
 		if errors.As(err, &de) && de.Name == "org.freedesktop.systemd1.UnitExists" {
 			return nil
 		}
-		return fmt.Errorf("start %s (systemctl reboot): %w", RebootUnit, err)
+		return fmt.Errorf("start %s (systemctl reboot): %w", unitnames.HostReboot, err)
 	}
 	return nil
+}
+
+// RebootProperties are the properties of the transient unit Reboot
+// starts: a oneshot running `systemctl --no-ask-password reboot`, in the
+// sandbox that job allows (ARCHITECTURE section 6, Sandboxing). systemctl
+// needs only the system bus and PID 1's private socket, both path sockets
+// under /run, which a read-only file system and a private network
+// namespace leave reachable (connecting to a socket is no write of its
+// file system, and only abstract sockets belong to a network namespace).
+// Its capabilities are left whole on purpose: logind grants Reboot to a
+// caller holding CAP_SYS_BOOT without asking polkit, and without logind
+// PID 1 is asked as root. NoNewPrivileges= is left out too: on an SELinux
+// host the exec of systemctl is a domain transition (to
+// systemd_systemctl_t), which a policy without nnp_transition for it
+// refuses under NoNewPrivileges=, and the reboot would never be asked.
+func RebootProperties() []sdbus.Property {
+	return []sdbus.Property{
+		sdbus.PropDescription("unbounded-agent: the host's reboot (a Reboot MachineOperation), through systemd-logind"),
+		{Name: "Documentation", Value: dbus.MakeVariant([]string{
+			"https://unbounded-cloud.io/docs/agent/units/" + unitnames.HostReboot, "man:systemctl(1)"})},
+		sdbus.PropType("oneshot"),
+		sdbus.PropExecStart([]string{"/usr/bin/systemctl", "--no-ask-password", "reboot"}, true),
+		// No network: the bus and PID 1 are reached through path sockets.
+		{Name: "PrivateNetwork", Value: dbus.MakeVariant(true)},
+		// Nothing to write: the whole tree read-only, /dev, /proc and
+		// /sys as systemd's API file systems; no home, a /tmp of its own.
+		{Name: "ProtectSystem", Value: dbus.MakeVariant("strict")},
+		{Name: "ProtectHome", Value: dbus.MakeVariant("yes")},
+		{Name: "PrivateTmp", Value: dbus.MakeVariant(true)},
+	}
 }
 
 // Borrow drives the service manager behind an open connection (another

@@ -523,7 +523,7 @@ func TestDemo(t *testing.T) {
 			bench.add("floor.slot", slot)
 			bench.add("floorpart.unpack", secs)
 			bench.add("floorpart.install", in.d)
-			o.say("node image pulled and unpacked by hand in the host (lib/modes/nspawn.Unpack, tests/demo/floorunpack): %d files, %d MB in %s; beside it the artifacts downloaded, checked and unpacked by hand: %d MB in %s; both done in %s",
+			o.say("node image pulled and unpacked by hand in the host (lib/modes/bluegreen/tree.Unpack, tests/demo/floorunpack): %d files, %d MB in %s; beside it the artifacts downloaded, checked and unpacked by hand: %d MB in %s; both done in %s",
 				files, bytes>>20, took(secs), in.n>>20, took(in.d), took(slot))
 		} else {
 			o.step("bench: the floor's artifact install in the reset host")

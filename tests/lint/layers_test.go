@@ -17,7 +17,10 @@ import (
 var layers = [][]string{
 	// Leaves: names, paths, file and protocol helpers.
 	{"lib/api/identity", "lib/api/manifests", "lib/api/v1alpha3", "lib/backoff", "lib/crashpoint", "lib/hostpaths", "lib/logging",
-		"lib/regfile", "lib/regfile/regfiletest", "lib/sdstatus", "lib/unitjournal", "lib/unitnames", "lib/units", "lib/version"},
+		"lib/regfile", "lib/regfile/regfiletest", "lib/sdstatus", "lib/unitjournal", "lib/unitnames", "lib/version"},
+	// The service manager over D-Bus: above the unit names, for the
+	// name of the transient unit it starts (unitnames.HostReboot).
+	{"lib/units"},
 	// The one table of the modes' facts (over the unit names).
 	{"lib/modes/facts"},
 	// State files: atomic writes, verified records, journals, the lock.
@@ -40,11 +43,15 @@ var layers = [][]string{
 	{"lib/upgrade"},
 	{"lib/modes/nodestack", "lib/modes/bluegreen", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest", "lib/status",
 		"lib/fleet"},
+	// The blue/green modes' slot tree (the node's rootfs both nspawn
+	// and container build, over nodestack), and its tests' images.
+	{"lib/modes/bluegreen/tree", "lib/modes/bluegreen/tree/treetest"},
 	// The modes, and the concerns that need no installation.
 	{"lib/modes/none", "lib/modes/nspawn", "lib/restart", "lib/daemon", "lib/recovery", "lib/cli",
 		"lib/kubectlplugin"},
-	// A mode whose node is built by another's slot builder: the
-	// container mode's rootfs is the nspawn machine's.
+	// The container mode, above the other modes as ARCHITECTURE section 3
+	// has it; it builds its rootfs with lib/modes/bluegreen/tree, as the
+	// nspawn mode its machine, and imports no other mode.
 	{"lib/modes/container"},
 	// The table of the modes this build carries.
 	{"lib/modes/all"},

@@ -21,7 +21,7 @@ import (
 	"unbounded-cloud.io/agent/lib/fleet"
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/all"
-	"unbounded-cloud.io/agent/lib/modes/nspawn"
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree"
 	"unbounded-cloud.io/agent/tests/kubeenv"
 	"unbounded-cloud.io/agent/tests/system/harness"
 	"unbounded-cloud.io/agent/tests/system/nodestack"
@@ -328,7 +328,7 @@ func (f *firstBoot) wantBootstrapped(t *testing.T, mode, supervisor string) {
 	// Given, not found by the kubelet itself (which would look the name
 	// up first, and wait on the resolver).
 	machine := nodeRootOnHost(mode, "kube1")
-	kubeletArgs := machine + "/etc/systemd/system/" + nspawn.KubeletUnit
+	kubeletArgs := machine + "/etc/systemd/system/" + tree.KubeletUnit
 	if mode == "none" {
 		kubeletArgs = hostpaths.VersionsDirHost + "/current/etc/kubelet/kubelet.env"
 	}

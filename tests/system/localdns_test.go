@@ -20,8 +20,8 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree"
 	stack "unbounded-cloud.io/agent/lib/modes/nodestack"
-	"unbounded-cloud.io/agent/lib/modes/nspawn"
 	"unbounded-cloud.io/agent/lib/unitnames"
 	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
@@ -305,7 +305,7 @@ const capNetBindService = "0000000000000400"
 // root but the versions of the node stack).
 func (f *firstBoot) wantLocalDNSUnprivileged(t *testing.T, machine string) {
 	t.Helper()
-	unit, where := nspawn.LocalDNSUnit, "machine "+machine
+	unit, where := tree.LocalDNSUnit, "machine "+machine
 	in := func(script string) (string, error) {
 		return f.m.Run("systemd-run", "-M", machine, "--wait", "--pipe", "-q", "sh", "-c", script)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
 	"unbounded-cloud.io/agent/lib/modes/nspawn"
 	"unbounded-cloud.io/agent/lib/units"
@@ -181,8 +182,8 @@ func TestNspawnSlotRunsNestedWithTheNodeSettings(t *testing.T) {
 	if _, err := os.Stat(paths.Join("/var/lib/unbounded/slots/kube1/containerd/probe")); err != nil {
 		t.Errorf("/var/lib/containerd is not the slot's host directory: %v", err)
 	}
-	if got := in("systemctl", "is-active", nspawn.CgroupRWUnit); got != "active" {
-		t.Errorf("%s is %q\n%s", nspawn.CgroupRWUnit, got, in("journalctl", "-u", nspawn.CgroupRWUnit, "--no-pager"))
+	if got := in("systemctl", "is-active", tree.CgroupRWUnit); got != "active" {
+		t.Errorf("%s is %q\n%s", tree.CgroupRWUnit, got, in("journalctl", "-u", tree.CgroupRWUnit, "--no-pager"))
 	}
 	// kubelet and runc create cgroups in every controller.
 	if got := in("sh", "-c", "for c in cpu memory pids; do mkdir /sys/fs/cgroup/$c/unbounded-probe && rmdir /sys/fs/cgroup/$c/unbounded-probe || exit 1; done; echo ok"); got != "ok" {
@@ -192,7 +193,7 @@ func TestNspawnSlotRunsNestedWithTheNodeSettings(t *testing.T) {
 	if got := in("sh", "-c", "cat /proc/sys/vm/overcommit_memory > /proc/sys/vm/overcommit_memory && echo ok"); got != "ok" {
 		t.Error("/proc/sys is not writable in the machine")
 	}
-	for _, u := range []string{nspawn.ContainerdUnit, nspawn.KubeletUnit} {
+	for _, u := range []string{tree.ContainerdUnit, tree.KubeletUnit} {
 		if got := in("systemctl", "is-enabled", u); got != "enabled" {
 			t.Errorf("%s is %q in the machine", u, got)
 		}

@@ -5,7 +5,9 @@
 // running one, stop the old, fence, start the new, wait for it, roll back
 // if it does not come up. Each such mode implements modes.Mode itself and
 // calls Repave and Stop here with what differs (Slots): the step runner is
-// written once.
+// written once. Both modes also clean the host networking a stopped node
+// left with CleanHostNetwork (netclean.go), and build a slot's tree, the
+// node's rootfs, with lib/modes/bluegreen/tree.
 package bluegreen
 
 import (

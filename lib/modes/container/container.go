@@ -33,9 +33,9 @@ import (
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
 	"unbounded-cloud.io/agent/lib/modes/bluegreen"
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree"
 	"unbounded-cloud.io/agent/lib/modes/container/bundle"
 	"unbounded-cloud.io/agent/lib/modes/nodestack"
-	"unbounded-cloud.io/agent/lib/modes/nspawn"
 	"unbounded-cloud.io/agent/lib/modes/nspawn/machinefile"
 	"unbounded-cloud.io/agent/lib/modes/softreboot"
 	"unbounded-cloud.io/agent/lib/unitnames"
@@ -50,18 +50,19 @@ const Name = "container"
 type Mode struct {
 	// Paths is the host root ("" is /).
 	Paths hostpaths.Paths
-	// Host detects the cgroup hierarchy (as nspawn.Mode.Host).
+	// Host detects the cgroup hierarchy (/proc/self/mountinfo; the zero
+	// value reads the running kernel's, as the nspawn mode's).
 	Host modes.Host
 	// Systemd connects to the service manager; nil is the system bus.
 	Systemd func(ctx context.Context) (modes.Systemd, error)
 	// RemoteOptions are added to every registry request.
 	RemoteOptions []remote.Option
 	// ResolvConf is the file copied into the container as
-	// /etc/resolv.conf (as nspawn.Mode.ResolvConf).
+	// /etc/resolv.conf (tree.Builder.ResolvConf).
 	ResolvConf string
 	// NetworkCleaner cleans what a stopped node stack left in the host's
 	// network namespace (Repave); nil is the real host
-	// (nspawn.CleanHostNetwork).
+	// (bluegreen.CleanHostNetwork).
 	NetworkCleaner func(ctx context.Context, slot string)
 	// Modprobe loads kernel modules (Slot.RDMAModules); nil runs
 	// modprobe(8).
@@ -117,11 +118,11 @@ func (m *Mode) systemd(ctx context.Context) (modes.Systemd, error) {
 	return units.Dial(ctx)
 }
 
-// builder is the nspawn mode's slot builder: the container's rootfs is a
-// node booted by systemd-nspawn as the machine's is, with the same units
-// and files inside.
-func (m *Mode) builder() *nspawn.Mode {
-	return &nspawn.Mode{Paths: m.Paths, Host: m.Host, RemoteOptions: m.RemoteOptions, ResolvConf: m.ResolvConf, Modprobe: m.Modprobe, Log: m.log()}
+// builder builds the container's rootfs (lib/modes/bluegreen/tree, as
+// the nspawn mode's machine): a node booted by systemd-nspawn either way,
+// with the same units and files inside.
+func (m *Mode) builder() *tree.Builder {
+	return &tree.Builder{Paths: m.Paths, RemoteOptions: m.RemoteOptions, ResolvConf: m.ResolvConf, Modprobe: m.Modprobe, Log: m.log()}
 }
 
 // Prepare builds the slot's bundle, each step idempotent:
@@ -129,7 +130,7 @@ func (m *Mode) builder() *nspawn.Mode {
 //     (modes.ErrSlotActive), and chooses the cgroup hierarchy from the
 //     host's;
 //  2. builds the rootfs into /var/lib/unbounded/slots/<slot>/.bundle.tmp-*
-//     exactly as the nspawn mode builds its machine (nspawn.BuildTree:
+//     exactly as the nspawn mode builds its machine (tree.Builder.Build:
 //     the node image unpacked, the artifacts, the node's files and units,
 //     the offline pod images, the host devices found);
 //  3. writes config.json (Spec) and nspawn.env beside it;
@@ -184,7 +185,7 @@ func (m *Mode) Prepare(ctx context.Context, s modes.Slot) error {
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		return err
 	}
-	found, err := m.builder().BuildTree(ctx, s, cg, rootfs, dir, ".bundle.tmp-artifacts-")
+	found, err := m.builder().Build(ctx, s, cg, rootfs, dir, ".bundle.tmp-artifacts-")
 	if err != nil {
 		return fmt.Errorf("prepare slot %s: %w", s.Name, err)
 	}
@@ -338,7 +339,7 @@ func (m *Mode) CleanNetwork(ctx context.Context, slot string) {
 		m.NetworkCleaner(ctx, slot)
 		return
 	}
-	nspawn.CleanHostNetwork(ctx, m.log(), m.NodeRoot, slot)
+	bluegreen.CleanHostNetwork(ctx, m.log(), m.NodeRoot, slot)
 }
 
 // EnsureHooks: everything the container mode writes on the host for a

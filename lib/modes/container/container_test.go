@@ -23,9 +23,9 @@ import (
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes"
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree"
 	"unbounded-cloud.io/agent/lib/modes/container/bundle"
 	"unbounded-cloud.io/agent/lib/modes/modestest"
-	"unbounded-cloud.io/agent/lib/modes/nspawn"
 )
 
 const mountsLegacy = `32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
@@ -144,8 +144,8 @@ func TestPrepareBuildsABundleThatRunsTheNodesSystemd(t *testing.T) {
 	if root != filepath.Join(f.p.SlotDir("kube1"), "bundle", "rootfs") {
 		t.Errorf("NodeRoot = %s", root)
 	}
-	for _, p := range []string{"/etc/systemd/system/" + nspawn.KubeletUnit, "/etc/systemd/system/" + nspawn.ContainerdUnit,
-		nspawn.Layout.BinDir + "/kubelet", nspawn.StopConf, "/etc/hostname"} {
+	for _, p := range []string{"/etc/systemd/system/" + tree.KubeletUnit, "/etc/systemd/system/" + tree.ContainerdUnit,
+		tree.Layout.BinDir + "/kubelet", tree.StopConf, "/etc/hostname"} {
 		if _, err := os.Stat(filepath.Join(root, p)); err != nil {
 			t.Errorf("the container's rootfs lacks %s: %v", p, err)
 		}

@@ -61,7 +61,7 @@ const LocalDNSLinkDown = "-+ip link del " + LocalDNSInterface
 // mode, for the node stack's layout l: CoreDNS with l's Corefile, its
 // interface made before (as root) and removed after, restarted whenever
 // it ends, in the sandbox of LocalDNSSandbox. The nspawn and container
-// modes write it into the node (lib/modes/nspawn); mode none's shipped
+// modes write it into the node (lib/modes/bluegreen/tree); mode none's shipped
 // units/unbounded-local-dns.service holds the same settings (its test
 // compares them).
 func LocalDNSService(l Layout) []*unit.UnitOption {

@@ -20,6 +20,9 @@ import (
 	"testing"
 	"time"
 
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree"
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree/treetest"
+
 	"github.com/coreos/go-systemd/v22/unit"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -99,8 +102,8 @@ func (f *fixture) noLeftovers(t *testing.T) {
 }
 
 func TestPrepareBuildsTheSlotFromARegistryImage(t *testing.T) {
-	requireRoot(t)
-	ref := serveRegistry(t, "unbounded/node:1.36.3", nodeImage(t))
+	treetest.RequireRoot(t)
+	ref := treetest.ServeRegistry(t, "unbounded/node:1.36.3", treetest.NodeImage(t))
 	for _, tc := range []struct {
 		cg, mountinfo string
 	}{{"legacy", mountsLegacy}, {"unified", mountsUnified}} {
@@ -434,8 +437,8 @@ func (f *fixture) verifyWithSystemd(t *testing.T) {
 }
 
 func TestPrepareFromLocalImagesWithoutNetwork(t *testing.T) {
-	requireRoot(t)
-	img := nodeImage(t)
+	treetest.RequireRoot(t)
+	img := treetest.NodeImage(t)
 	// A registry reference whose registry is down: the offline layout is
 	// used first, and the registry is never asked.
 	down := closedPort(t)
@@ -484,8 +487,8 @@ func closedPort(t *testing.T) string {
 }
 
 func TestPrepareSaysWhetherAnImageErrorIsWorthARetry(t *testing.T) {
-	requireRoot(t)
-	ref := serveRegistry(t, "unbounded/node:1.36.3", nodeImage(t))
+	treetest.RequireRoot(t)
+	ref := treetest.ServeRegistry(t, "unbounded/node:1.36.3", treetest.NodeImage(t))
 	host, _, _ := strings.Cut(ref, "/")
 	garbage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v2/" {
@@ -521,8 +524,8 @@ func TestPrepareSaysWhetherAnImageErrorIsWorthARetry(t *testing.T) {
 			if tc.garbage && !strings.Contains(err.Error(), "not an image manifest") {
 				t.Errorf("a registry answering garbage is not said in so many words: %v", err)
 			}
-			if errors.Is(err, ErrImageNotFound) != tc.notFound {
-				t.Errorf("ErrImageNotFound: %v, want %v", errors.Is(err, ErrImageNotFound), tc.notFound)
+			if errors.Is(err, tree.ErrImageNotFound) != tc.notFound {
+				t.Errorf("ErrImageNotFound: %v, want %v", errors.Is(err, tree.ErrImageNotFound), tc.notFound)
 			}
 			if !strings.Contains(err.Error(), "kube1") || (tc.ref != "" && !strings.Contains(err.Error(), tc.ref)) {
 				t.Errorf("the error names neither the slot nor the image: %v", err)
@@ -544,13 +547,13 @@ func TestPrepareSaysWhetherAnImageErrorIsWorthARetry(t *testing.T) {
 // the machine never reports ready): the slot's / is 0755 whatever the
 // image says.
 func TestPrepareGivesTheMachineRootMode0755WhateverTheImageSays(t *testing.T) {
-	requireRoot(t)
-	base, err := nodeImage(t).Layers()
+	treetest.RequireRoot(t)
+	base, err := treetest.NodeImage(t).Layers()
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := layer(t, entry{name: "./", typ: tar.TypeDir, mode: 0o700})
-	ref := serveRegistry(t, "unbounded/node:1.36.3", image(t, append([]v1.Layer{root}, base...)...))
+	root := treetest.Layer(t, treetest.Entry{Name: "./", Typ: tar.TypeDir, Mode: 0o700})
+	ref := treetest.ServeRegistry(t, "unbounded/node:1.36.3", treetest.Image(t, append([]v1.Layer{root}, base...)...))
 	f := newFixture(t, mountsLegacy, ref)
 	if err := f.m.Prepare(context.Background(), f.slot); err != nil {
 		t.Fatal(err)
@@ -569,15 +572,15 @@ func TestPrepareGivesTheMachineRootMode0755WhateverTheImageSays(t *testing.T) {
 // that lacks a binary fails the prepare by name, with nothing of the slot
 // and no tree of either kind left beside it.
 func TestPrepareInstallsTheArtifactsOverTheImagesOwnAndLeavesNothingOnABrokenOne(t *testing.T) {
-	requireRoot(t)
-	own := layer(t,
-		entry{name: "usr/", typ: tar.TypeDir},
-		entry{name: "usr/local/", typ: tar.TypeDir},
-		entry{name: "usr/local/bin/", typ: tar.TypeDir},
-		entry{name: "usr/local/bin/kubelet", body: "the image's own kubelet", mode: 0o755},
-		entry{name: "usr/local/bin/crictl", body: "crictl", mode: 0o755},
+	treetest.RequireRoot(t)
+	own := treetest.Layer(t,
+		treetest.Entry{Name: "usr/", Typ: tar.TypeDir},
+		treetest.Entry{Name: "usr/local/", Typ: tar.TypeDir},
+		treetest.Entry{Name: "usr/local/bin/", Typ: tar.TypeDir},
+		treetest.Entry{Name: "usr/local/bin/kubelet", Body: "the image's own kubelet", Mode: 0o755},
+		treetest.Entry{Name: "usr/local/bin/crictl", Body: "crictl", Mode: 0o755},
 	)
-	ref := serveRegistry(t, "unbounded/node:1.36.3", image(t, own))
+	ref := treetest.ServeRegistry(t, "unbounded/node:1.36.3", treetest.Image(t, own))
 	f := newFixture(t, mountsUnified, ref)
 	if err := f.m.Prepare(context.Background(), f.slot); err != nil {
 		t.Fatal(err)
@@ -629,8 +632,8 @@ func writeTgz(t *testing.T, p string, files map[string]string) {
 // specification inside the rootfs; the RDMA modules are loaded first when
 // asked, and a failed load stops the prepare with nothing built.
 func TestPrepareBindsTheHostsDevicesAndDescribesItsGPUs(t *testing.T) {
-	requireRoot(t)
-	ref := serveRegistry(t, "unbounded/node:1.36.3", nodeImage(t))
+	treetest.RequireRoot(t)
+	ref := treetest.ServeRegistry(t, "unbounded/node:1.36.3", treetest.NodeImage(t))
 	f := newFixture(t, mountsUnified, ref)
 	for _, d := range []struct {
 		p            string

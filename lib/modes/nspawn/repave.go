@@ -18,8 +18,15 @@ func (m *Mode) writeStamp(s modes.Slot) error { return bluegreen.WriteStamp(m.Pa
 func (m *Mode) prepared(s modes.Slot) bool { return bluegreen.Prepared(m.Paths, m, s) }
 
 // CleanNetwork cleans what the stopped node stack of slot left in the
-// host's network namespace (netclean.go); bluegreen.Slots.
-func (m *Mode) CleanNetwork(ctx context.Context, slot string) { m.cleanNetwork(ctx, slot) }
+// host's network namespace (bluegreen.CleanHostNetwork, with the iptables
+// tools of the slot's machine); bluegreen.Slots.
+func (m *Mode) CleanNetwork(ctx context.Context, slot string) {
+	if m.NetworkCleaner != nil {
+		m.NetworkCleaner(ctx, slot)
+		return
+	}
+	bluegreen.CleanHostNetwork(ctx, m.log(), m.Paths.MachineDir, slot)
+}
 
 // Repave replaces the node stack of slot running by s, blue/green
 // (modes.Mode): lib/modes/bluegreen.Repave's steps, with the machine of

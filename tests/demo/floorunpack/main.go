@@ -1,7 +1,7 @@
 // Command floorunpack is the floor of a first boot's slot in mode nspawn,
 // run inside the bench's test host (tests/demo): the node image pulled
 // from the same reference the host's agent.toml names, over the same
-// network path, and unpacked by lib/modes/nspawn.Unpack (what the mode
+// network path, and unpacked by lib/modes/bluegreen/tree.Unpack (what the mode
 // runs) into DIR on the host's own file system, with nothing else of the
 // product. It prints "FILES BYTES SECONDS".
 //
@@ -16,7 +16,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"unbounded-cloud.io/agent/lib/modes/nspawn"
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree"
 )
 
 func main() {
@@ -33,7 +33,7 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	st, err := nspawn.Unpack(img, os.Args[2])
+	st, err := tree.Unpack(img, os.Args[2])
 	if err != nil {
 		fail(err)
 	}

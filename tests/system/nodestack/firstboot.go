@@ -91,7 +91,7 @@ Wants=network.target
 // container that shares the VM's users; a real host's are writable, and in
 // mode none the test host is the host, so this is the host's part, not the
 // product's (the nspawn mode does the same inside its machines, where it
-// is the product's: lib/modes/nspawn's unbounded-cgroup-rw.service).
+// is the product's: lib/modes/bluegreen/tree's unbounded-cgroup-rw.service).
 const cgroupRWUnit = `[Unit]
 Description=Writable cgroup v1 controllers, as on a real host (tests/system/nodestack)
 DefaultDependencies=no

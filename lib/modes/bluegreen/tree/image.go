@@ -1,4 +1,4 @@
-package nspawn
+package tree
 
 import (
 	"context"
@@ -60,7 +60,7 @@ func splitLocal(s string) (p, tag string) {
 // it came from, for messages and the record. Registry errors that a retry
 // may cure (no route, refused, 5xx, 429) wrap exitcode.ErrTemporary; a
 // reference that names nothing wraps ErrImageNotFound.
-func (m *Mode) resolveImage(ctx context.Context, img modes.Image) (v1.Image, string, error) {
+func (b *Builder) resolveImage(ctx context.Context, img modes.Image) (v1.Image, string, error) {
 	ref := img.Ref
 	switch {
 	case ref == "":
@@ -108,7 +108,7 @@ func (m *Mode) resolveImage(ctx context.Context, img modes.Image) (v1.Image, str
 			}
 		}
 	}
-	opts := append([]remote.Option{remote.WithContext(ctx), remote.WithPlatform(platform)}, m.RemoteOptions...)
+	opts := append([]remote.Option{remote.WithContext(ctx), remote.WithPlatform(platform)}, b.RemoteOptions...)
 	desc, err := remote.Get(r, opts...)
 	if err != nil {
 		return nil, ref, fmt.Errorf("node image %s: %w", ref, classify(err))

@@ -1,4 +1,4 @@
-package nspawn
+package tree
 
 import (
 	"archive/tar"
@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree/treetest"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -77,10 +79,10 @@ func TestWritePodImagesTakesTheNamedPodImagesButNotTheNodeImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := nodeImage(t)
-	pause := image(t, layer(t, entry{name: "pause", body: "pause", mode: 0o755}))
-	app := image(t, layer(t, entry{name: "app", body: "app", mode: 0o755}))
-	bare := image(t, layer(t, entry{name: "bare", body: "bare", mode: 0o755}))
+	node := treetest.NodeImage(t)
+	pause := treetest.Image(t, treetest.Layer(t, treetest.Entry{Name: "pause", Body: "pause", Mode: 0o755}))
+	app := treetest.Image(t, treetest.Layer(t, treetest.Entry{Name: "app", Body: "app", Mode: 0o755}))
+	bare := treetest.Image(t, treetest.Layer(t, treetest.Entry{Name: "bare", Body: "bare", Mode: 0o755}))
 	for ref, img := range map[string]v1.Image{
 		"127.0.0.1:5000/unbounded/node:bookworm": node,
 		"127.0.0.1:5000/pause:3.10":              pause,
@@ -153,7 +155,7 @@ func TestWritePodImagesWritesNothingWithoutALayoutOrPodImages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.AppendImage(nodeImage(t), layout.WithAnnotations(map[string]string{annRefName: "r.example/node:1"})); err != nil {
+	if err := p.AppendImage(treetest.NodeImage(t), layout.WithAnnotations(map[string]string{annRefName: "r.example/node:1"})); err != nil {
 		t.Fatal(err)
 	}
 	if names, err := writePodImages(rootfs, modes.Image{Ref: "r.example/node:1", OfflineDir: offline}); err != nil || names != nil {

@@ -1,4 +1,4 @@
-package nspawn
+package tree
 
 import (
 	"archive/tar"
@@ -7,14 +7,16 @@ import (
 	"syscall"
 	"testing"
 
+	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree/treetest"
+
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 )
 
 func TestUnpackAppliesWhiteoutsAndRestoresOwnersModesAndLinks(t *testing.T) {
-	requireRoot(t)
+	treetest.RequireRoot(t)
 	dir := t.TempDir()
-	st, err := Unpack(nodeImage(t), dir)
+	st, err := Unpack(treetest.NodeImage(t), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,8 +48,8 @@ func TestUnpackAppliesWhiteoutsAndRestoresOwnersModesAndLinks(t *testing.T) {
 			t.Errorf("%s owned by %d:%d, want %d:%d", n, s.Uid, s.Gid, want[0], want[1])
 		}
 	}
-	if fi, _ := os.Stat(p("srv")); fi.Mode().Perm() != 0o750 || !fi.ModTime().Equal(mtime) {
-		t.Errorf("srv: mode %v mtime %v, want 0750 and %v (set after its content)", fi.Mode(), fi.ModTime(), mtime)
+	if fi, _ := os.Stat(p("srv")); fi.Mode().Perm() != 0o750 || !fi.ModTime().Equal(treetest.MTime) {
+		t.Errorf("srv: mode %v treetest.MTime %v, want 0750 and %v (set after its content)", fi.Mode(), fi.ModTime(), treetest.MTime)
 	}
 	for link, target := range map[string]string{"bin": "usr/bin", "etc/localtime": "/usr/share/zoneinfo/UTC"} {
 		if got, err := os.Readlink(p(link)); err != nil || got != target {
@@ -68,36 +70,36 @@ func TestUnpackAppliesWhiteoutsAndRestoresOwnersModesAndLinks(t *testing.T) {
 // A layer that plants a symlink to a host directory and a later entry that
 // writes through it: the write must fail, and nothing may land outside.
 func TestUnpackRefusesToWriteThroughASymlinkOutOfTheRootfs(t *testing.T) {
-	requireRoot(t)
+	treetest.RequireRoot(t)
 	outside := t.TempDir()
 	for _, tc := range []struct {
 		name   string
-		layers [][]entry
+		layers [][]treetest.Entry
 	}{
-		{"absolute symlink, then a file through it", [][]entry{
-			{{name: "etc/", typ: tar.TypeDir}, {name: "etc/evil", typ: tar.TypeSymlink, link: outside}, {name: "etc/evil/pwned", body: "x"}},
+		{"absolute symlink, then a file through it", [][]treetest.Entry{
+			{{Name: "etc/", Typ: tar.TypeDir}, {Name: "etc/evil", Typ: tar.TypeSymlink, Link: outside}, {Name: "etc/evil/pwned", Body: "x"}},
 		}},
-		{"relative symlink climbing out, then a file through it", [][]entry{
-			{{name: "a/", typ: tar.TypeDir}, {name: "a/up", typ: tar.TypeSymlink, link: "../../../../../../../../" + outside}, {name: "a/up/pwned", body: "x"}},
+		{"relative symlink climbing out, then a file through it", [][]treetest.Entry{
+			{{Name: "a/", Typ: tar.TypeDir}, {Name: "a/up", Typ: tar.TypeSymlink, Link: "../../../../../../../../" + outside}, {Name: "a/up/pwned", Body: "x"}},
 		}},
-		{"a lower layer's symlink, an upper layer's file through it", [][]entry{
-			{{name: "etc/", typ: tar.TypeDir}, {name: "etc/evil", typ: tar.TypeSymlink, link: outside}},
-			{{name: "etc/evil/pwned", body: "x"}},
+		{"a lower layer's symlink, an upper layer's file through it", [][]treetest.Entry{
+			{{Name: "etc/", Typ: tar.TypeDir}, {Name: "etc/evil", Typ: tar.TypeSymlink, Link: outside}},
+			{{Name: "etc/evil/pwned", Body: "x"}},
 		}},
-		{"hard link to a host file", [][]entry{
-			{{name: "x", typ: tar.TypeLink, link: "../../../../../../../../etc/passwd"}},
+		{"hard link to a host file", [][]treetest.Entry{
+			{{Name: "x", Typ: tar.TypeLink, Link: "../../../../../../../../etc/passwd"}},
 		}},
-		{"dot-dot name", [][]entry{
-			{{name: "../../../../../../../../" + outside + "/pwned", body: "x"}},
+		{"dot-dot name", [][]treetest.Entry{
+			{{Name: "../../../../../../../../" + outside + "/pwned", Body: "x"}},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var ls []v1.Layer
 			for _, es := range tc.layers {
-				ls = append(ls, layer(t, es...))
+				ls = append(ls, treetest.Layer(t, es...))
 			}
 			dir := t.TempDir()
-			_, err := Unpack(image(t, ls...), dir)
+			_, err := Unpack(treetest.Image(t, ls...), dir)
 			if ents, _ := os.ReadDir(outside); len(ents) != 0 {
 				t.Fatalf("the image wrote outside the rootfs: %v (Unpack: %v)", ents, err)
 			}
@@ -113,20 +115,20 @@ func TestUnpackRefusesToWriteThroughASymlinkOutOfTheRootfs(t *testing.T) {
 // filter did not see (its checks are the first line; os.Root is the
 // second, and must hold alone).
 func TestUnpackTarAloneNeverWritesOutsideTheRootfs(t *testing.T) {
-	requireRoot(t)
+	treetest.RequireRoot(t)
 	outside := t.TempDir()
 	for _, tc := range []struct {
 		name    string
-		entries []entry
+		entries []treetest.Entry
 	}{
-		{"absolute symlink, then a file through it", []entry{{name: "etc/evil", typ: tar.TypeSymlink, link: outside}, {name: "etc/evil/pwned", body: "x"}}},
-		{"relative symlink climbing out", []entry{{name: "up", typ: tar.TypeSymlink, link: "../../../../../../../.." + outside}, {name: "up/pwned", body: "x"}}},
-		{"symlink, then a directory through it", []entry{{name: "d", typ: tar.TypeSymlink, link: outside}, {name: "d/sub/", typ: tar.TypeDir}}},
-		{"hard link out", []entry{{name: "x", typ: tar.TypeLink, link: "../../../../../../../etc/passwd"}}},
-		{"dot-dot name", []entry{{name: "../../../../../../../.." + outside + "/pwned", body: "x"}}},
+		{"absolute symlink, then a file through it", []treetest.Entry{{Name: "etc/evil", Typ: tar.TypeSymlink, Link: outside}, {Name: "etc/evil/pwned", Body: "x"}}},
+		{"relative symlink climbing out", []treetest.Entry{{Name: "up", Typ: tar.TypeSymlink, Link: "../../../../../../../.." + outside}, {Name: "up/pwned", Body: "x"}}},
+		{"symlink, then a directory through it", []treetest.Entry{{Name: "d", Typ: tar.TypeSymlink, Link: outside}, {Name: "d/sub/", Typ: tar.TypeDir}}},
+		{"hard link out", []treetest.Entry{{Name: "x", Typ: tar.TypeLink, Link: "../../../../../../../etc/passwd"}}},
+		{"dot-dot name", []treetest.Entry{{Name: "../../../../../../../.." + outside + "/pwned", Body: "x"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rc, err := layer(t, tc.entries...).Uncompressed()
+			rc, err := treetest.Layer(t, tc.entries...).Uncompressed()
 			if err != nil {
 				t.Fatal(err)
 			}

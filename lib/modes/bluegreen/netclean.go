@@ -1,4 +1,4 @@
-package nspawn
+package bluegreen
 
 import (
 	"bufio"
@@ -31,28 +31,19 @@ const CNIBridge = "cni0"
 // (bridge's masquerade chains per container, portmap's CNI-HOSTPORT-*).
 var ownedChainPrefixes = []string{"KUBE-", "CNI-"}
 
-// cleanNetwork removes what the stopped node stack of slot left in the
-// host's network namespace: its iptables chains (and the rules that jump
-// to them) in every table, for IPv4 and IPv6, and the CNI bridge. The
-// pods' veth ends went with their network namespaces when the machine
-// stopped. It is best effort: every step is logged, none fails the
-// repave, because the next node stack makes its own chains and bridge
-// again whatever is left (a stale rule can only be redundant). The
-// iptables tools are the node image's own (the host may have none), run
-// chrooted in the slot's rootfs, or the other slot's when that one is
-// gone; with neither the chains are left and a line says so.
-func (m *Mode) cleanNetwork(ctx context.Context, slot string) {
-	if m.NetworkCleaner != nil {
-		m.NetworkCleaner(ctx, slot)
-		return
-	}
-	CleanHostNetwork(ctx, m.log(), m.Paths.MachineDir, slot)
-}
-
-// CleanHostNetwork is the cleaning of cleanNetwork for any mode whose
-// node stack runs in a rootfs of its own per slot in the host's network
-// namespace (nspawn, container): rootOf gives a slot's rootfs on the host,
-// whose iptables tools it runs.
+// CleanHostNetwork removes what the stopped node stack of slot left in
+// the host's network namespace, for a mode whose node stack runs in a
+// rootfs of its own per slot in that namespace (nspawn, container):
+// rootOf gives a slot's rootfs on the host. It removes the node stack's
+// iptables chains (and the rules that jump to them) in every table, for
+// IPv4 and IPv6, and the CNI bridge. The pods' veth ends went with their
+// network namespaces when the node stopped. It is best effort: every
+// step is logged, none fails the repave, because the next node stack
+// makes its own chains and bridge again whatever is left (a stale rule
+// can only be redundant). The iptables tools are the node image's own
+// (the host may have none), run chrooted in the slot's rootfs, or the
+// other slot's when that one is gone; with neither the chains are left
+// and a line says so.
 func CleanHostNetwork(ctx context.Context, log *slog.Logger, rootOf func(slot string) string, slot string) {
 	start := time.Now()
 	removed, tried := 0, false

@@ -1,4 +1,4 @@
-package nspawn
+package tree
 
 import (
 	"archive/tar"
