@@ -41,7 +41,7 @@ var expectedRuns = []struct {
 	{"TestPowerCutsAtFirstBootsRecordLeaveOneRecordAndTheMachineSucceeded", 354},
 	{"TestRollingRepaveOneHostAtATimeStopsAtAFailureAndResumes", 353},
 	{"TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset", 338},
-	{"TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp", 331},
+	{"TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp", 520},
 	{"TestRepaveCrashAtEveryPointThenPowerCutsConverge", 305},
 	{"TestIsolationChangeCrashAtEveryPointThenPowerCutsConverge", 257},
 	{"TestIsolationChangeByReprovisionCrashesAndPowerCutsConverge", 254},

@@ -342,13 +342,26 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 
 	// (4) An upgrade by operation cut right after its install (the
 	// daemon stopped first, as the power cut that follows stops it:
-	// nothing reports the cut), and a staged one cut right after the
-	// daemon's restart, each followed by a power cut
-	// of the whole host: at boot the node starts as on any boot, the
-	// upgrade is resumed and finishes on the new version (the operation
-	// Complete), and dpkg has nothing half-installed.
-	for i, point := range []string{"upgrade/after-install", "upgrade/after-activate"} {
-		to := fmt.Sprintf("9.9.9-up%d", 4+i)
+	// nothing reports the cut), and staged ones cut in the package
+	// manager's install between unpack and configure (dpkg leaves the
+	// package half-installed), right after the daemon's restart, after
+	// the record's last write (the package in installed/, the outcome
+	// recorded, the request taken, the journal still there) and after
+	// the journal's removal with the installation lock still held, each
+	// followed by a power cut of the whole host: at boot the node starts
+	// as on any boot, the upgrade is resumed and finishes on the new
+	// version (the operation Complete; never rolled back, never left
+	// owning the host with the daemon down), and dpkg has nothing
+	// half-installed. (Issue 41's windows 1, 2 and 4, cut for real; the
+	// versions rise, the last is 9.9.9-up5, which (4b) and (5) expect.)
+	for _, c := range []struct{ point, to string }{
+		{"upgrade/after-install", "9.9.9-up4"},
+		{"upgrade/after-unpack", "9.9.9-up4a"},
+		{"upgrade/after-activate", "9.9.9-up4b"},
+		{"upgrade/after-request-taken", "9.9.9-up4c"},
+		{"upgrade/before-release", "9.9.9-up5"},
+	} {
+		point, to := c.point, c.to
 		path, sum = putPackage(t, f, buildAgentDeb(t, to, false))
 		setCrashPoint(t, f, upgradeUnit, point)
 		f.daemonWatchdog(t, false)
