@@ -443,54 +443,20 @@ func evictionRetriable(err error) bool {
 // ErrDrainTimeout that names each pod left and the last answer for it,
 // and the pods that came back after their eviction.
 func (d *Drainer) Drain(ctx context.Context) error {
-	timeout := d.Timeout
-	if timeout <= 0 {
-		timeout = DefaultDrainTimeout
+	r := &drainRun{d: d, timeout: d.Timeout, start: time.Now(),
+		evicted: map[types.UID]string{}, waited: map[types.UID]bool{}, askAgain: map[types.UID]time.Time{},
+		evictions: map[string]int{}, last: map[string]string{}}
+	if r.timeout <= 0 {
+		r.timeout = DefaultDrainTimeout
 	}
-	settle := d.settle(timeout)
-	deadline := time.Now().Add(timeout)
+	r.settle = d.settle(r.timeout)
+	deadline := r.start.Add(r.timeout)
 	parent := ctx
 	// The requests begun before the deadline have room to end.
 	ctx, cancel := context.WithDeadline(ctx, deadline.Add(5*time.Second))
 	defer cancel()
 	view := &nodePods{d: d}
 	defer view.stop()
-	evicted := map[types.UID]string{}     // uid -> namespace/name
-	waited := map[types.UID]bool{}        // terminating when found: not evicted
-	askAgain := map[types.UID]time.Time{} // eviction refused or unanswered: when to ask again
-	evictions := map[string]int{}         // namespace/name -> evictions (more than one: it came back)
-	last := map[string]string{}           // namespace/name -> why it is still there
-	var left []string
-	var emptySince time.Time // since when no pod to evict is left; zero while there is one
-	timedOut := func(cause error) error {
-		slices.Sort(left)
-		var b strings.Builder
-		for _, k := range left {
-			fmt.Fprintf(&b, "; %s: %s", k, last[k])
-			if n := evictions[k]; n > 1 {
-				fmt.Fprintf(&b, " (evicted %d times: it came back)", n)
-			}
-		}
-		var back []string
-		for k, n := range evictions {
-			if n > 1 && !slices.Contains(left, k) {
-				back = append(back, fmt.Sprintf("%s (evicted %d times)", k, n))
-			}
-		}
-		if len(back) > 0 {
-			slices.Sort(back)
-			fmt.Fprintf(&b, "; came back after their eviction: %s", strings.Join(back, ", "))
-		}
-		if len(left) == 0 && !emptySince.IsZero() {
-			fmt.Fprintf(&b, "; the node was empty for the last %s only, not the %s it must stay empty",
-				time.Since(emptySince).Round(time.Millisecond), settle)
-		}
-		if cause != nil {
-			return fmt.Errorf("%w (%s) on node %s: %w; %d pod(s) left at the last answer%s", ErrDrainTimeout, timeout, d.Node, cause, len(left), b.String())
-		}
-		return fmt.Errorf("%w (%s) on node %s: %d pod(s) left%s", ErrDrainTimeout, timeout, d.Node, len(left), b.String())
-	}
-	start := time.Now()
 	for {
 		err := view.ensure(ctx, deadline)
 		switch {
@@ -498,107 +464,37 @@ func (d *Drainer) Drain(ctx context.Context) error {
 		case parent.Err() != nil:
 			return fmt.Errorf("drain node %s: %w", d.Node, parent.Err())
 		case NoAnswer(err), ctx.Err() != nil:
-			return timedOut(err) // no answer until the deadline
+			return r.timedOut(err) // no answer until the deadline
 		default:
 			return fmt.Errorf("drain node %s: %w", d.Node, err)
 		}
-		left = left[:0]
-		var toEvict []*corev1.Pod
-		var unmanaged []string
-		for _, p := range view.sorted() {
-			key := p.Namespace + "/" + p.Name
-			if why := Skipped(p); why != "" {
-				continue
-			}
-			if _, ok := evicted[p.UID]; ok {
-				left = append(left, key)
-				last[key] = "evicted, waiting for it to end (" + deletionGrace(p) + ")"
-				continue
-			}
-			if p.DeletionTimestamp != nil {
-				// An eviction would only ask for the deletion that
-				// runs already; its grace is the one that counts.
-				left = append(left, key)
-				last[key] = "terminating, not evicted again: waiting for it to end (" + deletionGrace(p) + ")"
-				if !waited[p.UID] {
-					waited[p.UID] = true
-					d.log().Info("pod terminating already: waiting for it, not evicting it", "pod", key, "node", d.Node, "grace", deletionGrace(p))
-				}
-				continue
-			}
-			if metav1.GetControllerOf(p) == nil && !d.DeleteUnmanaged {
-				unmanaged = append(unmanaged, key)
-			}
-			toEvict = append(toEvict, p)
+		toEvict, err := r.sort(view)
+		if err != nil {
+			return err
 		}
-		if len(unmanaged) > 0 {
-			done := "nothing was evicted"
-			if len(evicted) > 0 {
-				done = fmt.Sprintf("nothing more was evicted (%d pod(s) were, before these appeared)", len(evicted))
-			}
-			return fmt.Errorf("drain node %s: %w: %s (no ownerReference with controller=true: nothing would create them again); %s",
-				d.Node, ErrUnmanagedPods, strings.Join(unmanaged, ", "), done)
-		}
-		for _, p := range toEvict {
-			key := p.Namespace + "/" + p.Name
-			left = append(left, key)
-			if t, ok := askAgain[p.UID]; ok && time.Now().Before(t) {
-				continue
-			}
-			err := d.retry(ctx, deadline, "evict pod "+key, evictionRetriable, func(ctx context.Context) error { return d.evict(ctx, p) })
-			switch {
-			case err == nil:
-				evicted[p.UID] = key
-				delete(askAgain, p.UID)
-				evictions[key]++
-				last[key] = "evicted, waiting for it to end"
-				if n := evictions[key]; n > 1 {
-					d.log().Info("pod came back after its eviction (another pod of the same name): evicted it too", "pod", key, "node", d.Node, "evictions", n)
-				} else {
-					d.log().Info("pod evicted", "pod", key, "node", d.Node)
-				}
-			case apierrors.IsTooManyRequests(err):
-				// A PodDisruptionBudget does not allow it now.
-				askAgain[p.UID] = time.Now().Add(d.poll())
-				last[key] = "eviction refused (429): " + err.Error()
-			case NoAnswer(err):
-				askAgain[p.UID] = time.Now().Add(d.poll())
-				last[key] = "eviction failed: " + err.Error() // retried until the deadline
-			default:
-				return fmt.Errorf("drain node %s: evict %s: %w", d.Node, key, err)
-			}
+		if err := r.evict(ctx, deadline, toEvict); err != nil {
+			return err
 		}
 		now := time.Now()
 		switch {
-		case len(left) > 0:
-			emptySince = time.Time{}
-		case emptySince.IsZero():
-			emptySince = now
-			d.log().Info("no pod to evict left on the node: watching that it stays so", "node", d.Node, "settle", settle.String())
+		case len(r.left) > 0:
+			r.emptySince = time.Time{}
+		case r.emptySince.IsZero():
+			r.emptySince = now
+			d.log().Info("no pod to evict left on the node: watching that it stays so", "node", d.Node, "settle", r.settle.String())
 		}
-		if !emptySince.IsZero() && now.Sub(emptySince) >= settle {
-			d.log().Info("node drained", "node", d.Node, "evicted", len(evicted), "waited_for_terminating", len(waited),
-				"settle", settle.String(), "took", time.Since(start).Round(time.Millisecond).String())
+		if !r.emptySince.IsZero() && now.Sub(r.emptySince) >= r.settle {
+			d.log().Info("node drained", "node", d.Node, "evicted", len(r.evicted), "waited_for_terminating", len(r.waited),
+				"settle", r.settle.String(), "took", time.Since(r.start).Round(time.Millisecond).String())
 			return nil
 		}
 		if !now.Before(deadline) {
-			return timedOut(nil)
+			return r.timedOut(nil)
 		}
 		// Woken by the next event of the watch, the end of the
 		// settle window, the next eviction to ask again, or the
 		// deadline.
-		wake := deadline
-		if end := emptySince.Add(settle); !emptySince.IsZero() && end.Before(wake) {
-			wake = end
-		}
-		for uid, t := range askAgain {
-			if _, there := view.pods[uid]; !there {
-				delete(askAgain, uid)
-			} else if t.Before(wake) {
-				wake = t
-			}
-		}
-		timer := time.NewTimer(time.Until(wake))
+		timer := time.NewTimer(time.Until(r.wake(deadline, view)))
 		select {
 		case ev, ok := <-view.events():
 			view.apply(ev, ok)
@@ -608,10 +504,158 @@ func (d *Drainer) Drain(ctx context.Context) error {
 			if parent.Err() != nil {
 				return fmt.Errorf("drain node %s: %w", d.Node, parent.Err())
 			}
-			return timedOut(nil)
+			return r.timedOut(nil)
 		}
 		timer.Stop()
 	}
+}
+
+// drainRun is one Drain's account of the Node's pods.
+type drainRun struct {
+	d               *Drainer
+	timeout, settle time.Duration
+	start           time.Time
+	evicted         map[types.UID]string    // uid -> namespace/name
+	waited          map[types.UID]bool      // terminating when found: not evicted
+	askAgain        map[types.UID]time.Time // eviction refused or unanswered: when to ask again
+	evictions       map[string]int          // namespace/name -> evictions (more than one: it came back)
+	last            map[string]string       // namespace/name -> why it is still there
+	left            []string                // the pods to evict or wait for, at the last look
+	emptySince      time.Time               // since when no pod to evict is left; zero while there is one
+}
+
+// sort goes through the Node's pods as the view has them: the evicted and
+// the terminating ones are waited for, the others returned to evict. A
+// pod without a controller refuses the drain (ErrUnmanagedPods) unless
+// DeleteUnmanaged.
+func (r *drainRun) sort(view *nodePods) ([]*corev1.Pod, error) {
+	d := r.d
+	r.left = r.left[:0]
+	var toEvict []*corev1.Pod
+	var unmanaged []string
+	for _, p := range view.sorted() {
+		key := p.Namespace + "/" + p.Name
+		if why := Skipped(p); why != "" {
+			continue
+		}
+		if _, ok := r.evicted[p.UID]; ok {
+			r.left = append(r.left, key)
+			r.last[key] = "evicted, waiting for it to end (" + deletionGrace(p) + ")"
+			continue
+		}
+		if p.DeletionTimestamp != nil {
+			// An eviction would only ask for the deletion that runs
+			// already; its grace is the one that counts.
+			r.left = append(r.left, key)
+			r.last[key] = "terminating, not evicted again: waiting for it to end (" + deletionGrace(p) + ")"
+			if !r.waited[p.UID] {
+				r.waited[p.UID] = true
+				d.log().Info("pod terminating already: waiting for it, not evicting it", "pod", key, "node", d.Node, "grace", deletionGrace(p))
+			}
+			continue
+		}
+		if metav1.GetControllerOf(p) == nil && !d.DeleteUnmanaged {
+			unmanaged = append(unmanaged, key)
+		}
+		toEvict = append(toEvict, p)
+	}
+	if len(unmanaged) > 0 {
+		done := "nothing was evicted"
+		if len(r.evicted) > 0 {
+			done = fmt.Sprintf("nothing more was evicted (%d pod(s) were, before these appeared)", len(r.evicted))
+		}
+		return nil, fmt.Errorf("drain node %s: %w: %s (no ownerReference with controller=true: nothing would create them again); %s",
+			d.Node, ErrUnmanagedPods, strings.Join(unmanaged, ", "), done)
+	}
+	return toEvict, nil
+}
+
+// evict asks for the eviction of each pod of toEvict whose time to ask
+// has come; a refusal (429) or no answer is asked again after Poll.
+func (r *drainRun) evict(ctx context.Context, deadline time.Time, toEvict []*corev1.Pod) error {
+	d := r.d
+	for _, p := range toEvict {
+		key := p.Namespace + "/" + p.Name
+		r.left = append(r.left, key)
+		if t, ok := r.askAgain[p.UID]; ok && time.Now().Before(t) {
+			continue
+		}
+		err := d.retry(ctx, deadline, "evict pod "+key, evictionRetriable, func(ctx context.Context) error { return d.evict(ctx, p) })
+		switch {
+		case err == nil:
+			r.evicted[p.UID] = key
+			delete(r.askAgain, p.UID)
+			r.evictions[key]++
+			r.last[key] = "evicted, waiting for it to end"
+			if n := r.evictions[key]; n > 1 {
+				d.log().Info("pod came back after its eviction (another pod of the same name): evicted it too", "pod", key, "node", d.Node, "evictions", n)
+			} else {
+				d.log().Info("pod evicted", "pod", key, "node", d.Node)
+			}
+		case apierrors.IsTooManyRequests(err):
+			// A PodDisruptionBudget does not allow it now.
+			r.askAgain[p.UID] = time.Now().Add(d.poll())
+			r.last[key] = "eviction refused (429): " + err.Error()
+		case NoAnswer(err):
+			r.askAgain[p.UID] = time.Now().Add(d.poll())
+			r.last[key] = "eviction failed: " + err.Error() // retried until the deadline
+		default:
+			return fmt.Errorf("drain node %s: evict %s: %w", d.Node, key, err)
+		}
+	}
+	return nil
+}
+
+// wake is when the drain looks again without an event of the watch: the
+// end of the settle window, the next eviction to ask again, or the
+// deadline, whichever comes first. An eviction to ask again of a pod that
+// has gone is forgotten.
+func (r *drainRun) wake(deadline time.Time, view *nodePods) time.Time {
+	wake := deadline
+	if end := r.emptySince.Add(r.settle); !r.emptySince.IsZero() && end.Before(wake) {
+		wake = end
+	}
+	for uid, t := range r.askAgain {
+		if _, there := view.pods[uid]; !there {
+			delete(r.askAgain, uid)
+		} else if t.Before(wake) {
+			wake = t
+		}
+	}
+	return wake
+}
+
+// timedOut is the drain's error at its deadline: each pod left and the
+// last answer for it, the pods that came back after their eviction, and,
+// for a node that was empty, for how long.
+func (r *drainRun) timedOut(cause error) error {
+	d := r.d
+	slices.Sort(r.left)
+	var b strings.Builder
+	for _, k := range r.left {
+		fmt.Fprintf(&b, "; %s: %s", k, r.last[k])
+		if n := r.evictions[k]; n > 1 {
+			fmt.Fprintf(&b, " (evicted %d times: it came back)", n)
+		}
+	}
+	var back []string
+	for k, n := range r.evictions {
+		if n > 1 && !slices.Contains(r.left, k) {
+			back = append(back, fmt.Sprintf("%s (evicted %d times)", k, n))
+		}
+	}
+	if len(back) > 0 {
+		slices.Sort(back)
+		fmt.Fprintf(&b, "; came back after their eviction: %s", strings.Join(back, ", "))
+	}
+	if len(r.left) == 0 && !r.emptySince.IsZero() {
+		fmt.Fprintf(&b, "; the node was empty for the last %s only, not the %s it must stay empty",
+			time.Since(r.emptySince).Round(time.Millisecond), r.settle)
+	}
+	if cause != nil {
+		return fmt.Errorf("%w (%s) on node %s: %w; %d pod(s) left at the last answer%s", ErrDrainTimeout, r.timeout, d.Node, cause, len(r.left), b.String())
+	}
+	return fmt.Errorf("%w (%s) on node %s: %d pod(s) left%s", ErrDrainTimeout, r.timeout, d.Node, len(r.left), b.String())
 }
 
 // deletionGrace describes the deletion under way of p: its grace period
