@@ -2,6 +2,7 @@ package tree
 
 import (
 	"archive/tar"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -111,17 +112,60 @@ func writePodImages(rootfs string, img modes.Image) ([]string, error) {
 	if _, err := os.Stat(filepath.Join(dir, "index.json")); errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
+	p, keep, names, err := podImagesOf(dir, img)
+	if err != nil || len(keep) == 0 {
+		return nil, err
+	}
+	d, err := nodestack.MkdirUnder(rootfs, path.Dir(podImagesArchive))
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(d, path.Base(podImagesArchive)), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	lt := &layoutTar{tw: tar.NewWriter(f), p: p, seen: map[v1.Hash]bool{}}
+	idx := v1.IndexManifest{SchemaVersion: 2, MediaType: "application/vnd.oci.image.index.v1+json", Manifests: keep}
+	ib, err := json.Marshal(idx)
+	if err != nil {
+		return nil, err
+	}
+	if err := lt.addBytes("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
+		return nil, err
+	}
+	if err := lt.addBytes("index.json", ib); err != nil {
+		return nil, err
+	}
+	for _, d := range keep {
+		if err := lt.walk(d); err != nil {
+			return nil, fmt.Errorf("offline pod image %s (OCI layout %s): %w", d.Annotations[annContainerdName], dir, err)
+		}
+	}
+	if err := lt.tw.Close(); err != nil {
+		return nil, err
+	}
+	if err := f.Sync(); err != nil {
+		return nil, err
+	}
+	return names, f.Close()
+}
+
+// podImagesOf reads the offline OCI layout dir and returns the entries
+// that are pod images (not the node image img), annotated with the name
+// containerd imports them under, and those names.
+func podImagesOf(dir string, img modes.Image) (layout.Path, []v1.Descriptor, []string, error) {
 	p, err := layout.FromPath(dir)
 	if err != nil {
-		return nil, fmt.Errorf("offline pod images: OCI layout %s: %w", dir, err)
+		return "", nil, nil, fmt.Errorf("offline pod images: OCI layout %s: %w", dir, err)
 	}
 	ii, err := p.ImageIndex()
 	if err != nil {
-		return nil, fmt.Errorf("offline pod images: OCI layout %s: %w", dir, err)
+		return "", nil, nil, fmt.Errorf("offline pod images: OCI layout %s: %w", dir, err)
 	}
 	im, err := ii.IndexManifest()
 	if err != nil {
-		return nil, fmt.Errorf("offline pod images: OCI layout %s: %w", dir, err)
+		return "", nil, nil, fmt.Errorf("offline pod images: OCI layout %s: %w", dir, err)
 	}
 	var nodeFull, nodeShort string
 	if r, err := name.ParseReference(img.Ref); err == nil {
@@ -150,97 +194,72 @@ func writePodImages(rootfs string, img modes.Image) ([]string, error) {
 		keep = append(keep, d)
 		names = append(names, full)
 	}
-	if len(keep) == 0 {
-		return nil, nil
-	}
+	return p, keep, names, nil
+}
 
-	d, err := nodestack.MkdirUnder(rootfs, path.Dir(podImagesArchive))
-	if err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(filepath.Join(d, path.Base(podImagesArchive)), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	tw := tar.NewWriter(f)
-	add := func(name string, size int64, r io.Reader) error {
-		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: size, Typeflag: tar.TypeReg}); err != nil {
-			return err
-		}
-		n, err := io.Copy(tw, r)
-		if err == nil && n != size {
-			err = fmt.Errorf("%s: %d bytes, the descriptor says %d", name, n, size)
-		}
+// layoutTar writes an OCI layout as a tar archive: every blob the entries
+// walked reach, once.
+type layoutTar struct {
+	tw   *tar.Writer
+	p    layout.Path
+	seen map[v1.Hash]bool
+}
+
+func (lt *layoutTar) add(name string, size int64, r io.Reader) error {
+	if err := lt.tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: size, Typeflag: tar.TypeReg}); err != nil {
 		return err
 	}
-	addBytes := func(name string, b []byte) error { return add(name, int64(len(b)), strings.NewReader(string(b))) }
-	idx := v1.IndexManifest{SchemaVersion: 2, MediaType: "application/vnd.oci.image.index.v1+json", Manifests: keep}
-	ib, err := json.Marshal(idx)
-	if err != nil {
-		return nil, err
+	n, err := io.Copy(lt.tw, r)
+	if err == nil && n != size {
+		err = fmt.Errorf("%s: %d bytes, the descriptor says %d", name, n, size)
 	}
-	if err := addBytes("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
-		return nil, err
-	}
-	if err := addBytes("index.json", ib); err != nil {
-		return nil, err
-	}
-	// Every blob the kept entries reach, once.
-	seen := map[v1.Hash]bool{}
-	var walk func(d v1.Descriptor) error
-	walk = func(d v1.Descriptor) error {
-		if seen[d.Digest] {
-			return nil
-		}
-		seen[d.Digest] = true
-		rc, err := p.Blob(d.Digest)
-		if err != nil {
-			return err
-		}
-		defer rc.Close()
-		blob := "blobs/" + d.Digest.Algorithm + "/" + d.Digest.Hex
-		if !d.MediaType.IsImage() && !d.MediaType.IsIndex() {
-			return add(blob, d.Size, rc)
-		}
-		b, err := io.ReadAll(io.LimitReader(rc, 4<<20))
-		if err != nil {
-			return err
-		}
-		if err := addBytes(blob, b); err != nil {
-			return err
-		}
-		var children []v1.Descriptor
-		if d.MediaType.IsIndex() {
-			var sub v1.IndexManifest
-			if err := json.Unmarshal(b, &sub); err != nil {
-				return fmt.Errorf("%s: %w", blob, err)
-			}
-			children = sub.Manifests
-		} else {
-			var m v1.Manifest
-			if err := json.Unmarshal(b, &m); err != nil {
-				return fmt.Errorf("%s: %w", blob, err)
-			}
-			children = append([]v1.Descriptor{m.Config}, m.Layers...)
-		}
-		for _, c := range children {
-			if err := walk(c); err != nil {
-				return err
-			}
-		}
+	return err
+}
+
+func (lt *layoutTar) addBytes(name string, b []byte) error {
+	return lt.add(name, int64(len(b)), bytes.NewReader(b))
+}
+
+// walk adds d's blob and, for a manifest or an index, the blobs it names.
+func (lt *layoutTar) walk(d v1.Descriptor) error {
+	if lt.seen[d.Digest] {
 		return nil
 	}
-	for _, d := range keep {
-		if err := walk(d); err != nil {
-			return nil, fmt.Errorf("offline pod image %s (OCI layout %s): %w", d.Annotations[annContainerdName], dir, err)
+	lt.seen[d.Digest] = true
+	rc, err := lt.p.Blob(d.Digest)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	blob := "blobs/" + d.Digest.Algorithm + "/" + d.Digest.Hex
+	if !d.MediaType.IsImage() && !d.MediaType.IsIndex() {
+		return lt.add(blob, d.Size, rc)
+	}
+	b, err := io.ReadAll(io.LimitReader(rc, 4<<20))
+	if err != nil {
+		return err
+	}
+	if err := lt.addBytes(blob, b); err != nil {
+		return err
+	}
+	var children []v1.Descriptor
+	if d.MediaType.IsIndex() {
+		var sub v1.IndexManifest
+		if err := json.Unmarshal(b, &sub); err != nil {
+			return fmt.Errorf("%s: %w", blob, err)
+		}
+		children = sub.Manifests
+	} else {
+		var m v1.Manifest
+		if err := json.Unmarshal(b, &m); err != nil {
+			return fmt.Errorf("%s: %w", blob, err)
+		}
+		children = append([]v1.Descriptor{m.Config}, m.Layers...)
+	}
+	for _, c := range children {
+		if err := lt.walk(c); err != nil {
+			return err
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	if err := f.Sync(); err != nil {
-		return nil, err
-	}
-	return names, f.Close()
+	return nil
 }
