@@ -178,6 +178,13 @@ func (p Paths) UpgradeFailed() string { return filepath.Join(p.UpgradeDir(), "fa
 // before lib/outcome's record (read and written for one release).
 func (p Paths) UpgradeSucceeded() string { return filepath.Join(p.UpgradeDir(), "upgraded.json") }
 
+// PreparedDir holds what an image builder prepared for the first boot
+// (`unbounded prepare`, lib/modes/bluegreen/tree): tree/ (the
+// host-independent part of a slot's tree: the node image unpacked, the
+// artifacts, the offline pod images) and stamp.json (what it was built
+// from). The first slot build whose input matches takes the tree.
+func (p Paths) PreparedDir() string { return filepath.Join(p.HostRoot(), "prepared") }
+
 // OutcomeDir holds how each concern's last run ended (lib/outcome), one
 // record a concern, until the daemon has reported it.
 func (p Paths) OutcomeDir() string { return filepath.Join(p.HostRoot(), "outcome") }

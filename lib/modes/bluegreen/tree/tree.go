@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"unbounded-cloud.io/agent/lib/devices"
@@ -87,18 +88,23 @@ func (b *Builder) loadRDMAModules(ctx context.Context) error {
 //  2. resolves the image (Image.Ref: registry, "oci-layout:DIR[:TAG]",
 //     "docker-archive:FILE[:TAG]"; a registry reference is first looked
 //     up in Image.OfflineDir/images) with go-containerregistry;
-//  3. unpacks it into dir (Unpack: whiteouts applied, no write outside
-//     the directory), while the artifacts are installed into a tree of
-//     their own (nodestack.InstallArtifacts), then moves them in
-//     (nodestack.MoveArtifacts);
+//  3. takes the tree an image builder prepared (`unbounded prepare`,
+//     Prepare: the host root's prepared/tree, moved onto dir by a rename)
+//     when its stamp is this input's (the image's digest, the artifacts,
+//     the offline pod images, the agent's version), and says which input
+//     differed when it is not; else builds that host-independent part
+//     (base): unpacks the image into dir (Unpack: whiteouts applied, no
+//     write outside the directory), while the artifacts are installed
+//     into a tree of their own (nodestack.InstallArtifacts), then moves
+//     them in (nodestack.MoveArtifacts), and writes the pod images of
+//     Image.OfflineDir/images as one OCI archive, imported before kubelet
+//     starts (podimages.go): an offline host runs pods without a
+//     registry;
 //  4. writes the node configuration (nodestack.Files), the hostname (the
 //     Machine's name), resolv.conf (the host's upstream servers), an
 //     empty machine-id (systemd gives every copy its own at boot), and
 //     the units containerd.service and kubelet.service (plus
-//     unbounded-cgroup-rw.service on a legacy hierarchy), enabled; and
-//     the pod images of Image.OfflineDir/images as one OCI archive,
-//     imported before kubelet starts (podimages.go): an offline host runs
-//     pods without a registry;
+//     unbounded-cgroup-rw.service on a legacy hierarchy), enabled;
 //  5. finds the host devices the node is given (Slot.Devices: lib/devices),
 //     with the CDI specification of its NVIDIA GPUs in the rootfs
 //     (machinefile.Discover), and returns them.
@@ -121,13 +127,40 @@ func (b *Builder) Build(ctx context.Context, s modes.Slot, cg nodestack.Cgroup, 
 	if err != nil {
 		return devices.Found{}, err
 	}
+	want, err := b.stampOf(s, img, src)
+	if err != nil {
+		return devices.Found{}, err
+	}
+	if !b.takePrepared(s.Name, want, dir) {
+		if err := b.base(ctx, s, img, src, dir, stageParent, stagePrefix); err != nil {
+			return devices.Found{}, err
+		}
+	}
+	if err := b.writeNode(dir, s, cg); err != nil {
+		return devices.Found{}, err
+	}
+	found, err := machinefile.Discover(b.Paths, dir, s.Devices)
+	if err != nil {
+		return devices.Found{}, fmt.Errorf("host devices: %w", err)
+	}
+	if len(found.Devices) > 0 {
+		b.log().Info("host devices given to the node", "slot", s.Name, "devices", strings.Join(found.Paths(), " "),
+			"driverFiles", len(found.DriverFiles))
+	}
+	return found, nil
+}
+
+// base builds the host-independent part of the tree into dir (Build's
+// step 3): the image img (resolved from src) unpacked, the artifacts
+// moved in, the offline pod images.
+func (b *Builder) base(ctx context.Context, s modes.Slot, img v1.Image, src, dir, stageParent, stagePrefix string) error {
 	// The artifacts are installed into a tree of their own while the
 	// image is unpacked (both are mostly decompression and writes: a
 	// core each), then moved into the rootfs by renames. Named like tmp,
 	// so that an interrupted Prepare's leftovers include it.
 	stage, err := os.MkdirTemp(stageParent, stagePrefix)
 	if err != nil {
-		return devices.Found{}, err
+		return err
 	}
 	defer os.RemoveAll(stage)
 	begin := time.Now()
@@ -142,7 +175,7 @@ func (b *Builder) Build(ctx context.Context, s modes.Slot, cg nodestack.Cgroup, 
 	unpackTook := time.Since(begin)
 	ierr := <-installed // also on an unpack error: stage is removed after
 	if err != nil {
-		return devices.Found{}, fmt.Errorf("node image %s: %w", src, classify(err))
+		return fmt.Errorf("node image %s: %w", src, classify(err))
 	}
 	// A machine's / is 0755, whatever MkdirTemp made and whatever the
 	// image's "./" entry says: an image built from a 0700 directory
@@ -150,37 +183,23 @@ func (b *Builder) Build(ctx context.Context, s modes.Slot, cg nodestack.Cgroup, 
 	// machine's tree, and its dbus-daemon (user messagebus) fails, so the
 	// machine never reports ready.
 	if err := os.Chmod(dir, 0o755); err != nil {
-		return devices.Found{}, err
+		return err
 	}
 	// nspawn refuses a directory without /usr ("doesn't look like it has
 	// an OS tree"): say so now, naming the image.
 	if fi, err := os.Stat(filepath.Join(dir, "usr")); err != nil || !fi.IsDir() {
-		return devices.Found{}, fmt.Errorf("node image %s has no /usr directory: not an OS tree a node can boot", src)
+		return fmt.Errorf("node image %s has no /usr directory: not an OS tree a node can boot", src)
 	}
 	b.log().Info("node image unpacked", "slot", s.Name, "image", src, "took", unpackTook.Round(time.Millisecond).String(),
 		"artifactsTook", artifactsTook.Round(time.Millisecond).String(), "files", stats.Files,
 		"bytes", stats.Bytes, "skipped_devices", stats.Devices)
 	if ierr != nil {
-		return devices.Found{}, ierr
+		return ierr
 	}
 	if err := nodestack.MoveArtifacts(stage, dir, Layout); err != nil {
-		return devices.Found{}, err
+		return err
 	}
-	if err := b.writeNode(dir, s, cg); err != nil {
-		return devices.Found{}, err
-	}
-	if err := b.writePodImages(dir, s); err != nil {
-		return devices.Found{}, err
-	}
-	found, err := machinefile.Discover(b.Paths, dir, s.Devices)
-	if err != nil {
-		return devices.Found{}, fmt.Errorf("host devices: %w", err)
-	}
-	if len(found.Devices) > 0 {
-		b.log().Info("host devices given to the node", "slot", s.Name, "devices", strings.Join(found.Paths(), " "),
-			"driverFiles", len(found.DriverFiles))
-	}
-	return found, nil
+	return b.writePodImages(dir, s)
 }
 
 // StopConf bounds how long the machine's stop waits for what its units
