@@ -22,7 +22,7 @@ export GOTOOLCHAIN=go1.27.3
 # (ARCHITECTURE section 3): each becomes a link
 # /usr/libexec/unbounded/<concern> -> unbounded-agent. Empty: no concern is
 # built yet, and then the executable is not packaged either.
-CONCERNS="bootstrap daemon fence isolation lifecycle recover repave reprovision reset upgrade"
+CONCERNS="bootstrap daemon fence isolation lifecycle prepare recover repave reprovision reset upgrade"
 
 die() {
 	echo "build-packages.sh: $*" >&2

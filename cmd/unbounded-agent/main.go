@@ -26,6 +26,7 @@ import (
 	"unbounded-cloud.io/agent/cmd/fence"
 	"unbounded-cloud.io/agent/cmd/isolation"
 	"unbounded-cloud.io/agent/cmd/lifecycle"
+	"unbounded-cloud.io/agent/cmd/prepare"
 	"unbounded-cloud.io/agent/cmd/recover"
 	"unbounded-cloud.io/agent/cmd/repave"
 	"unbounded-cloud.io/agent/cmd/reprovision"
@@ -45,6 +46,7 @@ var concerns = map[string]struct {
 	"fence":       {fence.Main, "check with the cluster that the node may start (unbounded-fence.service)"},
 	"isolation":   {isolation.Main, "change the node's isolation mode, in place (rolling back on failure) or by a reprovision handoff (unbounded-isolation.service)"},
 	"lifecycle":   {lifecycle.Main, "before the daemon: resume an interrupted installation, repave or isolation change, keep the running node's hooks current (unbounded-lifecycle.service)"},
+	"prepare":     {prepare.Main, "bake into an OS image's root (--root) the artifacts and the unpacked node image every host booted from it would build alike; run by image builders, no unit"},
 	"recover":     {recover.Main, "report a failed agent unit on the Machine and repair the daemon (unbounded-recover@.service)"},
 	"repave":      {repave.Main, "replace the node stack from the desired config, blue/green or in place, rolling back on failure (unbounded-repave.service)"},
 	"reprovision": {reprovision.Main, "continue an isolation change's reprovision handoff: reset keeping the handoff, bootstrap the target mode (unbounded-reprovision.service)"},

@@ -87,6 +87,7 @@ type cli struct {
 	Status            statusCmd        `cmd:"" help:"One-screen summary of the node: mode, slot, applied configs, ownership, journals."`
 	Manifests         manifestsCmd     `cmd:"" help:"Print the CRDs, RBAC and admission policies the cluster needs (the same for every machine), for kubectl apply -f -."`
 	Reset             resetCmd         `cmd:"" help:"Remove the node and the agent's state from this host (asks first; /etc/unbounded stays). Runs the reset that unbounded-reset.service runs."`
+	Prepare           prepareCmd       `cmd:"" help:"For image builders: bake into the OS image at --root DIR the verified artifacts and the unpacked node image every host booted from it would otherwise build alike at its first boot. Runs the image's own agent; nothing host-specific is written."`
 	Logs              logsCmd          `cmd:"" help:"Show the journal of the active node's kubelet or containerd, whatever the mode and slot (in the node machine in mode nspawn, on the host in mode none)."`
 	Exec              execCmd          `cmd:"" help:"Run a command in the active node: in its machine in mode nspawn (systemd-run -M SLOT), on the host with the running version's tools on PATH in mode none. Exits with the command's status."`
 	Completion        completionCmd    `cmd:"" help:"Print the completion script for SHELL (bash, zsh, fish). The packages install them; this is for a shell or a host without them."`

@@ -82,6 +82,8 @@ func (e exitStatus) Is(target error) bool {
 		return target == exitcode.ErrConfigInvalid
 	case exitcode.Deferred:
 		return target == state.ErrOwned
+	case exitcode.TempFail:
+		return target == exitcode.ErrTemporary
 	}
 	return false
 }

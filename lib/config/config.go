@@ -265,12 +265,25 @@ func LoadFile(p hostpaths.Paths, file string) (*Config, error) {
 	return l.load()
 }
 
+// LoadImage reads the configuration baked into an image's root p (an
+// image builder's `unbounded prepare --root DIR`) as Load does, except
+// for what each host booted from the image gets at its first boot and the
+// image must not carry: the machine's name and the bootstrap token (its
+// file may be absent). Every other key is checked as on a host.
+func LoadImage(p hostpaths.Paths) (*Config, error) {
+	l := &loader{image: true, paths: p, main: p.ConfigFile(), origin: map[string]int{}, broken: map[string]bool{}}
+	return l.load()
+}
+
 type source struct {
 	file  string
 	lines lineIndex
 }
 
 type loader struct {
+	// image: the config of an image being built, not of a host
+	// (LoadImage): the host's own keys are not required.
+	image   bool
 	paths   hostpaths.Paths
 	main    string
 	sources []source

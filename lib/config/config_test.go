@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -209,5 +210,29 @@ func TestLoadAcceptsTheArchitectureExampleAndFillsDefaults(t *testing.T) {
 	}
 	if !reflect.DeepEqual(cfg.Files, []string{h.path("/etc/unbounded/agent.toml")}) {
 		t.Errorf("Files = %v", cfg.Files)
+	}
+}
+
+// An image's config (LoadImage, `unbounded prepare`) leaves the machine's
+// name and the bootstrap token to each host; a host's config may not, and
+// the image's other keys are checked as a host's.
+func TestLoadImageLeavesTheMachineAndTheTokenToEachHost(t *testing.T) {
+	h := newHost(t)
+	h.edit("/etc/unbounded/agent.toml", `machine = "site-w1"`, ``)
+	os.Remove(h.path("/etc/unbounded/bootstrap-token"))
+	if _, err := LoadImage(h.p); err != nil {
+		t.Fatalf("an image's config without machine and token: %v", err)
+	}
+	_, errs := h.load()
+	var keys []string
+	for _, e := range errs {
+		keys = append(keys, e.Key)
+	}
+	if !slices.Contains(keys, "machine") || !slices.Contains(keys, "cluster.bootstrap-token-file") {
+		t.Errorf("a host's config without machine and token: errors on %v, want machine and cluster.bootstrap-token-file", keys)
+	}
+	h.edit("/etc/unbounded/agent.toml", `mode = "nspawn"`, `mode = "vm"`)
+	if _, err := LoadImage(h.p); err == nil || !strings.Contains(err.Error(), "mode") {
+		t.Errorf("an image's bad mode: %v", err)
 	}
 }

@@ -53,7 +53,8 @@ func k(parts ...string) toml.Key { return toml.Key(parts) }
 // validate checks the values of the merged config. Keys whose value had the
 // wrong type were reported already and are skipped here.
 func (l *loader) validate(c *Config) {
-	if l.required(k("machine"), c.Machine) {
+	// An image's config may leave the machine to each host (LoadImage).
+	if !(l.image && c.Machine == "") && l.required(k("machine"), c.Machine) {
 		l.check(k("machine"), func() {
 			// A DNS label, not a subdomain: the name becomes part of the
 			// bootstrap token's group (system:bootstrappers:unbounded:<name>),
@@ -106,9 +107,11 @@ func (l *loader) validateCluster(c *Config) {
 		})
 	}
 	l.check(k("cluster", "ca-file"), func() { l.checkCA(c, k("cluster", "ca-file"), c.Cluster.CAFile) })
-	l.check(k("cluster", "bootstrap-token-file"), func() {
-		l.checkToken(c, k("cluster", "bootstrap-token-file"), c.Cluster.BootstrapTokenFile)
-	})
+	if !l.image { // the host's, at its first boot
+		l.check(k("cluster", "bootstrap-token-file"), func() {
+			l.checkToken(c, k("cluster", "bootstrap-token-file"), c.Cluster.BootstrapTokenFile)
+		})
+	}
 	if l.required(k("cluster", "kubernetes-version"), c.Cluster.KubernetesVersion) {
 		l.check(k("cluster", "kubernetes-version"), func() {
 			if !versionRE.MatchString(c.Cluster.KubernetesVersion) {

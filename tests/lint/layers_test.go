@@ -46,9 +46,11 @@ var layers = [][]string{
 	// The blue/green modes' slot tree (the node's rootfs both nspawn
 	// and container build, over nodestack), and its tests' images.
 	{"lib/modes/bluegreen/tree", "lib/modes/bluegreen/tree/treetest"},
-	// The modes, and the concerns that need no installation.
+	// The modes, and the concerns that need no installation (an image
+	// builder's prepare among them: the slot tree's host-independent
+	// part, baked into an image).
 	{"lib/modes/none", "lib/modes/nspawn", "lib/restart", "lib/daemon", "lib/recovery", "lib/cli",
-		"lib/kubectlplugin"},
+		"lib/kubectlplugin", "lib/prepare"},
 	// The container mode, above the other modes as ARCHITECTURE section 3
 	// has it; it builds its rootfs with lib/modes/bluegreen/tree, as the
 	// nspawn mode its machine, and imports no other mode.
@@ -66,7 +68,8 @@ var layers = [][]string{
 	{"lib/isolation", "lib/repave/repavetest"},
 	// The commands: one per concern, the CLI, the generator.
 	{"cmd/bootstrap", "cmd/daemon", "cmd/fence", "cmd/health", "cmd/lifecycle", "cmd/recover", "cmd/repave", "cmd/reset", "cmd/isolation", "cmd/reprovision",
-		"cmd/restart", "cmd/unbounded", "generators/unbounded-generator", "cmd/kubectl-unbounded", "cmd/upgrade"},
+		"cmd/restart", "cmd/unbounded", "generators/unbounded-generator", "cmd/kubectl-unbounded", "cmd/upgrade",
+		"cmd/prepare"},
 	// The multicall executable dispatches to the concerns' commands.
 	{"cmd/unbounded-agent"},
 }
