@@ -92,6 +92,9 @@ type firstBootOptions struct {
 	// alsoNone: a host of mode nspawn that can also run mode none
 	// (nodestack.FirstBootOptions.AlsoNone), for isolation changes.
 	alsoNone bool
+	// reg is a registry shared with other hosts (hosts of one image name
+	// the same node image); nil: the host's own.
+	reg *nodestack.Registry
 }
 
 func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
@@ -115,7 +118,10 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 		env.kube.CoreV1().Nodes().Delete(ctx, f.name, metav1.DeleteOptions{})
 	})
 
-	f.reg = nodestack.StartRegistry(t)
+	f.reg = o.reg
+	if f.reg == nil {
+		f.reg = nodestack.StartRegistry(t)
+	}
 	f.pause = f.reg.Push(t, "pause:3.10", s.PauseImage(t))
 	f.app = f.reg.Push(t, "busybox:1.35", s.BusyboxImage(t))
 	if o.mode != "none" {

@@ -43,6 +43,7 @@ var expectedRuns = []struct {
 	{"TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset", 338},
 	{"TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp", 520},
 	{"TestRepaveCrashAtEveryPointThenPowerCutsConverge", 305},
+	{"TestFirstBootsFromAPreparedImage", 160},
 	{"TestIsolationChangeCrashAtEveryPointThenPowerCutsConverge", 257},
 	{"TestIsolationChangeByReprovisionCrashesAndPowerCutsConverge", 254},
 	{"TestIsolationChangeByReprovisionRetriesWhileTheAPIServerIsUnreachable", 240},
