@@ -758,3 +758,26 @@ func TestResetRunsTheResetConcernOnceConfirmed(t *testing.T) {
 		}
 	}
 }
+
+// `unbounded prepare --root DIR` runs the image's own prepare concern
+// (DIR/usr/libexec/unbounded/prepare) and exits with its code; without
+// --root it runs nothing.
+func TestPrepareRunsTheImagesPrepareConcern(t *testing.T) {
+	root := t.TempDir()
+	var calls []concernCall
+	r := run(t, resetEnv("", 0, &calls), "prepare", "--root", root)
+	want := concernCall{hostpaths.New(root).Libexec("prepare"), []string{"--root", root}}
+	if r.code != 0 || len(calls) != 1 || calls[0].path != want.path || !slices.Equal(calls[0].args, want.args) {
+		t.Errorf("exit %d, calls %+v, want %+v; stderr %q", r.code, calls, want, r.stderr)
+	}
+	for _, code := range []int{exitcode.Failed, exitcode.TempFail, exitcode.ConfigInvalid} {
+		calls = nil
+		if r := run(t, resetEnv("", code, &calls), "prepare", "--root", root); r.code != code {
+			t.Errorf("concern exit %d: CLI exit %d", code, r.code)
+		}
+	}
+	calls = nil
+	if r := run(t, resetEnv("", 0, &calls), "prepare"); r.code == 0 || len(calls) != 0 {
+		t.Errorf("without --root: exit %d, calls %v", r.code, calls)
+	}
+}
