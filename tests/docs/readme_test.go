@@ -37,16 +37,18 @@ var languages = map[string]bool{"sh": true, "toml": false, "text": false}
 // arguments are not checked. A command that is neither here nor one the
 // checker reads fails: add a check, or add it here with the reason.
 var byName = map[string]string{
-	"apt":     "package manager: installs the package file it is given",
-	"apt-get": "package manager: installs the package file it is given",
-	"dpkg":    "package manager: installs the package file it is given",
-	"rpm":     "package manager: installs the package file it is given",
-	"dnf":     "package manager: installs the package file it is given",
-	"install": "coreutils; a path under the agent's directories is checked",
-	"cp":      "coreutils; a path under the agent's directories is checked",
-	"mkdir":   "coreutils; a path under the agent's directories is checked",
-	"reboot":  "systemd's: reboots the host",
-	"$EDITOR": "the reader's editor; a path under the agent's directories is checked",
+	"apt":         "package manager: installs the package file it is given",
+	"apt-get":     "package manager: installs the package file it is given",
+	"dpkg":        "package manager: installs the package file it is given",
+	"rpm":         "package manager: installs the package file it is given",
+	"dnf":         "package manager: installs the package file it is given",
+	"install":     "coreutils; a path under the agent's directories is checked",
+	"cp":          "coreutils; a path under the agent's directories is checked",
+	"mkdir":       "coreutils; a path under the agent's directories is checked",
+	"reboot":      "systemd's: reboots the host",
+	"debootstrap": "Debian's: makes an OS tree for an image (an image builder's first step)",
+	"chroot":      "coreutils: runs the package manager inside an image's root",
+	"$EDITOR":     "the reader's editor; a path under the agent's directories is checked",
 }
 
 // kubectlVerbs are kubectl's own subcommands a document may show,
