@@ -32,6 +32,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -581,12 +582,21 @@ func firstBootLoop(t *testing.T, ctx context.Context, o *out, kube kubernetes.In
 		return
 	}
 	n = min(n, 100)
-	o.step("bench: %d more first boots of the reset host, counting the node stack restarts for the kubelet's CSINode", n)
+	o.step("bench: %d more first boots of the reset host, every second one from a prepared image (unbounded prepare --root / after the reset), counting the node stack restarts for the kubelet's CSINode", n)
 	restarts := 0
 	var longest time.Duration
+	var plain, prepared []time.Duration
 	for i := 1; i <= n; i++ {
 		if err := kube.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			t.Fatalf("first boot %d of %d: delete Node %s: %v", i, n, name, err)
+		}
+		// Paired with the unprepared ones in one run: what an image
+		// builder's prepare saves a first boot (issue 42).
+		fromImage := i%2 == 0
+		if fromImage {
+			if out, err := prepareHost(ctx, m); err != nil {
+				t.Fatalf("first boot %d of %d: unbounded prepare --root /: %v\n%s", i, n, err, out)
+			}
 		}
 		begin := time.Now()
 		m.Systemctl("reset-failed", bootstrapUnit)
@@ -596,8 +606,22 @@ func firstBootLoop(t *testing.T, ctx context.Context, o *out, kube kubernetes.In
 		if !waitUnitEnd(t, ctx, m, bootstrapUnit, begin, nil) {
 			t.Fatalf("first boot %d of %d failed:\n%s", i, n, m.Journal(bootstrapUnit))
 		}
-		longest = max(longest, time.Since(begin))
-		restarts += csinodeRestarts(unitJournal(t, m, bootstrapUnit, begin))
+		took := time.Since(begin)
+		longest = max(longest, took)
+		lines := unitJournal(t, m, bootstrapUnit, begin)
+		restarts += csinodeRestarts(lines)
+		if fromImage {
+			taken := false
+			for _, l := range lines {
+				taken = taken || strings.Contains(l.msg, "prepared by the image builder: taken")
+			}
+			if !taken && os.Getenv("UNBOUNDED_DEMO_MODE") != "none" {
+				t.Fatalf("first boot %d of %d after unbounded prepare did not take the prepared tree:\n%s", i, n, m.Journal(bootstrapUnit))
+			}
+			prepared = append(prepared, took)
+		} else {
+			plain = append(plain, took)
+		}
 		if out, err := resetHost(ctx, m); err != nil {
 			t.Fatalf("reset after first boot %d of %d: %v\n%s", i, n, err, out)
 		}
@@ -605,6 +629,27 @@ func firstBootLoop(t *testing.T, ctx context.Context, o *out, kube kubernetes.In
 	o.say("%d first boots: %d CSINode restarts, slowest %s (unit start -> its end, Node Ready included)", n, restarts, took(longest))
 	bench.lines = append(bench.lines, fmt.Sprintf("firstboot.loop.runs %d", n), fmt.Sprintf("firstboot.loop.csinode-restarts %d", restarts))
 	bench.add("firstboot.loop.unit-max", longest)
+	if len(prepared) > 0 && len(plain) > 0 {
+		o.say("first boots, unit start -> its end (Node Ready included), median: %s unprepared, %s from a prepared image", took(median(plain)), took(median(prepared)))
+		bench.add("firstboot.loop.plain-median", median(plain))
+		bench.add("firstboot.loop.prepared-median", median(prepared))
+	}
+}
+
+// prepareHost runs `unbounded prepare --root /` in m (reset: the host
+// root is gone), as an image builder runs it in an image's root.
+func prepareHost(ctx context.Context, m *harness.Machine) ([]byte, error) {
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(pctx, "nsenter", "-t", strconv.Itoa(m.Leader()), "-a", "--", "unbounded", "prepare", "--root", "/")
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"}
+	return cmd.CombinedOutput()
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // waitUnitEnd waits for the end of unit's run in m started after begin,

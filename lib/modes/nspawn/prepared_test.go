@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+	"unbounded-cloud.io/agent/lib/hostpaths"
 	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree"
 	"unbounded-cloud.io/agent/lib/modes/bluegreen/tree/treetest"
 )
@@ -103,5 +105,39 @@ func TestPrepareBuildsWhenThePreparedTreeIsOfAnotherImage(t *testing.T) {
 			t.Fatalf("the stale prepared tree is still there: %v", ents)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A /var/lib/machines of its own (another file system than the host
+// root's): the prepared tree is copied, not moved, and taken all the
+// same.
+func TestPrepareTakesThePreparedTreeFromAnotherFileSystem(t *testing.T) {
+	treetest.RequireRoot(t)
+	ref := treetest.ServeRegistry(t, "unbounded/node:1.36.3", treetest.NodeImage(t))
+	f := newFixture(t, mountsLegacy, ref)
+	machines := f.p.Join(hostpaths.MachinesDirHost)
+	if err := os.MkdirAll(machines, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", machines, "tmpfs", 0, "mode=0700"); err != nil {
+		t.Skipf("tests/system: a tmpfs for /var/lib/machines: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(machines, unix.MNT_DETACH) })
+	ctx := context.Background()
+	b := &tree.Builder{Paths: f.p, Log: f.m.Log}
+	if _, err := b.Prepare(ctx, f.slot); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(f.p.PreparedDir(), "tree", "prepared-by-the-image-builder"), []byte("x"), 0o644)
+	f.logs.Reset()
+	if err := f.m.Prepare(ctx, f.slot); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(f.rootfs("prepared-by-the-image-builder")); err != nil || !strings.Contains(f.logs.String(), "copied across file systems") {
+		t.Errorf("the prepared tree was not copied across (%v):\n%s", err, f.logs)
+	}
+	f.checkTree(t, "legacy")
+	if _, err := os.Stat(filepath.Join(f.p.PreparedDir(), "tree")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the prepared tree is left after its copy: %v", err)
 	}
 }

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -133,16 +135,30 @@ func (b *Builder) takePrepared(slot string, want Stamp, dir string) bool {
 	if why == "" {
 		// rename(2) itself: it replaces an empty directory, which
 		// os.Rename refuses to.
-		if err := unix.Rename(b.preparedTree(), dir); err != nil {
-			// Another file system (EXDEV), or a dir that is not empty:
-			// built as without a prepared tree, which stays.
+		how := "moved"
+		if err := unix.Rename(b.preparedTree(), dir); errors.Is(err, unix.EXDEV) {
+			// The slot's tree on another file system than the host
+			// root (a /var/lib/machines of its own): copied, as cp -a
+			// copies a tree (owners, modes, links, extended attributes),
+			// by reflinks where the file system has them.
+			how = "copied across file systems"
+			if out, err := exec.Command("cp", "-a", "--reflink=auto", b.preparedTree()+"/.", dir+"/").CombinedOutput(); err != nil {
+				b.log().Warn("the prepared tree could not be copied; building the slot's tree", "slot", slot,
+					"error", err.Error(), "output", strings.TrimSpace(string(out)))
+				b.emptyDir(dir)
+				return false
+			}
+			os.RemoveAll(b.preparedTree())
+		} else if err != nil {
+			// A dir that is not empty, say: built as without a
+			// prepared tree, which stays.
 			b.log().Warn("the prepared tree could not be taken; building the slot's tree", "slot", slot, "error", err.Error())
 			return false
 		}
 		if err := state.RemoveDurable(b.preparedStamp()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			b.log().Warn("the prepared tree's stamp was not removed", "error", err.Error())
 		}
-		b.log().Info("node image and artifacts prepared by the image builder: taken", "slot", slot, "image", want.Image,
+		b.log().Info("node image and artifacts prepared by the image builder: taken", "how", how, "slot", slot, "image", want.Image,
 			"digest", want.Digest, "prepared_at", got.PreparedAt.Format(time.RFC3339))
 		return true
 	}
@@ -156,6 +172,14 @@ func (b *Builder) takePrepared(slot string, want Stamp, dir string) bool {
 		go os.RemoveAll(stale)
 	}
 	return false
+}
+
+// emptyDir removes what is in dir (a failed copy's part), keeping dir.
+func (b *Builder) emptyDir(dir string) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		os.RemoveAll(filepath.Join(dir, e.Name()))
+	}
 }
 
 // removeStale removes what an earlier takePrepared set aside and did not
