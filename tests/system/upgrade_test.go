@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/lib/upgrade"
 	"unbounded-cloud.io/agent/tests/system/harness"
 )
 
@@ -469,6 +470,53 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 			t.Errorf("daemon %s after the resumed rollback", st)
 		}
 		waitUntil(t, 3*time.Minute, "Node Ready after the power cut mid-rollback", f.nodeReady)
+		if t.Failed() {
+			return
+		}
+	}
+
+	// (4c) Issue 41's window 3: an upgrade whose every run is cut right
+	// after the daemon's restart on the new version (a new agent that
+	// takes its own upgrade down) is resumed at most upgrade.MaxResumes
+	// times, each resumed run cut at the same place; the run after that
+	// rolls it back (the previous package installed, nothing
+	// half-installed) and the Machine says why.
+	{
+		const to, back = "9.9.9-up5c", "9.9.9-up5"
+		path, sum = putPackage(t, f, buildAgentDeb(t, to, false))
+		setCrashPoint(t, f, upgradeUnit, upgrade.CrashAfterDaemonRestart)
+		f.m.Systemctl("stop", "unbounded-upgrade.path")
+		data, _ := f.m.ReadFile(path)
+		f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb", data, 0o600)
+		f.m.WriteFile("/var/lib/unbounded/upgrade/staged/agent.deb.sha256", []byte(sum+"\n"), 0o600)
+		for i := 0; i <= upgrade.MaxResumes; i++ {
+			cursor := journalCursor(t, f)
+			if out, err := f.m.Systemctl("start", "--no-block", upgradeUnit); err != nil {
+				t.Fatalf("start %s: %v\n%s", upgradeUnit, err, out)
+			}
+			wantCrashedAt(t, f, upgradeUnit, upgrade.CrashAfterDaemonRestart, waitUnitDone(t, f, upgradeUnit, cursor, 5*time.Minute))
+		}
+		setCrashPoint(t, f, upgradeUnit, "")
+		begin = time.Now()
+		if out, err := f.m.Systemctl("start", "--no-block", upgradeUnit); err != nil {
+			t.Fatalf("start %s: %v\n%s", upgradeUnit, err, out)
+		}
+		c := f.agentUpgradedWithin(t, 3*time.Minute, metav1.ConditionFalse, "RolledBack", "to "+strings.Replace(to, "-", "~", 1))
+		t.Logf("an upgrade cut %d times after the daemon's restart: AgentUpgraded=False %s %v after the last run began: %s",
+			upgrade.MaxResumes+1, c.Reason, time.Since(begin).Round(time.Millisecond), c.Message)
+		if !strings.Contains(c.Message, fmt.Sprintf("resumed %d times", upgrade.MaxResumes)) {
+			t.Errorf("AgentUpgraded message %q does not say the upgrade was resumed %d times", c.Message, upgrade.MaxResumes)
+		}
+		waitUntil(t, 2*time.Minute, "the Machine reports agent "+back, func(ctx context.Context) (bool, error) {
+			a := f.machine(t).Status.Agent
+			return a != nil && a.Version == back, nil
+		})
+		if out, _ := f.m.Run("dpkg-query", "-W", "-f", "${Version}", "unbounded-agent"); out != strings.Replace(back, "-", "~", 1) {
+			t.Errorf("installed version after the bounded resumes %q, want %s back", out, back)
+		}
+		if out, err := f.m.Run("dpkg", "--audit"); err != nil || strings.TrimSpace(out) != "" {
+			t.Errorf("dpkg --audit after the bounded resumes: %v\n%s", err, out)
+		}
 		if t.Failed() {
 			return
 		}
