@@ -292,17 +292,31 @@ func TestBuiltBinariesUseThisToolchain(t *testing.T) {
 	if len(bins) == 0 {
 		tiers.Skip(t, tiers.Static, "no bin/unbounded* here: run make build first (make test does)")
 	}
+	// The Makefile's GOEXPERIMENT (its GOBUILD) is part of the version a
+	// binary reports ("go1.27.3-X:nojsonv2"): the same toolchain, with
+	// the experiments the Makefile chose.
+	mk, err := os.ReadFile(filepath.Join(repo, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := runtime.Version()
+	if m := goExperimentLine.FindSubmatch(mk); m != nil {
+		want += "-X:" + string(m[1])
+	}
 	for _, b := range bins {
 		bi, err := buildinfo.ReadFile(b)
 		if err != nil {
 			t.Errorf("%s: %v", b, err)
 			continue
 		}
-		if bi.GoVersion != runtime.Version() {
-			t.Errorf("%s was built with %s, want %s (the toolchain of the Makefile's GOTOOLCHAIN): run make build", b, bi.GoVersion, runtime.Version())
+		if bi.GoVersion != want {
+			t.Errorf("%s was built with %s, want %s (the toolchain of the Makefile's GOTOOLCHAIN, with its GOBUILD's GOEXPERIMENT): run make build", b, bi.GoVersion, want)
 		}
 	}
 }
+
+// goExperimentLine is the GOEXPERIMENT of the Makefile's GOBUILD.
+var goExperimentLine = regexp.MustCompile(`(?m)^GOBUILD := .*GOEXPERIMENT=(\S+) `)
 
 // toolchainLine is how each entry point selects the toolchain.
 var toolchainLine = regexp.MustCompile(`(?m)^export GOTOOLCHAIN *:?= *(\S+)$`)
