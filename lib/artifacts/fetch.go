@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -109,6 +110,15 @@ func New(cfg *config.Config, p hostpaths.Paths) *Fetcher {
 		f.OfflineDir = cfg.Resolve(cfg.Artifacts.OfflineDir)
 	}
 	return f
+}
+
+// FetchConfig fetches and verifies every artifact cfg asks for on this
+// CPU architecture into the cache under p (New, FromConfig, FetchAll): what
+// bootstrap, the repave and an image's prepare fetch.
+func FetchConfig(ctx context.Context, cfg *config.Config, p hostpaths.Paths, log *slog.Logger) ([]Result, error) {
+	f := New(cfg, p)
+	f.Log = log
+	return f.FetchAll(ctx, FromConfig(cfg, runtime.GOARCH))
 }
 
 func (f *Fetcher) log() *slog.Logger {

@@ -58,7 +58,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
 	"time"
 
@@ -532,9 +531,7 @@ func (b *Bootstrap) fetch(ctx context.Context, cfg *config.Config) ([]artifacts.
 	if b.Fetch != nil {
 		return b.Fetch(ctx, cfg)
 	}
-	f := artifacts.New(cfg, b.Paths)
-	f.Log = b.Logger()
-	return f.FetchAll(ctx, artifacts.FromConfig(cfg, runtime.GOARCH))
+	return artifacts.FetchConfig(ctx, cfg, b.Paths, b.Logger())
 }
 
 func (b *Bootstrap) prepareSlot(ctx context.Context, cfg *config.Config, m modes.Mode, slot string, results []artifacts.Result) error {

@@ -25,7 +25,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 
 	"unbounded-cloud.io/agent/lib/artifacts"
 	"unbounded-cloud.io/agent/lib/config"
@@ -124,7 +123,5 @@ func (p *Prepare) fetch(ctx context.Context, cfg *config.Config) ([]artifacts.Re
 	if p.Fetch != nil {
 		return p.Fetch(ctx, cfg)
 	}
-	f := artifacts.New(cfg, p.Paths)
-	f.Log = p.log()
-	return f.FetchAll(ctx, artifacts.FromConfig(cfg, runtime.GOARCH))
+	return artifacts.FetchConfig(ctx, cfg, p.Paths, p.log())
 }

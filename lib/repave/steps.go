@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -113,9 +112,7 @@ func (r *Repave) fetch(ctx context.Context, cfg *config.Config) ([]artifacts.Res
 	if r.Fetch != nil {
 		return r.Fetch(ctx, cfg)
 	}
-	f := artifacts.New(cfg, r.Paths)
-	f.Log = r.Logger()
-	return f.FetchAll(ctx, artifacts.FromConfig(cfg, runtime.GOARCH))
+	return artifacts.FetchConfig(ctx, cfg, r.Paths, r.Logger())
 }
 
 func (r *Repave) cluster(cfg *config.Config, o Options) (Cluster, error) {
