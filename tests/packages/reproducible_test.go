@@ -3,9 +3,12 @@ package packages_test
 import (
 	"bytes"
 	"crypto/sha256"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"unbounded-cloud.io/agent/tests/tiers"
@@ -31,8 +34,7 @@ func TestPackagesBuildReproducibly(t *testing.T) {
 	}
 	t.Parallel()
 
-	build := func(umask string, env ...string) map[string][]byte {
-		t.Helper()
+	build := func(umask string, env ...string) (map[string][]byte, error) {
 		dist, tmp := t.TempDir(), t.TempDir()
 		cmd := exec.Command("sh", "-c", "umask "+umask+" && exec deb/build-packages.sh")
 		cmd.Dir = root
@@ -43,24 +45,33 @@ func TestPackagesBuildReproducibly(t *testing.T) {
 			"TMPDIR=" + tmp,
 		}, env...)...)
 		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("deb/build-packages.sh: %v\n%s", err, out)
+			return nil, fmt.Errorf("deb/build-packages.sh (umask %s, %v): %v\n%s", umask, env, err, out)
 		}
 		got := map[string][]byte{}
 		entries, err := os.ReadDir(dist)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		for _, e := range entries {
 			b, err := os.ReadFile(filepath.Join(dist, e.Name()))
 			if err != nil {
-				t.Fatal(err)
+				return nil, err
 			}
 			got[e.Name()] = b
 		}
-		return got
+		return got, nil
 	}
-	first := build("022", "TZ=UTC", "LC_ALL=C")
-	second := build("077", "TZ=Pacific/Auckland", "LC_ALL=C.UTF-8")
+	// The two builds at once (each writes only its own DIST and TMPDIR):
+	// their compressors take a core each.
+	var first, second map[string][]byte
+	var errFirst, errSecond error
+	var wg sync.WaitGroup
+	wg.Go(func() { first, errFirst = build("022", "TZ=UTC", "LC_ALL=C") })
+	wg.Go(func() { second, errSecond = build("077", "TZ=Pacific/Auckland", "LC_ALL=C.UTF-8") })
+	wg.Wait()
+	if err := errors.Join(errFirst, errSecond); err != nil {
+		t.Fatal(err)
+	}
 
 	for _, ext := range []string{".deb", ".rpm"} {
 		n := 0
