@@ -183,25 +183,11 @@ func runs(m *harness.Machine, uid string) int {
 
 func showProps(t *testing.T, m *harness.Machine, unit string, props ...string) map[string]string {
 	t.Helper()
-	out, err := m.Systemctl(append([]string{"show", unit}, prefixEach("-p", props)...)...)
+	kv, err := m.Show(unit, props...)
 	if err != nil {
 		t.Fatalf("systemctl show %s: %v", unit, err)
 	}
-	kv := map[string]string{}
-	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-		if k, v, ok := strings.Cut(l, "="); ok {
-			kv[k] = v
-		}
-	}
 	return kv
-}
-
-func prefixEach(flag string, vals []string) []string {
-	var out []string
-	for _, v := range vals {
-		out = append(out, flag, v)
-	}
-	return out
 }
 
 func TestDaemonCarriesOutOperationsWithRealSystemd(t *testing.T) {

@@ -233,11 +233,12 @@ func wantNoNodeUnits(t *testing.T, m *harness.Machine) {
 	}
 }
 
-// isActive is what an operator asks: `systemctl is-active UNIT` (which
-// exits non-zero for anything but active; the answer is on stdout).
+// isActive is what an operator asks with `systemctl is-active UNIT`: the
+// unit's ActiveState (harness.Machine.Show), "" when the machine cannot
+// say.
 func isActive(m *harness.Machine, unit string) string {
-	out, _ := m.Systemctl("is-active", unit)
-	return strings.TrimSpace(out)
+	kv, _ := m.Show(unit, "ActiveState")
+	return kv["ActiveState"]
 }
 
 // wantFencedUnit asserts, over D-Bus, that unit is required by target and

@@ -3,13 +3,16 @@ package harness
 import (
 	"bufio"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -246,6 +249,90 @@ func (m *Machine) UnitState(unit string) UnitState {
 		s.Result = fmt.Sprint(p.Value.Value())
 	}
 	return s
+}
+
+// Show reads a unit's properties as `systemctl show UNIT -p P...` prints
+// them, over the machine's D-Bus: the tier's waits ask this a few times a
+// second, and a D-Bus call costs the VM a fraction of what starting
+// nsenter and systemctl in the machine does. While the bus is not up (early
+// in a boot, a dbus-daemon restarted) it asks systemctl, which talks to
+// the manager's private socket.
+func (m *Machine) Show(unit string, props ...string) (map[string]string, error) {
+	m.helper()
+	if kv, err := m.showBus(unit, props); err == nil {
+		return kv, nil
+	}
+	args := []string{"show", unit}
+	for _, p := range props {
+		args = append(args, "-p", p)
+	}
+	out, err := m.Systemctl(args...)
+	if err != nil {
+		return nil, err
+	}
+	kv := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok {
+			kv[k] = v
+		}
+	}
+	return kv, nil
+}
+
+// showBus is Show over D-Bus: the Unit interface's properties, and the
+// Service interface's for a service's other ones.
+func (m *Machine) showBus(unit string, props []string) (map[string]string, error) {
+	conn, err := m.bus0()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	all, err := conn.GetUnitPropertiesContext(ctx, unit)
+	if err == nil && strings.HasSuffix(unit, ".service") && slices.ContainsFunc(props, func(p string) bool { _, ok := all[p]; return !ok }) {
+		var svc map[string]any
+		if svc, err = conn.GetUnitTypePropertiesContext(ctx, unit, "Service"); err == nil {
+			maps.Copy(all, svc)
+		}
+	}
+	if err != nil {
+		// A connection that broke (the machine's dbus-daemon restarted)
+		// is dialled again by the next call.
+		m.mu.Lock()
+		if m.bus == conn {
+			m.bus = nil
+			defer conn.Close()
+		}
+		m.mu.Unlock()
+		return nil, err
+	}
+	kv := make(map[string]string, len(props))
+	for _, p := range props {
+		v, ok := all[p]
+		if !ok {
+			return nil, fmt.Errorf("%s has no property %s on D-Bus", unit, p)
+		}
+		kv[p] = showValue(v)
+	}
+	return kv, nil
+}
+
+// showValue formats a property's value as systemctl show does: IDs (byte
+// arrays) in hex, booleans yes/no, numbers in decimal.
+func showValue(v any) string {
+	switch v := v.(type) {
+	case []byte:
+		return hex.EncodeToString(v)
+	case bool:
+		if v {
+			return "yes"
+		}
+		return "no"
+	case string:
+		return v
+	default:
+		return fmt.Sprint(v)
+	}
 }
 
 // UnitStrings reads a string-list property of a unit over D-Bus: Wants,
