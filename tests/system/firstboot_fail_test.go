@@ -328,7 +328,7 @@ func TestFirstBootBadInput(t *testing.T) {
 	// unbounded-bootstrap`, resumes once it is fixed.
 	t.Run("RegistryAnswersGarbage", func(t *testing.T) {
 		defer scenario(t)()
-		f := newFirstBoot(t, firstBootOptions{})
+		f := newFirstBoot(t, firstBootOptions{reg: nodestack.StartRegistry(t)})
 		f.reg.SetGarbage(true)
 		p := f.bootstrapEnded(t)
 		wantFinalExit(t, f, p, 1)

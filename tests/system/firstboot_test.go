@@ -92,9 +92,14 @@ type firstBootOptions struct {
 	// alsoNone: a host of mode nspawn that can also run mode none
 	// (nodestack.FirstBootOptions.AlsoNone), for isolation changes.
 	alsoNone bool
-	// reg is a registry shared with other hosts (hosts of one image name
-	// the same node image); nil: the host's own.
+	// reg is the registry the host pulls from; nil: the test process's
+	// shared one (nodestack.SharedRegistry), which every image this file
+	// pushes is the same in (a tag names the same image in every test).
+	// A test that makes its registry misbehave gives the host its own.
 	reg *nodestack.Registry
+	// gzipNode: the node image's root file system layer is gzip (the
+	// default image's is zstd: nodestack.NodeImage).
+	gzipNode bool
 }
 
 func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
@@ -120,11 +125,14 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 
 	f.reg = o.reg
 	if f.reg == nil {
-		f.reg = nodestack.StartRegistry(t)
+		f.reg = nodestack.SharedRegistry(t)
 	}
 	f.pause = f.reg.Push(t, "pause:3.10", s.PauseImage(t))
 	f.app = f.reg.Push(t, "busybox:1.35", s.BusyboxImage(t))
-	if o.mode != "none" {
+	switch {
+	case o.gzipNode:
+		f.nodeRef = f.reg.Push(t, "unbounded/node:bookworm-gzip", s.NodeImageGzip(t))
+	case o.mode != "none":
 		f.nodeRef = f.reg.Push(t, "unbounded/node:bookworm", s.NodeImage(t))
 	}
 	f.mirrorDir = s.Mirror(t)
@@ -392,10 +400,11 @@ func (f *firstBoot) wantBootstrapped(t *testing.T, mode, supervisor string) {
 // artifact mirror is down when the host boots: bootstrap exits 75 and
 // the unit retries it; the mirror comes back and the first boot finishes
 // without anyone touching the host. Then the node runs a Deployment's
-// pod.
+// pod. Its node image's layer is gzip, as most registries serve layers
+// (every other scenario's is zstd).
 func TestFirstBootNspawnBringsUpAReadyNode(t *testing.T) {
 	defer scenario(t)()
-	f := newFirstBoot(t, firstBootOptions{})
+	f := newFirstBoot(t, firstBootOptions{gzipNode: true})
 	f.mirror.Close()
 	begin := time.Now()
 	f.m.Start()

@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
-	"unbounded-cloud.io/agent/tests/system/nodestack"
 )
 
 // An image builder prepares an image (`unbounded prepare --root DIR`, the
@@ -26,8 +25,8 @@ import (
 // differed (issue 42).
 func TestFirstBootsFromAPreparedImage(t *testing.T) {
 	defer scenario(t)()
-	reg := nodestack.StartRegistry(t)
-	hosts := []*firstBoot{newFirstBoot(t, firstBootOptions{reg: reg}), newFirstBoot(t, firstBootOptions{reg: reg}), newFirstBoot(t, firstBootOptions{reg: reg})}
+	// (One registry for the three: the shared one.)
+	hosts := []*firstBoot{newFirstBoot(t, firstBootOptions{}), newFirstBoot(t, firstBootOptions{}), newFirstBoot(t, firstBootOptions{})}
 	image := hosts[0]
 
 	// The image: prepared in the first host's root, before it ever booted,
