@@ -313,6 +313,31 @@ func newMachine(lowers, args []string, logf func(string, ...any)) (*Machine, err
 	return m, nil
 }
 
+// TmpfsDir is a directory of the VM's own (not an overlay, so that a
+// machine can bind it where a node stack needs a real file system) for the
+// machine's files that the test binds into it, on a tmpfs of its own like
+// the machine's (EnvMachineTmpfs=0: on the disk): node trees written at
+// every slot build (a few hundred MB each, and their removal) cost the
+// disk's file system journalling and writeback that a tmpfs does not. It
+// is unmounted and removed when the test ends, after the machines the
+// test made after it (cleanups run last first).
+func TmpfsDir(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	if os.Getenv(EnvMachineTmpfs) == "0" {
+		return dir
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755,size="+machineTmpfsSize); err != nil {
+		t.Fatalf("mount a tmpfs on %s: %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount the tmpfs %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
 // Root is the machine's file system as the host sees it (the overlay's
 // merged directory). Files written here before Start are in place when PID 1
 // starts, e.g. state written with lib/state through hostpaths.New(m.Root()).

@@ -160,9 +160,9 @@ type FirstBootOptions struct {
 //     a node stack: every capability, the keyring and bpf system calls,
 //     a writable /proc/sys, cgroup v1 controllers (this VM binds them all
 //     to v1);
-//   - /var/lib/unbounded/slots on a directory of the VM's own file system:
-//     containerd's overlayfs snapshotter cannot put its layers on the
-//     host's overlay root.
+//   - /var/lib/unbounded/slots on a directory of the VM's own file system
+//     (a tmpfs: harness.TmpfsDir): containerd's overlayfs snapshotter
+//     cannot put its layers on the host's overlay root.
 //
 // In mode none the test host is the node's OS, so it also gets what that
 // OS has on a real host (installing it is not the product's job):
@@ -276,7 +276,7 @@ coredns-version = %q
 	}
 	t.Cleanup(func() { os.RemoveAll(kubeletDir) })
 	o.Env.PublishKubelet(t, o.Name, filepath.Join(kubeletDir, "10250.sock"))
-	slots := t.TempDir()
+	slots := harness.TmpfsDir(t)
 	args := []string{
 		"--bind=" + kubeletDir + ":" + kubeletForwardDir,
 		"--capability=all",
@@ -288,7 +288,7 @@ coredns-version = %q
 			harness.File{Path: "/etc/systemd/system/ubt-cgroup-rw.service", Data: []byte(cgroupRWUnit), Mode: 0o644},
 			harness.File{Path: "/etc/systemd/system/sysinit.target.d/ubt-cgroup-rw.conf", Data: []byte("[Unit]\nWants=ubt-cgroup-rw.service\n"), Mode: 0o644},
 		)
-		args = append(args, "--bind="+t.TempDir()+":"+none.Layout.ContainerdRoot)
+		args = append(args, "--bind="+harness.TmpfsDir(t)+":"+none.Layout.ContainerdRoot)
 	}
 	return &FirstBootHost{
 		Config:     cfg,
