@@ -112,8 +112,42 @@ fi
 # Each go test's exit status goes to $out/status ("TIER STATUS" lines):
 # the summary must agree with it. inner itself exits 0 once every tier has
 # run, so a non-zero status from with-env.sh is with-env.sh's own failure.
+# The system tier (tier 5): its scenarios, four at a time, wait on
+# systemd, kubelets and the control plane more than they compute, yet
+# keep this machine's two cores busy for most of the run; the other tiers
+# leave one of them idle half of the time (the unit tier: 150 s of CPU in
+# 180 s). So it starts first and runs beside them (inner), and the run
+# ends when it does.
+system_tier() {
+	# Every booted test host and node machine runs its own systemd, which
+	# takes inotify instances from the one per-user pool of the VM
+	# (fs.inotify.max_user_instances, 128 on Debian): with a few first
+	# boots at once, a node's containerd once started without its CRI
+	# plugin ("failed to create fsnotify watcher: too many open files").
+	# Raised (never lowered) for the run, as a host running several
+	# nested machines needs.
+	if [ "$(id -u)" = 0 ] && [ "$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null || echo 0)" -lt 1024 ]; then
+		echo "fs.inotify.max_user_instances: $(cat /proc/sys/fs/inotify/max_user_instances) -> 1024"
+		sysctl -q -w fs.inotify.max_user_instances=1024 || echo "could not raise fs.inotify.max_user_instances"
+	fi
+	# Four scenarios at a time on two cores (the first boots together
+	# take about 3 minutes instead of about 6;
+	# UNBOUNDED_TEST_SYSTEM_PARALLEL). go test lets every scenario go at
+	# once (-parallel above their number) and each waits for a place,
+	# the longest expected first (tests/system/schedule_test.go), so that
+	# the tier does not end on a long scenario started last. The tier
+	# took 23 minutes in a cold CI run before the container mode's crash
+	# chains, isolation changes and conformance node joined it (about 3
+	# more): its bound leaves room for a slower machine, inside CI's 90.
+	go test -count=1 -json -parallel 64 -timeout 45m ./tests/system/... >"$out/system.json" 2>"$out/system.err"
+	echo "system $?" >>"$out/status"
+}
+
 inner() {
-	local pkgs
+	local pkgs syspid
+	log "tier 5 (system: real systemd in nspawn), beside the other tiers"
+	system_tier &
+	syspid=$!
 	pkgs=$(go list ./... | grep -v -e '/tests/system' -e '/tests/packages' -e '/tests/lint' -e '/units$')
 	log "tier 1 (unit) and tier 4 (kubernetes)"
 	go test -count=1 -json -timeout 15m $pkgs >"$out/unit.json" 2>"$out/unit.err"
@@ -136,33 +170,11 @@ inner() {
 		go test -json -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "$pkg" >>"$out/fuzz.json" 2>>"$out/fuzz.err"
 		echo "fuzz:$name $?" >>"$out/status"
 	done < <(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*(' lib cmd generators 2>/dev/null | sort -u)
-	log "tier 5 (system: real systemd in nspawn)"
-	# Every booted test host and node machine runs its own systemd, which
-	# takes inotify instances from the one per-user pool of the VM
-	# (fs.inotify.max_user_instances, 128 on Debian): with a few first
-	# boots at once, a node's containerd once started without its CRI
-	# plugin ("failed to create fsnotify watcher: too many open files").
-	# Raised (never lowered) for the run, as a host running several
-	# nested machines needs.
-	if [ "$(id -u)" = 0 ] && [ "$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null || echo 0)" -lt 1024 ]; then
-		echo "fs.inotify.max_user_instances: $(cat /proc/sys/fs/inotify/max_user_instances) -> 1024"
-		sysctl -q -w fs.inotify.max_user_instances=1024 || echo "could not raise fs.inotify.max_user_instances"
-	fi
-	# The scenarios wait on systemd, kubelets and the control plane far
-	# more than they compute: four at a time on two cores (the first
-	# boots together take about 3 minutes instead of about 6;
-	# UNBOUNDED_TEST_SYSTEM_PARALLEL). go test lets every scenario go at
-	# once (-parallel above their number) and each waits for a place,
-	# the longest expected first (tests/system/schedule_test.go), so that
-	# the tier does not end on a long scenario started last. The tier
-	# took 23 minutes in a cold CI run before the container mode's crash
-	# chains, isolation changes and conformance node joined it (about 3
-	# more): its bound leaves room for a slower machine, inside CI's 90.
-	go test -count=1 -json -parallel 64 -timeout 45m ./tests/system/... >"$out/system.json" 2>"$out/system.err"
-	echo "system $?" >>"$out/status"
+	log "waiting for tier 5 (system)"
+	wait "$syspid"
 	return 0
 }
-export -f inner log
+export -f inner system_tier log
 export out FUZZTIME
 : >"$out/status"
 if [ -x tests/kube/with-env.sh ]; then
