@@ -26,7 +26,7 @@
 // inside the unit step: its tests' own time is given).
 //
 // The system tier's scenarios log "timing: KIND SECONDS" lines
-// (tests/system/harness: boot and first-boot; tests/system: wait, and
+// (tests/system/harness: boot, first-boot and cpu; tests/system: wait, and
 // queued: the wait for a place among the running scenarios); the summary
 // lists every scenario with its wall time from its place on and the sums
 // of the others.
@@ -99,8 +99,10 @@ type timed struct {
 // timingKinds are the kinds of "timing:" lines a scenario logs, in the
 // order the summary prints them: every host start (boot), the first start
 // of a host (first-boot: a host with agent.toml boots through its whole
-// bootstrap), and polls until a condition of the cluster or the host holds (wait).
-var timingKinds = []string{"first-boot", "boot", "wait"}
+// bootstrap), polls until a condition of the cluster or the host holds
+// (wait), and the CPU time each of its hosts used over all its boots
+// (cpu: the tier is bound by the machine's two cores, not by its waits).
+var timingKinds = []string{"first-boot", "boot", "wait", "cpu"}
 
 // queuedKind is the "timing:" line of a scenario's wait for a place
 // (tests/system/schedule_test.go): its wall time is counted from the

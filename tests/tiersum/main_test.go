@@ -315,11 +315,11 @@ func TestSummaryNamesTheSlowestTestsOfATier(t *testing.T) {
 }
 
 // The system tier names every scenario, slowest first, with what its
-// "timing:" lines add up to (boots, first boots, waits on the cluster,
-// summed over its subtests), its time counted from its place on (not its
-// wait for one, "timing: queued"); its scenarios stay under "system" though they
-// use the API server; the tier's line says how many scenarios ran and how
-// long its step took.
+// "timing:" lines add up to (boots, first boots, waits on the cluster, the
+// CPU its hosts used, summed over its subtests), its time counted from its
+// place on (not its wait for one, "timing: queued"); its scenarios stay
+// under "system" though they use the API server; the tier's line says how
+// many scenarios ran and how long its step took.
 func TestSystemTierNamesEveryScenarioWithItsBootsAndWaits(t *testing.T) {
 	const pkg = "x/tests/system"
 	var s stream
@@ -338,6 +338,7 @@ func TestSystemTierNamesEveryScenarioWithItsBootsAndWaits(t *testing.T) {
 	ev("output", "TestRepave/crash", "    machine.go:1: timing: boot 3.0s (machine ubt-1)\n", 0)
 	ev("output", "TestRepave/crash", "    firstboot_test.go:1: timing: wait 12.25s (Node Ready)\n", 0)
 	ev("pass", "TestRepave/crash", "", 100)
+	ev("output", "TestRepave", "    machine.go:1: timing: cpu 40.75s (machine ubt-1)\n", 0)
 	ev("pass", "TestRepave", "", 200)
 	for i := range 7 {
 		ev("run", fmt.Sprintf("TestS%d", i), "", 0)
@@ -349,8 +350,8 @@ func TestSystemTierNamesEveryScenarioWithItsBootsAndWaits(t *testing.T) {
 		t.Fatalf("rc %d:\n%s", rc, out)
 	}
 	mustContain(t, out,
-		"system       ran                  8 passed, 0 failed, 0 skipped (8 scenarios; step 4m0s)",
-		"      50.0s TestRepave (first-boot 1 x 30s, boot 2 x 5s, wait 1 x 12s)\n",
+		"system       ran                  8 passed, 0 failed, 0 skipped (8 scenarios; step 4m10s)",
+		"      50.0s TestRepave (first-boot 1 x 30s, boot 2 x 5s, wait 1 x 12s, cpu 1 x 41s)\n",
 		"       0.0s TestS0\n")
 	if strings.Contains(out, "kubernetes") {
 		t.Errorf("a system scenario that used the API server is counted in the kubernetes tier:\n%s", out)

@@ -108,6 +108,21 @@ func inheritCpuset(dir string) error {
 	return nil
 }
 
+// cgroupCPU is the CPU time used by the processes of the cgroups dirs,
+// from the cpuacct hierarchy's (zero where there is none).
+func cgroupCPU(dirs []string) time.Duration {
+	for _, d := range dirs {
+		data, err := os.ReadFile(filepath.Join(d, "cpuacct.usage"))
+		if err != nil {
+			continue
+		}
+		if ns, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64); err == nil {
+			return time.Duration(ns)
+		}
+	}
+	return 0
+}
+
 // removeCgroups kills whatever is still in the machine's cgroups (nothing,
 // after a clean poweroff) and removes them depth-first: the container's
 // systemd creates its own sub-cgroups (init.scope, system.slice, ...) and a

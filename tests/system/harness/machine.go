@@ -153,6 +153,8 @@ type Machine struct {
 	leader  int
 	cgDirs  []string
 	bus     *sdbus.Conn
+	// cpu is the CPU time of its boots that ended (endCgroups).
+	cpu time.Duration
 
 	hostNetwork bool
 	network     func(netns string) (func(), error)
@@ -408,10 +410,9 @@ func (m *Machine) PowerCut() {
 	m.mu.Lock()
 	m.cmd, m.done = nil, nil
 	m.mu.Unlock()
-	if err := removeCgroups(m.cgDirs); err != nil {
+	if err := m.endCgroups(); err != nil {
 		m.fatalf("power cut of %s: %v", m.Name, err)
 	}
-	m.cgDirs = nil
 }
 
 // Leader is the host PID of the machine's PID 1 (0 when stopped).
@@ -653,11 +654,20 @@ func (m *Machine) stopBy(poweroff func(leader int)) error {
 	if werr != nil && len(errs) == 0 {
 		errs = append(errs, fmt.Errorf("systemd-nspawn: %v", werr))
 	}
-	if err := removeCgroups(m.cgDirs); err != nil {
+	if err := m.endCgroups(); err != nil {
 		errs = append(errs, err)
 	}
-	m.cgDirs = nil
 	return errors.Join(errs...)
+}
+
+// endCgroups adds the CPU time the boot that ended used (its cgroups'
+// cpuacct.usage: the machine's processes, its node machines' and pods')
+// to m.cpu and removes its cgroups.
+func (m *Machine) endCgroups() error {
+	m.cpu += cgroupCPU(m.cgDirs)
+	err := removeCgroups(m.cgDirs)
+	m.cgDirs = nil
+	return err
 }
 
 // shutdownJobs is what a shutting-down machine's manager still runs: its
@@ -719,6 +729,11 @@ func (m *Machine) destroy() error {
 	var errs []error
 	if err := m.stop(); err != nil {
 		errs = append(errs, err)
+	}
+	if m.cpu > 0 {
+		// For the tier summary (tests/tiersum): what the scenario's hosts
+		// cost the machine's CPU, which the tier is bound by.
+		m.logf("timing: cpu %.2fs (machine %s)", m.cpu.Seconds(), m.Name)
 	}
 	if m.kmsg != nil {
 		m.kmsg.close()
