@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -72,8 +71,14 @@ var (
 func buildAgent(t *testing.T) string {
 	t.Helper()
 	agentOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		repo := filepath.Join(filepath.Dir(file), "..", "..")
+		// The package's directory is the test's working directory (a
+		// source path from runtime.Caller is module-relative under
+		// -trimpath, which run-tiers sets).
+		repo, err := filepath.Abs(filepath.Join("..", ".."))
+		if err != nil {
+			agentErr = err
+			return
+		}
 		dir, err := os.MkdirTemp("", "unbounded-agent-bin-")
 		if err != nil {
 			agentErr = err
