@@ -33,13 +33,17 @@ BINARIES := bin/unbounded bin/unbounded-generator bin/unbounded-agent bin/unboun
 # The operator's workstation side, a kubectl plugin: never in the host
 # packages, outside the hosts' size budget; `make packages` archives it.
 WORKSTATION := bin/kubectl-unbounded
+# The cluster side (controller-runtime): never in the host packages.
+CLUSTER := bin/unbounded-controller
 
 .PHONY: all build docs test bench demo packages conformance clean FORCE
 all: build
-build: $(BINARIES) $(WORKSTATION)
+build: $(BINARIES) $(WORKSTATION) $(CLUSTER)
 
 bin/kubectl-unbounded: FORCE
 	$(GOBUILD) -o $@ ./cmd/kubectl-unbounded
+bin/unbounded-controller: FORCE
+	$(GOBUILD) -o $@ ./cmd/unbounded-controller
 
 bin/unbounded: FORCE
 	$(GOBUILD) -o $@ ./cmd/unbounded

@@ -39,10 +39,12 @@ var layers = [][]string{
 	// The adoption of an older agent's host, and the cluster client, the
 	// artifacts, the mode interface, the reprovision handoff (its
 	// reset and bootstrap are given to it by cmd/reprovision).
-	{"lib/adopt", "lib/artifacts", "lib/kube", "lib/modes", "lib/reprovision"},
+	{"lib/adopt", "lib/artifacts", "lib/kube", "lib/modes", "lib/reprovision",
+		// The cluster side's rules for the hosts' certificate requests.
+		"lib/csrapproval"},
 	{"lib/upgrade"},
 	{"lib/modes/nodestack", "lib/modes/bluegreen", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest", "lib/status",
-		"lib/fleet"},
+		"lib/fleet", "lib/controller"},
 	// The blue/green modes' slot tree (the node's rootfs both nspawn
 	// and container build, over nodestack), and its tests' images.
 	{"lib/modes/bluegreen/tree", "lib/modes/bluegreen/tree/treetest"},
@@ -69,7 +71,7 @@ var layers = [][]string{
 	// The commands: one per concern, the CLI, the generator.
 	{"cmd/bootstrap", "cmd/daemon", "cmd/fence", "cmd/health", "cmd/lifecycle", "cmd/recover", "cmd/repave", "cmd/reset", "cmd/isolation", "cmd/reprovision",
 		"cmd/restart", "cmd/unbounded", "generators/unbounded-generator", "cmd/kubectl-unbounded", "cmd/upgrade",
-		"cmd/prepare"},
+		"cmd/prepare", "cmd/unbounded-controller"},
 	// The multicall executable dispatches to the concerns' commands.
 	{"cmd/unbounded-agent"},
 }
