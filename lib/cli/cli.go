@@ -85,7 +85,7 @@ type cli struct {
 	Config            configCmd        `cmd:"" help:"Validate and show the operator configuration."`
 	SupportsIsolation supportsCmd      `cmd:"" name:"supports-isolation" help:"Exit 0 if this build can operate MODE (nspawn, container, none) on this host, else say why not."`
 	Status            statusCmd        `cmd:"" help:"One-screen summary of the node: mode, slot, applied configs, ownership, journals."`
-	Manifests         manifestsCmd     `cmd:"" help:"Print the CRDs, RBAC and admission policies the cluster needs (the same for every machine), for kubectl apply -f -."`
+	Manifests         manifestsCmd     `cmd:"" help:"Print the CRDs, RBAC and admission policies the cluster needs (the same for every machine), and with --controller-image the cluster side, for kubectl apply -f -."`
 	Reset             resetCmd         `cmd:"" help:"Remove the node and the agent's state from this host (asks first; /etc/unbounded stays). Runs the reset that unbounded-reset.service runs."`
 	Prepare           prepareCmd       `cmd:"" help:"For image builders: bake into the OS image at --root DIR the verified artifacts and the unpacked node image every host booted from it would otherwise build alike at its first boot. Runs the image's own agent; nothing host-specific is written."`
 	Logs              logsCmd          `cmd:"" help:"Show the journal of the active node's kubelet or containerd, whatever the mode and slot (in the node machine in mode nspawn, on the host in mode none)."`
@@ -348,12 +348,21 @@ func (s *statusCmd) Run(env *Env) error {
 // manifestsCmd prints the CRDs, RBAC and admission policies. They are the
 // same for every machine: there is nothing per machine to print (the
 // policies find the caller's machine in its identity).
-type manifestsCmd struct{}
+type manifestsCmd struct {
+	ControllerImage string `help:"Also print the cluster side, unbounded-controller, running this image (REPOSITORY[:TAG]@sha256:DIGEST): its namespace, service account, least-privilege RBAC, Deployment, PodDisruptionBudget and metrics Service." placeholder:"REF@DIGEST"`
+}
 
 func (m *manifestsCmd) Run(env *Env) error {
 	out, err := manifests.All()
 	if err != nil {
 		return err
+	}
+	if m.ControllerImage != "" {
+		c, err := manifests.Controller(m.ControllerImage)
+		if err != nil {
+			return err
+		}
+		out = append(out, c...)
 	}
 	_, err = env.Stdout.Write(out)
 	return err

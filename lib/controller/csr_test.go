@@ -9,6 +9,8 @@ package controller
 // tests, which approve their own by hand.
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -26,14 +28,20 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	certificatesv1 "k8s.io/api/certificates/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"unbounded-cloud.io/agent/lib/api/identity"
+	"unbounded-cloud.io/agent/lib/api/manifests"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/csrapproval"
 	"unbounded-cloud.io/agent/lib/kube"
@@ -46,14 +54,23 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // requests whose name contains prefix, until the test ends.
 func startApprover(t *testing.T, e *clustertest.Env, prefix string) {
 	t.Helper()
+	startApproverAs(t, e.Admin, prefix, "")
+}
+
+// startApproverAs is startApprover with cfg's credentials and, with
+// leaseNamespace, leader election in it.
+func startApproverAs(t *testing.T, cfg *rest.Config, prefix, leaseNamespace string) {
+	t.Helper()
 	s, err := Scheme()
 	if err != nil {
 		t.Fatal(err)
 	}
 	skip := true
-	mgr, err := ctrl.NewManager(e.Admin, ctrl.Options{
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: s, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		Controller: config.Controller{SkipNameValidation: &skip},
+		Controller:     config.Controller{SkipNameValidation: &skip},
+		LeaderElection: leaseNamespace != "", LeaderElectionID: LeaseName, LeaderElectionNamespace: leaseNamespace,
+		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -241,5 +258,74 @@ func TestApproverDecidesTheAgentsRequestsOnTheRealAPIServer(t *testing.T) {
 		case c.Name != foreign && n != 1:
 			t.Errorf("%s has %d decisions: %v", c.Name, n, c.Status.Conditions)
 		}
+	}
+}
+
+// The manifests' least privilege suffices: the approver, as the service
+// account `unbounded manifests --controller-image` creates (its RBAC
+// applied to the real API server), with leader election in its namespace,
+// approves a machine's request.
+func TestApproverWorksWithTheManifestsRBACAlone(t *testing.T) {
+	e := clustertest.Get(t)
+	kc := e.Client(t)
+	ctx := context.Background()
+	data, err := manifests.Controller("registry.example/unbounded-controller@sha256:" + strings.Repeat("0", 64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := client.New(e.Admin, client.Options{Scheme: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Everything but the workload (no image to run here): namespace,
+	// service account, RBAC.
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if err != nil {
+			break
+		}
+		obj, _, err := serializer.NewCodecFactory(s).UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			continue // comments only
+		}
+		co, ok := obj.(client.Object)
+		if !ok {
+			t.Fatalf("%T is not an object", obj)
+		}
+		switch co.GetObjectKind().GroupVersionKind().Kind {
+		case "Deployment", "PodDisruptionBudget", "Service":
+			continue
+		}
+		if err := admin.Create(ctx, co); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("create %s %s: %v", co.GetObjectKind().GroupVersionKind().Kind, co.GetName(), err)
+		}
+	}
+	sa := rest.CopyConfig(e.Admin)
+	sa.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:unbounded-system:unbounded-controller",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:unbounded-system", "system:authenticated"}}
+
+	prefix := clustertest.UniqueName("csrsa")
+	m := prefix + "-a"
+	if _, err := e.Machines(t).Create(ctx, &v1alpha3.Machine{ObjectMeta: metav1.ObjectMeta{Name: m}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.DeleteMachine(m) })
+	startApproverAs(t, sa, prefix, "unbounded-system")
+	token, _ := e.BootstrapToken(t, m)
+	name := prefix + "-req"
+	agentRequest(t, kubernetes.NewForConfigOrDie(e.TokenConfig(token)), name, identity.AgentUserName(m),
+		[]certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth})
+	t.Cleanup(func() { kc.CertificatesV1().CertificateSigningRequests().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	if c := decision(t, kc, name); c.Type != certificatesv1.CertificateApproved {
+		t.Errorf("as the manifests' service account: %s %s %q; want Approved", c.Type, c.Reason, c.Message)
+	}
+	// It leads through its Lease.
+	if _, err := kc.CoordinationV1().Leases("unbounded-system").Get(ctx, LeaseName, metav1.GetOptions{}); err != nil {
+		t.Errorf("the Lease %s: %v", LeaseName, err)
 	}
 }

@@ -18,7 +18,9 @@ package manifests
 import (
 	"bytes"
 	"embed"
+	"fmt"
 	"io/fs"
+	"regexp"
 	"slices"
 )
 
@@ -27,7 +29,7 @@ import (
 // multiply its size (`make bench`, "binary sizes", shows bin/unbounded as it
 // is).
 
-//go:embed crds/*.yaml rbac/base.yaml
+//go:embed crds/*.yaml rbac/base.yaml controller/controller.yaml
 var files embed.FS
 
 // PartOfLabel is set on every object these manifests create, so that an
@@ -70,6 +72,28 @@ func All() ([]byte, error) {
 	var out bytes.Buffer
 	out.Write(crds)
 	appendDocument(&out, base)
+	return out.Bytes(), nil
+}
+
+// controllerImage is an image reference pinned by its digest: what a
+// Deployment of the cluster side must run (a tag can be moved under it).
+var controllerImage = regexp.MustCompile(`^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$`)
+
+// Controller returns the cluster side's objects (controller/controller.yaml:
+// its namespace unbounded-system, service account, least-privilege RBAC,
+// a Deployment of two replicas running image, a PodDisruptionBudget and
+// the metrics Service), for image REF@sha256:DIGEST.
+func Controller(image string) ([]byte, error) {
+	if !controllerImage.MatchString(image) {
+		return nil, fmt.Errorf("controller image %q: want a reference pinned by its digest, REPOSITORY[:TAG]@sha256:<64 hex digits> (make images prints it)", image)
+	}
+	b, err := files.ReadFile("controller/controller.yaml")
+	if err != nil {
+		return nil, err
+	}
+	b = bytes.Replace(b, []byte("        image: IMAGE\n"), []byte("        image: "+image+"\n"), 1)
+	var out bytes.Buffer
+	appendDocument(&out, b)
 	return out.Bytes(), nil
 }
 

@@ -9,6 +9,9 @@ import (
 	"testing"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,7 +29,8 @@ import (
 func decodeAll(t *testing.T, stream []byte) []runtime.Object {
 	t.Helper()
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{rbacv1.AddToScheme, admissionv1.AddToScheme, apiextv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{rbacv1.AddToScheme, admissionv1.AddToScheme, apiextv1.AddToScheme,
+		appsv1.AddToScheme, corev1.AddToScheme, policyv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			t.Fatal(err)
 		}
@@ -372,5 +376,71 @@ func TestPoliciesUseTheIdentitiesOfPackageIdentity(t *testing.T) {
 		if !strings.Contains(s, want) {
 			t.Errorf("manifests do not contain %q", want)
 		}
+	}
+}
+
+// The cluster side's manifests: only for an image pinned by its digest;
+// a Deployment of two replicas of it, with restricted pod security (non-root,
+// read-only root file system, every capability dropped, the runtime's
+// seccomp profile), a PodDisruptionBudget, and RBAC that approves only the
+// two signers' requests and reads no Secret.
+func TestControllerManifestsPinTheImageAndGrantLeastPrivilege(t *testing.T) {
+	for _, bad := range []string{"", "registry.example/c:v1", "registry.example/c@sha256:abc", "registry.example/c@sha256:" + strings.Repeat("0", 64) + "\nimage: evil"} {
+		if _, err := Controller(bad); err == nil {
+			t.Errorf("image %q accepted", bad)
+		}
+	}
+	image := "registry.example/unbounded-controller:v1@sha256:" + strings.Repeat("a", 64)
+	b, err := Controller(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dep *appsv1.Deployment
+	var pdb *policyv1.PodDisruptionBudget
+	kinds := map[string]int{}
+	for _, o := range decodeAll(t, b) {
+		kinds[o.GetObjectKind().GroupVersionKind().Kind]++
+		switch o := o.(type) {
+		case *appsv1.Deployment:
+			dep = o
+		case *policyv1.PodDisruptionBudget:
+			pdb = o
+		case *rbacv1.ClusterRole:
+			for _, r := range o.Rules {
+				if slices.Contains(r.Resources, "secrets") || slices.Contains(r.Verbs, "*") || slices.Contains(r.Resources, "*") {
+					t.Errorf("ClusterRole %s: rule %v", o.Name, r)
+				}
+				if slices.Contains(r.Verbs, "approve") && !slices.Equal(r.ResourceNames, []string{"kubernetes.io/kube-apiserver-client", "kubernetes.io/kubelet-serving"}) {
+					t.Errorf("approve on signers %v, want the two only", r.ResourceNames)
+				}
+			}
+		}
+	}
+	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "PodDisruptionBudget", "Service"} {
+		if kinds[k] != 1 {
+			t.Errorf("%d %s objects, want 1", kinds[k], k)
+		}
+	}
+	if dep == nil || pdb == nil {
+		t.FailNow()
+	}
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 2 {
+		t.Errorf("replicas %v, want 2", dep.Spec.Replicas)
+	}
+	ps := dep.Spec.Template.Spec.SecurityContext
+	if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot || ps.SeccompProfile == nil || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod security context %+v", ps)
+	}
+	c := dep.Spec.Template.Spec.Containers[0]
+	if c.Image != image {
+		t.Errorf("image %q, want %q", c.Image, image)
+	}
+	cs := c.SecurityContext
+	if cs == nil || cs.ReadOnlyRootFilesystem == nil || !*cs.ReadOnlyRootFilesystem || cs.AllowPrivilegeEscalation == nil || *cs.AllowPrivilegeEscalation ||
+		cs.Capabilities == nil || !slices.Equal(cs.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("container security context %+v", cs)
+	}
+	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 {
+		t.Errorf("PodDisruptionBudget minAvailable %v, want 1", pdb.Spec.MinAvailable)
 	}
 }
