@@ -31,8 +31,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -320,7 +320,9 @@ func TestApproverWorksWithTheManifestsRBACAlone(t *testing.T) {
 	name := prefix + "-req"
 	agentRequest(t, kubernetes.NewForConfigOrDie(e.TokenConfig(token)), name, identity.AgentUserName(m),
 		[]certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth})
-	t.Cleanup(func() { kc.CertificatesV1().CertificateSigningRequests().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		kc.CertificatesV1().CertificateSigningRequests().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
 	if c := decision(t, kc, name); c.Type != certificatesv1.CertificateApproved {
 		t.Errorf("as the manifests' service account: %s %s %q; want Approved", c.Type, c.Reason, c.Message)
 	}
