@@ -3,6 +3,7 @@ package system_test
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -68,6 +69,13 @@ func TestIsolationChangeByReprovisionCrashesAndPowerCutsConverge(t *testing.T) {
 	// systemd (Restart=on-failure) and dies at the same point until the
 	// point moves on; each start after a daemon-reload runs to the next.
 	points := []string{"reset/after-node", "reprovision/after-reset", "bootstrap/after-slot", "reprovision/after-bootstrap"}
+	// Time for the test to move the point on before systemd starts the
+	// killed unit again (the unit's own RestartSec is a second or two):
+	// a resumed run does not pass a point whose step it finished
+	// (bootstrap/after-slot), and ran to its end past the next point,
+	// not set yet, on a loaded CI machine.
+	restartConf := "/etc/systemd/system/" + unitnames.Reprovision + ".d/restart.conf"
+	f.m.WriteFile(restartConf, []byte("[Service]\nRestartSec=10s\n"), 0o644)
 	cursor := journalCursor(t, f)
 	setCrashPoint(t, f, unitnames.Reprovision, points[0])
 	// The isolation unit, started again, finds the staged handoff and
@@ -82,6 +90,7 @@ func TestIsolationChangeByReprovisionCrashesAndPowerCutsConverge(t *testing.T) {
 		}
 		f.waitCrashLine(t, cursor, point, 8*time.Minute)
 	}
+	os.Remove(filepath.Join(f.m.Root(), restartConf))
 	setCrashPoint(t, f, unitnames.Reprovision, "")
 	h := f.waitHandoffReported(t, "none", v1alpha3.IsolationChangeSucceeded)
 	t.Logf("reprovision nspawn -> none killed at %d points, converged %v after the first kill: %s", 2+len(points), time.Since(begin).Round(time.Millisecond), h.Message)
