@@ -59,7 +59,12 @@ func buildPackageLayer(logf func(string, ...any), rootfs, deb string) (string, e
 	if m != nil {
 		// On success the machine's upper directory lives on as the
 		// layer; Main removes it after the run.
-		shared.cleanup = func() { _ = m.destroy() }
+		// (Main runs it after every test has ended: nothing may log to
+		// the test that built the layer.)
+		shared.cleanup = func() {
+			m.logf = func(string, ...any) {}
+			_ = m.destroy()
+		}
 	}
 	if err != nil {
 		return "", err
