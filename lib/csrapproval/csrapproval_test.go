@@ -52,6 +52,18 @@ func agentSubject(m string) x509.CertificateRequest {
 	return x509.CertificateRequest{Subject: pkix.Name{CommonName: identity.AgentUserName(m), Organization: []string{identity.AgentGroup}}}
 }
 
+// ruleCase is a request (its requester, usages and contents) and the
+// verdict the rules give it, with words its message must have.
+type ruleCase struct {
+	name   string
+	user   string
+	groups []string
+	usages []certificatesv1.KeyUsage
+	tmpl   x509.CertificateRequest
+	want   Verdict
+	says   string
+}
+
 var clientUsages = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
 
 // TestAgentClientRequests: a machine's daemon's client request is
@@ -73,15 +85,7 @@ func TestAgentClientRequests(t *testing.T) {
 	withDNS.DNSNames = []string{"m1.example"}
 	otherOU := agentSubject("m1")
 	otherOU.Subject.OrganizationalUnit = []string{"x"}
-	for _, c := range []struct {
-		name   string
-		user   string
-		groups []string
-		usages []certificatesv1.KeyUsage
-		tmpl   x509.CertificateRequest
-		want   Verdict
-		says   string
-	}{
+	for _, c := range []ruleCase{
 		{"by its bootstrap token", "system:bootstrap:abcdef", tokenGroups("m1"), clientUsages, agentSubject("m1"), Approve, "bootstrap token"},
 		{"renewal by its certificate", identity.AgentUserName("m1"), []string{identity.AgentGroup, "system:authenticated"}, clientUsages, agentSubject("m1"), Approve, "renewal"},
 		{"machine A's token asks for B", "system:bootstrap:abcdef", tokenGroups("m1"), clientUsages, agentSubject("m2"), Deny, "machine m1's own identity"},
@@ -153,15 +157,7 @@ func TestKubeletServingRequests(t *testing.T) {
 	nodes := []string{"system:nodes", "system:authenticated"}
 	withEmail := subj("n1", []string{"n1"})
 	withEmail.EmailAddresses = []string{"a@b.c"}
-	for _, c := range []struct {
-		name   string
-		user   string
-		groups []string
-		usages []certificatesv1.KeyUsage
-		tmpl   x509.CertificateRequest
-		want   Verdict
-		says   string
-	}{
+	for _, c := range []ruleCase{
 		{"its own names", "system:node:n1", nodes, serving, subj("n1", []string{"n1"}, "10.0.0.5"), Approve, "own names"},
 		{"not a node", "alice", []string{"system:authenticated"}, serving, subj("n1", []string{"n1"}), Deny, "not by a node"},
 		{"another node's subject", "system:node:n1", nodes, serving, subj("n2", []string{"n1"}), Deny, "want CN"},
