@@ -37,7 +37,11 @@ export GOFLAGS
 # race.
 FUZZTIME=${FUZZTIME:-3000x}
 
-log() { printf '\n== %s ==\n' "$*"; }
+# Each heading says when it began (since the start of the run), so that
+# the log shows where a run's minutes went, builds and setup included.
+start=$(date +%s)
+log() { printf '\n== %s (at %s) ==\n' "$*" "$(elapsed)"; }
+elapsed() { local s=$(($(date +%s) - start)); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
 
 # The required tiers, checked before the long run: a misspelt name fails
 # here, not after an hour.
@@ -49,66 +53,97 @@ echo "required tiers: ${required:-none}"
 # is_required TIER: TIER must run (it is in the list tiersum printed).
 is_required() { case ",$required," in *,"$1",*) return 0 ;; esac; return 1; }
 
-# Packages (tier 3 and the system tier install them).
-log "building packages"
-if make -s packages >"$out/packages.log" 2>&1; then
-	# The packages of this build (nfpm turns a pre-release 0.1.0-dev.N
-	# into 0.1.0~dev.N), not whatever else lies in dist/.
-	v=${VERSION:?make test sets VERSION}
-	case $v in *-*) v="${v%%-*}~${v#*-}" ;; esac
-	deb=$(ls dist/unbounded-agent_"$v"_*.deb 2>/dev/null | head -1)
-	rpm=$(ls dist/unbounded-agent-"$v"-*.rpm 2>/dev/null | head -1)
-	# Copies: another `make packages` (a developer's, in the same tree)
-	# replaces dist/ while the tiers run.
-	[ -n "$deb" ] && cp "$deb" "$out/" && export UNBOUNDED_TEST_DEB="$out/$(basename "$deb")"
-	[ -n "$rpm" ] && cp "$rpm" "$out/" && export UNBOUNDED_TEST_RPM="$out/$(basename "$rpm")"
-	echo "deb: ${deb:-none}  rpm: ${rpm:-none}"
-else
-	echo "make packages FAILED:"; tail -30 "$out/packages.log"
-	packages_failed=1
-fi
-
-# The cached Debian rootfs for the system tier.
-if [ -x tests/system/rootfs.sh ]; then
-	log "system test rootfs"
-	# Where the system tier is required, its tests fail instead of skipping.
-	verb=skip
-	is_required system && verb="FAIL (required)"
-	if [ "$(id -u)" != 0 ]; then
-		echo "not root: the system tier will $verb"
-	elif rootfs=$(tests/system/rootfs.sh 2>"$out/rootfs.log" | tail -1) && [ -d "$rootfs" ]; then
-		export UNBOUNDED_TEST_ROOTFS="$rootfs"
-		echo "rootfs: $rootfs"
+# What the packages tier and the system tier need: the packages (for
+# both), the cached Debian rootfs, the kubelet, the node stack and the
+# conformance binaries (the system tier). Made in the background from the
+# start (prepare below), beside the API server's start and the first
+# tiers, which do not need them (warm: about 45 s of `make packages`;
+# cold: the Kubernetes builds, minutes). A tier that needs them waits for
+# them (await_prepared) and reads what they are from $out/prep.env; their
+# log is printed once, by the first that waits.
+prepared() { printf 'export %s=%q\n' "$1" "$2" >>"$out/prep.env"; }
+prepare() {
+	# Packages (tier 3 and the system tier install them).
+	log "building packages"
+	if make -s packages >"$out/packages.log" 2>&1; then
+		# The packages of this build (nfpm turns a pre-release 0.1.0-dev.N
+		# into 0.1.0~dev.N), not whatever else lies in dist/.
+		v=${VERSION:?make test sets VERSION}
+		case $v in *-*) v="${v%%-*}~${v#*-}" ;; esac
+		deb=$(ls dist/unbounded-agent_"$v"_*.deb 2>/dev/null | head -1)
+		rpm=$(ls dist/unbounded-agent-"$v"-*.rpm 2>/dev/null | head -1)
+		# Copies: another `make packages` (a developer's, in the same tree)
+		# replaces dist/ while the tiers run.
+		[ -n "$deb" ] && cp "$deb" "$out/" && prepared UNBOUNDED_TEST_DEB "$out/$(basename "$deb")"
+		[ -n "$rpm" ] && cp "$rpm" "$out/" && prepared UNBOUNDED_TEST_RPM "$out/$(basename "$rpm")"
+		echo "deb: ${deb:-none}  rpm: ${rpm:-none}"
 	else
-		echo "rootfs build failed (the system tier will $verb):"; tail -20 "$out/rootfs.log"
+		echo "make packages FAILED:"; tail -30 "$out/packages.log"
+		: >"$out/packages.failed"
 	fi
-	# The node stack (tests/system/nodestack): the kubelet built from the
-	# test control plane's module, and Debian's containerd, runc and CNI
-	# plugins with a static pause (both cached after the first run).
-	if [ "$(id -u)" = 0 ]; then
-		if kubelet=$(tests/kube/kubelet.sh 2>"$out/kubelet.log" | tail -1) && [ -x "$kubelet" ]; then
-			export UNBOUNDED_TEST_KUBELET="$kubelet"
+
+	# The cached Debian rootfs for the system tier.
+	if [ -x tests/system/rootfs.sh ]; then
+		log "system test rootfs"
+		# Where the system tier is required, its tests fail instead of skipping.
+		verb=skip
+		is_required system && verb="FAIL (required)"
+		if [ "$(id -u)" != 0 ]; then
+			echo "not root: the system tier will $verb"
+		elif rootfs=$(tests/system/rootfs.sh 2>"$out/rootfs.log" | tail -1) && [ -d "$rootfs" ]; then
+			prepared UNBOUNDED_TEST_ROOTFS "$rootfs"
+			echo "rootfs: $rootfs"
 		else
-			echo "kubelet build failed (node-stack tests will $verb):"; tail -20 "$out/kubelet.log"
+			echo "rootfs build failed (the system tier will $verb):"; tail -20 "$out/rootfs.log"
 		fi
-		if stage=$(tests/system/nodestack/stage.sh 2>"$out/stage.log" | tail -1) && [ -d "$stage" ]; then
-			export UNBOUNDED_TEST_NODESTACK="$stage"
-			echo "node stack: $stage"
-		else
-			echo "node stack staging failed (node-stack tests will $verb):"; tail -20 "$out/stage.log"
-		fi
-		# Upstream node conformance (tests/conformance): e2e.test and the
-		# test images' binaries from the test control plane's module, for
-		# the CI subset of TestConformance (cached like the kubelet; a cold
-		# build compiles most of Kubernetes' tests: about 12 minutes here).
-		if conformance=$(tests/conformance/build.sh 2>"$out/conformance.log" | tail -1) && [ -x "$conformance/e2e.test" ]; then
-			export UNBOUNDED_TEST_CONFORMANCE="$conformance"
-			echo "conformance: $conformance"
-		else
-			echo "conformance build failed (the conformance tests will $verb):"; tail -20 "$out/conformance.log"
+		# The node stack (tests/system/nodestack): the kubelet built from the
+		# test control plane's module, and Debian's containerd, runc and CNI
+		# plugins with a static pause (both cached after the first run).
+		if [ "$(id -u)" = 0 ]; then
+			if kubelet=$(tests/kube/kubelet.sh 2>"$out/kubelet.log" | tail -1) && [ -x "$kubelet" ]; then
+				prepared UNBOUNDED_TEST_KUBELET "$kubelet"
+			else
+				echo "kubelet build failed (node-stack tests will $verb):"; tail -20 "$out/kubelet.log"
+			fi
+			if stage=$(tests/system/nodestack/stage.sh 2>"$out/stage.log" | tail -1) && [ -d "$stage" ]; then
+				prepared UNBOUNDED_TEST_NODESTACK "$stage"
+				echo "node stack: $stage"
+			else
+				echo "node stack staging failed (node-stack tests will $verb):"; tail -20 "$out/stage.log"
+			fi
+			# Upstream node conformance (tests/conformance): e2e.test and the
+			# test images' binaries from the test control plane's module, for
+			# the CI subset of TestConformance (cached like the kubelet; a cold
+			# build compiles most of Kubernetes' tests: about 12 minutes here).
+			if conformance=$(tests/conformance/build.sh 2>"$out/conformance.log" | tail -1) && [ -x "$conformance/e2e.test" ]; then
+				prepared UNBOUNDED_TEST_CONFORMANCE "$conformance"
+				echo "conformance: $conformance"
+			else
+				echo "conformance build failed (the conformance tests will $verb):"; tail -20 "$out/conformance.log"
+			fi
 		fi
 	fi
-fi
+}
+
+# The lock is held by prepare's background shell alone (the parent closes
+# its copy of the descriptor), so it is released when prepare ends, how
+# ever it ends: await_prepared's shared lock waits for exactly that.
+: >"$out/prep.env"
+exec 9>"$out/prep.lock"
+flock 9
+(prepare >"$out/prep.log" 2>&1) &
+prep_pid=$!
+exec 9>&-
+
+await_prepared() {
+	flock -s "$out/prep.lock" true
+	if mkdir "$out/prep.shown" 2>/dev/null; then
+		log "the packages and the system tier's inputs (made beside the tiers above)"
+		cat "$out/prep.log"
+	fi
+	# shellcheck disable=SC1091
+	. "$out/prep.env"
+}
 
 # The project's CRDs and RBAC, installed into the test API server.
 if bin/unbounded manifests >"$out/manifests.yaml" 2>"$out/manifests.err" && [ -s "$out/manifests.yaml" ]; then
@@ -153,21 +188,18 @@ system_tier() {
 	echo "system $?" >>"$out/status"
 }
 
-inner() {
-	local pkgs
-	pkgs=$(go list ./... | grep -v -e '/tests/system' -e '/tests/packages' -e '/tests/lint' -e '/units$')
-	log "tier 1 (unit) and tier 4 (kubernetes)"
-	go test -count=1 -json -timeout 15m $pkgs >"$out/unit.json" 2>"$out/unit.err"
-	echo "unit $?" >>"$out/status"
+# The unit tier (with the kube tier inside it) leaves one of the two cores
+# idle about half of its time (148 s of CPU in 181 s, D2): the lint,
+# static, fuzz and packages tiers run beside it, one after another (the
+# packages tier once prepare has made them), and the system tier after
+# both, alone (above).
+others() {
 	log "tier 2 (unit lint)"
 	go test -count=1 -json -timeout 10m ./units/... >"$out/lint.json" 2>"$out/lint.err"
 	echo "lint $?" >>"$out/status"
 	log "static analysis (gofmt, go vet, staticcheck, govulncheck: tests/lint)"
 	go test -count=1 -json -timeout 20m ./tests/lint/... >"$out/static.json" 2>"$out/static.err"
 	echo "static $?" >>"$out/status"
-	log "tier 3 (packages)"
-	go test -count=1 -json -timeout 10m ./tests/packages/... >"$out/packages.json" 2>"$out/packages.err"
-	echo "packages $?" >>"$out/status"
 	log "tier 7 (fuzzing, -fuzztime $FUZZTIME per target)"
 	: >"$out/fuzz.json"
 	local f pkg name
@@ -177,20 +209,40 @@ inner() {
 		go test -json -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "$pkg" >>"$out/fuzz.json" 2>>"$out/fuzz.err"
 		echo "fuzz:$name $?" >>"$out/status"
 	done < <(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*(' lib cmd generators 2>/dev/null | sort -u)
+	await_prepared
+	log "tier 3 (packages)"
+	go test -count=1 -json -timeout 10m ./tests/packages/... >"$out/packages.json" 2>"$out/packages.err"
+	echo "packages $?" >>"$out/status"
+	log "lint, static, packages and fuzzing done"
+}
+
+inner() {
+	local pkgs
+	pkgs=$(go list ./... | grep -v -e '/tests/system' -e '/tests/packages' -e '/tests/lint' -e '/units$')
+	log "tier 1 (unit) and tier 4 (kubernetes), beside the next four"
+	go test -count=1 -json -timeout 15m $pkgs >"$out/unit.json" 2>"$out/unit.err" &
+	local unit=$!
+	others
+	wait "$unit"
+	echo "unit $?" >>"$out/status"
+	await_prepared
 	log "tier 5 (system: real systemd in nspawn)"
 	system_tier
+	log "all tiers done"
 	return 0
 }
-export -f inner system_tier log
-export out FUZZTIME
+export -f inner others system_tier log elapsed await_prepared
+export out FUZZTIME start
 : >"$out/status"
 if [ -x tests/kube/with-env.sh ]; then
 	log "starting the test API server (tests/kube)"
 	tests/kube/with-env.sh bash -c inner
 	envrc=$?
+	wait "$prep_pid"
 else
 	UNBOUNDED_TEST_KUBE_SKIP="tests/kube/with-env.sh is missing" bash -c inner
 	envrc=$?
+	wait "$prep_pid"
 fi
 
 for f in "$out"/*.err; do
@@ -211,5 +263,5 @@ if [ -n "$bad" ]; then
 	echo "go test exited non-zero (tier status): $(echo $bad)"
 	rc=1
 fi
-[ -n "${packages_failed:-}" ] && { echo "make packages failed"; rc=1; }
+[ -e "$out/packages.failed" ] && { echo "make packages failed"; rc=1; }
 exit $rc
