@@ -36,7 +36,7 @@ WORKSTATION := bin/kubectl-unbounded
 # The cluster side (controller-runtime): never in the host packages.
 CLUSTER := bin/unbounded-controller
 
-.PHONY: all build docs test bench demo packages conformance clean FORCE
+.PHONY: all build docs test bench demo packages images conformance clean FORCE
 all: build
 build: $(BINARIES) $(WORKSTATION) $(CLUSTER)
 
@@ -84,6 +84,14 @@ packages: build docs
 	VERSION='$(VERSION)' PKG_ARCH='$(PKG_ARCH)' deb/build-packages.sh
 	mkdir -p dist && rm -f dist/kubectl-unbounded_*.tar.gz
 	tar -C bin --owner=0 --group=0 --numeric-owner -czf dist/kubectl-unbounded_$(VERSION)_linux_$(PKG_ARCH).tar.gz kubectl-unbounded
+
+# The cluster side's OCI image (cmd/mkimage, lib/ociimage): the static
+# bin/unbounded-controller on an empty base, user nonroot, the pinned CA
+# bundle; reproducible (file times and the image's time are the last
+# commit's, SOURCE_DATE_EPOCH as for the packages). Written to
+# dist/unbounded-controller_VERSION_linux_ARCH.oci.tar, its digest beside it.
+images: $(CLUSTER)
+	CGO_ENABLED=0 $(GO) run -trimpath ./cmd/mkimage --binary $(CLUSTER) --version '$(VERSION)' --arch '$(PKG_ARCH)' --out dist
 
 test: build
 	VERSION='$(VERSION)' tests/run-tiers.sh

@@ -49,6 +49,7 @@ var byName = map[string]string{
 	"debootstrap": "Debian's: makes an OS tree for an image (an image builder's first step)",
 	"chroot":      "coreutils: runs the package manager inside an image's root",
 	"$EDITOR":     "the reader's editor; a path under the agent's directories is checked",
+	"skopeo":      "containers' image copier: copies the image archive `make images` wrote to the operator's registry",
 }
 
 // kubectlVerbs are kubectl's own subcommands a document may show,

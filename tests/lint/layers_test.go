@@ -25,6 +25,8 @@ var layers = [][]string{
 	{"lib/modes/facts"},
 	// State files: atomic writes, verified records, journals, the lock.
 	{"lib/state", "lib/units/unitstest"},
+	// The cluster side's image, written atomically (make images).
+	{"lib/ociimage"},
 	// What the state means: exit codes, host preparation, the small
 	// records (the one outcome record), the generator's decision, the one runner of journaled
 	// steps.
@@ -71,7 +73,7 @@ var layers = [][]string{
 	// The commands: one per concern, the CLI, the generator.
 	{"cmd/bootstrap", "cmd/daemon", "cmd/fence", "cmd/health", "cmd/lifecycle", "cmd/recover", "cmd/repave", "cmd/reset", "cmd/isolation", "cmd/reprovision",
 		"cmd/restart", "cmd/unbounded", "generators/unbounded-generator", "cmd/kubectl-unbounded", "cmd/upgrade",
-		"cmd/prepare", "cmd/unbounded-controller"},
+		"cmd/prepare", "cmd/unbounded-controller", "cmd/mkimage"},
 	// The multicall executable dispatches to the concerns' commands.
 	{"cmd/unbounded-agent"},
 }
