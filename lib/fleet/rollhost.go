@@ -274,7 +274,7 @@ func (hr *hostRun) judge() (outcome, string) {
 	case v1alpha3.OperationFailed:
 		return outcomeFailed, fmt.Sprintf("%s %s %s (%s): %s", op.Name, op.Spec.Operation, st.State, orNone(st.Reason), kube.Truncate(oneLine(st.Message), 400))
 	case v1alpha3.OperationComplete:
-		if ok, why := readyAfter(op, hr.node); !ok {
+		if ok, why := kube.ReadyAfter(op, hr.node); !ok {
 			return 0, fmt.Sprintf("%s (%s); waiting for the Node: %s", st.State, orNone(st.Reason), why)
 		}
 		return outcomeDone, ""
@@ -288,41 +288,12 @@ func (hr *hostRun) judge() (outcome, string) {
 	return 0, s
 }
 
-// readyAfter reports whether node is Ready again after op completed.
-// Ready=True is not enough where the operation restarts the kubelet
-// (repave, restart, reboot): the cluster keeps the Ready of a kubelet
-// that stopped until the node monitor's grace passes, and a reboot's
-// operation completes when the next boot's daemon starts, before the
-// kubelet reports. So its Ready must have been written no earlier than
-// the operation's start, as lib/readiness judges it on the host: the
-// kubelet writes its Node when it starts. Both times are the host's
-// clock (kubelet, daemon), so the workstation's skew does not matter.
-// An AgentUpgrade leaves the node alone (README "Agent upgrade"), and its
-// unchanged Node may have last been written 5 min ago.
-func readyAfter(op *v1alpha3.MachineOperation, node *corev1.Node) (bool, string) {
-	if node == nil {
-		return false, "Node not registered"
-	}
-	ready := kube.Readiness(node)
-	switch {
-	case ready.Status == "":
-		return false, "Node has no Ready condition yet"
-	case !ready.Ready:
-		return false, fmt.Sprintf("Node Ready=%s (%s)", ready.Status, orNone(ready.Reason))
-	case op.Spec.Operation == v1alpha3.OperationAgentUpgrade || op.Status.StartTime == nil:
-		return true, ""
-	case ready.Heartbeat.Before(op.Status.StartTime.Time):
-		return false, "Node Ready from before the operation started (its kubelet has not reported since)"
-	}
-	return true, ""
-}
-
 // nodeState is the Node's Ready as the timeout's message says it.
 func (hr *hostRun) nodeState() string {
 	if hr.op == nil {
 		return "no operation seen"
 	}
-	_, why := readyAfter(hr.op, hr.node)
+	_, why := kube.ReadyAfter(hr.op, hr.node)
 	return why
 }
 

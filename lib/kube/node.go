@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 
+	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/readiness"
 	"unbounded-cloud.io/agent/lib/regfile"
@@ -103,6 +105,35 @@ func Readiness(n *corev1.Node) readiness.Node {
 		}
 	}
 	return st
+}
+
+// ReadyAfter reports whether node is Ready again after op completed.
+// Ready=True is not enough where the operation restarts the kubelet
+// (repave, restart, reboot): the cluster keeps the Ready of a kubelet
+// that stopped until the node monitor's grace passes, and a reboot's
+// operation completes when the next boot's daemon starts, before the
+// kubelet reports. So its Ready must have been written no earlier than
+// the operation's start, as lib/readiness judges it on the host: the
+// kubelet writes its Node when it starts. Both times are the host's
+// clock (kubelet, daemon), so the workstation's skew does not matter.
+// An AgentUpgrade leaves the node alone (README "Agent upgrade"), and its
+// unchanged Node may have last been written 5 min ago.
+func ReadyAfter(op *v1alpha3.MachineOperation, node *corev1.Node) (bool, string) {
+	if node == nil {
+		return false, "Node not registered"
+	}
+	ready := Readiness(node)
+	switch {
+	case ready.Status == "":
+		return false, "Node has no Ready condition yet"
+	case !ready.Ready:
+		return false, fmt.Sprintf("Node Ready=%s (%s)", ready.Status, cmp.Or(ready.Reason, "<none>"))
+	case op.Spec.Operation == v1alpha3.OperationAgentUpgrade || op.Status.StartTime == nil:
+		return true, ""
+	case ready.Heartbeat.Before(op.Status.StartTime.Time):
+		return false, "Node Ready from before the operation started (its kubelet has not reported since)"
+	}
+	return true, ""
 }
 
 // readCert reads the kubelet's PEM, following its link inside Root.
