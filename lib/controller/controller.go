@@ -2,7 +2,8 @@
 // (cmd/unbounded-controller): a controller-runtime manager, with leader
 // election, Prometheus metrics and health probes, that runs the
 // controllers a fleet needs in the cluster. Today: the approver of the
-// hosts' certificate requests (CSRApprover). It is never linked into a
+// hosts' certificate requests (CSRApprover) and the MachineRollouts
+// (Rollouts). It is never linked into a
 // host's binaries (controller-runtime is the cluster side's only).
 package controller
 
@@ -88,6 +89,10 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	a := &CSRApprover{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("unbounded-controller"), Patience: o.Patience}
 	if err := a.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("CSR approver: %w", err)
+	}
+	ro := &Rollouts{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Events: mgr.GetEventRecorder("unbounded-controller")}
+	if err := ro.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("rollouts: %w", err)
 	}
 	return mgr.Start(ctx)
 }

@@ -44,7 +44,8 @@ var layers = [][]string{
 	{"lib/adopt", "lib/artifacts", "lib/kube", "lib/modes", "lib/reprovision",
 		// The cluster side's rules for the hosts' certificate requests.
 		"lib/csrapproval"},
-	{"lib/upgrade"},
+	// The cluster side's rollout rules (over the cluster client).
+	{"lib/upgrade", "lib/rollout"},
 	{"lib/modes/nodestack", "lib/modes/bluegreen", "lib/modes/modestest", "lib/fence", "lib/report", "lib/health", "lib/lifecycle", "lib/kube/clustertest", "lib/status",
 		"lib/fleet", "lib/controller"},
 	// The blue/green modes' slot tree (the node's rootfs both nspawn

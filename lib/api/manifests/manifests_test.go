@@ -99,6 +99,7 @@ func TestAllDecodesIntoCRDsThenRBACAndPolicies(t *testing.T) {
 	want := []string{
 		"*v1.CustomResourceDefinition/machineallocations.unbounded-cloud.io",
 		"*v1.CustomResourceDefinition/machineoperations.unbounded-cloud.io",
+		"*v1.CustomResourceDefinition/machinerollouts.unbounded-cloud.io",
 		"*v1.CustomResourceDefinition/machines.unbounded-cloud.io",
 		"*v1.ClusterRole/unbounded-agent:bootstrap",
 		"*v1.ClusterRoleBinding/unbounded-agent:bootstrap",
@@ -143,6 +144,7 @@ func TestCRDsAreClusterScopedWithStatusAndPrinterColumns(t *testing.T) {
 		"Machine":           {"MODE", "SLOT", "PHASE", "AGENT", "NODE", "AGE"},
 		"MachineOperation":  {"MACHINE", "OPERATION", "STATE", "REASON", "AGE"},
 		"MachineAllocation": {"MACHINE", "CONSUMER", "FENCED", "AGE"},
+		"MachineRollout":    {"OPERATION", "PHASE", "DONE", "FAILED", "TOTAL", "AGE"},
 	}
 	crds := crdsByKind(t)
 	if len(crds) != len(wantColumns) {

@@ -17,6 +17,7 @@ const (
 	ResourceMachines           = "machines"
 	ResourceMachineOperations  = "machineoperations"
 	ResourceMachineAllocations = "machineallocations"
+	ResourceMachineRollouts    = "machinerollouts"
 )
 
 var (
@@ -42,6 +43,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&Machine{}, &MachineList{},
 		&MachineOperation{}, &MachineOperationList{},
 		&MachineAllocation{}, &MachineAllocationList{},
+		&MachineRollout{}, &MachineRolloutList{},
 	)
 	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil
