@@ -103,7 +103,7 @@ func hostsFixture(t *testing.T, e *clustertest.Env, prefix string, n int) []stri
 	return names
 }
 
-func clientFor(t *testing.T, e *clustertest.Env) client.Client {
+func clientFor(t testing.TB, e *clustertest.Env) client.Client {
 	t.Helper()
 	s, err := Scheme()
 	if err != nil {
@@ -118,7 +118,7 @@ func clientFor(t *testing.T, e *clustertest.Env) client.Client {
 
 // nodeReady writes the Node's Ready condition as a kubelet that has just
 // (re)started does.
-func nodeReady(t *testing.T, kc kubernetes.Interface, name string) {
+func nodeReady(t testing.TB, kc kubernetes.Interface, name string) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
 		n, err := kc.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
@@ -149,6 +149,13 @@ type hostsPlay struct {
 
 func playHosts(t *testing.T, e *clustertest.Env, prefix string, hold time.Duration, fail func(op *v1alpha3.MachineOperation) string) *hostsPlay {
 	t.Helper()
+	return playHostsWith(t, e, prefix, hold, fail, nil, nil)
+}
+
+// playHostsWith is playHosts calling seen when it sees a new operation and
+// ready when it wrote a Node Ready (nil: nothing).
+func playHostsWith(t testing.TB, e *clustertest.Env, prefix string, hold time.Duration, fail func(op *v1alpha3.MachineOperation) string, seen, ready func()) *hostsPlay {
+	t.Helper()
 	p := &hostsPlay{running: map[string]int{}}
 	c := clientFor(t, e)
 	kc := e.Client(t)
@@ -156,15 +163,18 @@ func playHosts(t *testing.T, e *clustertest.Env, prefix string, hold time.Durati
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	wg.Go(func() {
-		seen := map[string]bool{}
+		seenOp := map[string]bool{}
 		for ctx.Err() == nil {
 			l := &v1alpha3.MachineOperationList{}
 			if err := c.List(ctx, l); err == nil {
 				for _, op := range l.Items {
-					if seen[op.Name] || !strings.HasPrefix(op.Spec.MachineRef.Name, prefix) || op.Status.State.Finished() {
+					if seenOp[op.Name] || !strings.HasPrefix(op.Spec.MachineRef.Name, prefix) || op.Status.State.Finished() {
 						continue
 					}
-					seen[op.Name] = true
+					seenOp[op.Name] = true
+					if seen != nil {
+						seen()
+					}
 					p.mu.Lock()
 					p.seen = append(p.seen, op.Name)
 					m := op.Spec.MachineRef.Name
@@ -173,7 +183,7 @@ func playHosts(t *testing.T, e *clustertest.Env, prefix string, hold time.Durati
 					p.maxPerHost = max(p.maxPerHost, p.running[m])
 					p.maxN = max(p.maxN, p.total)
 					p.mu.Unlock()
-					wg.Go(func() { p.run(ctx, t, c, kc, op.DeepCopy(), hold, fail(&op)) })
+					wg.Go(func() { p.run(ctx, t, c, kc, op.DeepCopy(), hold, fail(&op), ready) })
 				}
 			}
 			select {
@@ -185,7 +195,7 @@ func playHosts(t *testing.T, e *clustertest.Env, prefix string, hold time.Durati
 	return p
 }
 
-func (p *hostsPlay) run(ctx context.Context, t *testing.T, c client.Client, kc kubernetes.Interface, op *v1alpha3.MachineOperation, hold time.Duration, fail string) {
+func (p *hostsPlay) run(ctx context.Context, t testing.TB, c client.Client, kc kubernetes.Interface, op *v1alpha3.MachineOperation, hold time.Duration, fail string, ready func()) {
 	write := func(state v1alpha3.OperationState, reason string) bool {
 		now := metav1.Now()
 		op.Status.State, op.Status.Reason = state, reason
@@ -221,6 +231,9 @@ func (p *hostsPlay) run(ctx context.Context, t *testing.T, c client.Client, kc k
 	}
 	if write(v1alpha3.OperationComplete, "Succeeded") {
 		nodeReady(t, kc, op.Spec.MachineRef.Name)
+		if ready != nil {
+			ready()
+		}
 	}
 }
 
