@@ -12,15 +12,19 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"unbounded-cloud.io/agent/lib/api/identity"
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/kube/clustertest"
 	"unbounded-cloud.io/agent/tests/kubeenv"
@@ -240,4 +244,84 @@ func (bp *benchPlay) gaps(gate time.Duration) []time.Duration {
 	}
 	slices.Sort(gaps)
 	return gaps
+}
+
+// BenchmarkCSRApproval: 100 hosts' daemons each ask for their client
+// certificate with their machine's bootstrap token, at once, and the real
+// bin/unbounded-controller judges them. Reported: the time from each
+// request's creation to its approval, p50 and p99.
+func BenchmarkCSRApproval(b *testing.B) {
+	e := clustertest.Get(b)
+	const n = 100
+	for b.Loop() {
+		prefix := clustertest.UniqueName("bcsr")
+		ctx := context.Background()
+		kc := e.Client(b)
+		machines := e.Machines(b)
+		var clients []kubernetes.Interface
+		var names []string
+		for i := range n {
+			name := fmt.Sprintf("%s-m%03d", prefix, i+1)
+			if _, err := machines.Create(ctx, &v1alpha3.Machine{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { e.DeleteMachine(name) })
+			token, _ := e.BootstrapToken(b, name)
+			clients = append(clients, kubernetes.NewForConfigOrDie(e.TokenConfig(token)))
+			names = append(names, name)
+		}
+		b.Cleanup(func() {
+			for _, m := range names {
+				kc.CertificatesV1().CertificateSigningRequests().Delete(context.Background(), m+"-client", metav1.DeleteOptions{})
+			}
+		})
+		runController(b)
+		w, err := kc.CertificatesV1().CertificateSigningRequests().Watch(ctx, metav1.ListOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		created := map[string]time.Time{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for i, name := range names {
+			wg.Go(func() {
+				mu.Lock()
+				created[name+"-client"] = time.Now()
+				mu.Unlock()
+				agentRequest(b, clients[i], name+"-client", identity.AgentUserName(name),
+					[]certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth})
+			})
+		}
+		wg.Wait()
+		var lat []time.Duration
+		timeout := time.After(2 * time.Minute)
+		for len(lat) < n {
+			select {
+			case ev := <-w.ResultChan():
+				csr, ok := ev.Object.(*certificatesv1.CertificateSigningRequest)
+				if !ok || !strings.HasPrefix(csr.Name, prefix) {
+					continue
+				}
+				for _, c := range csr.Status.Conditions {
+					if c.Type == certificatesv1.CertificateDenied {
+						b.Fatalf("%s denied: %s", csr.Name, c.Message)
+					}
+					if c.Type == certificatesv1.CertificateApproved {
+						mu.Lock()
+						if t, ok := created[csr.Name]; ok {
+							lat = append(lat, time.Since(t))
+							delete(created, csr.Name)
+						}
+						mu.Unlock()
+					}
+				}
+			case <-timeout:
+				b.Fatalf("%d of %d requests approved within 2 min", len(lat), n)
+			}
+		}
+		w.Stop()
+		slices.Sort(lat)
+		b.ReportMetric(float64(lat[len(lat)/2].Milliseconds()), "approval-p50-ms")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Milliseconds()), "approval-p99-ms")
+	}
 }

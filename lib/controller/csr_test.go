@@ -93,7 +93,7 @@ func startApproverAs(t *testing.T, cfg *rest.Config, prefix, leaseNamespace stri
 
 // agentRequest creates, as cfg's user, a client request of the agent's
 // signer named name for subject cn/o with usages.
-func agentRequest(t *testing.T, kc kubernetes.Interface, name, cn string, usages []certificatesv1.KeyUsage) {
+func agentRequest(t testing.TB, kc kubernetes.Interface, name, cn string, usages []certificatesv1.KeyUsage) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
