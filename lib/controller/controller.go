@@ -90,6 +90,10 @@ func Run(ctx context.Context, cfg *rest.Config, o Options) error {
 	if err := a.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("CSR approver: %w", err)
 	}
+	// The fleet, counted from the cache at each scrape.
+	if err := metrics.Registry.Register(&FleetCollector{Reader: mgr.GetCache()}); err != nil {
+		return fmt.Errorf("fleet metrics: %w", err)
+	}
 	ro := &Rollouts{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Events: mgr.GetEventRecorder("unbounded-controller")}
 	if err := ro.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("rollouts: %w", err)
