@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"reflect"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/alecthomas/kong"
 	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -184,6 +186,7 @@ func (c *joinCmd) Run(g *globals) error {
 }
 
 type getCmd struct {
+	Kind   string `arg:"" optional:"" enum:"machines,rollouts" default:"machines" help:"What to list: machines (the default) or rollouts (MachineRollouts, run by unbounded-controller)."`
 	Output string `short:"o" enum:",wide,json,yaml" default:"" help:"Output format: wide, json or yaml (default: the table)."`
 }
 
@@ -191,6 +194,20 @@ func (c *getCmd) Run(g *globals) error {
 	e, err := g.env()
 	if err != nil {
 		return err
+	}
+	if c.Kind == "rollouts" {
+		dyn, err := dynamic.NewForConfig(e.cfg)
+		if err != nil {
+			return err
+		}
+		rows, err := fleet.RolloutRows(context.Background(), dyn)
+		if err != nil {
+			return err
+		}
+		if c.Output == "json" || c.Output == "yaml" {
+			return c.print(e.out, rows)
+		}
+		return fleet.PrintRolloutRows(e.out, rows, c.Output == "wide", time.Now())
 	}
 	m, err := kube.NewMachines(e.cfg)
 	if err != nil {
@@ -200,24 +217,29 @@ func (c *getCmd) Run(g *globals) error {
 	if err != nil {
 		return err
 	}
-	switch c.Output {
-	case "json", "yaml":
-		if rows == nil {
-			rows = []fleet.Row{}
-		}
-		b, err := json.MarshalIndent(map[string]any{"items": rows}, "", "  ")
-		if err != nil {
-			return err
-		}
-		if c.Output == "yaml" {
-			if b, err = yaml.JSONToYAML(b); err != nil {
-				return err
-			}
-		}
-		_, err = fmt.Fprintf(e.out, "%s\n", strings.TrimRight(string(b), "\n"))
-		return err
+	if c.Output == "json" || c.Output == "yaml" {
+		return c.print(e.out, rows)
 	}
 	return fleet.PrintRows(e.out, rows, c.Output == "wide", time.Now())
+}
+
+// print writes rows (a slice, never null) as {"items": rows} in JSON or
+// YAML.
+func (c *getCmd) print(w io.Writer, rows any) error {
+	if v := reflect.ValueOf(rows); v.Kind() == reflect.Slice && v.IsNil() {
+		rows = []any{}
+	}
+	b, err := json.MarshalIndent(map[string]any{"items": rows}, "", "  ")
+	if err != nil {
+		return err
+	}
+	if c.Output == "yaml" {
+		if b, err = yaml.JSONToYAML(b); err != nil {
+			return err
+		}
+	}
+	_, err = fmt.Fprintf(w, "%s\n", strings.TrimRight(string(b), "\n"))
+	return err
 }
 
 type describeCmd struct {

@@ -7,6 +7,7 @@ func TestParseRefusesWhatMainRefusesAndRunsNothing(t *testing.T) {
 		{"frobnicate"},
 		{"join", "site-w1", "--bogus"},
 		{"get", "-o", "table"},   // not one of wide, json, yaml
+		{"get", "nodes"},         // not machines or rollouts
 		{"describe"},             // no machine
 		{"join", "--mode", "vm"}, // not nspawn or none
 		{"repave", "--max-unavailable", "two"},
@@ -19,6 +20,7 @@ func TestParseRefusesWhatMainRefusesAndRunsNothing(t *testing.T) {
 	for _, args := range [][]string{
 		{"join", "site-w1", "--image", "registry.example.internal/unbounded/node:1.36.3", "-o", "host/"},
 		{"get", "-o", "wide"},
+		{"get", "rollouts", "-o", "yaml"},
 		{"repave", "-l", "pool=edge", "--max-unavailable", "2"},
 		{"upgrade", "site-w1", "--version", "0.2.0", "--url", "https://example.internal/p.deb", "--sha256", "00"},
 		{"--version"},
