@@ -23,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -61,6 +62,18 @@ func startApprover(t *testing.T, e *clustertest.Env, prefix string) {
 // leaseNamespace, leader election in it.
 func startApproverAs(t *testing.T, cfg *rest.Config, prefix, leaseNamespace string) {
 	t.Helper()
+	startManager(t, cfg, leaseNamespace, func(mgr ctrl.Manager) error {
+		a := &CSRApprover{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("unbounded-controller"),
+			only: func(name string) bool { return strings.Contains(name, prefix) }}
+		return a.SetupWithManager(mgr)
+	})
+}
+
+// startManager runs a manager with cfg's credentials (leader election in
+// leaseNamespace, none without), its controllers added by setup, until
+// the test ends or what it returns is called.
+func startManager(t *testing.T, cfg *rest.Config, leaseNamespace string, setup func(ctrl.Manager) error) (stop func()) {
+	t.Helper()
 	s, err := Scheme()
 	if err != nil {
 		t.Fatal(err)
@@ -75,20 +88,23 @@ func startApproverAs(t *testing.T, cfg *rest.Config, prefix, leaseNamespace stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &CSRApprover{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("unbounded-controller"),
-		only: func(name string) bool { return strings.Contains(name, prefix) }}
-	if err := a.SetupWithManager(mgr); err != nil {
+	if err := setup(mgr); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("manager: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // agentRequest creates, as cfg's user, a client request of the agent's

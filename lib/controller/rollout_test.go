@@ -23,8 +23,6 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/kube/clustertest"
@@ -36,37 +34,11 @@ import (
 // at the test's end).
 func startRollouts(t *testing.T, cfg *rest.Config, prefix string) (stop func()) {
 	t.Helper()
-	s, err := Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	skip := true
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme: s, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		Controller: config.Controller{SkipNameValidation: &skip},
+	return startManager(t, cfg, "", func(mgr ctrl.Manager) error {
+		r := &Rollouts{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Events: mgr.GetEventRecorder("unbounded-controller"),
+			only: func(name string) bool { return strings.Contains(name, prefix) }}
+		return r.SetupWithManager(mgr)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &Rollouts{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Events: mgr.GetEventRecorder("unbounded-controller"),
-		only: func(name string) bool { return strings.Contains(name, prefix) }}
-	if err := r.SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("manager: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
 }
 
 // hostsFixture creates n Machines labelled pool=prefix, each with a Ready
