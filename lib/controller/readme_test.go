@@ -48,3 +48,33 @@ func TestTheREADMEsMachineRolloutIsValid(t *testing.T) {
 		t.Errorf("the API server refuses README.md's MachineRollout: %v", err)
 	}
 }
+
+// An AgentUpgrade rollout without its package (version, url, sha256) is
+// refused by the API server, before any host is touched; with them it is
+// accepted (dry run).
+func TestAnAgentUpgradeRolloutNeedsItsPackage(t *testing.T) {
+	e := clustertest.Get(t)
+	c := clientFor(t, e)
+	sum := strings.Repeat("ab", 32)
+	for _, tc := range []struct {
+		params map[string]string
+		ok     bool
+	}{
+		{map[string]string{"version": "0.2.0", "url": "https://artifacts.example.internal/a.deb", "sha256": sum}, true},
+		{map[string]string{"version": "0.2.0", "url": "file:///srv/a.deb", "sha256": sum}, true},
+		{nil, false},
+		{map[string]string{"version": "0.2.0", "url": "https://artifacts.example.internal/a.deb"}, false},
+		{map[string]string{"version": "0.2.0", "url": "http://artifacts.example.internal/a.deb", "sha256": sum}, false},
+		{map[string]string{"version": "0.2.0", "url": "https://user:pw@artifacts.example.internal/a.deb", "sha256": sum}, false},
+		{map[string]string{"version": "0.2.0", "url": "https://artifacts.example.internal/a.deb", "sha256": "abc"}, false},
+	} {
+		ro := &v1alpha3.MachineRollout{ObjectMeta: metav1.ObjectMeta{Name: "upgrade-check"}, Spec: v1alpha3.MachineRolloutSpec{
+			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": "edge"}}, Operation: v1alpha3.OperationAgentUpgrade, Parameters: tc.params}}
+		err := c.Create(context.Background(), ro, &client.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if (err == nil) != tc.ok {
+			t.Errorf("parameters %v: error %v, want accepted=%v", tc.params, err, tc.ok)
+		} else if err != nil && !strings.Contains(err.Error(), "needs parameters version, url") {
+			t.Errorf("parameters %v: refused without saying why: %v", tc.params, err)
+		}
+	}
+}

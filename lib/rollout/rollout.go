@@ -157,6 +157,9 @@ func Decide(r *v1alpha3.MachineRollout, hosts []Host, now time.Time) (Decision, 
 	case d.Failed >= threshold:
 		d.Phase = v1alpha3.RolloutStopped
 		d.Message = fmt.Sprintf("stopped: %d host(s) failed (failureThreshold %d); %d not started are left untouched; change the spec to retry the failed", d.Failed, threshold, pending)
+	case len(hosts) == 0:
+		d.Phase = v1alpha3.RolloutComplete
+		d.Message = "no Machine matched the selector when the rollout began: nothing to do"
 	case pending == 0 && unavailable == 0:
 		d.Phase = v1alpha3.RolloutComplete
 		d.Message = fmt.Sprintf("%d host(s) done", d.Done)

@@ -261,6 +261,9 @@ func TestDecideCompletes(t *testing.T) {
 	if d.Phase != v1alpha3.RolloutComplete || d.Done != 2 {
 		t.Errorf("phase %s done %d", d.Phase, d.Done)
 	}
+	if d, _ := Decide(r, nil, t0); d.Phase != v1alpha3.RolloutComplete || !strings.Contains(d.Message, "no Machine matched") {
+		t.Errorf("no hosts: phase %s, %q", d.Phase, d.Message)
+	}
 	if n := OperationName(strings.Repeat("r", 250), "m01", 3); len(n) > 253 {
 		t.Errorf("a long name: %d characters", len(n))
 	}

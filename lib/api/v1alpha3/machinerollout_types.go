@@ -38,6 +38,7 @@ type MachineRollout struct {
 }
 
 // MachineRolloutSpec is what to roll, over which hosts, how fast and when.
+// +kubebuilder:validation:XValidation:rule="self.operation != 'AgentUpgrade' || (has(self.parameters) && 'version' in self.parameters && 'url' in self.parameters && 'sha256' in self.parameters && self.parameters['sha256'].matches('^[0-9a-f]{64}$') && self.parameters['url'].matches('^(https://[^/?#@]+([/?#].*)?|file:///.+)$'))",message="an AgentUpgrade rollout needs parameters version, url (https://HOST/... without credentials, or file:///PATH on the hosts) and sha256 (64 lower-case hex digits)"
 type MachineRolloutSpec struct {
 	// Selector picks the Machines by their labels, once, when the rollout
 	// first acts: a Machine labelled later is not added.
