@@ -125,9 +125,12 @@ func (r *Rollouts) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 	now := r.now()
 	d, err := r.decide(ctx, ro, hosts, now)
 	if err != nil {
-		r.Events.Eventf(ro, nil, corev1.EventTypeWarning, "InvalidSpec", "Decide", "%v", err)
+		msg := "invalid spec: " + err.Error()
+		if ro.Status.Message != msg { // once per change, not at every wake-up
+			r.Events.Eventf(ro, nil, corev1.EventTypeWarning, "InvalidSpec", "Decide", "%s", msg)
+		}
 		return reconcile.Result{}, r.writeStatus(ctx, ro, func(st *v1alpha3.MachineRolloutStatus) {
-			st.Message, st.ObservedGeneration = "invalid spec: "+err.Error(), ro.Generation
+			st.Message, st.ObservedGeneration = msg, ro.Generation
 		})
 	}
 	for _, name := range d.Start {

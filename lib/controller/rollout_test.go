@@ -351,3 +351,27 @@ func TestTwoRolloutsOverOneHostAndAControllerRestartNeverDoubleAnOperation(t *te
 		t.Errorf("a host had %d operations at once", play.maxPerHost)
 	}
 }
+
+// A spec the API server takes but the rollout cannot act on (a budget
+// that is neither a count nor a percentage) starts nothing and says why
+// in its status.
+func TestRolloutWithAnInvalidBudgetStartsNothingAndSaysWhy(t *testing.T) {
+	e := clustertest.Get(t)
+	prefix := clustertest.UniqueName("ri")
+	hostsFixture(t, e, prefix, 1)
+	c := clientFor(t, e)
+	startRollouts(t, e.Admin, prefix)
+	many := intstr.FromString("many")
+	ro := &v1alpha3.MachineRollout{ObjectMeta: metav1.ObjectMeta{Name: prefix + "-bad"}, Spec: v1alpha3.MachineRolloutSpec{
+		Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": prefix}}, Operation: v1alpha3.OperationRestart, MaxUnavailable: &many}}
+	if err := c.Create(context.Background(), ro); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Delete(context.Background(), ro) })
+	waitRollout(t, c, ro.Name, 30*time.Second, "saying its spec is invalid", func(r *v1alpha3.MachineRollout) bool {
+		return strings.Contains(r.Status.Message, "invalid spec: spec.maxUnavailable")
+	})
+	if ops := operations(t, c, prefix); len(ops) != 0 {
+		t.Errorf("operations created: %v", ops)
+	}
+}
