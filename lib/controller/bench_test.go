@@ -187,7 +187,7 @@ func benchHosts(b *testing.B, e *clustertest.Env, prefix string, n int) []string
 		if _, err := kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 			b.Fatal(err)
 		}
-		nodeReady(b, kc, name)
+		e.WriteNodeReady(b, name)
 	}
 	b.Cleanup(func() {
 		for _, name := range names {

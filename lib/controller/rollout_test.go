@@ -19,7 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -60,7 +59,7 @@ func hostsFixture(t *testing.T, e *clustertest.Env, prefix string, n int) []stri
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { kc.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
-		nodeReady(t, kc, name)
+		e.WriteNodeReady(t, name)
 	}
 	t.Cleanup(func() {
 		c := clientFor(t, e)
@@ -88,25 +87,6 @@ func clientFor(t testing.TB, e *clustertest.Env) client.Client {
 	return c
 }
 
-// nodeReady writes the Node's Ready condition as a kubelet that has just
-// (re)started does.
-func nodeReady(t testing.TB, kc kubernetes.Interface, name string) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
-		n, err := kc.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		now := metav1.Now()
-		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}
-		_, err = kc.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
-		return err == nil, nil
-	})
-	if err != nil {
-		t.Errorf("Node %s not written Ready: %v", name, err)
-	}
-}
-
 // hostsPlay plays the daemons and kubelets of the hosts of pool: every
 // new operation of one of them goes InProgress, then Failed when fail
 // says so, else Complete with a fresh Ready on its Node. It records the
@@ -130,7 +110,6 @@ func playHostsWith(t testing.TB, e *clustertest.Env, prefix string, hold time.Du
 	t.Helper()
 	p := &hostsPlay{running: map[string]int{}}
 	c := clientFor(t, e)
-	kc := e.Client(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
@@ -155,7 +134,7 @@ func playHostsWith(t testing.TB, e *clustertest.Env, prefix string, hold time.Du
 					p.maxPerHost = max(p.maxPerHost, p.running[m])
 					p.maxN = max(p.maxN, p.total)
 					p.mu.Unlock()
-					wg.Go(func() { p.run(ctx, t, c, kc, op.DeepCopy(), hold, fail(&op), ready) })
+					wg.Go(func() { p.run(ctx, t, c, e, op.DeepCopy(), hold, fail(&op), ready) })
 				}
 			}
 			select {
@@ -167,7 +146,7 @@ func playHostsWith(t testing.TB, e *clustertest.Env, prefix string, hold time.Du
 	return p
 }
 
-func (p *hostsPlay) run(ctx context.Context, t testing.TB, c client.Client, kc kubernetes.Interface, op *v1alpha3.MachineOperation, hold time.Duration, fail string, ready func()) {
+func (p *hostsPlay) run(ctx context.Context, t testing.TB, c client.Client, e *clustertest.Env, op *v1alpha3.MachineOperation, hold time.Duration, fail string, ready func()) {
 	write := func(state v1alpha3.OperationState, reason string) bool {
 		now := metav1.Now()
 		op.Status.State, op.Status.Reason = state, reason
@@ -202,7 +181,7 @@ func (p *hostsPlay) run(ctx context.Context, t testing.TB, c client.Client, kc k
 		return
 	}
 	if write(v1alpha3.OperationComplete, "Succeeded") {
-		nodeReady(t, kc, op.Spec.MachineRef.Name)
+		e.WriteNodeReady(t, op.Spec.MachineRef.Name)
 		if ready != nil {
 			ready()
 		}

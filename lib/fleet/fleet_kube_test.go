@@ -302,7 +302,7 @@ func rollFixture(t testing.TB, env *kubeenv.Env, admin *kube.Machines, n int) (p
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
-		writeNodeReady(t, c, name)
+		env.WriteNodeReady(t, name)
 	}
 	id = kubeenv.UniqueName(t, "id")
 	opsRes := env.Dynamic().Resource(v1alpha3.SchemeGroupVersion.WithResource(v1alpha3.ResourceMachineOperations))
@@ -310,26 +310,6 @@ func rollFixture(t testing.TB, env *kubeenv.Env, admin *kube.Machines, n int) (p
 		opsRes.DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: RollLabel + "=" + id})
 	})
 	return pool, names, id
-}
-
-// writeNodeReady writes the Node's Ready condition as a kubelet that has
-// just (re)started does.
-func writeNodeReady(t testing.TB, c kubernetes.Interface, name string) {
-	t.Helper()
-	for range 5 { // the node lifecycle controller writes the Node too
-		n, err := c.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		now := metav1.Now()
-		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}
-		if _, err = c.CoreV1().Nodes().UpdateStatus(context.Background(), n, metav1.UpdateOptions{}); err == nil {
-			return
-		}
-		t.Logf("write Node %s: %v", name, err)
-	}
-	t.Errorf("Node %s not written", name)
 }
 
 // daemons are the hosts' side of the kube-tier roll.
@@ -418,7 +398,7 @@ func (d *daemons) run(ctx context.Context, t testing.TB, env *kubeenv.Env, op *v
 		return
 	}
 	if write(v1alpha3.OperationComplete, "Succeeded", "unbounded-repave.service succeeded") {
-		writeNodeReady(t, env.Client(), op.Spec.MachineRef.Name)
+		env.WriteNodeReady(t, op.Spec.MachineRef.Name)
 		d.mu.Lock()
 		d.ready = append(d.ready, time.Now())
 		d.mu.Unlock()
