@@ -464,6 +464,7 @@ func (d *daemon) apply(ctx context.Context, u update) {
 			d.reportMachine(ctx)
 		}
 		d.refreshActive(ctx)
+		d.firstLook()
 		d.settleOwed(ctx, node)
 	case kindMachine:
 		var m *v1alpha3.Machine
@@ -476,6 +477,7 @@ func (d *daemon) apply(ctx context.Context, u update) {
 			d.machineUID = m.UID
 			d.mu.Unlock()
 		}
+		d.firstLook()
 		d.followMachine(ctx)
 		d.reportMachine(ctx)
 		d.unfence(ctx)

@@ -50,6 +50,24 @@ type isolationState struct {
 	resume *job
 }
 
+// firstLook records spec.isolation.mode as the daemon first sees it (the
+// running mode known), when its Machine is observed, whatever job runs
+// first. Recorded only by isolationJob, which the job sources ask after
+// the pending operations, a spec changed while the daemon's first
+// operation ran was taken for the spec at the first look and never acted
+// on: an operator's change of mode lost (CI H1 caught it, a marker
+// operation running first and the spec changed under it).
+func (d *daemon) firstLook() {
+	m := d.machineObj
+	if m == nil || d.tokenOnly || d.active == nil || m.Spec.Isolation.Mode == "" {
+		return
+	}
+	if _, known, err := state.ReadIsolationSpecSeen(d.p); err != nil || known {
+		return
+	}
+	d.isolationJob() // not known: it records the spec as seen and asks for nothing
+}
+
 // isolationJob is the isolation change the Machine's spec.isolation.mode
 // asks for (a mode other than the running one), or nil. It is asked once
 // per generation of the Machine: not while a change runs (its journal,

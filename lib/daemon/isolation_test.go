@@ -759,3 +759,24 @@ func TestIsolationChangeCutAtItsHandOverIsCarriedOutOnce(t *testing.T) {
 		})
 	}
 }
+
+// A change of spec.isolation.mode made while the daemon's first
+// operation runs is a change, acted on once that operation ends: the
+// first look is the Machine as the daemon first saw it, not as it is when
+// the job sources first get to the isolation mode (CI H1: a marker
+// operation ran first and the spec changed under it; the change was
+// taken for the spec at the first look and never acted on).
+func TestAModeChangedWhileTheFirstOperationRunsIsActedOn(t *testing.T) {
+	f := newFixture(t)
+	release := make(chan struct{})
+	f.fake.configure("unbounded-restart.service", func(u *fakeUnit) { u.hold = release })
+	op := f.env.createOp(t, f.machine, v1alpha3.OperationRestart)
+	startDaemon(t, f.opts)
+	eventually(t, opTimeout, "the operation's unit started", func() bool { return f.fake.startCount("unbounded-restart.service") == 1 })
+	f.setIsolationMode(t, v1alpha3.IsolationNone)
+	close(release)
+	if done := f.env.waitOp(t, op.Name, opTimeout); done.Status.State != v1alpha3.OperationComplete {
+		t.Fatalf("operation %s ended %s: %s", op.Name, done.Status.State, done.Status.Message)
+	}
+	eventually(t, opTimeout, isolationUnit+" started for the changed spec", func() bool { return f.fake.startCount(isolationUnit) == 1 })
+}
