@@ -155,16 +155,6 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 		if t.Failed() {
 			f.diagnose(t)
 		}
-		if f.m.Leader() == 0 {
-			return
-		}
-		// The node goes down before the host does, and the time it takes
-		// is logged: the harness gives a host's poweroff 30 s, and a node
-		// machine stops its kubelet, containerd and pods first.
-		begin := time.Now()
-		out, err := f.m.Systemctl("stop", "unbounded-daemon.service", "unbounded-node.target", "systemd-nspawn@kube1.service",
-			"unbounded-container@kube1.service", "unbounded-container@kube2.service", "unbounded-kubelet.service", "unbounded-containerd.service")
-		t.Logf("node stack stopped in %v (%v)%s", time.Since(begin).Round(time.Millisecond), err, out)
 	})
 	return f
 }
