@@ -175,9 +175,8 @@ system_tier() {
 		echo "fs.inotify.max_user_instances: $(cat /proc/sys/fs/inotify/max_user_instances) -> 1024"
 		sysctl -q -w fs.inotify.max_user_instances=1024 || echo "could not raise fs.inotify.max_user_instances"
 	fi
-	# Four scenarios at a time on two cores (the first boots together
-	# take about 3 minutes instead of about 6;
-	# UNBOUNDED_TEST_SYSTEM_PARALLEL). go test lets every scenario go at
+	# Five scenarios at a time on two cores (tests/system/schedule_test.go
+	# says why; UNBOUNDED_TEST_SYSTEM_PARALLEL). go test lets every scenario go at
 	# once (-parallel above their number) and each waits for a place,
 	# the longest expected first (tests/system/schedule_test.go), so that
 	# the tier does not end on a long scenario started last. The tier
