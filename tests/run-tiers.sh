@@ -37,6 +37,21 @@ export GOFLAGS
 # race.
 FUZZTIME=${FUZZTIME:-3000x}
 
+# Kubernetes' binaries that the tiers build from tests/kube's module (the
+# test API server, the kubelet, the conformance binaries) go to the test
+# cache beside the rootfs rather than to this clone's bin/: go build
+# compares the build ID of the file already there and leaves an
+# up-to-date one alone, so a clean clone whose tests/kube did not change
+# links none of them (the test API server's link alone held every tier
+# back 14 s; the kubelet's and e2e.test's cost the first minutes' CPU).
+# Set KUBE_TESTENV_BIN, KUBELET_BIN or CONFORMANCE_BIN to choose.
+kbin=${UNBOUNDED_ROOTFS_CACHE:-/var/cache/unbounded-tests}/bin
+if mkdir -p "$kbin" 2>/dev/null && [ -w "$kbin" ]; then
+	export KUBE_TESTENV_BIN=${KUBE_TESTENV_BIN:-$kbin/kube-testenv}
+	export KUBELET_BIN=${KUBELET_BIN:-$kbin/kubelet}
+	export CONFORMANCE_BIN=${CONFORMANCE_BIN:-$kbin/conformance}
+fi
+
 # Each heading says when it began (since the start of the run), so that
 # the log shows where a run's minutes went, builds and setup included.
 start=$(date +%s)
