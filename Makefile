@@ -18,12 +18,22 @@ BASE_VERSION := 0.1.0
 VERSION ?= $(shell if git describe --exact-match --tags >/dev/null 2>&1; then git describe --tags | sed 's/^v//'; else echo "$(BASE_VERSION)-dev.$$(git rev-list --count HEAD 2>/dev/null || echo 0).g$$(git rev-parse --short=8 HEAD 2>/dev/null || echo unknown)"; fi)
 PKG_ARCH ?= amd64
 LDFLAGS := -s -w -X unbounded-cloud.io/agent/lib/version.Version=$(VERSION)
-# GOEXPERIMENT=nojsonv2: the installed binaries use encoding/json's own
-# implementation, not the one on encoding/json/v2 that go1.27 builds by
-# default (same behaviour, 0.4-0.5 MB less per binary; the hosts' 40 MiB
-# budget, ARCHITECTURE section 3, tests/packages/size_test.go). Tests build
-# with the default; the system tier runs the binaries built here.
-GOBUILD := CGO_ENABLED=0 GOEXPERIMENT=nojsonv2 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
+# One build configuration for every build and test, exported to all that
+# make runs, and set alike by every script that builds (tests/lint checks
+# that they agree): CGO_ENABLED=0 (static binaries: hosts, nodes and
+# images have no libc the binaries may rely on) and GOEXPERIMENT=nojsonv2
+# (encoding/json's own implementation, not the one on encoding/json/v2
+# that go1.27 builds by default: same behaviour, 0.4-0.5 MB less per
+# binary; the hosts' 40 MiB budget, ARCHITECTURE section 3,
+# tests/packages/size_test.go). Tests build as shipped, and so do
+# Kubernetes' binaries that the tests build (tests/kube, tests/conformance):
+# a package compiled once serves every build that links it. With three
+# configurations (the Makefile's, go test's cgo default, the test scripts'
+# CGO_ENABLED=0) a cold run compiled client-go and its dependencies three
+# times.
+export CGO_ENABLED := 0
+export GOEXPERIMENT := nojsonv2
+GOBUILD := $(GO) build -trimpath -ldflags '$(LDFLAGS)'
 
 # Binaries: the operator CLI, the generator, the soft reboot and the health
 # check are separate and small (no Kubernetes client; restart and health
@@ -70,7 +80,7 @@ MD2MAN := $(GO) tool -modfile=tools/go.mod go-md2man
 docs: $(DOCS)
 $(DOCGEN): FORCE
 	@mkdir -p $(@D)
-	CGO_ENABLED=0 $(GO) build -ldflags '-X unbounded-cloud.io/agent/lib/version.Version=$(VERSION)' -o $@ ./cmd/unbounded
+	$(GO) build -trimpath -ldflags '-X unbounded-cloud.io/agent/lib/version.Version=$(VERSION)' -o $@ ./cmd/unbounded
 bin/doc/%.gz: $(DOCGEN)
 	set -o pipefail; $(DOCGEN) __man $* | $(MD2MAN) | gzip -9n >$@.tmp && mv $@.tmp $@
 bin/doc/unbounded.bash: $(DOCGEN)
@@ -91,7 +101,7 @@ packages: build docs
 # commit's, SOURCE_DATE_EPOCH as for the packages). Written to
 # dist/unbounded-controller_VERSION_linux_ARCH.oci.tar, its digest beside it.
 images: $(CLUSTER)
-	CGO_ENABLED=0 $(GO) run -trimpath ./cmd/mkimage --binary $(CLUSTER) --version '$(VERSION)' --arch '$(PKG_ARCH)' --out dist
+	$(GO) run -trimpath ./cmd/mkimage --binary $(CLUSTER) --version '$(VERSION)' --arch '$(PKG_ARCH)' --out dist
 
 test: build
 	VERSION='$(VERSION)' tests/run-tiers.sh

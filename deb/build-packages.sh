@@ -17,6 +17,10 @@ set -eu
 cd "$(dirname "$0")/.."
 # The patched Go toolchain of the Makefile (tests/lint checks they agree).
 export GOTOOLCHAIN=go1.27.3
+# The one build configuration of every build and test (the Makefile says
+# why; tests/lint checks they agree).
+export CGO_ENABLED=0
+export GOEXPERIMENT=nojsonv2
 
 # One-shot concerns served by the multicall executable bin/unbounded-agent
 # (ARCHITECTURE section 3): each becomes a link

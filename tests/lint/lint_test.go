@@ -292,14 +292,14 @@ func TestBuiltBinariesUseThisToolchain(t *testing.T) {
 	if len(bins) == 0 {
 		tiers.Skip(t, tiers.Static, "no bin/unbounded* here: run make build first (make test does)")
 	}
-	// The Makefile's GOEXPERIMENT (its GOBUILD) is part of the version a
+	// The Makefile's GOEXPERIMENT is part of the version a
 	// binary reports ("go1.27.3-X:nojsonv2"): the same toolchain, with
 	// the experiments the Makefile chose.
 	mk, err := os.ReadFile(filepath.Join(repo, "Makefile"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := runtime.Version()
+	want := toolchain()
 	if m := goExperimentLine.FindSubmatch(mk); m != nil {
 		want += "-X:" + string(m[1])
 	}
@@ -310,53 +310,85 @@ func TestBuiltBinariesUseThisToolchain(t *testing.T) {
 			continue
 		}
 		if bi.GoVersion != want {
-			t.Errorf("%s was built with %s, want %s (the toolchain of the Makefile's GOTOOLCHAIN, with its GOBUILD's GOEXPERIMENT): run make build", b, bi.GoVersion, want)
+			t.Errorf("%s was built with %s, want %s (the toolchain of the Makefile's GOTOOLCHAIN, with its GOEXPERIMENT): run make build", b, bi.GoVersion, want)
 		}
 	}
 }
 
-// goExperimentLine is the GOEXPERIMENT of the Makefile's GOBUILD.
-var goExperimentLine = regexp.MustCompile(`(?m)^GOBUILD := .*GOEXPERIMENT=(\S+) `)
+// toolchain is the Go release that built this test, without the
+// experiments it was built with (runtime.Version's "-X:nojsonv2").
+func toolchain() string {
+	v, _, _ := strings.Cut(runtime.Version(), "-X:")
+	return v
+}
+
+// goExperimentLine is the GOEXPERIMENT of every build (the Makefile's,
+// each entry point's).
+var goExperimentLine = regexp.MustCompile(`(?m)^export GOEXPERIMENT *:?= *(\S+)$`)
 
 // toolchainLine is how each entry point selects the toolchain.
 var toolchainLine = regexp.MustCompile(`(?m)^export GOTOOLCHAIN *:?= *(\S+)$`)
 
+// cgoLine is each entry point's CGO_ENABLED.
+var cgoLine = regexp.MustCompile(`(?m)^export CGO_ENABLED *:?= *(\S+)$`)
+
 // Every entry point that builds or tests selects the same patched
 // toolchain, and it is the one running this test: a machine's own go
-// (GOTOOLCHAIN=local in its go.env) ignores go.mod's toolchain line.
+// (GOTOOLCHAIN=local in its go.env) ignores go.mod's toolchain line. They
+// also build in the one configuration (CGO_ENABLED, GOEXPERIMENT: the
+// Makefile says why): a script that built in another compiled every
+// package it links a second time, as a cold run did for client-go.
 func TestEveryEntryPointSelectsTheSameToolchain(t *testing.T) {
 	if os.Getenv(envDir) != "" {
 		t.Skip("the entry points belong to this repository")
 	}
-	seen := map[string][]string{}
-	for _, f := range []string{"Makefile", ".ci/run", "tests/run-tiers.sh", "tests/bench.sh", "tests/demo/demo.sh", "tests/kube/with-env.sh", "tests/kube/kubelet.sh", "tests/conformance/build.sh", "tests/conformance/run.sh", "deb/build-packages.sh"} {
+	settings := []struct {
+		name string
+		line *regexp.Regexp
+		seen map[string][]string
+	}{
+		{"GOTOOLCHAIN", toolchainLine, map[string][]string{}},
+		{"CGO_ENABLED", cgoLine, map[string][]string{}},
+		{"GOEXPERIMENT", goExperimentLine, map[string][]string{}},
+	}
+	for _, f := range []string{"Makefile", ".ci/run", "tests/run-tiers.sh", "tests/bench.sh", "tests/demo/demo.sh", "tests/kube/with-env.sh", "tests/kube/kubelet.sh", "tests/conformance/build.sh", "tests/conformance/run.sh", "tests/system/nodestack/stage.sh", "deb/build-packages.sh"} {
 		b, err := os.ReadFile(filepath.Join(repo, f))
 		if err != nil {
 			t.Errorf("%s: %v", f, err)
 			continue
 		}
-		m := toolchainLine.FindAllSubmatch(b, -1)
-		if len(m) != 1 {
-			t.Errorf("%s: %d lines 'export GOTOOLCHAIN=go1.N.N', want 1", f, len(m))
-			continue
+		for _, s := range settings {
+			m := s.line.FindAllSubmatch(b, -1)
+			if len(m) != 1 {
+				t.Errorf("%s: %d lines 'export %s=...', want 1", f, len(m), s.name)
+				continue
+			}
+			s.seen[string(m[0][1])] = append(s.seen[string(m[0][1])], f)
 		}
-		seen[string(m[0][1])] = append(seen[string(m[0][1])], f)
 	}
 	// go.mod's toolchain line says the same, for a go whose GOTOOLCHAIN
 	// is auto (the default of a go from go.dev).
+	toolchains := settings[0].seen
 	if b, err := os.ReadFile(filepath.Join(repo, "go.mod")); err != nil {
 		t.Error(err)
 	} else if m := regexp.MustCompile(`(?m)^toolchain (\S+)$`).FindSubmatch(b); m == nil {
 		t.Error("go.mod: no toolchain line")
 	} else {
-		seen[string(m[1])] = append(seen[string(m[1])], "go.mod")
+		toolchains[string(m[1])] = append(toolchains[string(m[1])], "go.mod")
 	}
-	if len(seen) > 1 {
-		t.Errorf("the entry points disagree on GOTOOLCHAIN: %v", seen)
+	for _, s := range settings {
+		if len(s.seen) > 1 {
+			t.Errorf("the entry points disagree on %s: %v", s.name, s.seen)
+		}
 	}
-	for v, files := range seen {
-		if v != runtime.Version() {
-			t.Errorf("%v select %s, but this test runs on %s (run it through make test, or export GOTOOLCHAIN=%s)", files, v, runtime.Version(), v)
+	for v, files := range toolchains {
+		if v != toolchain() {
+			t.Errorf("%v select %s, but this test runs on %s (run it through make test, or export GOTOOLCHAIN=%s)", files, v, toolchain(), v)
+		}
+	}
+	for v, files := range settings[1].seen {
+		if v != "0" {
+			t.Errorf("%v build with CGO_ENABLED=%s, want 0 (static binaries)", files, v)
 		}
 	}
 }

@@ -42,6 +42,10 @@ cache=${UNBOUNDED_ROOTFS_CACHE:-/var/cache/unbounded-tests}
 coredns_dir=$(cd "$(dirname "$0")/../../coredns" && pwd)
 # The patched Go toolchain of the Makefile, as tests/kube/kubelet.sh.
 export GOTOOLCHAIN=go1.27.3
+# The one build configuration of every build and test (the Makefile says
+# why; tests/lint checks they agree).
+export CGO_ENABLED=0
+export GOEXPERIMENT=nojsonv2
 
 log() { echo "stage.sh: $*" >&2; }
 
