@@ -118,6 +118,12 @@ prepare() {
 		# The node stack (tests/system/nodestack): the kubelet built from the
 		# test control plane's module, and Debian's containerd, runc and CNI
 		# plugins with a static pause (both cached after the first run).
+		# The kubelet and e2e.test link most of what the test API server
+		# links (one module graph, one build configuration): built after
+		# it, they compile only their own packages. Built beside it, both
+		# go commands compiled the same packages at once (go's build cache
+		# does not share work in progress).
+		flock -s "$out/kbuild.lock" true
 		if [ "$(id -u)" = 0 ]; then
 			if kubelet=$(tests/kube/kubelet.sh 2>"$out/kubelet.log" | tail -1) && [ -x "$kubelet" ]; then
 				prepared UNBOUNDED_TEST_KUBELET "$kubelet"
@@ -148,9 +154,13 @@ prepare() {
 # its copy of the descriptor), so it is released when prepare ends, how
 # ever it ends: await_prepared's shared lock waits for exactly that.
 : >"$out/prep.env"
+# kbuild.lock is held while the test API server is built (below, before
+# the tiers start), prep.lock by prepare's background shell alone.
+exec 8>"$out/kbuild.lock"
+flock 8
 exec 9>"$out/prep.lock"
 flock 9
-(prepare >"$out/prep.log" 2>&1) &
+(exec 8>&- && prepare >"$out/prep.log" 2>&1) &
 prep_pid=$!
 exec 9>&-
 
@@ -263,11 +273,16 @@ export -f inner others system_tier log elapsed await_prepared
 export out FUZZTIME start
 : >"$out/status"
 if [ -x tests/kube/with-env.sh ]; then
+	log "building the test API server (tests/kube)"
+	# A failure is reported by with-env.sh's next run, below (once).
+	tests/kube/with-env.sh --build 2>"$out/kbuild.log" && cat "$out/kbuild.log"
+	exec 8>&-
 	log "starting the test API server (tests/kube)"
 	tests/kube/with-env.sh bash -c inner
 	envrc=$?
 	wait "$prep_pid"
 else
+	exec 8>&-
 	UNBOUNDED_TEST_KUBE_SKIP="tests/kube/with-env.sh is missing" bash -c inner
 	envrc=$?
 	wait "$prep_pid"
