@@ -95,7 +95,11 @@ log "building CoreDNS from $coredns_dir"
 dv=$(cd "$coredns_dir" && go list -m -f '{{.Version}}' github.com/coredns/coredns)
 dv=${dv#v}
 mkdir -p "$tmp/x/coredns"
-(cd "$coredns_dir" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags "-s -w" -o "$tmp/x/coredns/coredns" .) >&2
+# With go1.27's default experiments, not nojsonv2: CoreDNS's dependencies
+# (prometheus/common) import encoding/json/jsontext, which nojsonv2 leaves
+# out. It shares no compiled package with the project's builds anyway
+# (its own module graph), and upstream builds it this way.
+(cd "$coredns_dir" && CGO_ENABLED=0 GOEXPERIMENT= GOFLAGS=-buildvcs=false go build -trimpath -ldflags "-s -w" -o "$tmp/x/coredns/coredns" .) >&2
 tar -C "$tmp/x/coredns" --owner=0 --group=0 --numeric-owner -czf "$tmp/artifacts/coredns_${dv}_linux_$(go env GOARCH).tgz" coredns
 printf 'containerd=%s\nrunc=%s\ncni-plugins=%s\nkubelet=%s\ncoredns=%s\n' "$cv" "$rv" "$nv" "${k8s_version#v}" "$dv" >"$tmp/artifacts/versions"
 
