@@ -124,6 +124,9 @@ func TestUnpackTarAloneNeverWritesOutsideTheRootfs(t *testing.T) {
 		{"absolute symlink, then a file through it", []treetest.Entry{{Name: "etc/evil", Typ: tar.TypeSymlink, Link: outside}, {Name: "etc/evil/pwned", Body: "x"}}},
 		{"relative symlink climbing out", []treetest.Entry{{Name: "up", Typ: tar.TypeSymlink, Link: "../../../../../../../.." + outside}, {Name: "up/pwned", Body: "x"}}},
 		{"symlink, then a directory through it", []treetest.Entry{{Name: "d", Typ: tar.TypeSymlink, Link: outside}, {Name: "d/sub/", Typ: tar.TypeDir}}},
+		{"a directory written into, replaced by a symlink, then a file through it", []treetest.Entry{
+			{Name: "e/", Typ: tar.TypeDir}, {Name: "e/sub/", Typ: tar.TypeDir}, {Name: "e/sub/x/", Typ: tar.TypeDir},
+			{Name: "e/sub/x", Typ: tar.TypeSymlink, Link: outside}, {Name: "e/sub/x/pwned", Body: "x"}}},
 		{"hard link out", []treetest.Entry{{Name: "x", Typ: tar.TypeLink, Link: "../../../../../../../etc/passwd"}}},
 		{"dot-dot name", []treetest.Entry{{Name: "../../../../../../../.." + outside + "/pwned", Body: "x"}}},
 	} {
@@ -142,5 +145,34 @@ func TestUnpackTarAloneNeverWritesOutsideTheRootfs(t *testing.T) {
 			}
 			t.Logf("refused: %v", err)
 		})
+	}
+}
+
+// An entry below a symlink that stays inside the rootfs but leaves its own
+// directory (usr/lib/alt -> ../../opt/alt) lands where the symlink points,
+// as a path resolved from the rootfs does; so does one below a name that
+// an earlier entry made a file and a later one such a symlink.
+func TestUnpackTarFollowsSymlinksInsideTheRootfs(t *testing.T) {
+	treetest.RequireRoot(t)
+	rc, err := treetest.Layer(t,
+		treetest.Entry{Name: "usr/lib/", Typ: tar.TypeDir}, treetest.Entry{Name: "opt/alt/", Typ: tar.TypeDir},
+		treetest.Entry{Name: "usr/lib/alt", Typ: tar.TypeSymlink, Link: "../../opt/alt"},
+		treetest.Entry{Name: "usr/lib/alt/f", Body: "through"},
+		treetest.Entry{Name: "v/w/", Typ: tar.TypeDir}, treetest.Entry{Name: "v/w/old", Body: "x"},
+		treetest.Entry{Name: "v/w/old", Typ: tar.TypeSymlink, Link: "../../opt/alt"},
+		treetest.Entry{Name: "v/w/old/g", Body: "moved"},
+	).Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	dir := t.TempDir()
+	if _, err := unpackTar(rc, dir); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"opt/alt/f": "through", "opt/alt/g": "moved"} {
+		if got, err := os.ReadFile(filepath.Join(dir, name)); err != nil || string(got) != want {
+			t.Errorf("%s = %q, %v; want %q", name, got, err, want)
+		}
 	}
 }
