@@ -40,6 +40,8 @@ export GOFLAGS
 # A duration (FUZZTIME=10m) still works for a long run by hand, with that
 # race.
 FUZZTIME=${FUZZTIME:-3000x}
+# How many system scenarios run beside the first tiers (inner says why).
+SYSTEM_EARLY=${UNBOUNDED_TEST_SYSTEM_EARLY:-2}
 
 # Kubernetes' binaries that the tiers build from tests/kube's module (the
 # test API server, the kubelet, the conformance binaries) go to the test
@@ -185,9 +187,10 @@ fi
 # Each go test's exit status goes to $out/status ("TIER STATUS" lines):
 # the summary must agree with it. inner itself exits 0 once every tier has
 # run, so a non-zero status from with-env.sh is with-env.sh's own failure.
-# The system tier (tier 5), after the others. Started first, beside them
-# (the unit tier leaves one of the two cores idle half of its time), it
-# ran with the VM's load at 16-20 for ten minutes: the run was 1.4 minutes
+# The system tier (tier 5): a few scenarios beside the first tiers (inner),
+# all its places after them. Started with all its places beside them (the
+# unit tier leaves one of the two cores idle half of its time), it ran
+# with the VM's load at 16-20 for ten minutes: the run was 1.4 minutes
 # shorter, and two scenarios failed on timing that load alone explains (a
 # kubelet killed before its graceful shutdown's pod status reached the API
 # server; a test that lost its race with a unit's RestartSec). Its
@@ -261,17 +264,31 @@ inner() {
 	log "tier 1 (unit) and tier 4 (kubernetes), beside the next four"
 	go test -count=1 -json -timeout 15m $pkgs >"$out/unit.json" 2>"$out/unit.err" &
 	local unit=$!
+	# The system tier starts as soon as its inputs are made, with
+	# $SYSTEM_EARLY places (tests/system/schedule_test.go's places file)
+	# while the first tiers run, and all its places once they end: its
+	# longest scenarios (first to get a place) spend most of their time
+	# waiting on the product's timers and the cluster, and the first
+	# tiers leave part of the two cores idle.
+	echo "$SYSTEM_EARLY" >"$out/system.places"
+	export UNBOUNDED_TEST_SYSTEM_PLACES_FILE="$out/system.places"
+	(
+		await_prepared
+		log "tier 5 (system: real systemd in nspawn), $SYSTEM_EARLY at a time until the first tiers end"
+		system_tier
+	) &
+	local system=$!
 	others
 	wait "$unit"
 	echo "unit $?" >>"$out/status"
-	await_prepared
-	log "tier 5 (system: real systemd in nspawn)"
-	system_tier
+	rm -f "$out/system.places"
+	log "unit, lint, static, packages and fuzzing done: the system tier takes all its places"
+	wait "$system"
 	log "all tiers done"
 	return 0
 }
 export -f inner others system_tier log elapsed await_prepared
-export out FUZZTIME start
+export out FUZZTIME start SYSTEM_EARLY
 : >"$out/status"
 if [ -x tests/kube/with-env.sh ]; then
 	log "building the test API server (tests/kube)"

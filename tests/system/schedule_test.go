@@ -2,6 +2,7 @@ package system_test
 
 import (
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +23,18 @@ import (
 
 // EnvParallel is how many scenarios run at once.
 const EnvParallel = "UNBOUNDED_TEST_SYSTEM_PARALLEL"
+
+// EnvPlacesFile names a file that holds how many scenarios may run at
+// once, read again every placesPoll while the tier runs; while it holds
+// no number (it is removed, say) EnvParallel says. tests/run-tiers.sh
+// starts the tier with a few places while the unit, lint, static and
+// packages tiers still run beside it, and removes the file when those
+// end. A place taken is never taken back: a smaller number only admits
+// no one until enough have ended.
+const EnvPlacesFile = "UNBOUNDED_TEST_SYSTEM_PLACES_FILE"
+
+// placesPoll is how often the places file is read.
+const placesPoll = time.Second
 
 // defaultParallel: with four at a time the two cores were busy 0.80 of
 // the tier (/proc/stat every 5 s; whole minutes at 0.4-0.7 while
@@ -107,7 +120,40 @@ func init() {
 // places go to the longest rather than to the first to arrive.
 const settle = 300 * time.Millisecond
 
-var places = newGate(parallelFromEnv())
+var places = newGateFromEnv()
+
+func newGateFromEnv() *gate {
+	g := newGate(parallelFromEnv())
+	if f := os.Getenv(EnvPlacesFile); f != "" {
+		read := func() {
+			n := placesIn(f)
+			if n == 0 {
+				n = parallelFromEnv()
+			}
+			g.setLimit(n)
+		}
+		read()
+		go func() {
+			for range time.Tick(placesPoll) {
+				read()
+			}
+		}()
+	}
+	return g
+}
+
+// placesIn is the number file holds, 0 when there is none (no file yet,
+// or not a positive number).
+func placesIn(file string) int {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return 0
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && n > 0 {
+		return n
+	}
+	return 0
+}
 
 func parallelFromEnv() int {
 	if n, err := strconv.Atoi(os.Getenv(EnvParallel)); err == nil && n > 0 {
@@ -142,16 +188,31 @@ type waiter struct {
 	ready chan struct{}
 }
 
-// gate gives n places to waiters, the longest expected first.
+// gate gives limit places to waiters, the longest expected first.
 type gate struct {
-	mu      sync.Mutex
-	free    int
-	waiting []*waiter
-	settled bool
-	timer   *time.Timer
+	mu sync.Mutex
+	// limit is how many may hold a place at once; free is limit less
+	// those that hold one (below zero after the limit went down).
+	limit, free int
+	waiting     []*waiter
+	settled     bool
+	timer       *time.Timer
 }
 
-func newGate(n int) *gate { return &gate{free: n} }
+func newGate(n int) *gate { return &gate{limit: n, free: n} }
+
+// setLimit makes n the number of places: more are given at once, fewer
+// as places are given back.
+func (g *gate) setLimit(n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if n == g.limit {
+		return
+	}
+	g.free += n - g.limit
+	g.limit = n
+	g.dispatch()
+}
 
 func (g *gate) admit(name string) func() {
 	w := &waiter{name: name, ready: make(chan struct{})}
@@ -245,5 +306,90 @@ func TestPlacesGoToTheLongestExpectedFirst(t *testing.T) {
 	}
 	if g.free != 1 {
 		t.Errorf("%d places free at the end, want the one", g.free)
+	}
+}
+
+// TestPlacesFollowTheLimit: a limit raised gives the new places at once,
+// longest expected first; one lowered below the places held admits no one
+// until enough were given back.
+func TestPlacesFollowTheLimit(t *testing.T) {
+	g := newGate(1)
+	g.mu.Lock()
+	g.settled = true
+	g.mu.Unlock()
+	admitted := make(chan string, 8)
+	releases := map[string]func(){}
+	var mu sync.Mutex
+	start := func(n string) {
+		go func() {
+			done := g.admit(n)
+			mu.Lock()
+			releases[n] = done
+			mu.Unlock()
+			admitted <- n
+		}()
+	}
+	next := func() string {
+		select {
+		case n := <-admitted:
+			return n
+		case <-time.After(5 * time.Second):
+			t.Fatal("no one admitted")
+			return ""
+		}
+	}
+	none := func(why string) {
+		select {
+		case n := <-admitted:
+			t.Fatalf("%s admitted %s", why, n)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	start("TestA")
+	if n := next(); n != "TestA" {
+		t.Fatalf("admitted %s", n)
+	}
+	for _, n := range []string{"TestShortOne", "TestRepaveFailuresLeaveTheNodeAsItWas", "TestRepaveNspawnByHandThenByOperation"} {
+		start(n)
+	}
+	time.Sleep(50 * time.Millisecond) // all three waiting
+	none("one place, held:")
+	g.setLimit(3)
+	got := []string{next(), next()}
+	slices.Sort(got) // (given at once: their goroutines race to say so)
+	if !slices.Equal(got, []string{"TestRepaveFailuresLeaveTheNodeAsItWas", "TestRepaveNspawnByHandThenByOperation"}) {
+		t.Errorf("the raised limit's places went to %v, want the two longest", got)
+	}
+	g.setLimit(1)
+	mu.Lock()
+	a, b := releases["TestA"], releases["TestRepaveFailuresLeaveTheNodeAsItWas"]
+	mu.Unlock()
+	a()
+	none("three held, limit one, one given back:")
+	b()
+	none("two given back, one still held under a limit of one:")
+	mu.Lock()
+	c := releases["TestRepaveNspawnByHandThenByOperation"]
+	mu.Unlock()
+	c()
+	if n := next(); n != "TestShortOne" {
+		t.Errorf("admitted %s, want TestShortOne", n)
+	}
+}
+
+// A places file is read for its number; anything else is none
+// (EnvParallel's number then).
+func TestPlacesFileHoldsTheLimit(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "places")
+	if n := placesIn(f); n != 0 {
+		t.Errorf("no file: %d, want 0 (none)", n)
+	}
+	for data, want := range map[string]int{"2\n": 2, " 6 ": 6, "0": 0, "-1": 0, "six": 0, "": 0} {
+		if err := os.WriteFile(f, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if n := placesIn(f); n != want {
+			t.Errorf("file %q: %d, want %d", data, n, want)
+		}
 	}
 }
