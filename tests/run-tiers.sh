@@ -207,7 +207,7 @@ system_tier() {
 		echo "fs.inotify.max_user_instances: $(cat /proc/sys/fs/inotify/max_user_instances) -> 1024"
 		sysctl -q -w fs.inotify.max_user_instances=1024 || echo "could not raise fs.inotify.max_user_instances"
 	fi
-	# Six scenarios at a time on two cores (tests/system/schedule_test.go
+	# Five scenarios at a time on two cores (tests/system/schedule_test.go
 	# says why; UNBOUNDED_TEST_SYSTEM_PARALLEL). go test lets every scenario go at
 	# once (-parallel above their number) and each waits for a place,
 	# the longest expected first (tests/system/schedule_test.go), so that

@@ -25,8 +25,9 @@ import (
 const EnvParallel = "UNBOUNDED_TEST_SYSTEM_PARALLEL"
 
 // EnvPlacesFile names a file that holds how many scenarios may run at
-// once, read again every placesPoll while the tier runs; while it holds
-// no number (it is removed, say) EnvParallel says. tests/run-tiers.sh
+// once, read again every placesPoll while the tier runs, never more than
+// EnvParallel; while it holds no number (it is removed, say) EnvParallel
+// says. tests/run-tiers.sh
 // starts the tier with a few places while the unit, lint, static and
 // packages tiers still run beside it, and removes the file when those
 // end. A place taken is never taken back: a smaller number only admits
@@ -42,11 +43,16 @@ const placesPoll = time.Second
 // deadlines); five keep them busy 0.90 and the tier took 14m22s instead
 // of 15m34s (the system tier alone, its 58 scenarios, this 2-core
 // machine, a5bbdc3). Six, once the slot build's unpack cost a third less
-// CPU: busy 0.97, the tier (67 scenarios, alone) 938 s instead of five's
-// 988 s (six at 2357cf3, five at cf6c93c, its unpack the older one:
-// /proc/stat and process accounting).
+// CPU, kept them busy 0.97 and the tier (67 scenarios, alone) took 938 s
+// instead of five's 988 s (six at 2357cf3, five at cf6c93c with the older
+// unpack: /proc/stat and process accounting); but in one of two CI runs
+// at six two scenarios lost the kubelet's race to report its pods ended
+// by the graceful node shutdown before the node's stop ended it
+// (kubernetes/kubernetes#112443: the shutdown manager releases its
+// inhibitor lock before the last status update is sent; a starved kubelet
+// loses it), which five had lost once in about four runs. Five, then.
 // Every scenario's bounds are minutes, not seconds.
-const defaultParallel = 6
+const defaultParallel = 5
 
 // expected are the scenarios' wall times in a clean-clone run (D4,
 // 337e789, seconds, four at a time, the wait for a place not counted),
@@ -126,9 +132,9 @@ func newGateFromEnv() *gate {
 	g := newGate(parallelFromEnv())
 	if f := os.Getenv(EnvPlacesFile); f != "" {
 		read := func() {
-			n := placesIn(f)
-			if n == 0 {
-				n = parallelFromEnv()
+			n, most := placesIn(f), parallelFromEnv()
+			if n == 0 || n > most {
+				n = most
 			}
 			g.setLimit(n)
 		}
