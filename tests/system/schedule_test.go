@@ -133,7 +133,7 @@ func newGateFromEnv() *gate {
 	if f := os.Getenv(EnvPlacesFile); f != "" {
 		read := func() {
 			n, most := placesIn(f), parallelFromEnv()
-			if n == 0 || n > most {
+			if n < 0 || n > most {
 				n = most
 			}
 			g.setLimit(n)
@@ -148,17 +148,18 @@ func newGateFromEnv() *gate {
 	return g
 }
 
-// placesIn is the number file holds, 0 when there is none (no file yet,
-// or not a positive number).
+// placesIn is the number file holds (0: no scenario starts until it
+// changes), -1 when there is none (no file yet, or not a number at least
+// 0).
 func placesIn(file string) int {
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return 0
+		return -1
 	}
-	if n, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && n > 0 {
+	if n, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && n >= 0 {
 		return n
 	}
-	return 0
+	return -1
 }
 
 func parallelFromEnv() int {
@@ -317,7 +318,7 @@ func TestPlacesGoToTheLongestExpectedFirst(t *testing.T) {
 
 // TestPlacesFollowTheLimit: a limit raised gives the new places at once,
 // longest expected first; one lowered below the places held admits no one
-// until enough were given back.
+// until enough were given back; a limit of none admits no one at all.
 func TestPlacesFollowTheLimit(t *testing.T) {
 	g := newGate(1)
 	g.mu.Lock()
@@ -377,20 +378,23 @@ func TestPlacesFollowTheLimit(t *testing.T) {
 	mu.Lock()
 	c := releases["TestRepaveNspawnByHandThenByOperation"]
 	mu.Unlock()
+	g.setLimit(0)
 	c()
+	none("all given back under a limit of none:")
+	g.setLimit(1)
 	if n := next(); n != "TestShortOne" {
 		t.Errorf("admitted %s, want TestShortOne", n)
 	}
 }
 
-// A places file is read for its number; anything else is none
-// (EnvParallel's number then).
+// A places file is read for its number, 0 included; anything else is
+// none (EnvParallel's number then).
 func TestPlacesFileHoldsTheLimit(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "places")
-	if n := placesIn(f); n != 0 {
-		t.Errorf("no file: %d, want 0 (none)", n)
+	if n := placesIn(f); n != -1 {
+		t.Errorf("no file: %d, want -1 (none)", n)
 	}
-	for data, want := range map[string]int{"2\n": 2, " 6 ": 6, "0": 0, "-1": 0, "six": 0, "": 0} {
+	for data, want := range map[string]int{"2\n": 2, " 6 ": 6, "0": 0, "-1": -1, "six": -1, "": -1} {
 		if err := os.WriteFile(f, []byte(data), 0o644); err != nil {
 			t.Fatal(err)
 		}
