@@ -195,6 +195,9 @@ type Fence struct {
 // Daemon configures the daemon and the one-shots' logging.
 type Daemon struct {
 	LogLevel string `toml:"log-level"`
+	// MetricsAddress is where the daemon serves the host's metrics
+	// (IP:PORT or :PORT); "" serves none.
+	MetricsAddress string `toml:"metrics-address"`
 }
 
 // Duration is a time.Duration written in TOML as a Go duration string

@@ -236,3 +236,15 @@ func TestLoadImageLeavesTheMachineAndTheTokenToEachHost(t *testing.T) {
 		t.Errorf("an image's bad mode: %v", err)
 	}
 }
+
+func TestMetricsAddressTakesIPLiteralsAndPorts(t *testing.T) {
+	for a, want := range map[string]bool{
+		"127.0.0.1:9464": true, ":9464": true, "[::1]:9464": true, "0.0.0.0:65535": true,
+		"localhost:9464": false, "127.0.0.1": false, ":0": false, ":65536": false, "[fe80::1%eth0]:9464": false,
+		"127.0.0.1:http": false, "": false,
+	} {
+		if got := validListenAddress(a); got != want {
+			t.Errorf("validListenAddress(%q) = %v, want %v", a, got, want)
+		}
+	}
+}

@@ -210,6 +210,15 @@ func TestLoadReportsEachErrorClassWithFileLineAndKey(t *testing.T) {
 		{"log level unknown", func(h *host) {
 			h.edit(mainFile, "[allocation]", "[daemon]\nlog-level = \"verbose\"\n[allocation]")
 		}, want{mainFile, 19, "daemon.log-level", `got "verbose"`}},
+		{"metrics address a name", func(h *host) {
+			h.edit(mainFile, "[allocation]", "[daemon]\nmetrics-address = \"localhost:9464\"\n[allocation]")
+		}, want{mainFile, 19, "daemon.metrics-address", `got "localhost:9464"`}},
+		{"metrics address without a port", func(h *host) {
+			h.edit(mainFile, "[allocation]", "[daemon]\nmetrics-address = \"127.0.0.1\"\n[allocation]")
+		}, want{mainFile, 19, "daemon.metrics-address", `got "127.0.0.1"`}},
+		{"metrics address port 0", func(h *host) {
+			h.edit(mainFile, "[allocation]", "[daemon]\nmetrics-address = \":0\"\n[allocation]")
+		}, want{mainFile, 19, "daemon.metrics-address", "a port from 1 to 65535"}},
 		{"drop-in value named in the drop-in", func(h *host) {
 			h.write(dropinDir+"/10-cluster.toml", "# moved cluster\n[cluster]\napi-server = \"http://x\"\n", 0o644)
 		}, want{dropinDir + "/10-cluster.toml", 3, "cluster.api-server", `must be an https:// URL, got "http://x"`}},

@@ -294,9 +294,24 @@ func (l *loader) validateAllocationFenceDaemon(c *Config) {
 			l.at(k("daemon", "log-level"), "must be one of %s, got %q", strings.Join(logLevels, ", "), c.Daemon.LogLevel)
 		}
 	})
+	l.check(k("daemon", "metrics-address"), func() {
+		if a := c.Daemon.MetricsAddress; a != "" && !validListenAddress(a) {
+			l.at(k("daemon", "metrics-address"), "must be IP:PORT (127.0.0.1:9464, [::1]:9464) or :PORT for every address, a port from 1 to 65535, got %q", a)
+		}
+	})
 }
 
 func contains(list []string, s string) bool { return slices.Contains(list, s) }
+
+// validListenAddress: IP:PORT or :PORT, an IP literal (the daemon looks no
+// name up) and a port from 1 to 65535.
+func validListenAddress(a string) bool {
+	if port, ok := strings.CutPrefix(a, ":"); ok {
+		a = "0.0.0.0:" + port
+	}
+	ap, err := netip.ParseAddrPort(a)
+	return err == nil && ap.Port() != 0 && !ap.Addr().Is4In6() && ap.Addr().Zone() == ""
+}
 
 func sortedStrings[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 

@@ -55,6 +55,9 @@ type UnitState struct {
 	// MainPID is the last run's main process (ExecMainPID); 0 when
 	// unknown. Its lines are the run's (lib/unitjournal Query.PID).
 	MainPID int
+	// NRestarts is how often systemd restarted the service by its
+	// Restart= (the node stack's units: the host metrics).
+	NRestarts int
 }
 
 // Running reports whether the unit is in a transition (a oneshot stays in
@@ -192,5 +195,6 @@ func (s dbusSystemd) UnitState(ctx context.Context, unit string) (UnitState, err
 		InvocationID:   st.InvocationID,
 		StartedAt:      st.StartedAt,
 		MainPID:        st.MainPID,
+		NRestarts:      st.NRestarts,
 	}, nil
 }

@@ -37,6 +37,10 @@ type Status struct {
 	// MainPID is the last run's main process (ExecMainPID, kept after it
 	// exited); 0 when unknown.
 	MainPID int
+	// NRestarts is how often systemd restarted the service by its
+	// Restart= since the unit was loaded (this boot, unless a
+	// daemon-reload dropped it).
+	NRestarts int
 }
 
 // ReadStatus reads unit's Status over conn.
@@ -72,6 +76,9 @@ func ReadStatus(ctx context.Context, conn *sdbus.Conn, unit string) (Status, err
 		}
 		if v, ok := svc["ExecMainPID"].(uint32); ok {
 			st.MainPID = int(v)
+		}
+		if v, ok := svc["NRestarts"].(uint32); ok {
+			st.NRestarts = int(v)
 		}
 	}
 	return st, nil
