@@ -43,17 +43,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, host daem
 	if done {
 		return code
 	}
-	lvl := c.LogLevel
-	if lvl == "" {
-		// An invalid config is reported by daemon.Run (exit 78); here
-		// it only leaves the level at info.
-		if cfg, err := config.Load(paths); err == nil {
+	lvl, metricsAddress := c.LogLevel, ""
+	// An invalid config is reported by daemon.Run (exit 78); here it
+	// only leaves the level at info and the metrics unserved.
+	if cfg, err := config.Load(paths); err == nil {
+		if lvl == "" {
 			lvl = cfg.Daemon.LogLevel
 		}
+		metricsAddress = cfg.Daemon.MetricsAddress
 	}
 	log := logging.New(stderr, concern.Level(lvl))
 
-	err := daemon.Run(ctx, daemon.Options{Paths: paths, Host: host, Log: log})
+	err := daemon.Run(ctx, daemon.Options{Paths: paths, Host: host, Log: log, MetricsAddress: metricsAddress})
 	if err != nil && !errors.Is(err, state.ErrOwned) {
 		// Deferred is not an error: systemd counts 69 as success, and
 		// the journal should not say otherwise.

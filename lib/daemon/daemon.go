@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,7 +56,10 @@ type Options struct {
 	// vanished while it was down and repaves (a kubelet that starts
 	// registers a missing Node itself); 0 means DefaultNodeGoneGrace.
 	NodeGoneGrace time.Duration
-	Log           *slog.Logger
+	// MetricsAddress is where the host's metrics are served ([daemon]
+	// metrics-address, IP:PORT); "" serves none.
+	MetricsAddress string
+	Log            *slog.Logger
 }
 
 // Run runs the daemon until ctx is cancelled (nil error) or it must stop.
@@ -129,6 +133,17 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	defer d.sd.Close()
+	if opts.MetricsAddress != "" {
+		mctx, stopMetrics := context.WithCancel(ctx)
+		var served sync.WaitGroup
+		served.Go(func() {
+			d.serveMetrics(mctx, opts.MetricsAddress, func(a string) (net.Listener, error) { return net.Listen("tcp", a) })
+		})
+		// Before the service manager's connection closes: a scrape reads
+		// the node stack's units through it.
+		defer served.Wait()
+		defer stopMetrics()
+	}
 	// A record left by an earlier process (killed) is not this one's view.
 	if err := noderecord.Remove(d.p); err != nil {
 		log.Warn("cannot remove the Node record", "file", noderecord.File(d.p), "error", err)
@@ -269,6 +284,7 @@ type daemon struct {
 	started     time.Time
 	cluster     *cluster
 	sd          Systemd
+	metrics     opMetrics // the operations finished, for the host's metrics
 	renew       *renewal
 
 	mu         sync.Mutex

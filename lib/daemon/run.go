@@ -399,6 +399,17 @@ func (d *daemon) finishAt(ctx context.Context, j *job, r *result, at time.Time, 
 		}
 	}
 	err := d.setState(ctx, j, r, at, s, reason, msg, false)
+	if err == nil {
+		// Once, as the Event below: a refused write is tried again.
+		var took time.Duration
+		for _, op := range []*v1alpha3.MachineOperation{r.op, j.op} {
+			if op != nil && op.Status.StartTime != nil {
+				took = at.Sub(op.Status.StartTime.Time)
+				break
+			}
+		}
+		d.metrics.observe(string(j.typ), string(s), took)
+	}
 	if w != nil && (err == nil || errors.Is(err, errOperationGone)) {
 		if serr := owed.Settle(d.p, w.ID()); serr != nil {
 			d.log.Warn("final status written, its owed record stays", "uid", j.uid, "error", serr)

@@ -61,3 +61,7 @@ func (s *State) save(p hostpaths.Paths) error {
 	data, _ := json.Marshal(s)
 	return state.WriteFileAtomic(stateFile(p), append(data, '\n'), 0o644)
 }
+
+// ReadState reads what health keeps between runs (the zero State when it
+// has not run this boot): the daemon's host metrics show it.
+func ReadState(p hostpaths.Paths) (*State, error) { return loadState(p) }
