@@ -11,6 +11,7 @@ package controller
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -62,17 +63,25 @@ func startApprover(t *testing.T, e *clustertest.Env, prefix string) {
 // leaseNamespace, leader election in it.
 func startApproverAs(t *testing.T, cfg *rest.Config, prefix, leaseNamespace string) {
 	t.Helper()
-	startManager(t, cfg, leaseNamespace, func(mgr ctrl.Manager) error {
+	startManager(t, cfg, lease{namespace: leaseNamespace}, func(mgr ctrl.Manager) error {
 		a := &CSRApprover{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("unbounded-controller"),
 			only: func(name string) bool { return strings.Contains(name, prefix) }}
 		return a.SetupWithManager(mgr)
 	})
 }
 
-// startManager runs a manager with cfg's credentials (leader election in
-// leaseNamespace, none without), its controllers added by setup, until
-// the test ends or what it returns is called.
-func startManager(t *testing.T, cfg *rest.Config, leaseNamespace string, setup func(ctrl.Manager) error) (stop func()) {
+// lease is a test manager's leader election: none without a namespace;
+// its lease named id (default LeaseName); kept at a stop (as a killed
+// replica leaves it until it expires) with keep, else released.
+type lease struct {
+	namespace, id string
+	keep          bool
+}
+
+// startManager runs a manager with cfg's credentials (leader election as
+// l says), its controllers added by setup, until the test ends or what it
+// returns is called.
+func startManager(t *testing.T, cfg *rest.Config, l lease, setup func(ctrl.Manager) error) (stop func()) {
 	t.Helper()
 	s, err := Scheme()
 	if err != nil {
@@ -82,8 +91,8 @@ func startManager(t *testing.T, cfg *rest.Config, leaseNamespace string, setup f
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: s, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Controller:     config.Controller{SkipNameValidation: &skip},
-		LeaderElection: leaseNamespace != "", LeaderElectionID: LeaseName, LeaderElectionNamespace: leaseNamespace,
-		LeaderElectionReleaseOnCancel: true,
+		LeaderElection: l.namespace != "", LeaderElectionID: cmp.Or(l.id, LeaseName), LeaderElectionNamespace: l.namespace,
+		LeaderElectionReleaseOnCancel: !l.keep,
 	})
 	if err != nil {
 		t.Fatal(err)

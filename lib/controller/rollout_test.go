@@ -33,7 +33,18 @@ import (
 // at the test's end).
 func startRollouts(t *testing.T, cfg *rest.Config, prefix string) (stop func()) {
 	t.Helper()
-	return startManager(t, cfg, "", func(mgr ctrl.Manager) error {
+	return startRolloutsLeading(t, cfg, prefix, lease{}, nil)
+}
+
+// startRolloutsLeading is startRollouts with leader election as l says;
+// elected, when not nil, gets the manager's channel that closes once it
+// leads.
+func startRolloutsLeading(t *testing.T, cfg *rest.Config, prefix string, l lease, elected *<-chan struct{}) (stop func()) {
+	t.Helper()
+	return startManager(t, cfg, l, func(mgr ctrl.Manager) error {
+		if elected != nil {
+			*elected = mgr.Elected()
+		}
 		r := &Rollouts{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Events: mgr.GetEventRecorder("unbounded-controller"),
 			only: func(name string) bool { return strings.Contains(name, prefix) }}
 		return r.SetupWithManager(mgr)
@@ -352,5 +363,65 @@ func TestRolloutWithAnInvalidBudgetStartsNothingAndSaysWhy(t *testing.T) {
 	})
 	if ops := operations(t, c, prefix); len(ops) != 0 {
 		t.Errorf("operations created: %v", ops)
+	}
+}
+
+// Two replicas with leader election, the leader killed mid-rollout (it
+// stops without giving up its lease, as a killed process does): the other
+// leads once the lease has expired and completes the rollout; no host gets
+// an operation twice, none is lost, and never two run at once.
+func TestRolloutGoesOnUnderTheOtherReplicaWhenTheLeaderIsKilled(t *testing.T) {
+	e := clustertest.Get(t)
+	prefix := clustertest.UniqueName("rl")
+	hosts := hostsFixture(t, e, prefix, 3)
+	c := clientFor(t, e)
+	play := playHosts(t, e, prefix, 1100*time.Millisecond, func(*v1alpha3.MachineOperation) string { return "" })
+
+	l := lease{namespace: "default", id: prefix + "-lease"}
+	var firstLeads, secondLeads <-chan struct{}
+	kill := startRolloutsLeading(t, e.Admin, prefix, lease{namespace: l.namespace, id: l.id, keep: true}, &firstLeads)
+	select {
+	case <-firstLeads:
+	case <-time.After(time.Minute):
+		t.Fatal("the first replica did not lead within a minute")
+	}
+	startRolloutsLeading(t, e.Admin, prefix, l, &secondLeads)
+
+	one := intstr.FromInt32(1)
+	ro := &v1alpha3.MachineRollout{ObjectMeta: metav1.ObjectMeta{Name: prefix + "-restart"}, Spec: v1alpha3.MachineRolloutSpec{
+		Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": prefix}}, Operation: v1alpha3.OperationRestart,
+		MaxUnavailable: &one, ReadySeconds: 1,
+	}}
+	if err := c.Create(context.Background(), ro); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Delete(context.Background(), ro) })
+	waitRollout(t, c, ro.Name, time.Minute, "acting", func(r *v1alpha3.MachineRollout) bool { return r.Status.Unavailable > 0 })
+	select {
+	case <-secondLeads:
+		t.Fatal("the second replica leads while the first holds the lease")
+	default:
+	}
+	kill()
+	killed := time.Now()
+	select {
+	case <-secondLeads:
+		t.Logf("the second replica leads %v after the leader was killed", time.Since(killed).Round(time.Millisecond))
+	case <-time.After(time.Minute):
+		t.Fatal("the second replica did not lead within a minute of the leader's kill")
+	}
+	waitRollout(t, c, ro.Name, 2*time.Minute, "complete", func(r *v1alpha3.MachineRollout) bool { return r.Status.Phase == v1alpha3.RolloutComplete })
+	var want []string
+	for _, h := range hosts {
+		want = append(want, rollout.OperationName(ro.Name, h, 1)+"=Complete")
+	}
+	slices.Sort(want)
+	if ops := operations(t, c, prefix); !slices.Equal(ops, want) {
+		t.Errorf("operations:\n %v\nwant\n %v", ops, want)
+	}
+	play.mu.Lock()
+	defer play.mu.Unlock()
+	if play.maxN > 1 {
+		t.Errorf("%d operations ran at once, maxUnavailable 1", play.maxN)
 	}
 }
