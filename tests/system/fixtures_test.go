@@ -3,6 +3,7 @@ package system_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"maps"
 	"os"
@@ -267,4 +268,21 @@ func wantFencedUnit(t *testing.T, m *harness.Machine, target, unit string) {
 	if v := m.UnitStrings(unit, "DropInPaths"); !slices.Contains(v, dropIn) {
 		t.Errorf("%s DropInPaths = %v; want %s", unit, v, dropIn)
 	}
+}
+
+// scrapeHostMetrics is the body of GET /metrics from the daemon's metrics
+// address inside the machine (its loopback), read by the machine's bash
+// (/dev/tcp: the test rootfs has no HTTP client).
+func scrapeHostMetrics(t *testing.T, m *harness.Machine, ip string, port int) string {
+	t.Helper()
+	script := fmt.Sprintf(`exec 3<>/dev/tcp/%s/%d && printf 'GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n' >&3 && cat <&3`, ip, port, ip)
+	out, err := m.Run("bash", "-c", script)
+	if err != nil {
+		t.Fatalf("GET /metrics from %s:%d: %v\n%s", ip, port, err, out)
+	}
+	head, body, ok := strings.Cut(strings.ReplaceAll(out, "\r\n", "\n"), "\n\n")
+	if !ok || !strings.HasPrefix(head, "HTTP/1.0 200") && !strings.HasPrefix(head, "HTTP/1.1 200") {
+		t.Fatalf("GET /metrics from %s:%d answered:\n%s", ip, port, out)
+	}
+	return body
 }

@@ -221,7 +221,8 @@ func (f *firstBoot) wantMachineSlot(t *testing.T, slot string) {
 // Machine.
 func TestRepaveNspawnByHandThenByOperation(t *testing.T) {
 	defer scenario(t)()
-	f := newFirstBoot(t, firstBootOptions{})
+	// The daemon serves the host's metrics (read after the operation).
+	f := newFirstBoot(t, firstBootOptions{extra: "\n[daemon]\nmetrics-address = \"127.0.0.1:9464\"\n"})
 	ns := f.bootNode(t)
 	before := f.nodeObject(t)
 
@@ -326,6 +327,26 @@ func TestRepaveNspawnByHandThenByOperation(t *testing.T) {
 			got = append(got, e.Reason+": "+e.Message)
 		}
 		t.Errorf("no OperationComplete Event on Machine %s naming %s; events: %q", f.name, created.Name, got)
+	}
+
+	// The host's metrics, as a hostNetwork scraper on the host reads
+	// them: the one operation the daemon carried out (the repave by hand
+	// was the operator's, not counted), the last outcomes, the node's
+	// machine running.
+	metrics := scrapeHostMetrics(t, f.m, "127.0.0.1", 9464)
+	for _, want := range []string{
+		`unbounded_operations_total{operation="Repave",state="Complete"} 1`,
+		`unbounded_operation_duration_seconds_count{operation="Repave",state="Complete"} 1`,
+		`unbounded_last_outcome{concern="repave",state="Succeeded",reason=""} 1`,
+		`unbounded_last_outcome{concern="bootstrap",state="Succeeded",reason=""} 1`,
+		`unbounded_fence_last_decision{outcome="allowed",reason=""} 1`,
+		`unbounded_node_stack_unit_active{unit="systemd-nspawn@kube1.service"} 1`,
+		`mode="nspawn",slot="kube1"} 1`,
+		`unbounded_metrics_read_errors 0`,
+	} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("the host's metrics lack %s:\n%s", want, metrics)
+		}
 	}
 
 	// Lifecycle hooks: a settings file of the running slot that this
