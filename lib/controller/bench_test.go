@@ -137,7 +137,7 @@ func BenchmarkRollout(b *testing.B) {
 		cpu0, _ := p.usage(b)
 		pct := intstr.FromString("10%")
 		ro := &v1alpha3.MachineRollout{ObjectMeta: metav1.ObjectMeta{Name: prefix + "-repave"}, Spec: v1alpha3.MachineRolloutSpec{
-			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": prefix}}, Operation: v1alpha3.OperationRepave,
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": prefix}}, Operation: v1alpha3.OperationRepave,
 			MaxUnavailable: &pct, ReadySeconds: 1,
 		}}
 		begin := time.Now()

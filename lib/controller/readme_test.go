@@ -69,7 +69,7 @@ func TestAnAgentUpgradeRolloutNeedsItsPackage(t *testing.T) {
 		{map[string]string{"version": "0.2.0", "url": "https://artifacts.example.internal/a.deb", "sha256": "abc"}, false},
 	} {
 		ro := &v1alpha3.MachineRollout{ObjectMeta: metav1.ObjectMeta{Name: "upgrade-check"}, Spec: v1alpha3.MachineRolloutSpec{
-			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": "edge"}}, Operation: v1alpha3.OperationAgentUpgrade, Parameters: tc.params}}
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": "edge"}}, Operation: v1alpha3.OperationAgentUpgrade, Parameters: tc.params}}
 		err := c.Create(context.Background(), ro, &client.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if (err == nil) != tc.ok {
 			t.Errorf("parameters %v: error %v, want accepted=%v", tc.params, err, tc.ok)

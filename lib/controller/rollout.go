@@ -2,9 +2,11 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -115,15 +117,21 @@ func (r *Rollouts) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 		return reconcile.Result{}, nil
 	}
 	names, err := r.hostNames(ctx, ro)
-	if err != nil {
+	var invalid errInvalidSpec
+	if err != nil && !errors.As(err, &invalid) {
 		return reconcile.Result{}, err
 	}
-	hosts, err := r.observe(ctx, ro, names)
-	if err != nil {
-		return reconcile.Result{}, err
+	var hosts []rollout.Host
+	if err == nil {
+		if hosts, err = r.observe(ctx, ro, names); err != nil {
+			return reconcile.Result{}, err
+		}
 	}
 	now := r.now()
-	d, err := r.decide(ctx, ro, hosts, now)
+	var d rollout.Decision
+	if err == nil {
+		d, err = r.decide(ctx, ro, hosts, now)
+	}
 	if err != nil {
 		msg := "invalid spec: " + err.Error()
 		if ro.Status.Message != msg { // once per change, not at every wake-up
@@ -201,8 +209,13 @@ func (r *Rollouts) decide(ctx context.Context, ro *v1alpha3.MachineRollout, host
 	}
 }
 
+// errInvalidSpec marks what makes a spec one the rollout cannot act on
+// (said in its status, an Event once per change; nothing starts).
+type errInvalidSpec struct{ error }
+
 // hostNames are the rollout's hosts: those its status records once it
-// has acted, else the Machines its selector picks now.
+// has acted, else the Machines it names (in its order: each must exist,
+// else errInvalidSpec) or its selector picks now (in name order).
 func (r *Rollouts) hostNames(ctx context.Context, ro *v1alpha3.MachineRollout) ([]string, error) {
 	if ro.Status.Phase != "" {
 		var names []string
@@ -211,9 +224,27 @@ func (r *Rollouts) hostNames(ctx context.Context, ro *v1alpha3.MachineRollout) (
 		}
 		return names, nil
 	}
-	sel, err := metav1.LabelSelectorAsSelector(&ro.Spec.Selector)
+	if len(ro.Spec.Machines) > 0 {
+		var missing []string
+		for _, name := range ro.Spec.Machines {
+			m := &v1alpha3.Machine{}
+			if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, m); apierrors.IsNotFound(err) || err == nil && m.DeletionTimestamp != nil {
+				missing = append(missing, name)
+			} else if err != nil {
+				return nil, err
+			}
+		}
+		if len(missing) > 0 {
+			return nil, errInvalidSpec{fmt.Errorf("spec.machines: no Machine %s", strings.Join(missing, ", "))}
+		}
+		return slices.Clone(ro.Spec.Machines), nil
+	}
+	if ro.Spec.Selector == nil {
+		return nil, errInvalidSpec{errors.New("neither spec.selector nor spec.machines names a host")}
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ro.Spec.Selector)
 	if err != nil {
-		return nil, reconcile.TerminalError(fmt.Errorf("spec.selector: %w", err))
+		return nil, errInvalidSpec{fmt.Errorf("spec.selector: %w", err)}
 	}
 	var l v1alpha3.MachineList
 	if err := r.Client.List(ctx, &l, client.MatchingLabelsSelector{Selector: sel}); err != nil {

@@ -249,7 +249,7 @@ func TestRolloutOneAtATimeStopsAtAFailureAndResumesWhenTheSpecChanges(t *testing
 
 	one := intstr.FromInt32(1)
 	ro := &v1alpha3.MachineRollout{ObjectMeta: metav1.ObjectMeta{Name: prefix + "-repave"}, Spec: v1alpha3.MachineRolloutSpec{
-		Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": prefix}}, Operation: v1alpha3.OperationRepave,
+		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": prefix}}, Operation: v1alpha3.OperationRepave,
 		MaxUnavailable: &one, ReadySeconds: 2, FailureThreshold: 1,
 	}}
 	if err := c.Create(context.Background(), ro); err != nil {
@@ -310,7 +310,7 @@ func TestTwoRolloutsOverOneHostAndAControllerRestartNeverDoubleAnOperation(t *te
 	var names []string
 	for _, op := range []v1alpha3.OperationType{v1alpha3.OperationRestart, v1alpha3.OperationRepave} {
 		ro := &v1alpha3.MachineRollout{ObjectMeta: metav1.ObjectMeta{Name: prefix + "-" + strings.ToLower(string(op))}, Spec: v1alpha3.MachineRolloutSpec{
-			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": prefix}}, Operation: op, MaxUnavailable: &all, ReadySeconds: 1,
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": prefix}}, Operation: op, MaxUnavailable: &all, ReadySeconds: 1,
 		}}
 		if err := c.Create(context.Background(), ro); err != nil {
 			t.Fatal(err)
@@ -353,7 +353,7 @@ func TestRolloutWithAnInvalidBudgetStartsNothingAndSaysWhy(t *testing.T) {
 	startRollouts(t, e.Admin, prefix)
 	many := intstr.FromString("many")
 	ro := &v1alpha3.MachineRollout{ObjectMeta: metav1.ObjectMeta{Name: prefix + "-bad"}, Spec: v1alpha3.MachineRolloutSpec{
-		Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": prefix}}, Operation: v1alpha3.OperationRestart, MaxUnavailable: &many}}
+		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": prefix}}, Operation: v1alpha3.OperationRestart, MaxUnavailable: &many}}
 	if err := c.Create(context.Background(), ro); err != nil {
 		t.Fatal(err)
 	}
@@ -389,7 +389,7 @@ func TestRolloutGoesOnUnderTheOtherReplicaWhenTheLeaderIsKilled(t *testing.T) {
 
 	one := intstr.FromInt32(1)
 	ro := &v1alpha3.MachineRollout{ObjectMeta: metav1.ObjectMeta{Name: prefix + "-restart"}, Spec: v1alpha3.MachineRolloutSpec{
-		Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": prefix}}, Operation: v1alpha3.OperationRestart,
+		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": prefix}}, Operation: v1alpha3.OperationRestart,
 		MaxUnavailable: &one, ReadySeconds: 1,
 	}}
 	if err := c.Create(context.Background(), ro); err != nil {
@@ -423,5 +423,67 @@ func TestRolloutGoesOnUnderTheOtherReplicaWhenTheLeaderIsKilled(t *testing.T) {
 	defer play.mu.Unlock()
 	if play.maxN > 1 {
 		t.Errorf("%d operations ran at once, maxUnavailable 1", play.maxN)
+	}
+}
+
+// A rollout of named Machines takes them in its order and no other; one
+// naming a Machine that does not exist starts nothing and says which; the
+// API server refuses a rollout naming its hosts both ways, or neither.
+func TestRolloutOfNamedMachinesTakesThemInOrderAndRefusesAMissingOne(t *testing.T) {
+	e := clustertest.Get(t)
+	prefix := clustertest.UniqueName("rn")
+	hosts := hostsFixture(t, e, prefix, 3)
+	c := clientFor(t, e)
+	play := playHosts(t, e, prefix, 1100*time.Millisecond, func(*v1alpha3.MachineOperation) string { return "" })
+	startRollouts(t, e.Admin, prefix)
+
+	create := func(name string, spec v1alpha3.MachineRolloutSpec, opts ...client.CreateOption) error {
+		ro := &v1alpha3.MachineRollout{ObjectMeta: metav1.ObjectMeta{Name: prefix + "-" + name}, Spec: spec}
+		err := c.Create(context.Background(), ro, opts...)
+		if err == nil {
+			t.Cleanup(func() { c.Delete(context.Background(), ro) })
+		}
+		return err
+	}
+	dry := &client.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	both := v1alpha3.MachineRolloutSpec{Operation: v1alpha3.OperationRestart, Machines: hosts[:1],
+		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": prefix}}}
+	for what, spec := range map[string]v1alpha3.MachineRolloutSpec{
+		"both":    both,
+		"neither": {Operation: v1alpha3.OperationRestart},
+	} {
+		if err := create("refused", spec, dry); err == nil || !strings.Contains(err.Error(), "one of the two") {
+			t.Errorf("a rollout naming its hosts %s ways: %v, want refused saying why", what, err)
+		}
+	}
+
+	one := intstr.FromInt32(1)
+	if err := create("named", v1alpha3.MachineRolloutSpec{Operation: v1alpha3.OperationRestart, Machines: []string{hosts[2], hosts[0]},
+		MaxUnavailable: &one, ReadySeconds: 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitRollout(t, c, prefix+"-named", time.Minute, "complete", func(r *v1alpha3.MachineRollout) bool { return r.Status.Phase == v1alpha3.RolloutComplete })
+	play.mu.Lock()
+	seen := slices.Clone(play.seen)
+	play.mu.Unlock()
+	want := []string{rollout.OperationName(prefix+"-named", hosts[2], 1), rollout.OperationName(prefix+"-named", hosts[0], 1)}
+	if !slices.Equal(seen, want) {
+		t.Errorf("operations in the order %v, want %v (the rollout's order, the third Machine untouched)", seen, want)
+	}
+
+	missing := prefix + "-gone"
+	if err := create("missing", v1alpha3.MachineRolloutSpec{Operation: v1alpha3.OperationRestart, Machines: []string{hosts[1], missing}}); err != nil {
+		t.Fatal(err)
+	}
+	got := waitRollout(t, c, prefix+"-missing", time.Minute, "invalid", func(r *v1alpha3.MachineRollout) bool { return r.Status.Message != "" })
+	if !strings.Contains(got.Status.Message, "invalid spec") || !strings.Contains(got.Status.Message, missing) || got.Status.Phase != "" {
+		t.Errorf("a rollout naming a missing Machine: phase %q, %q", got.Status.Phase, got.Status.Message)
+	}
+	// The status says so from the reconcile that would have started
+	// the first operation.
+	for _, op := range operations(t, c, prefix) {
+		if strings.Contains(op, prefix+"-missing") {
+			t.Errorf("an operation of the invalid rollout: %s", op)
+		}
 	}
 }

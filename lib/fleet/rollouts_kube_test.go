@@ -25,7 +25,7 @@ func TestGetRolloutsShowsTheirProgress(t *testing.T) {
 	res := env.Dynamic().Resource(v1alpha3.SchemeGroupVersion.WithResource(v1alpha3.ResourceMachineRollouts))
 	ro := &v1alpha3.MachineRollout{TypeMeta: metav1.TypeMeta{APIVersion: v1alpha3.SchemeGroupVersion.String(), Kind: "MachineRollout"},
 		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       v1alpha3.MachineRolloutSpec{Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": name}}, Operation: v1alpha3.OperationRepave}}
+		Spec:       v1alpha3.MachineRolloutSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"pool": name}}, Operation: v1alpha3.OperationRepave}}
 	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ro)
 	if err != nil {
 		t.Fatal(err)

@@ -91,14 +91,15 @@ func Budget(n *intstr.IntOrString, total int) (int, error) {
 }
 
 // Decide judges every host and says which start now. prev is the status'
-// hosts (what the rollout recorded), hosts what the cluster shows now.
+// hosts (what the rollout recorded), hosts what the cluster shows now, in
+// the rollout's order (its spec.machines, else its selector's Machines by
+// name), which is the order they start in.
 func Decide(r *v1alpha3.MachineRollout, hosts []Host, now time.Time) (Decision, error) {
 	var d Decision
 	prev := map[string]v1alpha3.RolloutHost{}
 	for _, h := range r.Status.Hosts {
 		prev[h.Name] = h
 	}
-	slices.SortFunc(hosts, func(a, b Host) int { return strings.Compare(a.Name, b.Name) })
 	readyFor := time.Duration(r.Spec.ReadySeconds) * time.Second
 	threshold := int32(max(r.Spec.FailureThreshold, 1))
 	maxU, err := Budget(r.Spec.MaxUnavailable, len(hosts))

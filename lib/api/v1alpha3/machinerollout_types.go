@@ -39,10 +39,24 @@ type MachineRollout struct {
 
 // MachineRolloutSpec is what to roll, over which hosts, how fast and when.
 // +kubebuilder:validation:XValidation:rule="self.operation != 'AgentUpgrade' || (has(self.parameters) && 'version' in self.parameters && 'url' in self.parameters && 'sha256' in self.parameters && self.parameters['sha256'].matches('^[0-9a-f]{64}$') && self.parameters['url'].matches('^(https://[^/?#@]+([/?#].*)?|file:///.+)$'))",message="an AgentUpgrade rollout needs parameters version, url (https://HOST/... without credentials, or file:///PATH on the hosts) and sha256 (64 lower-case hex digits)"
+// +kubebuilder:validation:XValidation:rule="has(self.selector) != has(self.machines)",message="name the hosts by selector or by machines, one of the two"
 type MachineRolloutSpec struct {
-	// Selector picks the Machines by their labels, once, when the rollout
-	// first acts: a Machine labelled later is not added.
-	Selector metav1.LabelSelector `json:"selector"`
+	// Selector picks the Machines by their labels (taken in name order),
+	// once, when the rollout first acts: a Machine labelled later is not
+	// added. Either selector or machines.
+	// +optional
+	Selector *metav1.LabelSelector `json:"selector,omitempty"`
+	// Machines names the hosts, taken in this order (what `kubectl
+	// unbounded repave M1 M2` names). Either selector or machines; a
+	// Machine that does not exist when the rollout first acts makes its
+	// spec invalid: nothing starts.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=10000
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Machines []string `json:"machines,omitempty"`
 	// Operation is what each host does.
 	Operation OperationType `json:"operation"`
 	// Parameters are the operation's, as a MachineOperation's (an
