@@ -50,10 +50,10 @@ type cli struct {
 	Join     joinCmd     `cmd:"" help:"Create a bootstrap token for a machine and the host's agent.toml, token and CA files."`
 	Get      getCmd      `cmd:"" help:"The fleet: each Machine, its node and its last operation."`
 	Describe describeCmd `cmd:"" help:"One Machine: its state, conditions, recent operations and Events."`
-	Repave   repaveCmd   `cmd:"" help:"Repave machines one window at a time: a MachineOperation each, then its Node Ready again."`
-	Restart  restartCmd  `cmd:"" help:"Restart the node stack of machines (never the host), one window at a time."`
-	Reboot   rebootCmd   `cmd:"" help:"Reboot machines, one window at a time."`
-	Upgrade  upgradeCmd  `cmd:"" help:"Upgrade the agent of machines to a package (--version, --url, --sha256), one window at a time."`
+	Repave   repaveCmd   `cmd:"" help:"Repave machines one window at a time: a MachineRollout the cluster runs (--local: from here)."`
+	Restart  restartCmd  `cmd:"" help:"Restart the node stack of machines (never the host), one window at a time: a MachineRollout (--local: from here)."`
+	Reboot   rebootCmd   `cmd:"" help:"Reboot machines, one window at a time: a MachineRollout (--local: from here)."`
+	Upgrade  upgradeCmd  `cmd:"" help:"Upgrade the agent of machines to a package (--version, --url, --sha256), one window at a time: a MachineRollout (--local: from here)."`
 	Version  versionCmd  `cmd:"" help:"Print the plugin's version."`
 }
 

@@ -22,6 +22,8 @@ func TestParseRefusesWhatMainRefusesAndRunsNothing(t *testing.T) {
 		{"get", "-o", "wide"},
 		{"get", "rollouts", "-o", "yaml"},
 		{"repave", "-l", "pool=edge", "--max-unavailable", "2"},
+		{"restart", "w1", "w2", "--local", "--ready-timeout", "5m"},
+		{"reboot", "w1", "--no-watch"},
 		{"upgrade", "site-w1", "--version", "0.2.0", "--url", "https://example.internal/p.deb", "--sha256", "00"},
 		{"--version"},
 		{"--help"},
