@@ -1,11 +1,9 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,25 +12,8 @@ import (
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/report"
 	"unbounded-cloud.io/agent/lib/version"
+	"unbounded-cloud.io/agent/tests/fixtures"
 )
-
-// lockedBuffer is a log sink the daemon's goroutines may share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // A host whose certificate is not issued yet (no approver has approved
 // its CSR) runs its daemon on the bootstrap token: it reports what the
@@ -43,7 +24,7 @@ func TestDaemonOnTheBootstrapTokenReportsOnlyWhatTheTokenMayAndSaysOnceWhy(t *te
 	env := getEnv(t)
 	machine := env.newMachine(t)
 	p := tokenHost(t, env, machine)
-	var logs, status lockedBuffer
+	var logs, status fixtures.Buffer
 	fake := newFakeSystemd()
 	host := fake.host()
 	host.Notify = func(s string) error { _, err := status.Write([]byte(s + "\n")); return err }

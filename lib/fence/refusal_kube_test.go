@@ -7,7 +7,6 @@ package fence_test
 // CA does not verify, and a check interrupted while it retries.
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -21,7 +20,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +30,7 @@ import (
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/exitcode"
 	"unbounded-cloud.io/agent/lib/fence"
+	"unbounded-cloud.io/agent/tests/fixtures"
 )
 
 // recordRefusal leaves AllocationLaunchRefused=True and phase Refused on
@@ -228,24 +227,6 @@ func TestFenceReportsAnUntrustedAPIServerAsSuchNotAsUnreachable(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink the test reads while the check writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // SIGTERM (cmd/fence turns it into the cancellation of Run's context,
 // with the signal as its cause) while reads are retried: one line, a
 // prompt return, nothing recorded on the Machine, and an error that keeps
@@ -258,7 +239,7 @@ func TestFenceInterruptedWhileRetryingLogsOneLineAndFailsClosed(t *testing.T) {
 	p := h.env.ProxyFront(t)
 	h.creds.APIServer = p.Host()
 	p.Close()
-	var log syncBuffer
+	var log fixtures.Buffer
 	c := h.check(time.Minute)
 	c.Log = slog.New(slog.NewTextHandler(&log, nil))
 	retries := countRetries(c)

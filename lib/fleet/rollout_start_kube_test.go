@@ -1,11 +1,9 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,26 +11,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
+	"unbounded-cloud.io/agent/tests/fixtures"
 	"unbounded-cloud.io/agent/tests/kubeenv"
 )
-
-// lockedBuffer is an io.Writer two goroutines may use.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // `kubectl unbounded repave M1 M2` without --local against the real API
 // server: the MachineRollout it creates names the hosts in their order,
@@ -50,7 +31,7 @@ func TestRepaveCreatesAMachineRolloutAndFollowsItToItsEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out lockedBuffer
+	var out fixtures.Buffer
 	if err := CreateRollout(ctx, env.Dynamic(), ro, true, &out); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +101,7 @@ func TestRepaveCreatesAMachineRolloutAndFollowsItToItsEnd(t *testing.T) {
 	}
 }
 
-func waitOutput(t *testing.T, out *lockedBuffer, want string) {
+func waitOutput(t *testing.T, out *fixtures.Buffer, want string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(out.String(), want) {
