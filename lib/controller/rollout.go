@@ -225,10 +225,18 @@ func (r *Rollouts) hostNames(ctx context.Context, ro *v1alpha3.MachineRollout) (
 		return names, nil
 	}
 	if len(ro.Spec.Machines) > 0 {
+		// Read live, once (before the rollout first acts): a Machine
+		// created just before the rollout may not be in the cache yet,
+		// and "no such Machine" would stop the rollout until its spec
+		// changes.
+		var reader client.Reader = r.Client
+		if r.Live != nil {
+			reader = r.Live
+		}
 		var missing []string
 		for _, name := range ro.Spec.Machines {
 			m := &v1alpha3.Machine{}
-			if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, m); apierrors.IsNotFound(err) || err == nil && m.DeletionTimestamp != nil {
+			if err := reader.Get(ctx, client.ObjectKey{Name: name}, m); apierrors.IsNotFound(err) || err == nil && m.DeletionTimestamp != nil {
 				missing = append(missing, name)
 			} else if err != nil {
 				return nil, err
