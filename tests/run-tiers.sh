@@ -149,15 +149,32 @@ prepare() {
 				echo "node stack staging failed (node-stack tests will $verb):"; tail -20 "$out/stage.log"
 			fi
 			# Upstream node conformance (tests/conformance): e2e.test and the
-			# test images' binaries from the test control plane's module, for
-			# the CI subset of TestConformance (cached like the kubelet; a cold
-			# build compiles most of Kubernetes' tests: about 12 minutes here).
-			if conformance=$(tests/conformance/build.sh 2>"$out/conformance.log" | tail -1) && [ -x "$conformance/e2e.test" ]; then
-				prepared UNBOUNDED_TEST_CONFORMANCE "$conformance"
-				echo "conformance: $conformance"
-			else
-				echo "conformance build failed (the conformance tests will $verb):"; tail -20 "$out/conformance.log"
-			fi
+			# test images' binaries from the test control plane's module,
+			# for the CI subset of TestConformance (cached like the kubelet;
+			# a cold build compiles minutes of Kubernetes' e2e framework).
+			# Only the conformance scenarios need them, so they are built
+			# after prepare has ended, beside the system tier, rather than
+			# before it: a cold run's system tier started only once they
+			# were built. The build holds an exclusive lock on
+			# $out/conformance.build (given to the background job, closed
+			# here) and writes its outcome to conformance.build.result;
+			# those scenarios wait on the lock before they take a place.
+			confdir=${CONFORMANCE_BIN:-$PWD/bin/conformance}
+			prepared UNBOUNDED_TEST_CONFORMANCE "$confdir"
+			prepared UNBOUNDED_TEST_CONFORMANCE_BUILD "$out/conformance.build"
+			rm -f "$out/conformance.build.result"
+			exec 7>"$out/conformance.build"
+			flock 7
+			(
+				exec 9>&-
+				if conformance=$(tests/conformance/build.sh 2>"$out/conformance.log" | tail -1) && [ "$conformance" = "$confdir" ] && [ -x "$conformance/e2e.test" ]; then
+					echo ok >"$out/conformance.build.result"
+				else
+					{ echo "tests/conformance/build.sh failed (the conformance tests will $verb):"; tail -20 "$out/conformance.log"; } >"$out/conformance.build.result"
+				fi
+			) >/dev/null 2>&1 &
+			exec 7>&-
+			echo "conformance: building into $confdir beside the system tier (log $out/conformance.log)"
 		fi
 	fi
 }
@@ -294,6 +311,13 @@ inner() {
 	rm -f "$out/system.places"
 	log "unit, lint, static, packages and fuzzing done: the system tier takes all its places"
 	wait "$system"
+	# The conformance build (prepare started it beside the system tier)
+	# has ended by now unless the tier ended without its scenarios: the
+	# run does not leave it behind.
+	if [ -e "$out/conformance.build" ]; then
+		flock "$out/conformance.build" true
+		grep -h "built in" "$out/conformance.log" 2>/dev/null
+	fi
 	log "all tiers done"
 	return 0
 }

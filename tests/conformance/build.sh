@@ -3,7 +3,9 @@
 # k8s.io/kubernetes (the same version as the test control plane,
 # tests/kube), into <repo>/bin/conformance/:
 #
-#   e2e.test   upstream's end-to-end binary (go test -c k8s.io/kubernetes/test/e2e)
+#   e2e.test   the node e2e binary (go test -c ./nodee2e): upstream's e2e suite
+#              with the node, storage and network specs of test/e2e/common,
+#              where every [NodeConformance] spec lives (nodee2e says why)
 #   agnhost    the agnhost test image's binary (static)
 #   nnp        the nonewprivs test image's binary (static)
 #   localhost.crt, localhost.key
@@ -40,7 +42,7 @@ ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/
 ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
 mkdir -p "$out"
 start=$(date +%s)
-(cd "$here" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go test -c -vet=off -trimpath -ldflags "$ldflags" -o "$out/e2e.test" k8s.io/kubernetes/test/e2e) >&2
+(cd "$here" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go test -c -vet=off -trimpath -ldflags "$ldflags" -o "$out/e2e.test" ./nodee2e) >&2
 secs=$(($(date +%s) - start))
 echo "conformance/build.sh: e2e.test built in ${secs}s" >&2
 for p in agnhost:k8s.io/kubernetes/test/images/agnhost nnp:k8s.io/kubernetes/test/images/nonewprivs ginkgo:github.com/onsi/ginkgo/v2/ginkgo; do

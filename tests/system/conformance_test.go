@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/yaml"
 
 	"unbounded-cloud.io/agent/lib/bootstrap"
@@ -56,6 +57,7 @@ const (
 	envConformanceProcs  = "UNBOUNDED_TEST_CONFORMANCE_PROCS"
 	envConformanceSeed   = "UNBOUNDED_TEST_CONFORMANCE_SEED"
 	envConformanceModes  = "UNBOUNDED_TEST_CONFORMANCE_MODES"
+	envConformanceBuild  = "UNBOUNDED_TEST_CONFORMANCE_BUILD"
 )
 
 const (
@@ -117,6 +119,39 @@ func anyOf(specs []string) string {
 		q[i] = regexp.QuoteMeta(s)
 	}
 	return `(?:^|\s)(?:` + strings.Join(q, "|") + ")$"
+}
+
+// awaitConformanceBuild waits until the build of the conformance binaries
+// that tests/run-tiers.sh runs beside the system tier has ended: it holds
+// an exclusive lock on the file envConformanceBuild names while it builds
+// (a cold build compiles minutes of Kubernetes; no other scenario waits
+// for it), and writes its outcome to the same path with ".result" added.
+// Without the variable (a run by hand) there is nothing to wait for.
+func awaitConformanceBuild(t *testing.T) {
+	t.Helper()
+	lock := os.Getenv(envConformanceBuild)
+	if lock == "" {
+		return
+	}
+	f, err := os.Open(lock)
+	if err != nil {
+		t.Fatalf("conformance build lock: %v", err)
+	}
+	defer f.Close()
+	begin := time.Now()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
+		t.Fatalf("wait for the conformance build (%s): %v", lock, err)
+	}
+	if w := time.Since(begin); w >= time.Second {
+		t.Logf("waited %.1fs for the conformance build", w.Seconds())
+	}
+	result, err := os.ReadFile(lock + ".result")
+	switch {
+	case err != nil:
+		tiers.Skip(t, tiers.System, "conformance: the build of the conformance binaries left no outcome: %v", err)
+	case strings.TrimSpace(string(result)) != "ok":
+		tiers.Skip(t, tiers.System, "conformance: the build of the conformance binaries failed: %s", strings.TrimSpace(string(result)))
+	}
 }
 
 // conformanceBin returns the directory of tests/conformance/build.sh's
@@ -236,7 +271,7 @@ func tail(s string, n int) string {
 // subset is a [NodeConformance] spec of this e2e.test, and no spec is both
 // in the CI subset and skipped. Needs only the binary (a dry run).
 func TestConformanceSkipListIsCurrent(t *testing.T) {
-	defer scenario(t)()
+	defer scenarioAfter(t, awaitConformanceBuild)()
 	bin := conformanceBin(t)
 	all := e2eSpecs(t, bin, `\[NodeConformance\]`, "")
 	known := map[string]bool{}
@@ -264,7 +299,7 @@ func TestConformanceSkipListIsCurrent(t *testing.T) {
 func TestConformance(t *testing.T) {
 	// In parallel with the tier's other scenarios: it waits on the node
 	// far more than it computes.
-	defer scenario(t)()
+	defer scenarioAfter(t, awaitConformanceBuild)()
 	bin := conformanceBin(t)
 	skips := readSkips(t)
 	reason := map[string]string{}

@@ -181,8 +181,20 @@ func parallelFromEnv() int {
 // summary does not count it in the scenario's time).
 func scenario(t *testing.T) (done func()) {
 	t.Helper()
+	return scenarioAfter(t, nil)
+}
+
+// scenarioAfter is scenario for a test that needs an input made beside
+// the tier (TestConformance: e2e.test, built while the tier runs): it
+// runs in parallel at once, waits for the input with ready (nil: none)
+// without holding a place, then takes one. The wait counts as queued.
+func scenarioAfter(t *testing.T, ready func(*testing.T)) (done func()) {
+	t.Helper()
 	t.Parallel()
 	begin := time.Now()
+	if ready != nil {
+		ready(t)
+	}
 	release := places.admit(t.Name())
 	if q := time.Since(begin); q >= time.Second {
 		t.Logf("timing: queued %.2fs", q.Seconds())
