@@ -67,6 +67,10 @@ if mkdir -p "$kbin" 2>/dev/null && [ -w "$kbin" ]; then
 	export KUBELET_BIN=${KUBELET_BIN:-$kbin/kubelet}
 	export CONFORMANCE_BIN=${CONFORMANCE_BIN:-$kbin/conformance}
 fi
+# The tiers' test binaries (run_tests below), kept between runs beside
+# them; in the run's own directory where the cache is not writable.
+testbin=${UNBOUNDED_ROOTFS_CACHE:-/var/cache/unbounded-tests}/testbin
+mkdir -p "$testbin" 2>/dev/null && [ -w "$testbin" ] || testbin=
 
 # Each heading says when it began (since the start of the run), so that
 # the log shows where a run's minutes went, builds and setup included.
@@ -210,6 +214,76 @@ else
 	echo "unbounded manifests failed: $(head -3 "$out/manifests.err")"
 fi
 
+# run_tests NAME TIMEOUT [-test.FLAG ...] -- PATTERN...: the tier NAME's
+# tests, as `go test -count=1 -json -timeout TIMEOUT` runs them (JSON to
+# $out/NAME.json, the exit status to $out/status), with their test
+# binaries kept between runs in $testbin: `go test -c -o` leaves a binary
+# whose build ID is current alone, so a run whose packages (and their
+# dependencies) did not change since the last run links none of them (the
+# linker was the run's largest command, 152 CPU-s of a warm run's 1,900:
+# every test binary linked again by every run). The binaries are built
+# first (one go command per set of distinct package names: -o DIR names
+# each NAME.test), then run two at a time in the order given (as go test
+# -p 2 does), each in its package's directory through test2json, as go
+# test runs them. A package that does not build is a failed package, its
+# errors its output. go test's own vet checks are not run here: the
+# static tier runs go vet whole.
+run_tests() {
+	local tier=$1 timeout=$2 p name dir i
+	shift 2
+	local flags=()
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do flags+=("$1"); shift; done
+	shift
+	local list
+	list=$(go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}} {{.Name}} {{.Dir}}{{end}}' "$@" 2>>"$out/$tier.err")
+	# A package whose name an earlier one took goes to the next directory.
+	local -A seen=()
+	local -a batch=()
+	: >"$out/$tier.list"
+	while read -r p name dir; do
+		[ -n "$p" ] || continue
+		i=0
+		while [ -n "${seen[$i/$name]:-}" ]; do i=$((i + 1)); done
+		seen[$i/$name]=1
+		batch[i]="${batch[i]:-} $p"
+		echo "$p $dir $testbin/$tier/$i/$name.test" >>"$out/$tier.list"
+	done <<<"$list"
+	mkdir -p "$out/$tier.d"
+	for i in "${!batch[@]}"; do
+		mkdir -p "$testbin/$tier/$i"
+		# shellcheck disable=SC2086
+		go test -c -o "$testbin/$tier/$i/" ${batch[i]} >"$out/$tier.build" 2>&1 && continue
+		# Which of them did not build: each alone, its errors kept.
+		for p in ${batch[i]}; do
+			bin=$(awk -v p="$p" '$1 == p {print $3}' "$out/$tier.list")
+			go test -c -o "$bin" "$p" >"$out/$tier.build" 2>&1 ||
+				cp "$out/$tier.build" "$out/$tier.d/$(echo "$p" | tr / _).build-failed"
+		done
+	done
+	local t2j rc
+	t2j=$(go tool -n test2json) || { echo "$tier 1" >>"$out/status"; return; }
+	i=0
+	while read -r p dir bin; do
+		i=$((i + 1))
+		printf '%s\0' "$(printf '%04d' $i)" "$p" "$dir" "$bin"
+	done <"$out/$tier.list" |
+		RT_TIER=$tier RT_TIMEOUT=$timeout RT_FLAGS="${flags[*]}" xargs -0 -n 4 -P 2 bash -c '
+			tier=$RT_TIER timeout=$RT_TIMEOUT flags=$RT_FLAGS
+			unset RT_TIER RT_TIMEOUT RT_FLAGS
+			j=$out/$tier.d/$1.json
+			failed=$out/$tier.d/$(echo "$2" | tr / _).build-failed
+			if [ -e "$failed" ]; then
+				{ cat "$failed"; echo FAIL; } | "$0" -p "$2" >"$j"
+				exit 1
+			fi
+			# shellcheck disable=SC2086
+			cd "$3" && exec "$0" -t -p "$2" "$4" -test.v=test2json -test.count=1 -test.paniconexit0 -test.timeout="$timeout" $flags >"$j" 2>&1
+		' "$t2j"
+	rc=$?
+	cat "$out/$tier.d"/*.json >"$out/$tier.json" 2>/dev/null
+	echo "$tier $rc" >>"$out/status"
+}
+
 # Every tier runs with one real API server up (started once per run).
 # Each go test's exit status goes to $out/status ("TIER STATUS" lines):
 # the summary must agree with it. inner itself exits 0 once every tier has
@@ -242,8 +316,7 @@ system_tier() {
 	# took 23 minutes in a cold CI run before the container mode's crash
 	# chains, isolation changes and conformance node joined it (about 3
 	# more): its bound leaves room for a slower machine, inside CI's 90.
-	go test -count=1 -json -parallel 64 -timeout 45m ./tests/system/... >"$out/system.json" 2>"$out/system.err"
-	echo "system $?" >>"$out/status"
+	run_tests system 45m -test.parallel=64 -- ./tests/system/...
 }
 
 # The unit tier (with the kube tier inside it) leaves one of the two cores
@@ -253,11 +326,9 @@ system_tier() {
 # both, alone (above).
 others() {
 	log "tier 2 (unit lint)"
-	go test -count=1 -json -timeout 10m ./units/... >"$out/lint.json" 2>"$out/lint.err"
-	echo "lint $?" >>"$out/status"
+	run_tests lint 10m -- ./units/...
 	log "static analysis (gofmt, go vet, staticcheck, govulncheck: tests/lint)"
-	go test -count=1 -json -timeout 20m ./tests/lint/... >"$out/static.json" 2>"$out/static.err"
-	echo "static $?" >>"$out/status"
+	run_tests static 20m -- ./tests/lint/...
 	log "tier 7 (fuzzing, -fuzztime $FUZZTIME per target)"
 	: >"$out/fuzz.json"
 	local f pkg name
@@ -269,8 +340,7 @@ others() {
 	done < <(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*(' lib cmd generators 2>/dev/null | sort -u)
 	await_prepared
 	log "tier 3 (packages)"
-	go test -count=1 -json -timeout 10m ./tests/packages/... >"$out/packages.json" 2>"$out/packages.err"
-	echo "packages $?" >>"$out/status"
+	run_tests packages 10m -- ./tests/packages/...
 	log "lint, static, packages and fuzzing done"
 }
 
@@ -289,7 +359,8 @@ inner() {
 	)
 	flock -s "$out/precompile.lock" true
 	log "tier 1 (unit) and tier 4 (kubernetes), beside the next four"
-	go test -count=1 -json -timeout 15m $pkgs >"$out/unit.json" 2>"$out/unit.err" &
+	# shellcheck disable=SC2086
+	run_tests unit 15m -- $pkgs &
 	local unit=$!
 	# The system tier starts as soon as its inputs are made, with
 	# $SYSTEM_EARLY places (tests/system/schedule_test.go's places file)
@@ -307,7 +378,6 @@ inner() {
 	local system=$!
 	others
 	wait "$unit"
-	echo "unit $?" >>"$out/status"
 	rm -f "$out/system.places"
 	log "unit, lint, static, packages and fuzzing done: the system tier takes all its places"
 	wait "$system"
@@ -321,8 +391,9 @@ inner() {
 	log "all tiers done"
 	return 0
 }
-export -f inner others system_tier log elapsed await_prepared
-export out FUZZTIME start SYSTEM_EARLY
+export -f inner others system_tier log elapsed await_prepared run_tests
+testbin=${testbin:-$out/testbin}
+export out FUZZTIME start SYSTEM_EARLY testbin
 : >"$out/status"
 if [ -x tests/kube/with-env.sh ]; then
 	log "building the test API server (tests/kube)"
