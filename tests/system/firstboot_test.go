@@ -63,6 +63,9 @@ type firstBoot struct {
 	// joined is what `kubectl unbounded join` made for the host
 	// (firstBootOptions.join), nil otherwise.
 	joined *fleet.Joined
+	// prepared: the host boots from the run's prepared image
+	// (firstBootOptions.prepared).
+	prepared bool
 }
 
 type firstBootOptions struct {
@@ -100,6 +103,15 @@ type firstBootOptions struct {
 	// gzipNode: the node image's root file system layer is gzip (the
 	// default image's is zstd: nodestack.NodeImage).
 	gzipNode bool
+	// prepared boots the host from the run's prepared image (a host of
+	// the default config whose image builder ran `unbounded prepare`:
+	// sharedPreparedImage), as a fleet's image-built hosts boot: its
+	// first boot takes the prepared tree instead of unpacking the node
+	// image (wantBootstrapped checks that it did). For scenarios that
+	// start from a Ready node of the default config (mode nspawn, the
+	// default node image); a scenario of the first boot's own path
+	// (unpack, its crash points, its failures) boots without it.
+	prepared bool
 }
 
 func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
@@ -145,6 +157,10 @@ func newFirstBoot(t *testing.T, o firstBootOptions) *firstBoot {
 		RegistryHost: f.reg.Host, MirrorURL: f.mirror.URL, Pause: f.pause, NodeRef: f.nodeRef,
 		Offline: o.offline, Extra: o.extra, NodeIP: o.nodeIP, Joined: f.joined, Serve: o.serve, AlsoNone: o.alsoNone,
 	})
+	if o.prepared {
+		h.Layers = []string{sharedPreparedImage(t)}
+		f.prepared = true
+	}
 	f.fwd = h.Forward
 	f.m = h.Machine(t, 8*time.Minute, o.nspawnArgs...)
 	f.paths = hostpaths.New(f.m.Root())
@@ -299,9 +315,23 @@ func logWait(t *testing.T, begin time.Time, what string) {
 }
 
 // wantBootstrapped asserts the end state of a successful first boot.
+// wantPreparedTaken: a host booted from the run's prepared image
+// (firstBootOptions.prepared) took the prepared tree at its first boot
+// rather than unpacking the node image (its stamp matched the config).
+func (f *firstBoot) wantPreparedTaken(t *testing.T) {
+	t.Helper()
+	if !f.prepared {
+		return
+	}
+	if j := f.m.Journal(bootstrapUnit); !strings.Contains(j, "prepared by the image builder: taken") {
+		t.Errorf("%s boots from the run's prepared image, but its first boot did not take the prepared tree:\n%s", f.name, j)
+	}
+}
+
 func (f *firstBoot) wantBootstrapped(t *testing.T, mode, supervisor string) {
 	t.Helper()
 	m := f.m
+	f.wantPreparedTaken(t)
 	for _, u := range []string{"unbounded-node.target", supervisor, "unbounded-daemon.service"} {
 		waitUntil(t, 60*time.Second, u+" active", func(context.Context) (bool, error) {
 			return isActive(m, u) == "active", nil

@@ -182,7 +182,7 @@ func (f *firstBoot) podOf(t *testing.T, ns string) string {
 // kubelet's cluster DNS is cluster-dns again, the interface gone.
 func TestLocalDNSCacheServesPodsThroughAnOutageARestartAndARepave(t *testing.T) {
 	defer scenario(t)()
-	f := newFirstBoot(t, firstBootOptions{})
+	f := newFirstBoot(t, firstBootOptions{prepared: true})
 	ctx := context.Background()
 	c := f.env.kube
 	ns := newNamespace(t, c, "dns")

@@ -37,7 +37,7 @@ import (
 // same kubectl makes.
 func TestLogsExecAndPortForwardReachAPodOnTheAgentsNode(t *testing.T) {
 	defer scenario(t)()
-	f := newFirstBoot(t, firstBootOptions{})
+	f := newFirstBoot(t, firstBootOptions{prepared: true})
 	begin := time.Now()
 	f.m.Start()
 	t.Logf("first boot: %v", time.Since(begin).Round(time.Millisecond))

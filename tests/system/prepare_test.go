@@ -2,16 +2,19 @@ package system_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"unbounded-cloud.io/agent/lib/hostpaths"
+	"unbounded-cloud.io/agent/tests/system/harness"
 )
 
 // An image builder prepares an image (`unbounded prepare --root DIR`, the
@@ -121,4 +124,67 @@ func TestFirstBootsFromAPreparedImage(t *testing.T) {
 			distinct("Node UID", string(n.UID), h.name)
 		}
 	}
+}
+
+// preparedImage is the run's prepared image (sharedPreparedImage).
+var preparedImage struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// sharedPreparedImage returns a layer (harness.Options.Layers) holding
+// what `unbounded prepare` writes under the host root of a host of the
+// default config (mode nspawn, the shared registry's node image, the
+// staged artifacts): prepared/ (the node image unpacked with the
+// artifacts, and its stamp) and artifacts/ (the verified cache). It is
+// made once per test process, by a host that never boots: the scenarios
+// that start from a Ready node of that config boot from it
+// (firstBootOptions.prepared) as a fleet's hosts boot from one OS image,
+// and take the prepared tree instead of each unpacking the node image.
+// TestFirstBootsFromAPreparedImage tests that path itself (and that hosts
+// from one image are distinct hosts).
+func sharedPreparedImage(t *testing.T) string {
+	t.Helper()
+	preparedImage.once.Do(func() {
+		// Set first: a t.Fatal in the making ends it without a result.
+		preparedImage.err = fmt.Errorf("its making failed in %s", t.Name())
+		preparedImage.dir, preparedImage.err = makePreparedImage(t)
+	})
+	if preparedImage.err != nil {
+		t.Fatalf("the run's prepared image: %v", preparedImage.err)
+	}
+	return preparedImage.dir
+}
+
+func makePreparedImage(t *testing.T) (string, error) {
+	image := newFirstBoot(t, firstBootOptions{})
+	begin := time.Now()
+	out, err := exec.Command(filepath.Join(image.m.Root(), "usr/bin/unbounded"), "prepare", "--root", image.m.Root()).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("unbounded prepare --root %s: %v\n%s", image.m.Root(), err, out)
+	}
+	dir, err := os.MkdirTemp("", "unbounded-prepared-image-")
+	if err != nil {
+		return "", err
+	}
+	harness.AtExit(func() { os.RemoveAll(dir) })
+	// The layer's directories above the host root show through on every
+	// host: the modes of the rootfs's own.
+	for _, d := range []string{"var", "var/lib"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			return "", err
+		}
+	}
+	root := filepath.Join(dir, hostpaths.HostRootHost)
+	if err := os.Mkdir(root, 0o700); err != nil {
+		return "", err
+	}
+	for _, d := range []string{"prepared", "artifacts"} {
+		if out, err := exec.Command("cp", "-a", filepath.Join(image.paths.HostRoot(), d), root+"/").CombinedOutput(); err != nil {
+			return "", fmt.Errorf("copy %s of the prepared image: %v\n%s", d, err, out)
+		}
+	}
+	t.Logf("the run's prepared image: made in %v (%s)", time.Since(begin).Round(time.Millisecond), dir)
+	return dir, nil
 }

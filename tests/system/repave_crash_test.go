@@ -72,7 +72,7 @@ func crashRepaveAtEveryPoint(t *testing.T, f *firstBoot) {
 // slot, healthy, and one consistent applied config.
 func TestRepaveCrashAtEveryPointThenPowerCutsConverge(t *testing.T) {
 	defer scenario(t)()
-	f := newFirstBoot(t, firstBootOptions{})
+	f := newFirstBoot(t, firstBootOptions{prepared: true})
 	ns := f.bootNode(t)
 
 	// (1) Every crash point of one repave.

@@ -170,7 +170,7 @@ func (f *firstBoot) blockingBudget(t *testing.T, ns string) {
 // once it is gone.
 func TestRepaveFailuresLeaveTheNodeAsItWas(t *testing.T) {
 	defer scenario(t)()
-	f := newFirstBoot(t, firstBootOptions{})
+	f := newFirstBoot(t, firstBootOptions{prepared: true})
 	ns := f.bootNode(t)
 	ctx := context.Background()
 	before := f.nodeObject(t)

@@ -107,6 +107,7 @@ func (f *firstBoot) bootNode(t *testing.T) (ns string) {
 		t.Fatalf("first boot failed: %v\n%s", p, f.m.Journal(bootstrapUnit))
 	}
 	t.Logf("first boot: %v", time.Since(begin).Round(time.Millisecond))
+	f.wantPreparedTaken(t)
 	f.waitAgentCertificate(t)
 	return f.runPod(t)
 }
@@ -222,7 +223,7 @@ func (f *firstBoot) wantMachineSlot(t *testing.T, slot string) {
 func TestRepaveNspawnByHandThenByOperation(t *testing.T) {
 	defer scenario(t)()
 	// The daemon serves the host's metrics (read after the operation).
-	f := newFirstBoot(t, firstBootOptions{extra: "\n[daemon]\nmetrics-address = \"127.0.0.1:9464\"\n"})
+	f := newFirstBoot(t, firstBootOptions{extra: "\n[daemon]\nmetrics-address = \"127.0.0.1:9464\"\n", prepared: true})
 	ns := f.bootNode(t)
 	before := f.nodeObject(t)
 

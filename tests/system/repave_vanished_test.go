@@ -24,7 +24,7 @@ import (
 // daemon records the NodeGone Event.
 func TestRepaveOfANodeThatVanishedWhileTheDaemonWasDown(t *testing.T) {
 	defer scenario(t)()
-	f := newFirstBoot(t, firstBootOptions{})
+	f := newFirstBoot(t, firstBootOptions{prepared: true})
 	ns := f.bootNode(t)
 	ctx := context.Background()
 	before := f.nodeObject(t)

@@ -30,6 +30,7 @@ func TestRestartNspawnRebootsOnlyTheMachineAndAnUnfencedMachineComesBackByItself
 	f := newFirstBoot(t, firstBootOptions{
 		extra:      fmt.Sprintf("\n[allocation]\nuid = %q\n\n[fence]\nretry-budget = \"10s\"\n", uid) + devs.config(),
 		nspawnArgs: devs.nspawnArgs,
+		prepared:   true,
 	})
 	logJournalsOnFailure(t, f)
 	allocatedHost(t, f, uid)

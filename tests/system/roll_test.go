@@ -38,7 +38,7 @@ import (
 // on the fixed image.
 func TestRollingRepaveOneHostAtATimeStopsAtAFailureAndResumes(t *testing.T) {
 	defer scenario(t)()
-	hosts := []*firstBoot{newFirstBoot(t, firstBootOptions{}), newFirstBoot(t, firstBootOptions{})}
+	hosts := []*firstBoot{newFirstBoot(t, firstBootOptions{prepared: true}), newFirstBoot(t, firstBootOptions{prepared: true})}
 	// -l takes the Machines in name order.
 	slices.SortFunc(hosts, func(a, b *firstBoot) int { return strings.Compare(a.name, b.name) })
 	pool := "roll-" + hosts[0].name

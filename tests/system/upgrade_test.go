@@ -207,7 +207,7 @@ func TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp(
 	pkgDir := t.TempDir()
 	pkgServer := httptest.NewTLSServer(http.FileServer(http.Dir(pkgDir)))
 	t.Cleanup(pkgServer.Close)
-	f := newFirstBoot(t, firstBootOptions{serve: []string{pkgServer.URL}})
+	f := newFirstBoot(t, firstBootOptions{serve: []string{pkgServer.URL}, prepared: true})
 	f.bootNode(t)
 	roots, _ := f.m.ReadFile("/etc/ssl/certs/ca-certificates.crt")
 	roots = append(roots, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: pkgServer.Certificate().Raw})...)

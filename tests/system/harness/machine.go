@@ -122,6 +122,13 @@ type Options struct {
 	// the machine's loopback there), and what it returns once the
 	// machine has stopped, before the namespace is let go.
 	Network func(netns string) (stop func(), err error)
+	// Layers are read-only directories laid over the rootfs (and the
+	// package layer) as the machine's lowest-but-own layers: files an
+	// image builder put into the image, made once and shared by many
+	// machines. Their directories can be renamed in the machine (the
+	// overlay is mounted with redirect_dir=on), as on the image's own
+	// file system.
+	Layers []string
 }
 
 // File is a file to place in a machine.
@@ -218,7 +225,7 @@ func New(t testing.TB, opts Options) *Machine {
 		}
 		lowers = []string{layer, rootfs}
 	}
-	m, err := newMachine(lowers, opts.NspawnArgs, t.Logf)
+	m, err := newMachine(append(append([]string(nil), opts.Layers...), lowers...), opts.NspawnArgs, len(opts.Layers) > 0, t.Logf)
 	if m != nil {
 		m.t = t
 		m.hostNetwork = opts.HostNetwork
@@ -252,7 +259,7 @@ func Boot(t testing.TB, opts Options) *Machine {
 	return m
 }
 
-func newMachine(lowers, args []string, logf func(string, ...any)) (*Machine, error) {
+func newMachine(lowers, args []string, redirectDirs bool, logf func(string, ...any)) (*Machine, error) {
 	var id [4]byte
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, err
@@ -292,6 +299,9 @@ func newMachine(lowers, args []string, logf func(string, ...any)) (*Machine, err
 	// lower layers are never written.
 	opt := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
 		strings.Join(lowers, ":"), filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
+	if redirectDirs {
+		opt += ",redirect_dir=on"
+	}
 	if err := unix.Mount("overlay", m.Root(), "overlay", 0, opt); err != nil {
 		return m, fmt.Errorf("mount overlay (%s): %w", opt, err)
 	}

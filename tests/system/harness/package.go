@@ -55,7 +55,7 @@ func buildPackageLayer(logf func(string, ...any), rootfs, deb string) (string, e
 		return "", err
 	}
 
-	m, err := newMachine([]string{rootfs}, nil, logf)
+	m, err := newMachine([]string{rootfs}, nil, false, logf)
 	if m != nil {
 		// On success the machine's upper directory lives on as the
 		// layer; Main removes it after the run.
@@ -122,5 +122,24 @@ func Main(m *testing.M) {
 	if shared.cleanup != nil {
 		shared.cleanup()
 	}
+	atExit.Lock()
+	for _, f := range atExit.fs {
+		f()
+	}
+	atExit.Unlock()
 	os.Exit(code)
+}
+
+var atExit struct {
+	sync.Mutex
+	fs []func()
+}
+
+// AtExit runs f once every test of the process has ended (Main runs it):
+// the cleanup of what a test made for the whole process, such as a layer
+// every machine of the run shares.
+func AtExit(f func()) {
+	atExit.Lock()
+	defer atExit.Unlock()
+	atExit.fs = append(atExit.fs, f)
 }

@@ -182,6 +182,8 @@ type FirstBootHost struct {
 	Files      []harness.File
 	NspawnArgs []string
 	Env        []string
+	// Layers are harness.Options.Layers: a prepared image's files, say.
+	Layers []string
 	// Forward carries the API server (and the mirror and the registry
 	// unless Offline) to the host's loopback; SetFault on it makes the API
 	// server unreachable, or present another certificate, to the host.
@@ -328,6 +330,7 @@ func (h *FirstBootHost) Options(bootTimeout time.Duration, extraArgs ...string) 
 		Env:         h.Env,
 		BootTimeout: bootTimeout,
 		Network:     h.Forward.Listen,
+		Layers:      h.Layers,
 	}
 }
 
