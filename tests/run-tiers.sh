@@ -235,13 +235,16 @@ run_tests() {
 	while [ $# -gt 0 ] && [ "$1" != -- ]; do flags+=("$1"); shift; done
 	shift
 	local list
-	list=$(go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}} {{.Name}} {{.Dir}}{{end}}' "$@" 2>>"$out/$tier.err")
-	# A package whose name an earlier one took goes to the next directory.
+	list=$(go list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}} {{.Dir}}{{end}}' "$@" 2>>"$out/$tier.err")
+	# go test -c -o DIR/ names a package's binary after the last element
+	# of its import path (a main package's too): a package whose name an
+	# earlier one took goes to the next directory.
 	local -A seen=()
 	local -a batch=()
 	: >"$out/$tier.list"
-	while read -r p name dir; do
+	while read -r p dir; do
 		[ -n "$p" ] || continue
+		name=${p##*/}
 		i=0
 		while [ -n "${seen[$i/$name]:-}" ]; do i=$((i + 1)); done
 		seen[$i/$name]=1
