@@ -35,10 +35,9 @@ func TestFirstBootsFromAPreparedImage(t *testing.T) {
 	// The image: prepared in the first host's root, before it ever booted,
 	// by the CLI of the agent installed into it.
 	begin := time.Now()
-	cmd := exec.Command(filepath.Join(image.m.Root(), "usr/bin/unbounded"), "prepare", "--root", image.m.Root())
-	out, err := cmd.CombinedOutput()
+	out, err := prepareImage(image)
 	if err != nil {
-		t.Fatalf("unbounded prepare --root %s: %v\n%s", image.m.Root(), err, out)
+		t.Fatal(err)
 	}
 	t.Logf("unbounded prepare: %v\n%s", time.Since(begin).Round(time.Millisecond), out)
 	prepared := image.paths.PreparedDir()
@@ -52,10 +51,8 @@ func TestFirstBootsFromAPreparedImage(t *testing.T) {
 		if err := os.MkdirAll(root, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		for _, d := range []string{"prepared", "artifacts"} {
-			if out, err := exec.Command("cp", "-a", filepath.Join(image.paths.HostRoot(), d), root+"/").CombinedOutput(); err != nil {
-				t.Fatalf("copy the prepared image: %v\n%s", err, out)
-			}
+		if err := copyPrepared(image, root); err != nil {
+			t.Fatal(err)
 		}
 	}
 	// The third host's config names the node image under another tag.
@@ -160,9 +157,8 @@ func sharedPreparedImage(t *testing.T) string {
 func makePreparedImage(t *testing.T) (string, error) {
 	image := newFirstBoot(t, firstBootOptions{})
 	begin := time.Now()
-	out, err := exec.Command(filepath.Join(image.m.Root(), "usr/bin/unbounded"), "prepare", "--root", image.m.Root()).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("unbounded prepare --root %s: %v\n%s", image.m.Root(), err, out)
+	if _, err := prepareImage(image); err != nil {
+		return "", err
 	}
 	dir, err := os.MkdirTemp("", "unbounded-prepared-image-")
 	if err != nil {
@@ -180,11 +176,31 @@ func makePreparedImage(t *testing.T) (string, error) {
 	if err := os.Mkdir(root, 0o700); err != nil {
 		return "", err
 	}
-	for _, d := range []string{"prepared", "artifacts"} {
-		if out, err := exec.Command("cp", "-a", filepath.Join(image.paths.HostRoot(), d), root+"/").CombinedOutput(); err != nil {
-			return "", fmt.Errorf("copy %s of the prepared image: %v\n%s", d, err, out)
-		}
+	if err := copyPrepared(image, root); err != nil {
+		return "", err
 	}
 	t.Logf("the run's prepared image: made in %v (%s)", time.Since(begin).Round(time.Millisecond), dir)
 	return dir, nil
+}
+
+// prepareImage runs the image's own `unbounded prepare --root` in the root
+// of image, a host that never booted, as an image builder does.
+func prepareImage(image *firstBoot) ([]byte, error) {
+	out, err := exec.Command(filepath.Join(image.m.Root(), "usr/bin/unbounded"), "prepare", "--root", image.m.Root()).CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("unbounded prepare --root %s: %v\n%s", image.m.Root(), err, out)
+	}
+	return out, nil
+}
+
+// copyPrepared copies what prepare wrote under image's host root (the
+// prepared tree and the verified artifacts) into root, as a copy of the
+// image carries them.
+func copyPrepared(image *firstBoot, root string) error {
+	for _, d := range []string{"prepared", "artifacts"} {
+		if out, err := exec.Command("cp", "-a", filepath.Join(image.paths.HostRoot(), d), root+"/").CombinedOutput(); err != nil {
+			return fmt.Errorf("copy %s of the prepared image: %v\n%s", d, err, out)
+		}
+	}
+	return nil
 }
