@@ -117,6 +117,16 @@ prepare() {
 		: >"$out/packages.failed"
 	fi
 
+	# The cluster side's image (make images: an OCI layout archive of
+	# bin/unbounded-controller), which the system tier's rollout scenario
+	# pushes to its registry and runs by the shipped manifests.
+	if make -s images >"$out/images.log" 2>&1 && img=$(ls dist/unbounded-controller_"${VERSION:?}"_linux_*.oci.tar 2>/dev/null | head -1) && [ -n "$img" ]; then
+		cp "$img" "$out/" && prepared UNBOUNDED_TEST_CONTROLLER_IMAGE "$out/$(basename "$img")"
+		echo "controller image: $img"
+	else
+		echo "make images failed (the controller's scenario will skip, or fail where the system tier is required):"; tail -20 "$out/images.log"
+	fi
+
 	# The cached Debian rootfs for the system tier.
 	if [ -x tests/system/rootfs.sh ]; then
 		log "system test rootfs"

@@ -168,6 +168,9 @@ func TestDemo(t *testing.T) {
 	kube := env.Client()
 	o.say("API server at %s", env.Host())
 
+	o.step("the cluster side: unbounded-controller (here a process beside the control plane; in a cluster a Deployment: unbounded manifests --controller-image)")
+	controller := startController(t, o)
+
 	o.step("node stack: artifact mirror and OCI registry on loopback")
 	s := nodestack.Require(t)
 	reg := nodestack.StartRegistry(t)
@@ -285,6 +288,10 @@ func TestDemo(t *testing.T) {
 		}
 	}
 	bench.kubeletStart(t, ctx, o, kube, m, "firstboot", name, bootstrapUnit, bootBegin)
+	if controller {
+		o.step("the host's certificate requests, decided by unbounded-controller")
+		showApprovals(t, ctx, o, kube, name, bootBegin)
+	}
 
 	o.step("unbounded status (inside the host)")
 	st, err := m.Run("unbounded", "status")

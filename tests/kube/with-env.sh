@@ -18,6 +18,9 @@
 #
 # Input:
 #   UNBOUNDED_TEST_MANIFESTS       optional file of manifests applied before READY
+#   UNBOUNDED_TEST_KUBE_NO_SERVING_APPROVER=1
+#                                  kubelet-serving CSRs are left to an approver CMD
+#                                  runs (unbounded-controller: make demo)
 #   UNBOUNDED_TEST_REQUIRED        comma-separated tiers that must run (tests/tiers);
 #                                  with "kube" in it, fail (exit 3) without running
 #                                  CMD instead of skipping when the environment
@@ -101,6 +104,9 @@ dir=$(mktemp -d /tmp/kube-testenv.XXXXXX)
 args=(--dir "$dir")
 if [ -n "${UNBOUNDED_TEST_MANIFESTS:-}" ]; then
 	args+=(--manifests "$UNBOUNDED_TEST_MANIFESTS")
+fi
+if [ "${UNBOUNDED_TEST_KUBE_NO_SERVING_APPROVER:-}" = 1 ]; then
+	args+=(--no-serving-approver)
 fi
 
 # The environment's stdout is a FIFO read line by line: READY comes as one

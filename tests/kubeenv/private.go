@@ -25,6 +25,21 @@ const envBin = "UNBOUNDED_TEST_KUBE_BIN"
 // there is no binary.
 func StartPrivate(t testing.TB, manifests ...string) *Env {
 	t.Helper()
+	return Private{Manifests: manifests}.Start(t)
+}
+
+// Private is a control plane of a test's own (StartPrivate).
+type Private struct {
+	// Manifests are applied before it is ready.
+	Manifests []string
+	// NoServingApprover leaves the kubelets' serving CSRs to an approver
+	// the test runs in the cluster (kube-testenv --no-serving-approver).
+	NoServingApprover bool
+}
+
+// Start starts the control plane p describes, as StartPrivate does.
+func (p Private) Start(t testing.TB) *Env {
+	t.Helper()
 	Get(t) // the same skip reasons as every Kubernetes test
 	bin := os.Getenv(envBin)
 	if bin == "" {
@@ -37,8 +52,11 @@ func StartPrivate(t testing.TB, manifests ...string) *Env {
 		t.Fatal(err)
 	}
 	args := []string{"--dir", dir}
-	for _, m := range manifests {
+	for _, m := range p.Manifests {
 		args = append(args, "--manifests", m)
+	}
+	if p.NoServingApprover {
+		args = append(args, "--no-serving-approver")
 	}
 	var stderr bytes.Buffer
 	cmd := exec.Command(bin, args...)

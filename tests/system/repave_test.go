@@ -84,13 +84,22 @@ func (h *nodeHistory) snapshot() (uids []types.UID, cordoned, deleted bool) {
 func (f *firstBoot) waitAgentCertificate(t *testing.T) {
 	t.Helper()
 	approveAgentCSR(t, f.env, f.m, f.name)
+	f.waitAgentCertificateStored(t, 2*time.Minute, func() {
+		// A CSR of a daemon that started after the first approval (a
+		// restart in between) waits too.
+		approvePendingAgentCSRs(t, f.env, f.name)
+	})
+}
+
+// waitAgentCertificateStored waits until the daemon stored its
+// certificate, calling meanwhile (if not nil) while it has none.
+func (f *firstBoot) waitAgentCertificateStored(t *testing.T, within time.Duration, meanwhile func()) {
+	t.Helper()
 	store := kube.CertStore{Dir: f.paths.PKIDir()}
-	waitUntil(t, 2*time.Minute, "the daemon's certificate stored", func(context.Context) (bool, error) {
+	waitUntil(t, within, "the daemon's certificate stored", func(context.Context) (bool, error) {
 		_, err := store.Load()
-		if err != nil {
-			// A CSR of a daemon that started after the first
-			// approval (a restart in between) waits too.
-			approvePendingAgentCSRs(t, f.env, f.name)
+		if err != nil && meanwhile != nil {
+			meanwhile()
 		}
 		return err == nil, nil
 	})
@@ -100,6 +109,15 @@ func (f *firstBoot) waitAgentCertificate(t *testing.T) {
 // running pod and the daemon's certificate.
 func (f *firstBoot) bootNode(t *testing.T) (ns string) {
 	t.Helper()
+	f.boot(t)
+	f.waitAgentCertificate(t)
+	return f.runPod(t)
+}
+
+// boot boots the first-boot host and waits until its first boot succeeded
+// (from the prepared image where the host has it).
+func (f *firstBoot) boot(t *testing.T) {
+	t.Helper()
 	begin := time.Now()
 	f.m.Start()
 	p := waitUnitDone(t, f, bootstrapUnit, "", 8*time.Minute)
@@ -108,8 +126,6 @@ func (f *firstBoot) bootNode(t *testing.T) (ns string) {
 	}
 	t.Logf("first boot: %v", time.Since(begin).Round(time.Millisecond))
 	f.wantPreparedTaken(t)
-	f.waitAgentCertificate(t)
-	return f.runPod(t)
 }
 
 // setNodeImage pushes the node image under tag and makes agent.toml name

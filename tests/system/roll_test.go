@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -12,44 +13,97 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"unbounded-cloud.io/agent/lib/api/v1alpha3"
 	"unbounded-cloud.io/agent/lib/fleet"
 	"unbounded-cloud.io/agent/lib/kube"
+	"unbounded-cloud.io/agent/tests/kubeenv"
 	"unbounded-cloud.io/agent/tests/system/nodestack"
+	"unbounded-cloud.io/agent/tests/tiers"
 )
 
-// TestRollingRepaveOneHostAtATimeStopsAtAFailureAndResumes: the operator's
-// rolling repave (`kubectl unbounded repave -l SELECTOR`, lib/fleet.Roll,
-// as the plugin runs it) over real first-booted nspawn hosts. Two hosts,
-// not three: each is a booted systemd with its node machine and kubelet,
-// and two prove both "one at a time" and "the rest untouched" at two
-// thirds of the system tier's time for three. (1) Both hosts' configs
-// name a new node image; a roll with --max-unavailable 1 repaves both:
-// each Node went away and came back, never both at once (sampled every
-// 200 ms), both end on the new image. (2) The first host's config names
-// an image whose node never gets healthy, the second's a good one: the
-// roll stops at the first host (its repave rolled back by itself, its
+// TestRollingRepavesByTheControllerInItsPodAndFromAWorkstation: the two
+// ways a fleet is rolled, over real first-booted nspawn hosts, in a
+// cluster of the test's own (the controller in it acts on every host and
+// CSR of its cluster). Two hosts, not three: each is a booted systemd with
+// its node machine and kubelet, and two prove both "one at a time" and
+// "the rest untouched" at two thirds of the time of three.
+//
+// (0) The cluster side as a fleet runs it, with nobody approving anything
+// by hand (the environment's own approver of kubelet serving certificates
+// off): the first host boots; unbounded-controller is deployed from its
+// own image by the shipped manifests (deployController) and runs on it;
+// it approves the first host's pending CSRs (its daemon's client
+// certificate, its kubelet's serving certificate); the second host joins
+// and the controller approves its CSRs as they come; a pod runs on each
+// host and so does a replica of the controller.
+//
+// (1) Both hosts' configs name a new node image; a MachineRollout (what
+// `kubectl unbounded repave` creates, here with machines named, one at a
+// time, a 5 s health gate) is carried out by the controller, whose own
+// pods the repaves evict: each Node went away and came back, never both
+// at once (sampled every 200 ms), both end on the new image, the rollout
+// is Complete with both hosts done by one operation each, and two
+// replicas of the controller run again.
+//
+// The workstation's roll (`kubectl unbounded repave -l SELECTOR --local`,
+// lib/fleet.Roll, as the plugin runs it): (2) the first host's config
+// names an image whose node never gets healthy, the second's a good one:
+// the roll stops at the first host (its repave rolled back by itself, its
 // Node Ready on its old slot), exits with the reason, and never touches
 // the second (no operation, the same Node); (3) with the first host's
-// image fixed, --resume retries it and goes on to the second: both end
-// on the fixed image.
-func TestRollingRepaveOneHostAtATimeStopsAtAFailureAndResumes(t *testing.T) {
+// image fixed, --resume retries it and goes on to the second: both end on
+// the fixed image.
+func TestRollingRepavesByTheControllerInItsPodAndFromAWorkstation(t *testing.T) {
 	defer scenario(t)()
-	hosts := []*firstBoot{newFirstBoot(t, firstBootOptions{prepared: true}), newFirstBoot(t, firstBootOptions{prepared: true})}
+	img := nodestack.ControllerImage(t)
+	manifests := os.Getenv("UNBOUNDED_TEST_MANIFESTS")
+	if manifests == "" {
+		tiers.Skip(t, tiers.System, "UNBOUNDED_TEST_MANIFESTS is not set: bin/unbounded manifests > FILE; export UNBOUNDED_TEST_MANIFESTS=FILE")
+	}
+	env := kubeEnvOf(t, kubeenv.Private{Manifests: []string{manifests}, NoServingApprover: true}.Start(t))
+	hosts := []*firstBoot{newFirstBoot(t, firstBootOptions{prepared: true, env: env}), newFirstBoot(t, firstBootOptions{prepared: true, env: env})}
 	// -l takes the Machines in name order.
 	slices.SortFunc(hosts, func(a, b *firstBoot) int { return strings.Compare(a.name, b.name) })
-	pool := "roll-" + hosts[0].name
+	first, second := hosts[0], hosts[1]
+	ctx := context.Background()
+
+	// (0) The first host, then the controller on it, which approves what
+	// the first host asked for meanwhile; then the second host.
+	first.boot(t)
+	waitUntil(t, 2*time.Minute, "the first host's Node Ready", first.nodeReady)
+	routeKubernetesService(t, first)
+	deployController(t, first, img)
+	waitControllerAvailable(t, env, 1, 3*time.Minute)
 	for _, f := range hosts {
-		f.bootNode(t)
+		if f == second {
+			f.boot(t)
+			routeKubernetesService(t, f)
+		}
+		f.waitAgentCertificateStored(t, 3*time.Minute, nil)
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		_, err := nodestack.ServingCert(sctx, env.kube, f.name, time.Time{})
+		cancel()
+		if err != nil {
+			t.Fatalf("%v; the controller's pods: %s", err, controllerPods(env))
+		}
+		wantApprovedByController(t, f)
+		f.runPod(t)
+	}
+	waitControllerAvailable(t, env, 2, 3*time.Minute)
+	if t.Failed() {
+		return
+	}
+	pool := "roll-" + first.name
+	for _, f := range hosts {
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{"pool": pool}}})
-		if err := f.env.api.Patch(types.MergePatchType).Resource(v1alpha3.ResourceMachines).Name(f.name).Body(patch).Do(context.Background()).Error(); err != nil {
+		if err := env.api.Patch(types.MergePatchType).Resource(v1alpha3.ResourceMachines).Name(f.name).Body(patch).Do(ctx).Error(); err != nil {
 			t.Fatalf("label Machine %s: %v", f.name, err)
 		}
 	}
-	env := hosts[0].env
 	// The plugin's client: its requests counted (the roll's summary says
 	// them per host per minute).
 	var counter fleet.RequestCounter
@@ -97,23 +151,53 @@ func TestRollingRepaveOneHostAtATimeStopsAtAFailureAndResumes(t *testing.T) {
 		return each, both
 	}
 
-	// (1) Both onto a new image, one at a time.
+	// (1) Both onto a new image, one at a time, by a MachineRollout.
 	var refs []string
 	for _, f := range hosts {
 		refs = append(refs, f.setNodeImage(t, "roll-2"))
 	}
+	ro, err := fleet.NewRollout(fleet.RollOptions{Operation: v1alpha3.OperationRepave, Machines: []string{first.name, second.name}, MaxUnavailable: 1, ID: "first"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro.Spec.ReadySeconds = 5
+	dyn := dynamic.NewForConfigOrDie(env.admin)
+	var follow bytes.Buffer
+	if err := fleet.CreateRollout(ctx, dyn, ro, false, &follow); err != nil {
+		t.Fatal(err)
+	}
 	stop := make(chan struct{})
 	each, both := down(stop)
 	begin := time.Now()
-	out, err := roll("first", false)
+	fctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
+	err = fleet.FollowRollout(fctx, dyn, ro.Name, &follow)
+	timedOut := fctx.Err() != nil
+	cancel()
 	close(stop)
-	if err != nil {
-		t.Fatalf("roll onto roll-2: %v", err)
+	t.Logf("MachineRollout %s: %v (%v)\n%s", ro.Name, err, time.Since(begin).Round(time.Millisecond), follow.String())
+	if err != nil || timedOut {
+		t.Fatalf("MachineRollout %s: %v (not Complete within 15m: %v); the controller's pods: %s", ro.Name, err, timedOut, controllerPods(env))
 	}
-	t.Logf("rolling repave of %d hosts: %v; samples with a Node not Ready: %d and %d, with both at once: %d",
+	t.Logf("rolling repave of %d hosts by the controller: %v; samples with a Node not Ready: %d and %d, with both at once: %d",
 		len(hosts), time.Since(begin).Round(time.Millisecond), each[0].Load(), each[1].Load(), both.Load())
-	if !strings.Contains(out, "2 done, 0 failed") {
-		t.Errorf("the roll's summary does not say both hosts are done:\n%s", out)
+	var done v1alpha3.MachineRollout
+	if err := env.api.Get().Resource(v1alpha3.ResourceMachineRollouts).Name(ro.Name).Do(ctx).Into(&done); err != nil {
+		t.Fatal(err)
+	}
+	if done.Status.Phase != v1alpha3.RolloutComplete || done.Status.Done != 2 || done.Status.Failed != 0 {
+		t.Errorf("MachineRollout %s: phase %s, %d done, %d failed; want Complete, 2 done, 0 failed", ro.Name, done.Status.Phase, done.Status.Done, done.Status.Failed)
+	}
+	ops, err := api.ListOperations(ctx, v1alpha3.RolloutLabel+"="+ro.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, op := range ops.Items {
+		got = append(got, op.Spec.MachineRef.Name+"="+string(op.Status.State))
+	}
+	slices.Sort(got)
+	if want := []string{first.name + "=" + string(v1alpha3.OperationComplete), second.name + "=" + string(v1alpha3.OperationComplete)}; !slices.Equal(got, want) {
+		t.Errorf("the rollout's operations %v, want %v", got, want)
 	}
 	for i, f := range hosts {
 		f.wantSlot(t, "kube2", refs[i])
@@ -122,31 +206,31 @@ func TestRollingRepaveOneHostAtATimeStopsAtAFailureAndResumes(t *testing.T) {
 		}
 	}
 	if both.Load() != 0 {
-		t.Errorf("both Nodes were not Ready at once in %d samples (every 200 ms), with --max-unavailable 1", both.Load())
+		t.Errorf("both Nodes were not Ready at once in %d samples (every 200 ms), with maxUnavailable 1", both.Load())
 	}
+	waitControllerAvailable(t, env, 2, 3*time.Minute)
 	if t.Failed() {
 		return
 	}
 
 	// (2) The first host onto a node that never gets healthy: the roll
 	// stops there, the second host is not touched.
-	first, second := hosts[0], hosts[1]
 	first.repaveFlags(t, "--ready-timeout="+neverHealthyReadyTimeout)
 	first.setImageRef(t, first.reg.Push(t, "unbounded/node:never-healthy", nodestack.NeverHealthyNodeImage(t, first.stage.NodeImage(t))))
 	good := second.setNodeImage(t, "roll-3")
 	secondUID := second.nodeObject(t).UID
-	out, err = roll("second", false)
+	out, err := roll("second", false)
 	if !errors.Is(err, fleet.ErrRollFailed) || !strings.Contains(err.Error(), first.name) {
 		t.Fatalf("roll onto a never-healthy image: %v, want the roll stopped at %s\n%s", err, first.name, out)
 	}
 	if !strings.Contains(out, "--roll second --resume") {
 		t.Errorf("the roll does not say how to resume:\n%s", out)
 	}
-	ops, err := api.ListOperations(context.Background(), fleet.RollLabel+"=second")
+	ops, err = api.ListOperations(ctx, fleet.RollLabel+"=second")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []string
+	got = nil
 	for _, op := range ops.Items {
 		got = append(got, op.Spec.MachineRef.Name+"="+string(op.Status.State))
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -441,6 +442,11 @@ func TestControllerManifestsPinTheImageAndGrantLeastPrivilege(t *testing.T) {
 	if cs == nil || cs.ReadOnlyRootFilesystem == nil || !*cs.ReadOnlyRootFilesystem || cs.AllowPrivilegeEscalation == nil || *cs.AllowPrivilegeEscalation ||
 		cs.Capabilities == nil || !slices.Equal(cs.Capabilities.Drop, []corev1.Capability{"ALL"}) {
 		t.Errorf("container security context %+v", cs)
+	}
+	spread := dep.Spec.Template.Spec.TopologySpreadConstraints
+	if len(spread) != 1 || spread[0].TopologyKey != corev1.LabelHostname || spread[0].MaxSkew != 1 || spread[0].LabelSelector == nil ||
+		!maps.Equal(spread[0].LabelSelector.MatchLabels, dep.Spec.Selector.MatchLabels) {
+		t.Errorf("topology spread %+v, want the replicas spread over nodes (%s, max skew 1, the Deployment's pods)", spread, corev1.LabelHostname)
 	}
 	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 {
 		t.Errorf("PodDisruptionBudget minAvailable %v, want 1", pdb.Spec.MinAvailable)

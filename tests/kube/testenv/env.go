@@ -48,6 +48,11 @@ type Options struct {
 	// Node is marked NotReady (kube-controller-manager's
 	// --node-monitor-grace-period).
 	NodeMonitorGracePeriod time.Duration
+	// NoServingApprover leaves kubernetes.io/kubelet-serving CSRs
+	// undecided, for an approver of the cluster's own (unbounded-controller
+	// running in it): by default the environment approves them
+	// (approveKubeletServing).
+	NoServingApprover bool
 	// Ready is called once with the kubeconfig path when everything is up.
 	Ready func(kubeconfig string)
 	Log   *slog.Logger
@@ -205,7 +210,9 @@ func Run(ctx context.Context, opts Options) error {
 		return errors.Join(err, stop())
 	}
 	log.Info("kube-scheduler started", "after", time.Since(start).Round(time.Millisecond))
-	go approveKubeletServing(ctrlCtx, client, log)
+	if !opts.NoServingApprover {
+		go approveKubeletServing(ctrlCtx, client, log)
+	}
 	// stopAll stops the controllers and the scheduler before the API server,
 	// so that none of them logs a storm of refused connections on the way out.
 	stopAll := func() error {

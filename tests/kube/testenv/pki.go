@@ -76,7 +76,10 @@ func newPKI(host string) (*pki, error) {
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		DNSNames:     []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		// And the `kubernetes` Service's ClusterIP (the first address of
+		// --service-cluster-ip-range), as a cluster's API server has it:
+		// pods reach it there (a test's stand-in for kube-proxy).
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback, net.IPv4(10, 96, 0, 1)},
 	}
 	if ip := net.ParseIP(host); ip != nil && !ip.IsLoopback() {
 		servingTmpl.IPAddresses = append(servingTmpl.IPAddresses, ip)

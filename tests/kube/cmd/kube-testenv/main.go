@@ -24,13 +24,14 @@ import (
 )
 
 type cli struct {
-	Dir             string        `required:"" type:"path" help:"Working directory: kubeconfig, ca.crt, ca.key, admin-token and etcd data go here."`
-	Manifests       []string      `type:"existingfile" help:"Multi-document YAML applied before READY (CRDs first, waited for). May repeat."`
-	Listen          string        `default:"127.0.0.1" help:"Loopback address to listen on."`
-	SigningDuration time.Duration `default:"24h" help:"Lifetime of certificates issued for approved CSRs that do not ask for less."`
-	Verbose         int           `short:"v" default:"0" help:"Verbosity of the API server's own log (klog -v)."`
-	NoWarmUp        bool          `help:"Skip the warm-up of new custom resources (to measure what it saves)."`
-	NodeGrace       time.Duration `name:"node-monitor-grace-period" default:"20s" help:"A Node is NotReady this long after its kubelet's last report (kube-controller-manager's flag; its default is 50s). Keep it above the kubelet's lease renewal interval (10s by default)."`
+	Dir               string        `required:"" type:"path" help:"Working directory: kubeconfig, ca.crt, ca.key, admin-token and etcd data go here."`
+	Manifests         []string      `type:"existingfile" help:"Multi-document YAML applied before READY (CRDs first, waited for). May repeat."`
+	Listen            string        `default:"127.0.0.1" help:"Loopback address to listen on."`
+	SigningDuration   time.Duration `default:"24h" help:"Lifetime of certificates issued for approved CSRs that do not ask for less."`
+	Verbose           int           `short:"v" default:"0" help:"Verbosity of the API server's own log (klog -v)."`
+	NoWarmUp          bool          `help:"Skip the warm-up of new custom resources (to measure what it saves)."`
+	NoServingApprover bool          `help:"Leave kubernetes.io/kubelet-serving CSRs to an approver of the cluster's own (unbounded-controller): by default the environment approves them as such an approver does."`
+	NodeGrace         time.Duration `name:"node-monitor-grace-period" default:"20s" help:"A Node is NotReady this long after its kubelet's last report (kube-controller-manager's flag; its default is 50s). Keep it above the kubelet's lease renewal interval (10s by default)."`
 }
 
 func main() {
@@ -52,6 +53,7 @@ func main() {
 		SigningDuration:        c.SigningDuration,
 		NoWarmUp:               c.NoWarmUp,
 		NodeMonitorGracePeriod: c.NodeGrace,
+		NoServingApprover:      c.NoServingApprover,
 		Log:                    log,
 		Ready:                  func(kubeconfig string) { fmt.Printf("READY %s\n", kubeconfig) },
 	})
