@@ -47,16 +47,17 @@ import (
 // pods the repaves evict: each Node went away and came back, never both
 // at once (sampled every 200 ms), both end on the new image, the rollout
 // is Complete with both hosts done by one operation each, and two
-// replicas of the controller run again.
-//
-// The workstation's roll (`kubectl unbounded repave -l SELECTOR --local`,
-// lib/fleet.Roll, as the plugin runs it): (2) the first host's config
+// replicas of the controller run again. (2) The first host's config
 // names an image whose node never gets healthy, the second's a good one:
-// the roll stops at the first host (its repave rolled back by itself, its
-// Node Ready on its old slot), exits with the reason, and never touches
-// the second (no operation, the same Node); (3) with the first host's
-// image fixed, --resume retries it and goes on to the second: both end on
-// the fixed image.
+// the next rollout stops at the first host (its repave rolled back by
+// itself, its Node Ready on its old slot) and never touches the second
+// (no operation, the same Node); (3) with the first host's image fixed
+// and the rollout's spec changed, it retries the first host and goes on
+// to the second: both end on the fixed image.
+//
+// (4) The workstation's roll (`kubectl unbounded repave -l SELECTOR
+// --local`, lib/fleet.Roll, as the plugin runs it) onto another image:
+// one host at a time, both done.
 func TestRollingRepavesByTheControllerInItsPodAndFromAWorkstation(t *testing.T) {
 	defer scenario(t)()
 	img := nodestack.ControllerImage(t)
@@ -151,32 +152,58 @@ func TestRollingRepavesByTheControllerInItsPodAndFromAWorkstation(t *testing.T) 
 		return each, both
 	}
 
+	// follow follows the MachineRollout name until it ends (15 min at
+	// most), and returns what it printed and how it ended.
+	dyn := dynamic.NewForConfigOrDie(env.admin)
+	follow := func(name string, out *bytes.Buffer) error {
+		t.Helper()
+		begin := time.Now()
+		fctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
+		defer cancel()
+		err := fleet.FollowRollout(fctx, dyn, name, out)
+		t.Logf("MachineRollout %s: %v (%v)\n%s", name, err, time.Since(begin).Round(time.Millisecond), out.String())
+		if fctx.Err() != nil {
+			t.Fatalf("MachineRollout %s did not end within 15m; the controller's pods: %s", name, controllerPods(env))
+		}
+		return err
+	}
+	// operations lists the operations of selector as machine=state.
+	operations := func(selector string) []string {
+		t.Helper()
+		ops, err := api.ListOperations(ctx, selector)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, op := range ops.Items {
+			got = append(got, op.Spec.MachineRef.Name+"="+string(op.Status.State))
+		}
+		slices.Sort(got)
+		return got
+	}
+	machines := []string{first.name, second.name}
+
 	// (1) Both onto a new image, one at a time, by a MachineRollout.
 	var refs []string
 	for _, f := range hosts {
 		refs = append(refs, f.setNodeImage(t, "roll-2"))
 	}
-	ro, err := fleet.NewRollout(fleet.RollOptions{Operation: v1alpha3.OperationRepave, Machines: []string{first.name, second.name}, MaxUnavailable: 1, ID: "first"}, time.Now())
+	ro, err := fleet.NewRollout(fleet.RollOptions{Operation: v1alpha3.OperationRepave, Machines: machines, MaxUnavailable: 1, ID: "first"}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	ro.Spec.ReadySeconds = 5
-	dyn := dynamic.NewForConfigOrDie(env.admin)
-	var follow bytes.Buffer
-	if err := fleet.CreateRollout(ctx, dyn, ro, false, &follow); err != nil {
+	var out bytes.Buffer
+	if err := fleet.CreateRollout(ctx, dyn, ro, false, &out); err != nil {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
 	each, both := down(stop)
 	begin := time.Now()
-	fctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
-	err = fleet.FollowRollout(fctx, dyn, ro.Name, &follow)
-	timedOut := fctx.Err() != nil
-	cancel()
+	err = follow(ro.Name, &out)
 	close(stop)
-	t.Logf("MachineRollout %s: %v (%v)\n%s", ro.Name, err, time.Since(begin).Round(time.Millisecond), follow.String())
-	if err != nil || timedOut {
-		t.Fatalf("MachineRollout %s: %v (not Complete within 15m: %v); the controller's pods: %s", ro.Name, err, timedOut, controllerPods(env))
+	if err != nil {
+		t.Fatalf("MachineRollout %s: %v; the controller's pods: %s", ro.Name, err, controllerPods(env))
 	}
 	t.Logf("rolling repave of %d hosts by the controller: %v; samples with a Node not Ready: %d and %d, with both at once: %d",
 		len(hosts), time.Since(begin).Round(time.Millisecond), each[0].Load(), each[1].Load(), both.Load())
@@ -187,16 +214,7 @@ func TestRollingRepavesByTheControllerInItsPodAndFromAWorkstation(t *testing.T) 
 	if done.Status.Phase != v1alpha3.RolloutComplete || done.Status.Done != 2 || done.Status.Failed != 0 {
 		t.Errorf("MachineRollout %s: phase %s, %d done, %d failed; want Complete, 2 done, 0 failed", ro.Name, done.Status.Phase, done.Status.Done, done.Status.Failed)
 	}
-	ops, err := api.ListOperations(ctx, v1alpha3.RolloutLabel+"="+ro.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, op := range ops.Items {
-		got = append(got, op.Spec.MachineRef.Name+"="+string(op.Status.State))
-	}
-	slices.Sort(got)
-	if want := []string{first.name + "=" + string(v1alpha3.OperationComplete), second.name + "=" + string(v1alpha3.OperationComplete)}; !slices.Equal(got, want) {
+	if got, want := operations(v1alpha3.RolloutLabel+"="+ro.Name), []string{first.name + "=" + string(v1alpha3.OperationComplete), second.name + "=" + string(v1alpha3.OperationComplete)}; !slices.Equal(got, want) {
 		t.Errorf("the rollout's operations %v, want %v", got, want)
 	}
 	for i, f := range hosts {
@@ -213,54 +231,93 @@ func TestRollingRepavesByTheControllerInItsPodAndFromAWorkstation(t *testing.T) 
 		return
 	}
 
-	// (2) The first host onto a node that never gets healthy: the roll
-	// stops there, the second host is not touched.
+	// (2) The first host onto a node that never gets healthy: the
+	// rollout stops there, the second host is not touched.
 	first.repaveFlags(t, "--ready-timeout="+neverHealthyReadyTimeout)
 	first.setImageRef(t, first.reg.Push(t, "unbounded/node:never-healthy", nodestack.NeverHealthyNodeImage(t, first.stage.NodeImage(t))))
 	good := second.setNodeImage(t, "roll-3")
 	secondUID := second.nodeObject(t).UID
-	out, err := roll("second", false)
-	if !errors.Is(err, fleet.ErrRollFailed) || !strings.Contains(err.Error(), first.name) {
-		t.Fatalf("roll onto a never-healthy image: %v, want the roll stopped at %s\n%s", err, first.name, out)
-	}
-	if !strings.Contains(out, "--roll second --resume") {
-		t.Errorf("the roll does not say how to resume:\n%s", out)
-	}
-	ops, err = api.ListOperations(ctx, fleet.RollLabel+"=second")
+	ro, err = fleet.NewRollout(fleet.RollOptions{Operation: v1alpha3.OperationRepave, Machines: machines, MaxUnavailable: 1, ID: "second"}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	got = nil
-	for _, op := range ops.Items {
-		got = append(got, op.Spec.MachineRef.Name+"="+string(op.Status.State))
+	ro.Spec.ReadySeconds = 5
+	out.Reset()
+	if err := fleet.CreateRollout(ctx, dyn, ro, false, &out); err != nil {
+		t.Fatal(err)
 	}
-	if want := []string{first.name + "=" + string(v1alpha3.OperationFailed)}; !slices.Equal(got, want) {
-		t.Errorf("the stopped roll's operations %v, want %v (the second host untouched)", got, want)
+	if err := follow(ro.Name, &out); !errors.Is(err, fleet.ErrRolloutStopped) || !strings.Contains(err.Error()+out.String(), first.name) {
+		t.Fatalf("MachineRollout %s onto a never-healthy image: %v, want it stopped at %s", ro.Name, err, first.name)
+	}
+	if got, want := operations(v1alpha3.RolloutLabel+"="+ro.Name), []string{first.name + "=" + string(v1alpha3.OperationFailed)}; !slices.Equal(got, want) {
+		t.Errorf("the stopped rollout's operations %v, want %v (the second host untouched)", got, want)
 	}
 	first.wantSlot(t, "kube2", refs[0])
 	waitUntil(t, 3*time.Minute, "the first host's Node Ready again after its rollback", first.nodeReady)
 	second.wantSlot(t, "kube2", refs[1])
 	if uid := second.nodeObject(t).UID; uid != secondUID {
-		t.Errorf("the second host's Node was registered afresh (%s -> %s): the stopped roll touched it", secondUID, uid)
+		t.Errorf("the second host's Node was registered afresh (%s -> %s): the stopped rollout touched it", secondUID, uid)
 	}
 	if t.Failed() {
 		return
 	}
 
-	// (3) The image fixed: --resume retries the first host and goes on.
+	// (3) The image fixed, and the rollout's spec changed (any change, a
+	// new generation: here its health gate): it retries the first host
+	// and goes on to the second.
 	fixed := first.setNodeImage(t, "roll-3")
-	out, err = roll("second", true)
-	if err != nil {
-		t.Fatalf("resume: %v", err)
+	patch := []byte(`{"spec":{"readySeconds":6}}`)
+	var changed v1alpha3.MachineRollout
+	if err := env.api.Patch(types.MergePatchType).Resource(v1alpha3.ResourceMachineRollouts).Name(ro.Name).Body(patch).Do(ctx).Into(&changed); err != nil {
+		t.Fatal(err)
 	}
-	if !strings.Contains(out, "2 done, 0 failed") {
-		t.Errorf("the resumed roll's summary does not say both hosts are done:\n%s", out)
+	// Followed once the controller acted on the new generation (before,
+	// its status still says Stopped).
+	waitUntil(t, 2*time.Minute, "the rollout's new spec seen by the controller", func(ctx context.Context) (bool, error) {
+		var now v1alpha3.MachineRollout
+		err := env.api.Get().Resource(v1alpha3.ResourceMachineRollouts).Name(ro.Name).Do(ctx).Into(&now)
+		return err == nil && now.Status.ObservedGeneration >= changed.Generation, nil
+	})
+	out.Reset()
+	if err := follow(ro.Name, &out); err != nil {
+		t.Fatalf("MachineRollout %s after its spec changed: %v, want it Complete", ro.Name, err)
 	}
 	first.wantSlot(t, "kube1", fixed)
 	second.wantSlot(t, "kube1", good)
 	for _, f := range hosts {
-		if ok, _ := f.nodeReady(context.Background()); !ok {
-			t.Errorf("Node %s not Ready after the resumed roll", f.name)
+		if ok, _ := f.nodeReady(ctx); !ok {
+			t.Errorf("Node %s not Ready after the resumed rollout", f.name)
 		}
+	}
+	if t.Failed() {
+		return
+	}
+
+	// (4) The workstation's roll, without the cluster's help: both onto
+	// another image, one at a time. (Its stop at a failure and --resume
+	// are the kube tier's, fleet.Roll against the real API server:
+	// TestRollAgainstTheAPIServerStopsAtAFailureAndResumes.)
+	refs = refs[:0]
+	for _, f := range hosts {
+		refs = append(refs, f.setNodeImage(t, "roll-4"))
+	}
+	stop = make(chan struct{})
+	each, both = down(stop)
+	local, err := roll("third", false)
+	close(stop)
+	if err != nil {
+		t.Fatalf("roll onto roll-4: %v", err)
+	}
+	if !strings.Contains(local, "2 done, 0 failed") {
+		t.Errorf("the roll's summary does not say both hosts are done:\n%s", local)
+	}
+	for i, f := range hosts {
+		f.wantSlot(t, "kube2", refs[i])
+		if each[i].Load() == 0 {
+			t.Errorf("Node %s was never seen not Ready in the workstation's roll: was it repaved?", f.name)
+		}
+	}
+	if both.Load() != 0 {
+		t.Errorf("both Nodes were not Ready at once in %d samples of the workstation's roll, with --max-unavailable 1", both.Load())
 	}
 }
