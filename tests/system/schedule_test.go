@@ -74,7 +74,7 @@ var expectedRuns = []struct {
 	{"TestAgentUpgradeByOperationKeepsTheNodeAndRollsBackADaemonThatNeverComesUp", 358},
 	{"TestRepaveFailuresLeaveTheNodeAsItWas", 241},
 	{"TestContainerModeFirstBootRestartRepaveRollbackRebootAndReset", 239},
-	{"TestRollingRepavesByTheControllerInItsPodAndFromAWorkstation", 300},
+	{"TestControllerInItsPodsApprovesTwoHostsAndRollsRepavesThatStopAndResume", 280},
 	{"TestPowerCutsAtFirstBootsRecordLeaveOneRecordAndTheMachineSucceeded", 226},
 	{"TestIsolationChangeByReprovisionCrashesAndPowerCutsConverge", 164},
 	{"TestIsolationChangeCrashAtEveryPointThenPowerCutsConverge", 164},
