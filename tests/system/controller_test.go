@@ -110,19 +110,15 @@ func deployController(t *testing.T, host *firstBoot, img v1.Image) string {
 // available, saying where its pods stand when they are not.
 func waitControllerAvailable(t *testing.T, env *kubeEnv, n int32, within time.Duration) {
 	t.Helper()
-	ctx := context.Background()
-	begin := time.Now()
-	for {
+	defer func() {
+		if t.Failed() {
+			t.Logf("the controller's pods: %s", controllerPods(env))
+		}
+	}()
+	waitUntil(t, within, fmt.Sprintf("%d replica(s) of the controller available", n), func(ctx context.Context) (bool, error) {
 		d, err := env.kube.AppsV1().Deployments(controllerNamespace).Get(ctx, controllerDeployment, metav1.GetOptions{})
-		if err == nil && d.Status.AvailableReplicas >= n {
-			logWait(t, begin, fmt.Sprintf("%d replica(s) of the controller available", n))
-			return
-		}
-		if time.Since(begin) > within {
-			t.Fatalf("%d replica(s) of the controller not available within %v (%v): %s", n, within, err, controllerPods(env))
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return err == nil && d.Status.AvailableReplicas >= n, nil
+	})
 }
 
 // controllerPods says where the controller's pods are and how they stand.
